@@ -1,0 +1,28 @@
+"""RMSNorm with a frozen scale: a diagonal linear map (book: rmsnorm-as-a-linear-map).
+
+With the per-position scale r_i = 1 / sqrt(mean(x_i^2) + eps) held at its forward
+value, ``norm(x) = gamma * r * x`` is linear in x, so pulling a target back through
+it is a multiplication by ``gamma * r``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def rms_scale(x: Tensor, eps: float) -> Tensor:
+    """r = 1/sigma over the last axis, computed in float32 or better. [..., d] -> [..., 1]"""
+    dtype = torch.promote_types(x.dtype, torch.float32)
+    x = x.to(dtype)
+    return torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def apply_norm(x: Tensor, gamma: Tensor, scale: Tensor) -> Tensor:
+    """The forward map gamma * r * x with the scale r given (frozen)."""
+    return gamma * (x * scale)
+
+
+def pull_back_norm(target: Tensor, gamma: Tensor, scale: Tensor) -> Tensor:
+    """Transpose of ``apply_norm``: the same diagonal map, gamma * r * t."""
+    return target * (gamma * scale)

@@ -1,0 +1,92 @@
+"""Targets: the direction DPA propagates, folded through the final RMSNorm (book: residual-stream).
+
+A target is a direction ``u`` in the space of the final *normalised* residual (where the
+unembedding rows live). The initial effective target is ``u * gamma_f * r_f`` at the
+target position and zero elsewhere, so ``t . x^(L) = u . norm_final(x^(L))``.
+
+* ``token``    u = W_U[y]                      (the logit of y)
+* ``contrast`` u = W_U[y] - W_U[y']            (the logit difference)
+* ``logprob``  u = W_U^T (e_y - p), p held fixed (the gradient of log p(y))
+* ``vector``   u = any vector (a probe, a feature)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+Kind = Literal["token", "contrast", "logprob", "vector"]
+
+
+class TargetError(ValueError):
+    """A target that cannot be attributed as asked (e.g. a string that is several tokens)."""
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """What one sample's target is (resolved to ids)."""
+
+    kind: Kind
+    token_id: int | None = None
+    contrast_id: int | None = None
+    vector: Tensor | None = None  # [d_model], kind == "vector"
+
+
+def token_id(tokenizer, token: str | int, vocab_size: int, *, multi_token: str = "error", what: str = "target") -> int:
+    """The id of a single-token string (or a checked int id).
+
+    ``multi_token="first"`` takes the first token of a string that splits into several;
+    the default raises and says how it splits.
+    """
+    if isinstance(token, bool):
+        raise TargetError(f"{what} must be a token string or id, got {token!r}")
+    if isinstance(token, int):
+        if not 0 <= token < vocab_size:
+            raise TargetError(f"{what} id {token} is outside the vocabulary (size {vocab_size})")
+        return token
+    if not isinstance(token, str):
+        raise TargetError(f"{what} must be a token string or id, got {type(token).__name__}")
+    if tokenizer is None:
+        raise TargetError(f"a string {what} {token!r} needs a tokenizer; pass a token id instead")
+    if token == "":
+        raise TargetError(f"{what} is an empty string")
+    ids = tokenizer.encode(token, add_special_tokens=False)
+    if len(ids) != 1:
+        pieces = [tokenizer.decode([i]) for i in ids]
+        if multi_token == "first" and ids:
+            return ids[0]
+        raise TargetError(
+            f"{what} {token!r} is not a single token: it splits into {len(ids)} tokens {pieces!r}. "
+            f"Pass one of them (e.g. {pieces[0]!r}), or multi_token='first' to attribute the first")
+    return ids[0]
+
+
+def target_direction(spec: TargetSpec, unembed: Tensor, probs: Tensor | None = None) -> Tensor:
+    """u for one sample: [d_model], in unembed's dtype. ``probs`` [vocab] for logprob."""
+    if spec.kind == "vector":
+        return spec.vector.to(unembed)
+    u = unembed[spec.token_id].clone()
+    if spec.kind == "contrast":
+        u = u - unembed[spec.contrast_id]
+    elif spec.kind == "logprob":
+        u = u - probs.to(unembed) @ unembed
+    return u
+
+
+def initial_target(direction: Tensor, resid_final: Tensor, gamma: Tensor, eps: float,
+                   positions: Tensor) -> tuple[Tensor, Tensor]:
+    """t^(L) [batch pos d_model] and the target value u . norm(x) per sample [batch].
+
+    direction [batch d_model]; resid_final [batch pos d_model] in the target dtype;
+    positions [batch] the target position of each sample.
+    """
+    b = torch.arange(resid_final.shape[0], device=resid_final.device)
+    x = resid_final[b, positions]  # [batch d_model]
+    r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    folded = direction * gamma * r  # pull back through the frozen final norm
+    target = torch.zeros_like(resid_final)
+    target[b, positions] = folded
+    return target, (folded * x).sum(-1)

@@ -1,0 +1,80 @@
+"""Path weights mu: how much of the target each branch passes on (book: path-weights)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+Family = Literal["control_content", "attention", "query_key", "mlp"]
+FAMILIES: tuple[Family, ...] = ("control_content", "attention", "query_key", "mlp")
+
+
+@dataclass(frozen=True)
+class PathWeights:
+    """Multipliers for the five paths: attention query, key, value; GLU gate, up.
+
+    The paper constrains ``query + key + value = 1`` and ``gate + up = 1``; other
+    values are allowed, and ``constrained`` says whether completeness can hold.
+    The defaults are the paper's balanced setting (p = 0.5).
+    """
+
+    query: float = 0.25
+    key: float = 0.25
+    value: float = 0.5
+    gate: float = 0.5
+    up: float = 0.5
+
+    def __post_init__(self) -> None:
+        for name, mu in asdict(self).items():
+            if not isinstance(mu, (int, float)) or mu != mu or mu in (float("inf"), float("-inf")):
+                raise ValueError(f"path weight {name}={mu!r} must be a finite number")
+
+    @property
+    def constrained(self) -> bool:
+        """True when mu_q + mu_k + mu_v = 1 and mu_gate + mu_up = 1 (the paper's constraint)."""
+        return abs(self.query + self.key + self.value - 1) < 1e-9 and abs(self.gate + self.up - 1) < 1e-9
+
+    @property
+    def conservative(self) -> bool:
+        """True when the sum of token scores must equal the target (value path only, GLU summing to 1)."""
+        return self.query == 0 and self.key == 0 and self.value == 1 and abs(self.gate + self.up - 1) < 1e-9
+
+    def as_tuple(self) -> tuple[float, float, float, float, float]:
+        return (self.query, self.key, self.value, self.gate, self.up)
+
+    @classmethod
+    def parse(cls, text: str) -> PathWeights:
+        """From ``"q,k,v,gate,up"``, e.g. ``"0.25,0.25,0.5,0.5,0.5"``."""
+        parts = [p for p in text.replace(" ", "").split(",") if p]
+        if len(parts) != 5:
+            raise ValueError(f"expected five comma-separated weights q,k,v,gate,up, got {text!r}")
+        return cls(*(float(p) for p in parts))
+
+    @classmethod
+    def preset(cls, family: str, p: float) -> PathWeights:
+        """One of the paper's sensitivity families at p in [0, 1] (method.md section 4)."""
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"p must lie in [0, 1], got {p}")
+        if family not in FAMILIES:
+            raise ValueError(f"unknown family {family!r}; choose one of {', '.join(FAMILIES)}")
+        return getattr(cls, family)(p)
+
+    @classmethod
+    def control_content(cls, p: float) -> PathWeights:
+        """Content share p on both blocks: q = k = (1-p)/2, v = p, gate = 1-p, up = p."""
+        return cls((1 - p) / 2, (1 - p) / 2, p, 1 - p, p)
+
+    @classmethod
+    def attention(cls, p: float) -> PathWeights:
+        """Attention only: q = k = (1-p)/2, v = p; GLU balanced."""
+        return cls((1 - p) / 2, (1 - p) / 2, p, 0.5, 0.5)
+
+    @classmethod
+    def query_key(cls, p: float) -> PathWeights:
+        """Query against key: q = p/2, k = (1-p)/2, v = 0.5 (the paper's table, not its sweep script)."""
+        return cls(p / 2, (1 - p) / 2, 0.5, 0.5, 0.5)
+
+    @classmethod
+    def mlp(cls, p: float) -> PathWeights:
+        """GLU only: gate = 1-p, up = p; attention at its default."""
+        return cls(0.25, 0.25, 0.5, 1 - p, p)
