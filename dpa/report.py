@@ -1,0 +1,233 @@
+"""Human-readable reports of an ``Attribution``: terminal text (24-bit colour or plain) and a standalone HTML page.
+
+Colours: ColorBrewer RdBu (colour-blind safe), blue for scores that lower the target, red for
+scores that raise it, white at zero, on a symmetric scale set by the largest |score| among the
+ordinary tokens (special tokens such as BOS are clipped so they do not wash out the rest).
+"""
+
+from __future__ import annotations
+
+import html
+import os
+from itertools import zip_longest
+from typing import TextIO
+
+from .result import Attribution, Component
+
+# RdBu anchors from -1 to +1 in equal steps; the middle one is pure white (zero).
+RDBU = ("#2166ac", "#4393c3", "#92c5de", "#d1e5f0", "#ffffff", "#fddbc7", "#f4a582", "#d6604d", "#b2182b")
+RGB = tuple(tuple(int(h[i:i + 2], 16) for i in (1, 3, 5)) for h in RDBU)
+
+
+def diverging_rgb(value: float, scale: float) -> tuple[int, int, int]:
+    """The colour of ``value`` on the symmetric scale [-scale, scale] (clipped beyond it)."""
+    x = 0.0 if scale <= 0 else max(-1.0, min(1.0, value / scale))
+    pos = (x + 1) / 2 * (len(RGB) - 1)
+    i = min(int(pos), len(RGB) - 2)
+    f = pos - i
+    return tuple(round(a + (b - a) * f) for a, b in zip(RGB[i], RGB[i + 1]))
+
+
+def ink_for(rgb: tuple[int, int, int]) -> tuple[int, int, int]:
+    """Black or white text, whichever reads better on ``rgb``."""
+    luminance = 0.2126 * rgb[0] + 0.7152 * rgb[1] + 0.0722 * rgb[2]
+    return (0, 0, 0) if luminance > 140 else (255, 255, 255)
+
+
+def hex_rgb(rgb: tuple[int, int, int]) -> str:
+    return "#{:02x}{:02x}{:02x}".format(*rgb)
+
+
+def color_scale(res: Attribution) -> float:
+    """max |token score| over the non-special tokens (all tokens if every one is special); 1 if all zero."""
+    scores = res.token_scores.tolist()
+    special = res.special or [False] * len(scores)
+    ordinary = [abs(s) for s, sp in zip(scores, special) if not sp] or [abs(s) for s in scores]
+    top = max(ordinary, default=0.0)
+    return top if top > 0 else 1.0
+
+
+def show_token(token: str) -> str:
+    """Make whitespace-only and control characters visible, keep ordinary spaces."""
+    return token.replace("\r", "\\r").replace("\n", "\\n").replace("\t", "\\t") or "∅"
+
+
+def wants_color(stream: TextIO) -> bool:
+    """Colour when ``stream`` is a terminal and neither NO_COLOR nor TERM=dumb says otherwise."""
+    if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
+        return False
+    return hasattr(stream, "isatty") and stream.isatty()
+
+
+def component_label(c: Component) -> str:
+    return f"{'head' if c.kind == 'head' else 'neuron'} L{c.layer} {'H' if c.kind == 'head' else 'N'}{c.index}"
+
+
+def describe_target(res: Attribution) -> str:
+    t = res.target
+    where = f"at position {t.position} ({show_token(res.tokens[t.position])!r})"
+    what = {
+        "token": f"logit of {t.token!r}",
+        "contrast": f"logit({t.token!r}) - logit({t.contrast!r})",
+        "logprob": f"log p({t.token!r}) with p held fixed (logit - expected logit)",
+        "vector": "a direction in the final normalised residual",
+    }.get(t.kind, t.kind)
+    p = f" (p={t.probability:.4f})" if t.token is not None and t.probability is not None else ""
+    return f"{what} {where} = {res.target_logit:.4f}{p}"
+
+
+def completeness_lines(res: Attribution) -> list[str]:
+    total = float(res.token_scores.sum())
+    lines = [f"sum of token scores {total:.4f} = target {res.target_logit:.4f} + gap {res.completeness_gap:+.4f}"]
+    if res.bias_share:
+        lines.append(f"bias share (value biases no token owns) {res.bias_share:+.4f}")
+    if not res.weights.conservative:
+        lines.append("  (a gap is expected: only q=k=0, v=1, gate+up=1 conserves the target exactly)")
+    return lines
+
+
+def summary_lines(res: Attribution) -> list[tuple[str, str]]:
+    """(label, text) pairs shared by the terminal and HTML reports."""
+    layers, heads = res.head_scores.shape
+    d_mlp = res.neuron_scores.shape[1]
+    w = res.weights
+    rows = [("model", f"{res.model_name} ({layers} layers, {heads} heads and {d_mlp} neurons per layer)")]
+    if res.top_predictions:
+        (tok, p), rest = res.top_predictions[0], res.top_predictions[1:]
+        rows.append(("predicted", f"{tok!r} p={p:.3f}   next: " + ", ".join(f"{t!r} {q:.3f}" for t, q in rest)))
+    rows.append(("target", describe_target(res)))
+    rows.append(("weights", f"q={w.query:g} k={w.key:g} v={w.value:g} gate={w.gate:g} up={w.up:g}"))
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------- terminal
+
+
+def _paint(text: str, rgb: tuple[int, int, int]) -> str:
+    fg = ink_for(rgb)
+    return f"\x1b[48;2;{rgb[0]};{rgb[1]};{rgb[2]}m\x1b[38;2;{fg[0]};{fg[1]};{fg[2]}m{text}\x1b[0m"
+
+
+def terminal_report(res: Attribution, *, color: bool, top: int = 10) -> str:
+    """The CLI's output: summary, tokens coloured by score (or a score table), completeness, top components."""
+    out = [f"{label:<10}{text}" for label, text in summary_lines(res)]
+    scale = color_scale(res)
+    special = res.special or [False] * len(res.tokens)
+    scores = res.token_scores.tolist()
+    out.append("")
+    out.append("input attribution (red raises the target, blue lowers it):")
+    if color:
+        out.append("  " + "".join(_paint(show_token(t), diverging_rgb(s, scale)) for t, s in zip(res.tokens, scores)))
+        bar = "".join(_paint(" ", diverging_rgb(scale * (i - 10) / 10, scale)) for i in range(21))
+        note = " (special tokens clipped)" if any(special) else ""
+        out.append(f"  scale {-scale:+.4f} {bar} {scale:+.4f}{note}")
+    else:
+        out.append(f"  {'pos':>4}  {'score':>10}  token")
+        for i, (t, s) in enumerate(zip(res.tokens, scores)):
+            out.append(f"  {i:>4}  {s:>+10.4f}  {show_token(t)!r}{'  (special)' if special[i] else ''}")
+    out.append("")
+    out.extend(completeness_lines(res))
+    out.append("")
+    comps = res.top_components(top)
+    out.append(f"top {top} components (heads and neurons ranked together):")
+    out.append(f"  {'positive':<28}{'negative'}")
+    for p, n in zip_longest(comps["positive"], comps["negative"]):
+        left = f"{component_label(p):<18}{p.score:>+9.4f}" if p else ""
+        right = f"{component_label(n):<18}{n.score:>+9.4f}" if n else ""
+        out.append(f"  {left:<28}{right}".rstrip())
+    return "\n".join(out) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------- HTML
+
+_CSS = """
+body { font: 15px/1.5 system-ui, -apple-system, "Segoe UI", sans-serif; color: #222; margin: 2rem auto;
+       max-width: 60rem; padding: 0 1rem; }
+h1 { font-size: 1.4rem; } h2 { font-size: 1.1rem; margin-top: 2rem; }
+dl.info { display: grid; grid-template-columns: max-content 1fr; gap: .2rem 1rem; }
+dl.info dt { font-weight: 600; } dl.info dd { margin: 0; font-family: ui-monospace, monospace; }
+.tokens { font-family: ui-monospace, monospace; font-size: 1.05rem; line-height: 2.2; }
+.tok { white-space: pre; padding: .15rem 0; margin-right: 1px; border-radius: 2px; }
+.tok.special { outline: 1px dashed #888; }
+.tok.target { box-shadow: inset 0 -3px 0 #222; }
+.legend { display: flex; align-items: center; gap: .5rem; margin-top: .8rem; font-family: ui-monospace, monospace; }
+.legend .bar { width: 16rem; height: .9rem; border: 1px solid #aaa; }
+table { border-collapse: collapse; margin-top: .5rem; }
+th, td { padding: .15rem .7rem; text-align: left; } td.num { text-align: right; font-family: ui-monospace, monospace; }
+tr:nth-child(even) td { background: #f6f6f6; }
+p.note { color: #555; font-size: .9rem; }
+"""
+
+
+def _esc(text: object) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _component_rows(res: Attribution, top: int) -> str:
+    comps = res.top_components(top)
+    rows = []
+    for rank, (p, n) in enumerate(zip_longest(comps["positive"], comps["negative"]), start=1):
+        cells = [f"<td>{rank}</td>"]
+        for c in (p, n):
+            cells.append(f"<td>{_esc(component_label(c))}</td><td class='num'>{c.score:+.4f}</td>" if c
+                         else "<td></td><td></td>")
+        rows.append("<tr>" + "".join(cells) + "</tr>")
+    return "\n".join(rows)
+
+
+def html_report(res: Attribution, *, top: int = 10, prompt: str | None = None) -> str:
+    """A standalone page: inline CSS, no scripts, no network."""
+    scale = color_scale(res)
+    special = res.special or [False] * len(res.tokens)
+    spans, table = [], []
+    for i, (tok, s) in enumerate(zip(res.tokens, res.token_scores.tolist())):
+        rgb = diverging_rgb(s, scale)
+        classes = "tok" + (" special" if special[i] else "") + (" target" if i == res.target.position else "")
+        spans.append(f"<span class='{classes}' style='background:{hex_rgb(rgb)};color:{hex_rgb(ink_for(rgb))}' "
+                     f"title='{i}: {_esc(repr(tok))} {s:+.4f}'>{_esc(show_token(tok))}</span>")
+        table.append(f"<tr><td>{i}</td><td><code>{_esc(repr(tok))}</code>{' (special)' if special[i] else ''}</td>"
+                     f"<td class='num'>{s:+.4f}</td></tr>")
+    gradient = ", ".join(RDBU)
+    info = "\n".join(f"<dt>{_esc(label)}</dt><dd>{_esc(text)}</dd>" for label, text in summary_lines(res))
+    completeness = "<br>".join(_esc(line.strip()) for line in completeness_lines(res))
+    preds = "\n".join(f"<tr><td><code>{_esc(repr(t))}</code></td><td class='num'>{p:.4f}</td></tr>"
+                      for t, p in res.top_predictions)
+    title = f"DPA: {prompt if prompt is not None else ''.join(res.tokens)}"
+    clipped = " Special tokens (dashed outline) are clipped to the scale." if any(special) else ""
+    return f"""<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{_esc(title[:120])}</title>
+<style>{_CSS}</style>
+</head>
+<body>
+<h1>Dual Path Attribution</h1>
+<dl class="info">
+{info}
+</dl>
+<h2>Input attribution</h2>
+<p class="note">Each token's share of the target: red raises it, blue lowers it, white is zero.
+The underlined token is the target position.{clipped} Hover a token for its score.</p>
+<div class="tokens">{''.join(spans)}</div>
+<div class="legend"><span>{-scale:+.4f}</span><span class="bar" style="background:linear-gradient(to right, {gradient})">
+</span><span>{scale:+.4f}</span></div>
+<p>{completeness}</p>
+<details><summary>token scores</summary>
+<table><tr><th>pos</th><th>token</th><th>score</th></tr>
+{''.join(table)}
+</table></details>
+<h2>Top components</h2>
+<p class="note">Heads ([layer, head]) and MLP neurons ([layer, neuron]) ranked together by score.</p>
+<table><tr><th>#</th><th>positive</th><th>score</th><th>negative</th><th>score</th></tr>
+{_component_rows(res, top)}
+</table>
+<h2>Top predictions</h2>
+<table><tr><th>token</th><th>p</th></tr>
+{preds}
+</table>
+<p class="note">method {_esc(res.method)}; neuron target {_esc(res.neuron_target)}; written by dpa.</p>
+</body>
+</html>
+"""
