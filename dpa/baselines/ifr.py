@@ -1,0 +1,100 @@
+"""Information Flow Routes (Ferrando & Voita, 2024), dense: no threshold pruning.
+
+Every residual update is a sum of parts. After attention at position i:
+``resid_mid_i = resid_pre_i + sum_{h,j} alpha_hij v_hj W_O^h`` (the residual and one part per
+edge); after the GLU: ``resid_post_i = resid_mid_i + sum_n a_{n,i} w_D^n`` (the residual and one
+part per neuron). IFR weighs part z of a sum y by its proximity
+``max(0, ||y||_1 - ||y - z||_1)``, normalised over the parts of that sum.
+
+Importance flows from the target position at the top down through these weights: the GLU is
+position-wise, so a position's importance passes to its mid-layer residual whole; attention
+passes it to key positions through the edge weights (plus the residual weight to itself).
+* input scores: the importance reaching each embedding;
+* edge score: importance of the query's mid-layer residual x the edge's proximity weight;
+* neuron score: importance of the position's layer output x the neuron's proximity weight.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from ..result import Attribution
+from .common import Prompt, prepare, result
+from .internals import Layer, forward_internals, head_values
+
+_CHUNK = 2 ** 25  # elements per intermediate tensor
+
+
+def _proximity(y: Tensor, parts: Tensor) -> Tensor:
+    """max(0, ||y||_1 - ||y - z||_1) for parts [..., n, d] of y [..., d] -> [..., n]."""
+    return (y.abs().sum(-1, keepdim=True) - (y[..., None, :] - parts).abs().sum(-1)).clamp_min(0)
+
+
+def attention_weights(layer: Layer) -> tuple[Tensor, Tensor]:
+    """Normalised proximity weights of one attention update: residual [query], edges [head query key]."""
+    probs = layer.attn.probs[0]  # [head query key]
+    h, t, _ = probs.shape
+    resid = layer.resid_pre[0]
+    y = layer.resid_mid[0]  # [query d_model]
+    vo = head_values(layer)  # [head key d_model]
+    edges = torch.empty_like(probs)
+    step = max(1, _CHUNK // (h * t * y.shape[-1]))
+    for rows in torch.arange(t).split(step):
+        parts = probs[:, rows, :, None] * vo[:, None]  # [head query key d_model]
+        prox = _proximity(y[rows], parts.permute(1, 0, 2, 3).reshape(len(rows), h * t, -1))
+        edges[:, rows] = prox.view(len(rows), h, t).transpose(0, 1)
+    own = _proximity(y, resid[:, None, :])[:, 0]  # [query]
+    total = (own + edges.sum((0, 2))).clamp_min(1e-30)
+    return own / total, edges / total[None, :, None]
+
+
+def neuron_weights(layer: Layer) -> Tensor:
+    """Normalised proximity weights of the neurons in one GLU update [pos d_mlp]."""
+    act = F.silu(layer.gate[0]) * layer.up[0]  # [pos d_mlp]
+    down = layer.weights.mlp.down  # [d_model d_mlp]
+    resid = layer.resid_mid[0]
+    y = resid + act @ down.T  # [pos d_model]
+    t, n = act.shape
+    out = torch.empty_like(act)
+    step = max(1, _CHUNK // (n * y.shape[-1]))
+    for rows in torch.arange(t).split(step):
+        parts = act[rows, :, None] * down.T[None]  # [pos d_mlp d_model]
+        out[rows] = _proximity(y[rows], parts)
+    own = _proximity(y, resid[:, None, :])[:, 0]
+    return out / (own + out.sum(-1)).clamp_min(1e-30)[:, None]
+
+
+@torch.no_grad()
+def _flow(model: nn.Module, tokenizer, prompt: Prompt, target, contrast, position, components: bool):
+    problem = prepare(model, tokenizer, prompt, target, contrast, position)
+    _, layers = forward_internals(model, problem)
+    t = problem.n_tokens
+    importance = torch.zeros(t, dtype=layers[0].resid_pre.dtype, device=problem.device)
+    importance[problem.position] = 1.0  # of each position's residual, top layer first
+    edge_scores, neuron_scores = [], []
+    for layer in reversed(layers):
+        if components:
+            neuron_scores.append(importance[:, None] * neuron_weights(layer))
+        own, edges = attention_weights(layer)  # the GLU passes importance to resid_mid whole
+        if components:
+            edge_scores.append(importance[None, :, None] * edges)
+        importance = importance * own + torch.einsum("q,hqk->k", importance, edges)
+    flip = lambda xs: torch.stack(xs[::-1]) if xs else None  # noqa: E731
+    return problem, importance, flip(edge_scores), flip(neuron_scores)
+
+
+def ifr(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contrast=None,
+        position: int | None = None) -> Attribution:
+    """Input scores: the share of the target position's importance that reaches each token."""
+    problem, importance, _, _ = _flow(model, tokenizer, prompt, target, contrast, position, components=False)
+    return result(model, tokenizer, problem, "ifr", token_scores=importance)
+
+
+def component_ifr(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contrast=None,
+                  position: int | None = None) -> Attribution:
+    """Edge and position-level neuron scores: the importance flowing through each unit."""
+    problem, importance, edges, neurons = _flow(model, tokenizer, prompt, target, contrast, position, components=True)
+    return result(model, tokenizer, problem, "ifr", token_scores=importance, edge_scores=edges,
+                  neuron_position_scores=neurons)

@@ -1,0 +1,108 @@
+"""Perturbation baselines: one forward pass per unit, batched.
+
+A unit's score is ``f(clean) - f(unit zeroed)`` (positive: the unit supports the target), with f
+the target logit or logit difference. Zeroing means the same as in the ablation protocol:
+* occlusion (input): the token's embedding set to zero (positions and mask unchanged);
+* activation patching (component), the ground truth the cheap methods approximate:
+  ``units="coarse"``: a head (all its attention probabilities zeroed) and a neuron (SiLU(s)
+  zeroed at every position); ``units="fine"``: an edge (layer, head, query, key; causal only)
+  and a position-level neuron (layer, position, neuron). Fine units number about
+  layers * (heads * pos^2 / 2 + pos * d_mlp), so they are refused above ``max_units``.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Literal
+
+import torch
+from torch import Tensor, nn
+
+from ..result import Attribution
+from .common import Problem, Prompt, causal, embeddings, final_logits, prepare, result
+from .forward import instrumented, run
+
+
+@torch.no_grad()
+def occlusion(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contrast=None,
+              position: int | None = None, batch_size: int = 32) -> Attribution:
+    """f(clean) - f(token i's embedding zeroed), for every token."""
+    problem = prepare(model, tokenizer, prompt, target, contrast, position)
+    e = embeddings(model, problem)
+    t = problem.n_tokens
+    clean = problem.metric(problem.clean_logits[None])[0]
+    scores = []
+    for rows in torch.arange(t).split(batch_size):
+        keep = torch.ones(len(rows), t, 1, dtype=e.dtype, device=e.device)
+        keep[torch.arange(len(rows)), rows] = 0
+        hidden = run(model, inputs_embeds=e * keep)
+        scores.append(clean - problem.metric(final_logits(model, hidden, problem.position)))
+    return result(model, tokenizer, problem, "occlusion", token_scores=torch.cat(scores))
+
+
+def _metric(model: nn.Module, problem: Problem, batch: int, attn: dict, neurons: dict) -> Tensor:
+    with instrumented(model, attn=attn, neurons=neurons):
+        hidden = run(model, problem.input_ids.expand(batch, -1))
+    return problem.metric(final_logits(model, hidden, problem.position))
+
+
+def _unit_batches(spec, t: int, units: str, batch_size: int, device) -> Iterator[tuple[str, Tensor]]:
+    """(kind, flat indices) batches: kind 'attn' indexes [layer head (query key)], 'mlp' [layer (pos) d_mlp]."""
+    if units == "coarse":
+        yield from (("attn", b) for b in torch.arange(spec.n_layers * spec.n_heads, device=device).split(batch_size))
+        yield from (("mlp", b) for b in torch.arange(spec.n_layers * spec.d_mlp, device=device).split(batch_size))
+        return
+    edges = causal(t, device).expand(spec.n_layers, spec.n_heads, t, t).flatten().nonzero().flatten()
+    yield from (("attn", b) for b in edges.split(batch_size))
+    yield from (("mlp", b) for b in torch.arange(spec.n_layers * t * spec.d_mlp, device=device).split(batch_size))
+
+
+def _keeps(kind: str, idx: Tensor, spec, t: int, units: str, dtype) -> dict[int, Tensor]:
+    """Per-layer keep masks zeroing one unit per batch row."""
+    b = len(idx)
+    rows = torch.arange(b, device=idx.device)
+    if kind == "attn":
+        shape = (spec.n_heads, 1, 1) if units == "coarse" else (spec.n_heads, t, t)
+    else:
+        shape = (1, spec.d_mlp) if units == "coarse" else (t, spec.d_mlp)
+    per_layer = int(torch.tensor(shape).prod())
+    layer, inner = idx // per_layer, idx % per_layer
+    keeps = {}
+    for l in layer.unique().tolist():
+        keep = torch.ones(b, per_layer, dtype=dtype, device=idx.device)
+        mine = layer == l
+        keep[rows[mine], inner[mine]] = 0
+        keeps[l] = keep.view(b, *shape)
+    return keeps
+
+
+@torch.no_grad()
+def activation_patching(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contrast=None,
+                        position: int | None = None, units: Literal["coarse", "fine"] = "coarse",
+                        batch_size: int = 64, max_units: int = 100_000) -> Attribution:
+    """f(clean) - f(unit zeroed), one forward per unit (batched)."""
+    if units not in ("coarse", "fine"):
+        raise ValueError(f"units must be 'coarse' (heads, neurons) or 'fine' (edges, position-level neurons), got {units!r}")
+    problem = prepare(model, tokenizer, prompt, target, contrast, position)
+    spec, t = problem.spec, problem.n_tokens
+    n = (spec.n_layers * (spec.n_heads + spec.d_mlp) if units == "coarse"
+         else spec.n_layers * (spec.n_heads * t * (t + 1) // 2 + t * spec.d_mlp))
+    if n > max_units:
+        raise ValueError(f"activation patching needs one forward pass per unit: this prompt has {n:,} {units} units "
+                         f"({t} tokens), more than max_units={max_units:,}. Use units='coarse' (heads and neurons), "
+                         "a shorter prompt, or raise max_units")
+    dtype = model.lm_head.weight.dtype
+    clean = problem.metric(problem.clean_logits[None])[0]
+    attn_scores = torch.zeros(spec.n_layers * spec.n_heads * (1 if units == "coarse" else t * t))
+    mlp_scores = torch.zeros(spec.n_layers * spec.d_mlp * (1 if units == "coarse" else t))
+    for kind, idx in _unit_batches(spec, t, units, batch_size, problem.device):
+        keeps = _keeps(kind, idx, spec, t, units, dtype)
+        drop = (clean - _metric(model, problem, len(idx), keeps if kind == "attn" else {},
+                                keeps if kind == "mlp" else {})).float().cpu()
+        (attn_scores if kind == "attn" else mlp_scores)[idx.cpu()] = drop
+    if units == "coarse":
+        return result(model, tokenizer, problem, "activation_patching",
+                      head_scores=attn_scores.view(spec.n_layers, spec.n_heads),
+                      neuron_scores=mlp_scores.view(spec.n_layers, spec.d_mlp))
+    return result(model, tokenizer, problem, "activation_patching",
+                  edge_scores=attn_scores.view(spec.n_layers, spec.n_heads, t, t),
+                  neuron_position_scores=mlp_scores.view(spec.n_layers, t, spec.d_mlp))

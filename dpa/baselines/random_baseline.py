@@ -1,0 +1,32 @@
+"""The random baseline: seeded uniform scores, reproducible per prompt.
+
+The generator is seeded from ``seed`` and the prompt's token ids, so the same prompt always gets
+the same ranking and different prompts get different ones.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..result import Attribution
+from .common import Prompt, causal, prepare, result
+
+
+def random_input(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contrast=None,
+                 position: int | None = None, seed: int = 0) -> Attribution:
+    """Uniform random token scores."""
+    problem = prepare(model, tokenizer, prompt, target, contrast, position)
+    gen = torch.Generator().manual_seed(problem.seed(seed))
+    return result(model, tokenizer, problem, "random", token_scores=torch.rand(problem.n_tokens, generator=gen))
+
+
+def random_component(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contrast=None,
+                     position: int | None = None, seed: int = 0) -> Attribution:
+    """Uniform random scores for every causal edge and position-level neuron."""
+    problem = prepare(model, tokenizer, prompt, target, contrast, position)
+    spec, t = problem.spec, problem.n_tokens
+    gen = torch.Generator().manual_seed(problem.seed(seed))
+    edges = torch.rand(spec.n_layers, spec.n_heads, t, t, generator=gen) * causal(t)
+    neurons = torch.rand(spec.n_layers, t, spec.d_mlp, generator=gen)
+    return result(model, tokenizer, problem, "random", edge_scores=edges, neuron_position_scores=neurons)

@@ -1,0 +1,91 @@
+"""Tiny random HF models (no download), float64, every family and head layout."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+LAYOUTS = {"mha": 4, "gqa": 2, "mqa": 1}  # KV heads for 4 query heads
+
+_CONFIGS = {
+    "llama": transformers.LlamaConfig,
+    "mistral": transformers.MistralConfig,
+    "qwen2": transformers.Qwen2Config,
+    "qwen3": transformers.Qwen3Config,
+}
+_MODELS = {
+    "llama": transformers.LlamaForCausalLM,
+    "mistral": transformers.MistralForCausalLM,
+    "qwen2": transformers.Qwen2ForCausalLM,
+    "qwen3": transformers.Qwen3ForCausalLM,
+}
+
+
+def _float64_rms_forward(original):
+    def forward(self, hidden_states):
+        if hidden_states.dtype != torch.float64:
+            return original(self, hidden_states)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
+    return forward
+
+
+@pytest.fixture(autouse=True, scope="session")
+def float64_norms():
+    """HF's RMSNorm rounds to float32 even in a float64 model; keep float64 so identities hold to 1e-12.
+
+    Same arithmetic, more precision: this only removes float32 rounding noise that would
+    otherwise hide errors of the order of a norm's eps."""
+    from transformers.models.llama import modeling_llama
+    from transformers.models.mistral import modeling_mistral
+    from transformers.models.qwen2 import modeling_qwen2
+    from transformers.models.qwen3 import modeling_qwen3
+
+    classes = [modeling_llama.LlamaRMSNorm, modeling_mistral.MistralRMSNorm, modeling_qwen2.Qwen2RMSNorm,
+               modeling_qwen3.Qwen3RMSNorm]
+    originals = [c.forward for c in classes]
+    for c, f in zip(classes, originals):
+        c.forward = _float64_rms_forward(f)
+    yield
+    for c, f in zip(classes, originals):
+        c.forward = f
+
+
+def tiny_config(family: str, kv_heads: int = 2, **overrides):
+    kwargs = dict(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
+                  num_key_value_heads=kv_heads, max_position_embeddings=64, rms_norm_eps=1e-2, head_dim=8)
+    if family == "mistral":
+        kwargs["sliding_window"] = 5  # short enough to matter on the test prompts
+    if family == "qwen2":
+        kwargs.pop("head_dim")
+    kwargs.update(overrides)
+    return _CONFIGS[family](**kwargs)
+
+
+def tiny_model(family: str, kv_heads: int = 2, seed: int = 0, **overrides):
+    """A float64 model with every parameter random (norm gammas and biases too, so they are tested)."""
+    torch.manual_seed(seed)
+    model = _MODELS[family](tiny_config(family, kv_heads, **overrides)).double().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.3 * torch.randn_like(p))
+            elif name.endswith("bias"):
+                p.copy_(0.5 * torch.randn_like(p))
+            else:
+                p.copy_(torch.randn_like(p) * p.shape[-1] ** -0.5)
+    model.requires_grad_(False)
+    return model
+
+
+@pytest.fixture(params=[(f, l) for f in FAMILIES for l in LAYOUTS], ids=lambda p: f"{p[0]}-{p[1]}")
+def family_model(request):
+    family, layout = request.param
+    return tiny_model(family, LAYOUTS[layout])
+
+
+def random_ids(n: int, vocab: int = 96, seed: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (n,), generator=g)
