@@ -1,0 +1,274 @@
+"""``CircuitWidget``: a two-way JupyterLab view of one attribution (heads, neurons, tokens).
+
+Traits are snake_case on both sides (static/circuit.js has the matching ``@typedef Model``).
+Underscored traits carry data only the view reads; the plain ones are the user-facing,
+two-way state: set them from Python to drive the view, read them to see what was clicked.
+With ``model`` and ``tokenizer`` the controls recompute in the kernel.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import anywidget
+import traitlets as t
+
+import dpa
+from dpa import Attribution
+
+from . import live, payload, verify
+
+STATIC = Path(__file__).parent / "static"
+PRESETS = ("default", "control_content", "attention", "query_key", "mlp")
+# Keyword arguments the constructor takes besides result, model and tokenizer.
+USER_TRAITS = ("selected_head", "selected_neuron", "selected_token", "target", "contrast", "weights_preset",
+               "weights_p", "method", "top_k")
+LIVE_TRAITS = ("target", "contrast", "weights_preset", "weights_p", "method")
+STATIC_DETAILS = 8  # heads and neurons whose details are sent up front (and kept by save_html)
+EDGE_BUDGET = 120_000  # at most this many edge cells sent up front
+
+
+class CircuitWidget(anywidget.AnyWidget):
+    """Inspect ``result`` (a ``dpa.Attribution``); pass ``model`` and ``tokenizer`` for live controls.
+
+    ``top_neurons``: how many neurons per layer the view receives (by |score|).
+    Any trait below may also be given as a keyword argument.
+    """
+
+    _esm = STATIC / "circuit.js"
+    _css = STATIC / "circuit.css"
+
+    _data = t.Dict().tag(sync=True)
+    _details = t.Dict().tag(sync=True)
+    _live = t.Bool(False).tag(sync=True)
+    _busy = t.Bool(False).tag(sync=True)
+    _error = t.Unicode("").tag(sync=True)
+    _methods = t.List(t.Unicode(), default_value=["dpa"]).tag(sync=True)
+    _comparison = t.Dict().tag(sync=True)
+    _verify = t.Dict().tag(sync=True)
+
+    selected_head = t.List(t.Int(), default_value=None, allow_none=True, minlen=2, maxlen=2,
+                           help="The locked head as [layer, head], or None.").tag(sync=True)
+    selected_neuron = t.List(t.Int(), default_value=None, allow_none=True, minlen=2, maxlen=2,
+                             help="The locked neuron as [layer, neuron], or None.").tag(sync=True)
+    selected_token = t.Int(None, allow_none=True, help="The locked token position, or None.").tag(sync=True)
+    selection = t.Dict(help="The current selection with its scores, as the view exports it.").tag(sync=True)
+    target = t.Unicode("", help="The target token ('' = the model's own prediction).").tag(sync=True)
+    contrast = t.Unicode("", help="A contrast foil token ('' = none).").tag(sync=True)
+    weights_preset = t.Unicode("default", help=f"Path weights: one of {', '.join(PRESETS)}.").tag(sync=True)
+    weights_p = t.Float(0.5, help="p of the sensitivity family, in [0, 1].").tag(sync=True)
+    method = t.Unicode("dpa", help="'dpa' or a baseline from dpa.baselines, compared by rank.").tag(sync=True)
+    top_k = t.Int(10, help="How many tokens or components 'top-k' verification ablates.").tag(sync=True)
+
+    def __init__(self, result: Attribution, model=None, tokenizer=None, *, top_neurons: int = 32, **kwargs: Any):
+        unknown = sorted(set(kwargs) - set(USER_TRAITS))
+        if unknown:
+            raise TypeError(f"CircuitWidget got unexpected keyword argument(s) {', '.join(unknown)}; "
+                            f"it takes {', '.join(USER_TRAITS)} besides result, model, tokenizer and top_neurons")
+        if not isinstance(result, Attribution):
+            raise TypeError(f"result must be a dpa.Attribution (one prompt), got {type(result).__name__}")
+        if result.neuron_scores is None or result.head_scores is None:
+            raise ValueError("result has no head or neuron scores (a baseline?); show a DPA attribution")
+        if not isinstance(top_neurons, int) or top_neurons < 1:
+            raise ValueError(f"top_neurons must be a positive int, got {top_neurons!r}")
+        if model is None and any(k in kwargs for k in LIVE_TRAITS):
+            raise ValueError(f"{', '.join(k for k in LIVE_TRAITS if k in kwargs)} need model and tokenizer")
+        self.model, self.tokenizer, self.top_neurons = model, tokenizer, top_neurons
+        self._predictions: list[live.Prediction] = []
+        self._computed: tuple | None = None
+        live_kwargs = {k: kwargs.pop(k) for k in LIVE_TRAITS if k in kwargs}
+        selection = {k: kwargs.pop(k) for k in ("selected_head", "selected_neuron", "selected_token") if k in kwargs}
+        super().__init__(
+            target=result.target.token or "", contrast=result.target.contrast or "",
+            _live=model is not None, **kwargs)
+        if model is not None and result.target.kind != "vector" and (
+                result.edge_scores is None or result.neuron_position_scores is None):
+            result = live.recompute(model, tokenizer, result, target=result.target.token_id,
+                                    contrast=result.target.contrast_id, weights=result.weights)
+        self._show(result)
+        self._computed = self._settings()
+        for name, value in selection.items():  # validated against the data now on view
+            setattr(self, name, value)
+        if model is not None:
+            self._methods = ["dpa", *live.baseline_methods()]
+        self.on_msg(self._on_message)
+        self.observe(self._on_settings, names=list(LIVE_TRAITS[:4]))
+        self.observe(self._on_method, names=["method"])
+        self.observe(self._on_select, names=["selected_head", "selected_neuron"])
+        if live_kwargs:
+            with self.hold_trait_notifications():
+                for name, value in live_kwargs.items():
+                    setattr(self, name, value)
+            if self._error:
+                raise ValueError(self._error)
+
+    # ------------------------------------------------------------------ state
+
+    def _show(self, result: Attribution) -> None:
+        """Make ``result`` the one on view: payload, static details, selection still valid."""
+        self.result = result
+        if self.model is not None:
+            self._predictions = live.predictions(self.model, self.tokenizer, list(result.token_ids),
+                                                 result.target.position)
+        preds = [(p.token, p.probability) for p in self._predictions] or None
+        with self.hold_trait_notifications():
+            self._data = payload.view_payload(result, top_neurons=self.top_neurons, predictions=preds)
+            details = {}
+            for layer, head in payload.top_heads(result, self._static_heads(result)):
+                details[payload.detail_key("head", layer, head)] = payload.head_detail(result, layer, head)
+            for layer, neuron in payload.top_neurons(result, STATIC_DETAILS):
+                details[payload.detail_key("neuron", layer, neuron)] = self._neuron_detail(layer, neuron)
+            self._details = details
+            self._verify = {}
+        self._add_selected_details()
+
+    def _static_heads(self, result: Attribution) -> int:
+        n = len(result.tokens)
+        return min(STATIC_DETAILS, max(1, EDGE_BUDGET // (n * n))) if result.edge_scores is not None else STATIC_DETAILS
+
+    def _neuron_detail(self, layer: int, neuron: int) -> dict:
+        vocab = None if self.model is None else live.neuron_vocab(self.model, self.tokenizer, layer, neuron)
+        return payload.neuron_detail(self.result, layer, neuron, vocab)
+
+    def _add_selected_details(self) -> None:
+        details = dict(self._details)
+        if self.selected_head is not None:
+            key = payload.detail_key("head", *self.selected_head)
+            if key not in details:
+                details[key] = payload.head_detail(self.result, *self.selected_head)
+        if self.selected_neuron is not None:
+            key = payload.detail_key("neuron", *self.selected_neuron)
+            if key not in details:
+                details[key] = self._neuron_detail(*self.selected_neuron)
+        if len(details) != len(self._details):
+            self._details = details
+
+    def _settings(self) -> tuple:
+        p = None if self.weights_preset == "default" else round(self.weights_p, 6)
+        return (self.target, self.contrast, self.weights_preset, p)
+
+    # ------------------------------------------------------------------ validation
+
+    @t.validate("selected_head")
+    def _valid_head(self, proposal):
+        return self._in_range(proposal["value"], self._data.get("n_layers", 0), self._data.get("n_heads", 0), "head")
+
+    @t.validate("selected_neuron")
+    def _valid_neuron(self, proposal):
+        return self._in_range(proposal["value"], self._data.get("n_layers", 0), self._data.get("d_mlp", 0), "neuron")
+
+    @staticmethod
+    def _in_range(value, n_layers: int, width: int, what: str):
+        if value is not None and n_layers and not (0 <= value[0] < n_layers and 0 <= value[1] < width):
+            raise t.TraitError(f"selected_{what} {list(value)} is outside [0, {n_layers}) x [0, {width})")
+        return value
+
+    @t.validate("selected_token")
+    def _valid_token(self, proposal):
+        p, n = proposal["value"], len(self._data.get("tokens", []))
+        if p is not None and n and not 0 <= p < n:
+            raise t.TraitError(f"selected_token {p} is outside the prompt's {n} positions")
+        return p
+
+    @t.validate("weights_preset")
+    def _valid_preset(self, proposal):
+        if proposal["value"] not in PRESETS:
+            raise t.TraitError(f"weights_preset must be one of {', '.join(PRESETS)}, got {proposal['value']!r}")
+        return proposal["value"]
+
+    @t.validate("weights_p")
+    def _valid_p(self, proposal):
+        p = proposal["value"]
+        if not (math.isfinite(p) and 0 <= p <= 1):
+            raise t.TraitError(f"weights_p must lie in [0, 1], got {p}")
+        return p
+
+    @t.validate("top_k")
+    def _valid_k(self, proposal):
+        if proposal["value"] < 1:
+            raise t.TraitError(f"top_k must be at least 1, got {proposal['value']}")
+        return proposal["value"]
+
+    # ------------------------------------------------------------------ kernel-side work
+
+    def _busy_while(self, work) -> bool:
+        """Run ``work()`` with the busy flag up; show a dpa or value error in the view. True on success."""
+        self._busy = True
+        try:
+            work()
+            self._error = ""
+            return True
+        except (dpa.InputError, dpa.TargetError, ValueError, IndexError, NotImplementedError) as e:
+            self._error = f"{type(e).__name__}: {e}"
+            return False
+        finally:
+            self._busy = False
+
+    def _on_settings(self, _change=None) -> None:
+        if self._settings() == self._computed:
+            return
+        if self.model is None:
+            self._error = "changing the target or weights needs the model and tokenizer"
+            return
+
+        def work():
+            weights = live.weights_for(self.weights_preset, self.weights_p)
+            target = self._resolve(self.target)
+            contrast = self._resolve(self.contrast)
+            result = live.recompute(self.model, self.tokenizer, self.result, target=target, contrast=contrast,
+                                    weights=weights)
+            self._show(result)
+            if self.method != "dpa":
+                self._comparison = live.compare(self.model, self.tokenizer, result, self.method)
+
+        self._computed = self._settings()  # also on failure: retrying the same inputs would fail the same way
+        self._busy_while(work)
+
+    def _resolve(self, token: str) -> str | int | None:
+        """'' -> None; a shown prediction -> its id (no re-tokenising); else the string itself."""
+        if token == "":
+            return None
+        for p in self._predictions:
+            if p.token == token:
+                return p.token_id
+        if token == self.result.target.token:
+            return self.result.target.token_id
+        if token == self.result.target.contrast:
+            return self.result.target.contrast_id
+        if self.tokenizer is None and token.strip().isdigit():  # no tokenizer: tokens are shown as ids
+            return int(token)
+        return token
+
+    def _on_method(self, change) -> None:
+        if change["new"] == "dpa":
+            self._comparison = {}
+            self._error = ""
+            return
+        if self.model is None:
+            self._error = "baselines need the model and tokenizer"
+            return
+        self._busy_while(lambda: setattr(self, "_comparison",
+                                         live.compare(self.model, self.tokenizer, self.result, change["new"])))
+
+    def _on_select(self, _change) -> None:
+        self._add_selected_details()
+
+    def _on_message(self, _widget, content, _buffers) -> None:
+        if isinstance(content, dict) and content.get("action") == "verify":
+            self._busy_while(lambda: self.verify(content.get("mode", "disrupt"), content.get("units", "selection")))
+
+    def verify(self, mode: str = "disrupt", units: str = "selection") -> dict[str, Any]:
+        """Ablate units and measure the target probability (also shown in the view).
+
+        mode: "disrupt" ablates the units, "recover" ablates everything else.
+        units: "selection" (the selected head, neuron or token), "top_tokens" or
+        "top_components" (the ``top_k`` highest-scoring ones by DPA).
+        """
+        if self.model is None:
+            raise ValueError("verification runs the model: pass model and tokenizer to the widget")
+        out = verify.run(self.model, self.result, mode=mode, units=units, k=self.top_k,
+                         head=self.selected_head, neuron=self.selected_neuron, token=self.selected_token)
+        self._verify = out
+        return out

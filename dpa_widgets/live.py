@@ -1,0 +1,110 @@
+"""What the widget computes in the kernel when a model is attached: recomputed attributions,
+next-token predictions, the tokens a neuron promotes, baselines and ablation checks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+import dpa
+from dpa import Attribution, PathWeights
+
+from .payload import spearman
+
+
+@dataclass(frozen=True)
+class Prediction:
+    token: str
+    probability: float
+    token_id: int
+
+
+@torch.no_grad()
+def predictions(model: nn.Module, tokenizer, token_ids: list[int], position: int, k: int = 10) -> list[Prediction]:
+    """The model's top-k next tokens after ``token_ids[: position + 1]``, with probabilities."""
+    device = next(model.parameters()).device
+    ids = torch.tensor([token_ids[: position + 1]], device=device)
+    probs = model(input_ids=ids).logits[0, -1].float().softmax(-1)
+    top = probs.topk(min(k, probs.numel()))
+    return [Prediction(tokenizer.decode([int(i)]) if tokenizer is not None else str(int(i)), float(p), int(i))
+            for p, i in zip(top.values, top.indices)]
+
+
+def weights_for(preset: str, p: float) -> PathWeights:
+    """The path weights of a sensitivity family at p, or the defaults for "default"."""
+    return PathWeights() if preset == "default" else PathWeights.preset(preset, p)
+
+
+def recompute(model: nn.Module, tokenizer, result: Attribution, *, target: str | int | None,
+              contrast: str | int | None, weights: PathWeights) -> Attribution:
+    """``result``'s prompt and position attributed again (with edges and neuron positions)."""
+    if result.target.kind == "vector":
+        raise dpa.TargetError("a vector target cannot be changed from the widget; recompute it with dpa.attribute")
+    return dpa.attribute(
+        model, tokenizer, list(result.token_ids), target=target, contrast=contrast,
+        kind="logprob" if result.target.kind == "logprob" else "logit", position=result.target.position,
+        weights=weights, edges=True, neuron_positions=True, neuron_target=result.neuron_target)
+
+
+@torch.no_grad()
+def neuron_vocab(model: nn.Module, tokenizer, layer: int, neuron: int,
+                 k: int = 8) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
+    """The tokens whose logits the neuron's output direction raises and lowers the most.
+
+    The direction is its down-projection column, scaled by the final norm's gamma and read
+    through the unembedding (a logit-lens view; the final norm's 1/rms is left out).
+    """
+    down = model.model.layers[layer].mlp.down_proj.weight[:, neuron]  # [d_model]
+    gamma = model.model.norm.weight
+    unembed = model.lm_head.weight
+    effect = (unembed.float() @ (down.float() * gamma.float()).to(unembed.device))  # [vocab]
+    name = (lambda i: tokenizer.decode([i])) if tokenizer is not None else str
+    up, down_ = effect.topk(k), (-effect).topk(k)
+    return ([(name(int(i)), float(v)) for v, i in zip(up.values, up.indices)],
+            [(name(int(i)), float(-v)) for v, i in zip(down_.values, down_.indices)])
+
+
+def baseline_methods() -> dict[str, tuple[str, Any]]:
+    """Baselines from ``dpa.baselines`` by widget name: "tokens:<name>" for input methods and
+    "components:<name>" for component methods (the two families share some names). Empty when
+    ``dpa.baselines`` is not installed; DPA itself is left out (it is the reference)."""
+    try:
+        from dpa import baselines
+    except ImportError:
+        return {}
+    out: dict[str, tuple[str, Any]] = {}
+    for level, prefix, table in (("input", "tokens", "INPUT_METHODS"), ("component", "components", "COMPONENT_METHODS")):
+        for name, fn in getattr(baselines, table, {}).items():
+            if name != "dpa":
+                out[f"{prefix}:{name}"] = (level, fn)
+    return out
+
+
+def compare(model: nn.Module, tokenizer, result: Attribution, method: str) -> dict[str, Any]:
+    """A baseline on the same prompt and target, and its Spearman rank correlation with DPA.
+
+    Input methods are compared on token scores; component methods on head scores (and on
+    neuron scores as ``rho_neurons`` when the method gives them).
+    """
+    methods = baseline_methods()
+    if method not in methods:
+        raise ValueError(f"unknown method {method!r}; choose one of dpa, {', '.join(methods)}")
+    level, fn = methods[method]
+    t = result.target
+    other = fn(model, tokenizer, list(result.token_ids), t.token_id, contrast=t.contrast_id, position=t.position)
+    if level == "input":
+        return {"method": method, "level": level, "token_scores": other.token_scores.double().tolist(),
+                "rho": _finite(spearman(result.token_scores, other.token_scores))}
+    out = {"method": method, "level": level, "head_scores": other.head_scores.double().tolist(),
+           "rho": _finite(spearman(result.head_scores, other.head_scores))}
+    if other.neuron_scores is not None and other.neuron_scores.shape == result.neuron_scores.shape:
+        out["rho_neurons"] = _finite(spearman(result.neuron_scores, other.neuron_scores))
+    return out
+
+
+def _finite(x: float) -> float | None:
+    """JSON has no NaN: a rank correlation with a constant side is None."""
+    return x if x == x else None

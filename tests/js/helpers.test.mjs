@@ -1,0 +1,158 @@
+// Pure helpers of circuit.js: colour scale, ranking, layout, selection and SVG export.
+import { test, describe } from "node:test";
+import assert from "node:assert/strict";
+import {
+  DIVERGING, symmetricMax, divergingRgb, divergingColor, textColor, formatScore, topIndices, topHeads,
+  topNeurons, headLayout, wrapRows, tokenLabel, selectionPayload, escapeXml, viewSvg,
+} from "../../dpa_widgets/static/circuit.js";
+import { payload } from "./fixture.mjs";
+
+describe("colour scale", () => {
+  test("white at zero, the end colours at -max and +max, clipped beyond", () => {
+    assert.deepEqual(divergingRgb(0, 2), [255, 255, 255]);
+    assert.deepEqual(divergingRgb(2, 2), DIVERGING.at(-1));
+    assert.deepEqual(divergingRgb(-2, 2), DIVERGING[0]);
+    assert.deepEqual(divergingRgb(50, 2), DIVERGING.at(-1));
+    assert.deepEqual(divergingRgb(-50, 2), DIVERGING[0]);
+  });
+
+  test("symmetric: v and -v are equally far from white, on opposite hues", () => {
+    for (const v of [0.1, 0.5, 0.9]) {
+      const [pr, pg, pb] = divergingRgb(v, 1);
+      const [nr, ng, nb] = divergingRgb(-v, 1);
+      assert.ok(pr > pb, `positive ${v} is red-ish`);
+      assert.ok(nb > nr, `negative ${v} is blue-ish`);
+    }
+  });
+
+  test("monotone: larger |v| is darker on each side", () => {
+    const lum = ([r, g, b]) => 0.299 * r + 0.587 * g + 0.114 * b;
+    for (const sign of [1, -1]) {
+      const l = [0, 0.2, 0.4, 0.6, 0.8, 1].map((x) => lum(divergingRgb(sign * x, 1)));
+      for (let i = 1; i < l.length; i++) assert.ok(l[i] < l[i - 1], `${sign} side at step ${i}`);
+    }
+  });
+
+  test("halfway between anchors interpolates linearly", () => {
+    const step = 1 / 3; // 7 anchors over [-1, 1]: one anchor every 1/3
+    const mid = divergingRgb(step / 2, 1);
+    assert.deepEqual(mid, DIVERGING[3].map((c, k) => Math.round((c + DIVERGING[4][k]) / 2)));
+  });
+
+  test("non-finite values and a zero max are white, not NaN", () => {
+    assert.equal(divergingColor(NaN, 1), "rgb(255, 255, 255)");
+    assert.equal(divergingColor(1, 0), "rgb(255, 255, 255)");
+  });
+
+  test("symmetricMax skips special tokens unless nothing else is left", () => {
+    assert.equal(symmetricMax([-3, 1, 2], [false, false, false]), 3);
+    assert.equal(symmetricMax([-30, 1, -2], [true, false, false]), 2);
+    assert.equal(symmetricMax([-30], [true]), 30);
+    assert.equal(symmetricMax([0, 0]), 1);
+  });
+
+  test("text is dark on light colours and light on saturated ones", () => {
+    assert.equal(textColor(0, 1), "#111");
+    assert.equal(textColor(1, 1), "#fff");
+    assert.equal(textColor(-1, 1), "#fff");
+  });
+
+  test("formatScore keeps the sign and three digits", () => {
+    assert.equal(formatScore(0.12345), "+0.123");
+    assert.equal(formatScore(-12.345), "−12.3");
+    assert.equal(formatScore(0), "0");
+    assert.equal(formatScore(-2e-5), "−2.00e-5");
+    assert.equal(formatScore(NaN), "–");
+  });
+});
+
+describe("ranking", () => {
+  test("topIndices by |value| and by signed value, ties by index", () => {
+    assert.deepEqual(topIndices([1, -5, 3, 5], 3), [1, 3, 2]);
+    assert.deepEqual(topIndices([1, -5, 3, 5], 2, "signed"), [3, 2]);
+    assert.deepEqual(topIndices([1, NaN, 2], 5), [2, 0]);
+    assert.deepEqual(topIndices([1, 2], 0), []);
+  });
+
+  test("topHeads flattens [layer][head] and maps back", () => {
+    const heads = topHeads([[0.1, -0.9], [0.5, 0.2]], 2);
+    assert.deepEqual(heads, [{ layer: 0, head: 1, score: -0.9 }, { layer: 1, head: 0, score: 0.5 }]);
+  });
+
+  test("topNeurons merges the per-layer lists, optionally one layer", () => {
+    const neurons = { index: [[7, 3], [1, 9]], score: [[0.5, -0.1], [-2, 0.3]] };
+    assert.deepEqual(topNeurons(neurons, 2), [{ layer: 1, neuron: 1, score: -2 }, { layer: 0, neuron: 7, score: 0.5 }]);
+    assert.deepEqual(topNeurons(neurons, 5, 0).map((c) => c.neuron), [7, 3]);
+  });
+});
+
+describe("layout", () => {
+  test("heads of one KV group are adjacent; groups are separated by the wider gap", () => {
+    const lay = headLayout(2, 6, 2, { cell: 10, gap: 1, groupGap: 5, left: 0, top: 0 });
+    assert.equal(lay.cells.length, 12);
+    assert.equal(lay.groupSize, 3);
+    const xs = [0, 1, 2, 3, 4, 5].map(lay.colX);
+    assert.deepEqual(xs, [0, 11, 22, 38, 49, 60]);
+    assert.deepEqual([0, 1, 2, 3, 4, 5].map(lay.group), [0, 0, 0, 1, 1, 1]);
+    assert.equal(lay.rowY(1), 11);
+    assert.equal(lay.width, 60 + 10 + 2);
+  });
+
+  test("MHA (n_kv = n_heads) and a bad n_kv fall back to one head per group", () => {
+    assert.equal(headLayout(1, 4, 4).groupSize, 1);
+    assert.equal(headLayout(1, 4, 3).groupSize, 1);
+    assert.equal(headLayout(1, 4, 1).groupSize, 4);
+  });
+
+  test("no cells overlap", () => {
+    const lay = headLayout(5, 9, 3, { cell: 8 });
+    const seen = new Set(lay.cells.map((c) => `${c.x},${c.y}`));
+    assert.equal(seen.size, lay.cells.length);
+  });
+
+  test("wrapRows never exceeds the width unless one item alone does", () => {
+    const widths = [30, 40, 50, 20, 100, 10];
+    const rows = wrapRows(widths, 100, 2);
+    assert.deepEqual(rows, [0, 0, 1, 1, 2, 3]);
+    const used = {};
+    rows.forEach((r, i) => { used[r] = (used[r] ?? -2) + 2 + widths[i]; });
+    for (const w of Object.values(used)) assert.ok(w <= 100);
+  });
+
+  test("tokenLabel shows whitespace", () => {
+    assert.equal(tokenLabel(" Mary"), "·Mary");
+    assert.equal(tokenLabel("\n"), "↵");
+    assert.equal(tokenLabel(""), "∅");
+  });
+});
+
+describe("selection and export", () => {
+  test("selectionPayload carries the selected units and their scores", () => {
+    const data = payload();
+    const sel = selectionPayload(data, { head: [1, 2], neuron: [0, 7], token: 1 });
+    assert.deepEqual(sel.head, { layer: 1, head: 2, kv_group: 1, score: data.head_scores[1][2] });
+    assert.deepEqual(sel.neuron, { layer: 0, neuron: 7, score: 0.5 });
+    assert.equal(sel.token.token, " Mary");
+    assert.equal(sel.token.score, data.token_scores[1]);
+    assert.deepEqual(sel.target, data.target);
+    assert.deepEqual(Object.keys(selectionPayload(data, { head: null, neuron: null, token: null })).sort(),
+      ["method", "model_name", "target"]);
+  });
+
+  test("escapeXml escapes markup", () => {
+    assert.equal(escapeXml(`<a href="x">&`), "&lt;a href=&quot;x&quot;&gt;&amp;");
+  });
+
+  test("viewSvg draws one rect per token and per head, with escaped labels", () => {
+    const data = payload();
+    data.tokens[0] = "<b>";
+    const svg = viewSvg(data, { head: [1, 2] });
+    assert.ok(svg.startsWith("<svg xmlns=\"http://www.w3.org/2000/svg\""));
+    assert.ok(svg.endsWith("</svg>"));
+    assert.ok(svg.includes("&lt;b&gt;") && !svg.includes("<b>"));
+    const rects = svg.match(/<rect /g).length;
+    // background + tokens + heads + MLP bars
+    assert.equal(rects, 1 + data.tokens.length + data.n_layers * data.n_heads + data.n_layers);
+    assert.equal(svg.match(/stroke="#000"/g).length, 1, "the selected head is outlined");
+  });
+});
