@@ -1,0 +1,126 @@
+"""Targets (token, contrast, log-prob, vector) and the errors for bad input."""
+
+import pytest
+import torch
+
+import dpa
+from dpa.targets import token_id
+
+from .conftest import random_ids, tiny_model
+from .reference import reference_forward
+
+
+class FakeTokenizer:
+    """Splits on characters: 'a' is one token, 'ab' two."""
+
+    all_special_ids = [0]
+
+    def encode(self, text, add_special_tokens=False):
+        return [ord(c) - 31 for c in text]  # printable ASCII -> 1..95
+
+    def decode(self, ids):
+        return "".join(chr(i - 1 + 32) for i in ids)
+
+    def __call__(self, text):
+        return {"input_ids": [0] + self.encode(text)}
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model("llama", 2)
+
+
+class TestTargets:
+    def test_contrast_is_difference(self, model):
+        ids = random_ids(8)
+        a = dpa.attribute(model, None, ids, target=5)
+        b = dpa.attribute(model, None, ids, target=9)
+        c = dpa.attribute(model, None, ids, target=5, contrast=9)
+        torch.testing.assert_close(c.token_scores, a.token_scores - b.token_scores)
+        assert c.target.kind == "contrast" and c.target_logit == pytest.approx(a.target_logit - b.target_logit)
+
+    def test_logprob_target_is_gradient_with_p_fixed(self, model):
+        ids = random_ids(8)
+        res = dpa.attribute(model, None, ids, target=5, kind="logprob", effective_targets=True)
+        emb = model.model.embed_tokens(ids[None]).detach().requires_grad_(True)
+        logits = reference_forward(model, emb, mu=(0.25, 0.25, 0.5, 0.5, 0.5))[0, -1] @ model.lm_head.weight.T
+        p = logits.softmax(-1).detach()
+        (logits[5] - (p * logits).sum()).backward()  # d log p(y) with p held fixed
+        torch.testing.assert_close(res.effective_targets[0], emb.grad[0])
+        assert res.target.logprob == pytest.approx(float(logits.detach().log_softmax(-1)[5]))
+
+    def test_vector_target(self, model):
+        ids = random_ids(8)
+        vec = model.lm_head.weight[5].clone()
+        torch.testing.assert_close(dpa.attribute(model, None, ids, target=vec).token_scores,
+                                   dpa.attribute(model, None, ids, target=5).token_scores)
+
+    def test_default_target_is_prediction(self, model):
+        ids = random_ids(8)
+        res = dpa.attribute(model, None, ids)
+        assert res.target.token_id == int(model(ids[None]).logits[0, -1].argmax())
+        assert res.target.probability == pytest.approx(res.top_predictions[0][1])
+
+    def test_string_prompt_and_special_tokens(self, model):
+        res = dpa.attribute(model, FakeTokenizer(), "abc", target="d")
+        assert len(res.tokens) == 4 and res.special == [True, False, False, False]
+
+    def test_json_round_trip(self, model):
+        res = dpa.attribute(model, None, random_ids(6), target=3, edges=True)
+        back = dpa.Attribution.from_dict(__import__("json").loads(res.to_json()))
+        torch.testing.assert_close(back.edge_scores, res.edge_scores.float())
+        assert back.target == res.target and back.weights == res.weights
+
+    def test_top_components(self, model):
+        res = dpa.attribute(model, None, random_ids(6), target=3)
+        top = res.top_components(4)
+        scores = torch.cat([res.head_scores.flatten(), res.neuron_scores.flatten()])
+        assert top["positive"][0].score == pytest.approx(float(scores.max()))
+        assert top["negative"][0].score == pytest.approx(float(scores.min()))
+        assert [c.score for c in top["positive"]] == sorted((c.score for c in top["positive"]), reverse=True)
+
+
+class TestBadInput:
+    def test_empty_prompt(self, model):
+        with pytest.raises(dpa.InputError, match="empty"):
+            dpa.attribute(model, FakeTokenizer(), "   ", target=1)
+        with pytest.raises(dpa.InputError, match="empty"):
+            dpa.attribute(model, None, torch.tensor([], dtype=torch.long), target=1)
+
+    def test_too_long(self, model):
+        with pytest.raises(dpa.InputError, match="65 tokens, more than the model's context of 64"):
+            dpa.attribute(model, None, random_ids(65), target=1)
+
+    def test_multi_token_target_says_how_it_splits(self, model):
+        with pytest.raises(dpa.TargetError, match=r"splits into 2 tokens \['a', 'b'\]"):
+            dpa.attribute(model, FakeTokenizer(), "xyz", target="ab")
+        res = dpa.attribute(model, FakeTokenizer(), "xyz", target="ab", multi_token="first")
+        assert res.target.token == "a"
+
+    def test_bad_ids(self, model):
+        with pytest.raises(dpa.TargetError, match="outside the vocabulary"):
+            token_id(None, 1000, 96)
+        with pytest.raises(dpa.TargetError, match="same token"):
+            dpa.attribute(model, None, random_ids(5), target=3, contrast=3)
+
+    def test_bad_position(self, model):
+        with pytest.raises(dpa.InputError, match="position 9"):
+            dpa.attribute(model, None, random_ids(5), target=3, position=9)
+
+    def test_bad_weights(self):
+        with pytest.raises(ValueError, match="finite"):
+            dpa.PathWeights(query=float("nan"))
+        with pytest.raises(ValueError, match="five"):
+            dpa.PathWeights.parse("1,2")
+
+
+class TestPathWeights:
+    @pytest.mark.parametrize("family", ["control_content", "attention", "query_key", "mlp"])
+    @pytest.mark.parametrize("p", [0.0, 0.3, 1.0])
+    def test_families_are_constrained(self, family, p):
+        assert dpa.PathWeights.preset(family, p).constrained
+
+    def test_table(self):
+        assert dpa.PathWeights.query_key(1.0).as_tuple() == (0.5, 0.0, 0.5, 0.5, 0.5)
+        assert dpa.PathWeights.control_content(1.0).conservative
+        assert dpa.PathWeights() == dpa.PathWeights.control_content(0.5)
