@@ -1,0 +1,231 @@
+"""The ``dpa`` command and its reports, on a tiny random Llama saved with a word-level tokenizer (no network)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+import dpa
+from dpa import report
+from dpa.cli import main
+
+WORDS = "the capital of france is paris london a city in river big small old new".split()
+PROMPT = "the capital of france is"
+
+
+def save_tiny_model(folder: Path, **config) -> Path:
+    """A 2-layer Llama (GQA) with random weights and a 128-word tokenizer that prepends <s>."""
+    vocab = ["[UNK]", "<s>"] + WORDS
+    vocab += [f"w{i}" for i in range(128 - len(vocab))]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", bos_token="<s>")
+    fast.save_pretrained(folder)
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                   max_position_embeddings=64, bos_token_id=1, eos_token_id=None, **config)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> Path:
+    return save_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_dir):
+    return dpa.load_model(str(tiny_dir), device="cpu")
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    capsys.readouterr()  # drop what the fixtures printed
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def table_scores(out: str) -> list[float]:
+    """The score column of the plain token table."""
+    return [float(m.group(1)) for m in re.finditer(r"^\s+\d+\s+([+-]\d+\.\d+)\s+'", out, re.M)]
+
+
+class TestAttribute:
+    def test_prints_prediction_scores_and_components(self, capsys, tiny_dir, tiny):
+        code, out, _ = run(capsys, "attribute", PROMPT, "--model", str(tiny_dir), "--color", "never", "--top", "3")
+        assert code == 0
+        res = dpa.attribute(*tiny, PROMPT)
+        predicted, p = res.top_predictions[0]
+        assert f"predicted {predicted!r} p={p:.3f}" in out
+        torch.testing.assert_close(torch.tensor(table_scores(out)), res.token_scores, atol=1e-4, rtol=0)
+        assert f"gap {res.completeness_gap:+.4f}" in out
+        comps = res.top_components(3)
+        for c in comps["positive"] + comps["negative"]:
+            assert f"{report.component_label(c):<18}{c.score:>+9.4f}" in out
+        assert "\x1b[" not in out
+
+    def test_json_round_trip_with_target_contrast_and_weights(self, capsys, tiny_dir, tiny, tmp_path):
+        path = tmp_path / "res.json"
+        code, out, _ = run(capsys, "attribute", PROMPT, "--model", str(tiny_dir), "--target", "paris",
+                           "--contrast", "london", "--weights", "0,0,1,0.3,0.7", "--json", str(path))
+        assert code == 0 and f"wrote {path}" in out
+        back = dpa.Attribution.from_dict(json.loads(path.read_text()))
+        weights = dpa.PathWeights(0, 0, 1, 0.3, 0.7)
+        want = dpa.attribute(*tiny, PROMPT, "paris", contrast="london", weights=weights)
+        assert back.weights == weights
+        assert (back.target.kind, back.target.token, back.target.contrast) == ("contrast", "paris", "london")
+        assert back.tokens == want.tokens == ["<s>", "the", "capital", "of", "france", "is"]
+        for name in ("token_scores", "head_scores", "neuron_scores"):
+            torch.testing.assert_close(getattr(back, name), getattr(want, name).float(), atol=1e-6, rtol=1e-5)
+        assert abs(back.completeness_gap) < 1e-4  # conservative weights, bias-free model
+
+    def test_preset_logprob_and_position(self, capsys, tiny_dir, tiny, tmp_path):
+        path = tmp_path / "res.json"
+        code, _, _ = run(capsys, "attribute", PROMPT, "--model", str(tiny_dir), "--preset", "attention", "--p",
+                         "0.8", "--logprob", "--position", "-2", "--json", str(path))
+        assert code == 0
+        back = dpa.Attribution.from_dict(json.loads(path.read_text()))
+        assert back.weights == dpa.PathWeights.attention(0.8)
+        assert (back.target.kind, back.target.position) == ("logprob", 4)
+        want = dpa.attribute(*tiny, PROMPT, kind="logprob", position=-2, weights=dpa.PathWeights.attention(0.8))
+        torch.testing.assert_close(back.token_scores, want.token_scores.float(), atol=1e-6, rtol=1e-5)
+
+    def test_color_output(self, capsys, tiny_dir, tiny):
+        code, out, _ = run(capsys, "attribute", PROMPT, "--model", str(tiny_dir), "--color", "always")
+        assert code == 0
+        res = dpa.attribute(*tiny, PROMPT)
+        scale = report.color_scale(res)
+        token_line = next(line for line in out.splitlines() if "capital" in line)
+        colors = re.findall(r"\x1b\[48;2;(\d+);(\d+);(\d+)m", token_line)
+        assert len(colors) == len(res.tokens)
+        for rgb, s in zip(colors, res.token_scores.tolist()):
+            assert tuple(map(int, rgb)) == report.diverging_rgb(s, scale)
+        assert f"scale {-scale:+.4f}" in out and f"{scale:+.4f} (special tokens clipped)" in out
+
+    def test_html_report_is_standalone(self, capsys, tiny_dir, tiny, tmp_path):
+        path = tmp_path / "res.html"
+        code, _, _ = run(capsys, "attribute", PROMPT, "--model", str(tiny_dir), "--html", str(path), "--top", "4")
+        assert code == 0
+        page = path.read_text(encoding="utf-8")
+        res = dpa.attribute(*tiny, PROMPT)
+        parsed = PageParser()
+        parsed.feed(page)
+        assert parsed.tags.get("script", 0) == 0 and parsed.tags.get("link", 0) == 0
+        assert parsed.tags.get("img", 0) == 0 and "http://" not in page and "https://" not in page
+        assert parsed.token_texts == res.tokens
+        scale = report.color_scale(res)
+        want_bg = [report.hex_rgb(report.diverging_rgb(s, scale)) for s in res.token_scores.tolist()]
+        assert parsed.token_backgrounds == want_bg
+        comps = res.top_components(4)
+        for c in comps["positive"] + comps["negative"]:
+            assert f"<td>{report.component_label(c)}</td><td class='num'>{c.score:+.4f}</td>" in page
+        assert f"{-scale:+.4f}" in page and "linear-gradient" in page
+
+    def test_multi_token_target_is_a_one_line_error(self, capsys, tiny_dir):
+        code, out, err = run(capsys, "attribute", PROMPT, "--model", str(tiny_dir), "--target", "paris london")
+        assert code == 2 and out == ""
+        assert err.startswith("error: target 'paris london' is not a single token: it splits into 2 tokens")
+        assert err.count("\n") == 1
+
+    def test_unsupported_model_fails_at_load(self, capsys, tmp_path):
+        folder = save_tiny_model(tmp_path / "gelu", hidden_act="gelu")
+        code, _, err = run(capsys, "attribute", PROMPT, "--model", str(folder))
+        assert code == 2 and err.startswith("error: unsupported config setting hidden_act='gelu'")
+
+    def test_missing_model_folder(self, capsys, tmp_path):
+        code, _, err = run(capsys, "attribute", PROMPT, "--model", str(tmp_path / "no" / "such" / "model"))
+        assert code == 2 and err.startswith("error: cannot load model") and err.count("\n") == 1
+
+    @pytest.mark.parametrize("args, message", [
+        (["--weights", "1,2"], "expected five comma-separated weights"),
+        (["--p", "0.5"], "--p needs --preset"),
+        (["--preset", "mlp", "--p", "2"], "p must lie in [0, 1]"),
+        (["--preset", "mlp", "--weights", "0,0,1,.5,.5"], "not allowed with argument"),
+        (["--logprob", "--contrast", "london"], "--logprob takes no --contrast"),
+        (["--json", "/no/such/folder/x.json"], "no folder /no/such/folder"),
+    ])
+    def test_usage_errors(self, capsys, tiny_dir, args, message):
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exit_info:
+            main(["attribute", PROMPT, "--model", str(tiny_dir), *args])
+        assert exit_info.value.code == 2
+        assert message in capsys.readouterr().err
+
+    def test_python_dash_m(self, tiny_dir, tmp_path):
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "NO_COLOR": "1", "DPA_CACHE": str(tmp_path / "cache")}
+        proc = subprocess.run([sys.executable, "-m", "dpa", "attribute", PROMPT, "--model", str(tiny_dir),
+                               "--color", "auto"], capture_output=True, text=True, env=env, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        assert "predicted " in proc.stdout and "top 10 components" in proc.stdout
+        assert "\x1b[" not in proc.stdout and len(table_scores(proc.stdout)) == 6
+        assert not (tmp_path / "cache").exists()  # --model never touches the default model's cache
+
+
+class TestColors:
+    def test_white_at_zero_and_symmetric(self):
+        assert report.diverging_rgb(0.0, 3.0) == (255, 255, 255)
+        assert report.diverging_rgb(3.0, 3.0) == (0xb2, 0x18, 0x2b)
+        assert report.diverging_rgb(-3.0, 3.0) == (0x21, 0x66, 0xac)
+        assert report.diverging_rgb(99.0, 3.0) == report.diverging_rgb(3.0, 3.0)  # clipped
+        for x in (0.3, 1.1, 2.9):
+            hi, lo = report.diverging_rgb(x, 3.0), report.diverging_rgb(-x, 3.0)
+            assert hi[0] > hi[2] and lo[2] > lo[0]  # red above zero, blue below
+
+    def test_scale_ignores_special_tokens(self, tiny):
+        res = dpa.attribute(*tiny, PROMPT)
+        res.token_scores = torch.tensor([50.0, 1.0, -2.0, 0.5, 0.0, 1.5])
+        assert res.special == [True] + [False] * 5
+        assert report.color_scale(res) == 2.0
+
+    def test_wants_color(self, monkeypatch):
+        class Tty:
+            def isatty(self):
+                return True
+
+        monkeypatch.delenv("NO_COLOR", raising=False)
+        monkeypatch.setenv("TERM", "xterm-256color")
+        assert report.wants_color(Tty())
+        monkeypatch.setenv("NO_COLOR", "1")
+        assert not report.wants_color(Tty())
+
+    def test_special_characters_are_visible(self):
+        assert report.show_token("\n") == "\\n" and report.show_token(" a") == " a" and report.show_token("") == "∅"
+
+
+class PageParser(HTMLParser):
+    """Counts tags and collects the token spans' text and background colour."""
+
+    def __init__(self):
+        super().__init__()
+        self.tags: dict[str, int] = {}
+        self.token_texts: list[str] = []
+        self.token_backgrounds: list[str] = []
+        self._in_token = False
+
+    def handle_starttag(self, tag, attrs):
+        self.tags[tag] = self.tags.get(tag, 0) + 1
+        attrs = dict(attrs)
+        if tag == "span" and "tok" in (attrs.get("class") or "").split():
+            self._in_token = True
+            self.token_texts.append("")
+            self.token_backgrounds.append(re.search(r"background:(#[0-9a-f]{6})", attrs["style"]).group(1))
+
+    def handle_endtag(self, tag):
+        if tag == "span":
+            self._in_token = False
+
+    def handle_data(self, data):
+        if self._in_token:
+            self.token_texts[-1] += data
