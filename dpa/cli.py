@@ -16,11 +16,14 @@ from .weights import FAMILIES, PathWeights
 
 try:
     from .evaluate.cli import add_commands as add_evaluate_commands
+    from .evaluate.datasets import DataError
 except ImportError:
-    add_evaluate_commands = None
+    add_evaluate_commands, DataError = None, None
 
-# Errors that are the user's input or environment, reported in one line (exit 2) rather than a traceback.
-USER_ERRORS = (InputError, TargetError, UnsupportedModelError, NonFiniteError, ModelLoadError)
+# Errors in the user's input or environment, reported in one line (exit 2) rather than a traceback.
+# ValueError also covers bad option values raised by the commands (e.g. evaluate's --limit).
+USER_ERRORS = (InputError, TargetError, UnsupportedModelError, NonFiniteError, ModelLoadError, ValueError,
+               *((DataError,) if DataError else ()))
 
 
 def _weights(text: str) -> PathWeights:

@@ -139,6 +139,10 @@ class TestAttribute:
         assert err.startswith("error: target 'paris london' is not a single token: it splits into 2 tokens")
         assert err.count("\n") == 1
 
+    def test_empty_prompt(self, capsys, tiny_dir):
+        code, _, err = run(capsys, "attribute", "  ", "--model", str(tiny_dir))
+        assert (code, err) == (2, "error: prompt 0 is empty\n")
+
     def test_unsupported_model_fails_at_load(self, capsys, tmp_path):
         folder = save_tiny_model(tmp_path / "gelu", hidden_act="gelu")
         code, _, err = run(capsys, "attribute", PROMPT, "--model", str(folder))
@@ -171,6 +175,15 @@ class TestAttribute:
         assert "predicted " in proc.stdout and "top 10 components" in proc.stdout
         assert "\x1b[" not in proc.stdout and len(table_scores(proc.stdout)) == 6
         assert not (tmp_path / "cache").exists()  # --model never touches the default model's cache
+
+
+def test_evaluate_commands_are_registered(capsys):
+    pytest.importorskip("dpa.evaluate.cli")
+    for command in ("evaluate", "sweep"):
+        with pytest.raises(SystemExit) as exit_info:
+            main([command, "--help"])
+        assert exit_info.value.code == 0
+        assert f"usage: dpa {command}" in capsys.readouterr().out
 
 
 class TestColors:
