@@ -6,7 +6,7 @@
 
 The npm files are never committed. They are looked up in ``$DPA_NODE_MODULES``, then in the
 repository's ``node_modules`` (the book's install step puts them there), then in
-``$DPA_CACHE/npm/node_modules`` (default ``~/.cache/dpa``); when none has them they are fetched
+``<dpa cache>/npm/node_modules`` (``$DPA_CACHE``, default ``~/.cache/dpa``); when none has them they are fetched
 once into that cache with ``npm pack`` (``python -m dpa_widgets.assets`` does it ahead of time).
 """
 
@@ -42,7 +42,9 @@ class Assets:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("DPA_CACHE") or Path.home() / ".cache" / "dpa") / "npm"
+    from dpa.models import cache_root  # $DPA_CACHE, else the user cache folder, as for the model
+
+    return cache_root() / "npm"
 
 
 def search_path() -> list[Path]:

@@ -584,7 +584,8 @@ function render({ model, el }) {
     more.addEventListener("click", () => { ui.neuronCount += 12; redraw(); });
     const scope = ui.neuronLayer === null ? "all layers" : `layer ${ui.neuronLayer}`;
     return h("section", { class: "dpa-panel" }, [
-      h("div", { class: "dpa-panel-head" }, [h("span", { class: "dpa-caption", text: `MLP totals · top neurons (${scope})` })]),
+      h("div", { class: "dpa-panel-head" }, [h("span", { class: "dpa-caption", text: `MLP totals · top neurons (${scope})` }),
+        legend(max, "")]),
       h("div", { class: "dpa-neurons" }, [h("div", { class: "dpa-scroll" }, [svg]), h("div", { class: "dpa-list-wrap" }, [list, more])]),
     ]);
   }
@@ -652,7 +653,15 @@ function render({ model, el }) {
           ...r.neurons.map(([l, n, v]) => h("code", { text: `L${l}.N${n} ${formatScore(v)}` }))]));
       }
     }
-    if (!parts.length) parts.push(h("div", { class: "dpa-muted", text: "hover to preview · click a head, neuron or token to lock it" }));
+    if (!parts.length) {
+      parts.push(h("div", { class: "dpa-muted", text: "hover to preview · click a head, neuron or token to lock it" }));
+      const top = topHeads(data.head_scores, 8).map((c) => {
+        const chip = h("code", { class: "dpa-pick", text: `L${c.layer}.H${c.head} ${formatScore(c.score)}` });
+        chip.addEventListener("click", () => setTrait("selected_head", [c.layer, c.head]));
+        return chip;
+      });
+      parts.push(h("div", { class: "dpa-vocab" }, [h("span", { class: "dpa-muted", text: "top heads: " }), ...top]));
+    }
     return h("section", { class: "dpa-panel dpa-detail" }, [
       h("div", { class: "dpa-panel-head" }, [h("span", { class: "dpa-caption", text: "selection" })]), ...parts]);
   }

@@ -1,0 +1,329 @@
+"""CircuitWidget: its payload against the attribution it shows, trait validation and serialisation,
+the live controls recomputing in the kernel, verification, and save_html."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import pytest
+import torch
+import traitlets
+
+import dpa
+from dpa_widgets import CircuitWidget, save_html
+from dpa_widgets import live, payload
+from dpa_widgets.export import _inline
+
+from .conftest import random_ids, tiny_model
+
+PROMPT = random_ids(7).tolist()
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model("llama", kv_heads=2)
+
+
+@pytest.fixture(scope="module")
+def result(model):
+    return dpa.attribute(model, None, PROMPT, edges=True, neuron_positions=True)
+
+
+@pytest.fixture
+def widget(model, result):
+    return CircuitWidget(result, model, None)
+
+
+def close(a, b, tol=1e-4):
+    return torch.testing.assert_close(torch.tensor(a, dtype=torch.float64), torch.as_tensor(b).double(),
+                                      rtol=tol, atol=tol * 1e-2)
+
+
+class TestPayload:
+    def test_scores_match_the_result(self, result):
+        data = payload.view_payload(result, top_neurons=5)
+        assert data["tokens"] == result.tokens
+        close(data["token_scores"], result.token_scores)
+        close(data["head_scores"], result.head_scores)
+        assert (data["n_layers"], data["n_heads"], data["n_kv_heads"]) == (3, 4, 2)
+        close(data["mlp_totals"], result.neuron_scores.sum(1))  # totals over every neuron, not the top ones
+
+    def test_top_neurons_per_layer_by_magnitude(self, result):
+        data = payload.view_payload(result, top_neurons=5)
+        for layer, (index, score) in enumerate(zip(data["neurons"]["index"], data["neurons"]["score"])):
+            expected = result.neuron_scores[layer].abs().topk(5).indices.tolist()
+            assert index == expected
+            close(score, result.neuron_scores[layer, expected])
+
+    def test_token_routes_are_edge_sums_over_queries(self, result):
+        routes = payload.token_routes(result, k=3)
+        by_key = result.edge_scores.sum(2)  # [layer head key]
+        npos = result.neuron_position_scores
+        for j, route in enumerate(routes):
+            assert len(route["heads"]) == 3
+            best = by_key[:, :, j].abs().flatten().topk(3).indices.tolist()
+            assert [l * 4 + h for l, h, _ in route["heads"]] == best
+            for l, h, v in route["heads"]:
+                close([v], [by_key[l, h, j]])
+            for l, n, v in route["neurons"]:
+                close([v], [npos[l, j, n]])
+
+    def test_no_routes_without_edges(self, model):
+        plain = dpa.attribute(model, None, PROMPT)
+        assert payload.token_routes(plain) is None
+        assert payload.head_detail(plain, 0, 1)["edges"] is None
+
+    def test_details(self, model, result):
+        head = payload.head_detail(result, 2, 3)
+        close(head["edges"], result.edge_scores[2, 3])
+        close(head["by_key"], result.edge_scores[2, 3].sum(0))
+        close(head["by_key"], result.edge_scores[2, 3].sum(0))
+        assert sum(head["by_key"]) == pytest.approx(float(result.head_scores[2, 3]), rel=1e-3, abs=1e-6)
+        vocab = live.neuron_vocab(model, None, 1, 4, k=3)
+        neuron = payload.neuron_detail(result, 1, 4, vocab)
+        close(neuron["by_pos"], result.neuron_position_scores[1, :, 4])
+        with pytest.raises(IndexError, match="outside"):
+            payload.head_detail(result, 3, 0)
+
+    def test_neuron_vocab_reads_the_down_column_through_the_unembedding(self, model):
+        promotes, suppresses = live.neuron_vocab(model, None, 1, 4, k=3)
+        effect = model.lm_head.weight @ (model.model.layers[1].mlp.down_proj.weight[:, 4] * model.model.norm.weight)
+        assert [int(t) for t, _ in promotes] == effect.topk(3).indices.tolist()
+        assert [int(t) for t, _ in suppresses] == (-effect).topk(3).indices.tolist()
+        assert promotes[0][1] == pytest.approx(float(effect.max()), rel=1e-5)
+
+    def test_rounding(self):
+        assert payload.rounded(torch.tensor([[1.23456789, -2e-9]])) == [[1.2346, -2e-9]]
+        assert payload.rounded(None) is None
+
+    def test_spearman(self):
+        a = torch.tensor([1.0, 2.0, 3.0, 4.0])
+        assert payload.spearman(a, a * 10) == pytest.approx(1.0)
+        assert payload.spearman(a, -a) == pytest.approx(-1.0)
+        # ties share their mean rank: ranks (1, 2.5, 2.5, 4) against (1, 2, 3, 4)
+        expected = 4.5 / math.sqrt(4.5 * 5)
+        assert payload.spearman(torch.tensor([1.0, 2.0, 2.0, 3.0]), a) == pytest.approx(expected)
+        assert math.isnan(payload.spearman(torch.ones(4), a))
+        with pytest.raises(ValueError):
+            payload.spearman(a, a[:3])
+
+
+class TestTraits:
+    def test_state_is_json_and_carries_the_module(self, widget):
+        state = widget.get_state()
+        text = json.dumps(state, allow_nan=False)
+        assert "export default" in state["_esm"] and "@typedef Model" in state["_esm"]
+        assert ".dpa-circuit" in state["_css"]
+        assert json.loads(text)["_data"]["tokens"] == widget.result.tokens
+        for name in ("selected_head", "selected_neuron", "selected_token", "selection", "target", "contrast",
+                     "weights_preset", "weights_p", "method", "top_k", "_data", "_details", "_live"):
+            assert name in state, name
+
+    def test_initial_traits(self, widget, result):
+        assert widget._live and widget.target == result.target.token and widget.contrast == ""
+        assert widget.selected_head is None and widget.selected_token is None
+        assert widget._methods[0] == "dpa"
+        assert all(m.startswith(("tokens:", "components:")) for m in widget._methods[1:])
+
+    def test_unknown_and_bad_arguments(self, result, model):
+        with pytest.raises(TypeError, match="unexpected keyword argument.*colour"):
+            CircuitWidget(result, colour="red")
+        with pytest.raises(TypeError, match="dpa.Attribution"):
+            CircuitWidget(result.to_dict())
+        with pytest.raises(ValueError, match="need model and tokenizer"):
+            CircuitWidget(result, target="3")
+        with pytest.raises(ValueError, match="top_neurons"):
+            CircuitWidget(result, top_neurons=0)
+        with pytest.raises(traitlets.TraitError, match="outside"):
+            CircuitWidget(result, selected_head=[3, 0])
+
+    def test_selection_validation(self, widget):
+        widget.selected_head = [2, 3]
+        with pytest.raises(traitlets.TraitError):
+            widget.selected_head = [0, 4]
+        with pytest.raises(traitlets.TraitError):
+            widget.selected_neuron = [0, 48]
+        with pytest.raises(traitlets.TraitError):
+            widget.selected_token = 7
+        with pytest.raises(traitlets.TraitError):
+            widget.weights_preset = "nonsense"
+        with pytest.raises(traitlets.TraitError):
+            widget.weights_p = 1.5
+        assert widget.selected_head == [2, 3]
+
+    def test_selecting_sends_the_details(self, widget, result):
+        widget.selected_neuron = [0, 47]
+        detail = widget._details["neuron:0:47"]
+        close(detail["by_pos"], result.neuron_position_scores[0, :, 47])
+        assert detail["promotes"] is not None
+        for layer, head in payload.top_heads(result, 8):
+            assert f"head:{layer}:{head}" in widget._details
+
+    def test_static_widget(self, result):
+        w = CircuitWidget(result, selected_token=2)
+        assert not w._live and w.selected_token == 2
+        assert w._details["neuron:" + ":".join(map(str, payload.top_neurons(result, 1)[0]))]["promotes"] is None
+        w.target = "5"
+        assert "needs the model" in w._error
+
+
+class TestLive:
+    def test_result_without_edges_gets_them(self, model):
+        w = CircuitWidget(dpa.attribute(model, None, PROMPT), model, None)
+        assert w.result.edge_scores is not None and w._data["token_routes"] is not None
+
+    def test_target_change_recomputes(self, widget, model):
+        other = next(p for p in widget._predictions if p.token_id != widget.result.target.token_id)
+        widget.target = other.token
+        assert widget._error == ""
+        expected = dpa.attribute(model, None, PROMPT, target=other.token_id)
+        assert widget._data["target"]["token_id"] == other.token_id
+        close(widget._data["token_scores"], expected.token_scores)
+        assert not widget._busy
+
+    def test_contrast_and_preset(self, widget, model):
+        foil = widget._predictions[1]
+        with widget.hold_trait_notifications():
+            widget.contrast = foil.token
+            widget.weights_preset = "attention"
+            widget.weights_p = 0.8
+        weights = dpa.PathWeights.preset("attention", 0.8)
+        expected = dpa.attribute(model, None, PROMPT, contrast=foil.token_id, weights=weights)
+        assert widget._data["target"]["contrast_id"] == foil.token_id
+        assert widget._data["weights"]["value"] == pytest.approx(0.8)
+        close(widget._data["head_scores"], expected.head_scores)
+
+    def test_bad_target_reports_and_keeps_the_view(self, widget):
+        before = widget._data
+        widget.target = "999"  # outside the tiny vocabulary
+        assert widget._error.startswith("TargetError") and "vocabulary" in widget._error
+        assert widget._data is before
+
+    def test_kwargs_apply_on_construction(self, result, model):
+        w = CircuitWidget(result, model, None, weights_preset="control_content", weights_p=1.0)
+        assert w._data["weights"] == {"query": 0.0, "key": 0.0, "value": 1.0, "gate": 0.0, "up": 1.0}
+        # value path only, gate + up = 1: the token scores sum to the target (method.md section 5)
+        assert sum(w._data["token_scores"]) == pytest.approx(w._data["target_logit"], rel=1e-3)
+
+    def test_method_switch_reports_rank_correlation(self, widget, model):
+        widget.method = "tokens:gradient"
+        cmp = widget._comparison
+        assert widget._error == "" and cmp["level"] == "input"
+        fn = live.baseline_methods()["tokens:gradient"][1]
+        other = fn(model, None, PROMPT, widget.result.target.token_id)
+        assert cmp["rho"] == pytest.approx(payload.spearman(widget.result.token_scores, other.token_scores))
+        widget.method = "dpa"
+        assert widget._comparison == {}
+
+    def test_unknown_method(self, widget):
+        widget.method = "nope"
+        assert "unknown method" in widget._error
+
+
+def _prob_with_hooks(model, ids, position, target_id, *, zero_tokens=(), heads=(), neurons=()):
+    """Ground truth by plain hooks: zero embedding rows, a head's slice of the o_proj input,
+    a neuron's column of the down_proj input (= its SiLU(s) * u)."""
+    d_head = model.config.head_dim
+    handles = []
+
+    def zero_cols(cols):
+        def hook(_module, args):
+            x = args[0].clone()
+            x[..., cols] = 0
+            return (x,)
+        return hook
+
+    for l, h in heads:
+        cols = list(range(h * d_head, (h + 1) * d_head))
+        handles.append(model.model.layers[l].self_attn.o_proj.register_forward_pre_hook(zero_cols(cols)))
+    for l, n in neurons:
+        handles.append(model.model.layers[l].mlp.down_proj.register_forward_pre_hook(zero_cols([n])))
+    try:
+        emb = model.model.embed_tokens(torch.tensor([ids])).clone()
+        emb[0, list(zero_tokens)] = 0
+        logits = model(inputs_embeds=emb).logits[0, position]
+    finally:
+        for handle in handles:
+            handle.remove()
+    return float(logits.softmax(-1)[target_id])
+
+
+class TestVerify:
+    def test_disrupt_selected_head_and_neuron(self, widget, model):
+        widget.selected_head = [1, 2]
+        widget.selected_neuron = [0, 5]
+        out = widget.verify("disrupt", "selection")
+        t = widget.result.target
+        assert out["units"] == ["L1.H2", "L0.N5"] and widget._verify == out
+        assert out["p_before"] == pytest.approx(t.probability, rel=1e-6)
+        expected = _prob_with_hooks(model, PROMPT, t.position, t.token_id, heads=[(1, 2)], neurons=[(0, 5)])
+        assert out["p_after"] == pytest.approx(expected, rel=1e-6)
+        assert out["p_after"] != pytest.approx(out["p_before"], rel=1e-6)
+
+    def test_top_tokens_disrupt_and_recover(self, widget, model):
+        widget.top_k = 2
+        t = widget.result.target
+        top = widget.result.token_scores.topk(2).indices.tolist()
+        out = widget.verify("disrupt", "top_tokens")
+        assert out["p_after"] == pytest.approx(_prob_with_hooks(model, PROMPT, t.position, t.token_id,
+                                                                zero_tokens=top), rel=1e-6)
+        out = widget.verify("recover", "top_tokens")
+        rest = [p for p in range(len(PROMPT)) if p not in top]
+        assert out["p_after"] == pytest.approx(_prob_with_hooks(model, PROMPT, t.position, t.token_id,
+                                                                zero_tokens=rest), rel=1e-6)
+
+    def test_top_components_recover(self, widget, model):
+        widget.top_k = 3
+        t = widget.result.target
+        top = widget.result.top_components(3)["positive"]
+        out = widget.verify("recover", "top_components")
+        keep_h = {(c.layer, c.index) for c in top if c.kind == "head"}
+        keep_n = {(c.layer, c.index) for c in top if c.kind == "neuron"}
+        heads = [(l, h) for l in range(3) for h in range(4) if (l, h) not in keep_h]
+        neurons = [(l, n) for l in range(3) for n in range(48) if (l, n) not in keep_n]
+        expected = _prob_with_hooks(model, PROMPT, t.position, t.token_id, heads=heads, neurons=neurons)
+        assert out["p_after"] == pytest.approx(expected, rel=1e-6)
+        assert len(out["units"]) == 3
+
+    def test_selected_token_through_the_view_message(self, widget, model):
+        widget.selected_token = 3
+        widget._on_message(widget, {"action": "verify", "mode": "disrupt", "units": "selection"}, [])
+        t = widget.result.target
+        assert widget._verify["units"] == [f"token 3 {widget.result.tokens[3]!r}"]
+        assert widget._verify["p_after"] == pytest.approx(
+            _prob_with_hooks(model, PROMPT, t.position, t.token_id, zero_tokens=[3]), rel=1e-6)
+
+    def test_errors_are_shown(self, widget, result):
+        widget._on_message(widget, {"action": "verify", "mode": "disrupt", "units": "selection"}, [])
+        assert "nothing is selected" in widget._error
+        with pytest.raises(ValueError, match="mode"):
+            widget.verify("sideways", "selection")
+        with pytest.raises(ValueError, match="model"):
+            CircuitWidget(result).verify()
+
+
+class TestSaveHtml:
+    def test_standalone_page(self, widget, tmp_path):
+        widget.selected_head = [1, 2]
+        path = save_html(widget, tmp_path / "view.html")
+        text = path.read_text()
+        assert not re.search(r"<script[^>]+src=", text), "no external scripts"
+        assert "https://" not in text.split("application/vnd.jupyter.widget-state+json")[0].split("<script>")[0]
+        state = json.loads(re.search(r'widget-state\+json">(.*?)</script>', text, re.S).group(1).replace("<\\/", "</"))
+        model_state = state["state"][widget.model_id]["state"]
+        assert model_state["_live"] is False, "no live controls without a kernel"
+        assert model_state["selected_head"] == [1, 2] and "head:1:2" in model_state["_details"]
+        assert "export default" in model_state["_esm"]
+        assert widget._live, "the live widget itself is unchanged"
+        assert 'define("anywidget"' in text and "requirejs" in text
+
+    def test_from_a_result(self, result, tmp_path):
+        path = save_html(result, tmp_path / "r.html")
+        assert path.stat().st_size > 100_000
+        with pytest.raises(TypeError):
+            save_html("nope", tmp_path / "x.html")
+
+    def test_inline_escaping(self):
+        assert _inline('a = "</script>"; // <!-- x') == 'a = "<\\/script>"; // <\\!-- x'
