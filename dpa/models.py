@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from pathlib import Path
 from typing import Callable
@@ -207,8 +208,9 @@ def build_atomically(dest: Path, build: Callable[[Path], None]) -> Path:
     process finished ``dest`` first, its copy is kept.
     """
     dest.parent.mkdir(parents=True, exist_ok=True)
-    if dest.exists() and not is_complete(dest):
+    if dest.exists() and not is_complete(dest) and not (dest.is_dir() and not any(dest.iterdir())):
         raise ModelLoadError(f"the cache folder {dest} exists but is incomplete; delete it and try again")
+    remove_stale_partials(dest)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.partial-", dir=dest.parent))
     umask = os.umask(0)
     os.umask(umask)
@@ -226,3 +228,11 @@ def build_atomically(dest: Path, build: Callable[[Path], None]) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return dest
+
+
+def remove_stale_partials(dest: Path, max_age_s: float = 3600) -> None:
+    """Delete partial folders a killed build left beside ``dest`` (untouched for an hour: not in progress)."""
+    now = time.time()
+    for old in dest.parent.glob(f".{dest.name}.partial-*"):
+        if old.is_dir() and now - old.stat().st_mtime > max_age_s:
+            shutil.rmtree(old, ignore_errors=True)

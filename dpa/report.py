@@ -78,7 +78,7 @@ def describe_target(res: Attribution) -> str:
 
 def completeness_lines(res: Attribution) -> list[str]:
     total = float(res.token_scores.sum())
-    lines = [f"sum of token scores {total:.4f} = target {res.target_logit:.4f} + gap {res.completeness_gap:+.4f}"]
+    lines = [f"sum of token scores {total:.4f} = target {res.target_logit:.4f} + gap {res.completeness_gap:+.3g}"]
     if res.bias_share:
         lines.append(f"bias share (value biases no token owns) {res.bias_share:+.4f}")
     if not res.weights.conservative:

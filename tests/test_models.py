@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 import zipfile
 from pathlib import Path
 
@@ -141,6 +143,22 @@ class TestBuildAtomically:
         build_atomically(dest, race)
         assert (dest / "config.json").read_text() == "theirs"
         assert [p.name for p in tmp_path.iterdir()] == [DEFAULT_MODEL]
+
+    def test_stale_partial_folders_are_removed(self, tmp_path):
+        dest = tmp_path / DEFAULT_MODEL
+        stale, fresh = tmp_path / f".{DEFAULT_MODEL}.partial-old", tmp_path / f".{DEFAULT_MODEL}.partial-busy"
+        for folder in (stale, fresh):
+            folder.mkdir()
+            (folder / "model.safetensors").write_text("half")
+        os.utime(stale, (time.time() - 7200, time.time() - 7200))
+        build_atomically(dest, write_complete)
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted([DEFAULT_MODEL, fresh.name])
+
+    def test_replaces_an_empty_folder(self, tmp_path):
+        dest = tmp_path / DEFAULT_MODEL
+        dest.mkdir()
+        build_atomically(dest, write_complete)
+        assert models.is_complete(dest)
 
     def test_refuses_to_overwrite_an_incomplete_folder(self, tmp_path):
         dest = tmp_path / DEFAULT_MODEL
