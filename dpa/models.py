@@ -77,7 +77,7 @@ def load_model(name: str | None = None, *, dtype: torch.dtype | None = None,
     """
     device = torch.device(device) if device is not None else default_device()
     dtype = dtype or default_dtype(device)
-    folder = ensure_default_model() if name is None else name
+    folder = ensure_default_model() if name is None else os.path.expanduser(name)
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -93,8 +93,8 @@ def load_model(name: str | None = None, *, dtype: torch.dtype | None = None,
             hf_logging.enable_progress_bar()
     if name is None:
         model.config._name_or_path = DEFAULT_MODEL
-    model.to(device).eval().requires_grad_(False)
     spec_for(model)  # unsupported models fail here, with the adapter's message
+    model.to(device).eval().requires_grad_(False)
     return model, tokenizer
 
 
