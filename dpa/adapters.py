@@ -35,7 +35,7 @@ METADATA_KEYS = {
     "id2label", "label2id", "problem_type", "initializer_range", "chunk_size_feed_forward", "is_encoder_decoder",
     "tie_word_embeddings", "attention_dropout", "max_position_embeddings", "model_type", "tokenizer_class",
     "_attn_implementation_autoset", "use_bfloat16", "rope_scaling", "rope_theta", "max_window_layers",
-    "bos_token", "eos_token", "pad_token", "prefix", "task_specific_params", "finetuning_task",
+    "bos_token", "eos_token", "pad_token", "unk_token_id", "prefix", "task_specific_params", "finetuning_task",
 }
 
 

@@ -1,0 +1,137 @@
+"""Cost of DPA against a forward pass and an autograd gradient, on the same model and input.
+
+    python benchmarks/bench_attribute.py [--model NAME] [--lengths 32 128 512] [--repeats 5] [--out FILE]
+
+Prints, per prompt length: median seconds of a forward pass, forward + autograd gradient of the
+target logit w.r.t. the embeddings, DPA input attribution, DPA with dense component scores
+(edge-level heads and position-level neurons), the ratios DPA / gradient measured in the same
+run (methods interleaved, so a busy machine slows all of them alike), and peak memory of each
+(RSS high-water mark of a fresh process on CPU; torch.cuda.max_memory_allocated on CUDA).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+METHODS = ("forward", "gradient", "dpa_input", "dpa_dense")
+
+
+def make_ids(tokenizer, n: int) -> torch.Tensor:
+    text = ("The Eiffel Tower is located in the city of Paris, which is the capital of France. " * 200)
+    ids = tokenizer(text)["input_ids"][:n]
+    return torch.tensor(ids)
+
+
+def run_method(name: str, model, ids: torch.Tensor, target: int) -> None:
+    import dpa
+
+    device = model.model.embed_tokens.weight.device
+    ids = ids.to(device)
+    if name == "forward":
+        with torch.no_grad():
+            h = model.model(input_ids=ids[None], use_cache=False).last_hidden_state
+            (h[0, -1] @ model.lm_head.weight[target]).item()
+    elif name == "gradient":
+        emb = model.model.embed_tokens(ids[None]).detach().float().requires_grad_(True)
+        h = model.model(inputs_embeds=emb.to(model.dtype), use_cache=False).last_hidden_state
+        (h[0, -1].float() @ model.lm_head.weight[target].float()).backward()
+        emb.grad.sum().item()
+    elif name == "dpa_input":
+        dpa.attribute(model, None, ids, target=target)
+    elif name == "dpa_dense":
+        dpa.attribute(model, None, ids, target=target, edges=True, neuron_positions=True)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def peak_memory(model_name: str | None, n: int, method: str) -> float:
+    """Peak memory in MiB of one method in a fresh process, above the loaded model's."""
+    code = (f"import sys; sys.argv=['x', '--child', {method!r}, '--lengths', '{n}'] + "
+            f"({['--model', model_name] if model_name else []!r}); "
+            "import runpy; runpy.run_path(%r, run_name='__main__')" % __file__)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def child(args) -> None:
+    import dpa
+
+    model, tok = dpa.load_model(args.model)
+    ids = make_ids(tok, args.lengths[0])
+    run_method("forward", model, ids[:8], 0)  # warm up allocator and kernels
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    else:
+        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    run_method(args.child, model, ids, int(ids[-1]))
+    if torch.cuda.is_available():
+        print((torch.cuda.max_memory_allocated() - base) / 2**20)
+    else:
+        print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - base)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None, help="model name or folder (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--lengths", type=int, nargs="+", default=[32, 128, 512])
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--no-memory", action="store_true", help="skip the per-method peak-memory subprocesses")
+    p.add_argument("--out", default=None, help="also write the figures as JSON here")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        return child(args)
+    import dpa
+
+    model, tok = dpa.load_model(args.model)
+    device = model.model.embed_tokens.weight.device
+    machine = torch.cuda.get_device_name() if device.type == "cuda" else f"{platform.processor() or 'cpu'}, {torch.get_num_threads()} threads"
+    print(f"model {args.model or 'SmolLM2-135M-Instruct'} ({model.dtype}) on {device.type}: {machine}")
+    rows = []
+    for n in args.lengths:
+        ids = make_ids(tok, n)
+        target = int(ids[-1])
+        for m in METHODS:  # warm-up
+            run_method(m, model, ids, target)
+        times = {m: [] for m in METHODS}
+        for _ in range(args.repeats):
+            for m in METHODS:  # interleaved: noise hits every method alike
+                t0 = time.perf_counter()
+                run_method(m, model, ids, target)
+                times[m].append(time.perf_counter() - t0)
+        med = {m: statistics.median(v) for m, v in times.items()}
+        row = {"tokens": n, **{f"{m}_s": med[m] for m in METHODS},
+               "dpa_input_over_gradient": med["dpa_input"] / med["gradient"],
+               "dpa_dense_over_gradient": med["dpa_dense"] / med["gradient"],
+               "gradient_over_forward": med["gradient"] / med["forward"]}
+        if not args.no_memory:
+            for m in METHODS:
+                row[f"{m}_peak_mib"] = peak_memory(args.model, n, m)
+        rows.append(row)
+        print(format_row(row), flush=True)
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump({"machine": machine, "device": device.type, "dtype": str(model.dtype), "rows": rows}, fh, indent=1)
+
+
+def format_row(r: dict) -> str:
+    s = (f"{r['tokens']:5d} tokens | forward {r['forward_s']*1e3:8.1f} ms | gradient {r['gradient_s']*1e3:8.1f} ms | "
+         f"DPA input {r['dpa_input_s']*1e3:8.1f} ms | DPA dense {r['dpa_dense_s']*1e3:8.1f} ms | "
+         f"DPA/grad {r['dpa_input_over_gradient']:.2f}x | dense/grad {r['dpa_dense_over_gradient']:.2f}x")
+    if "forward_peak_mib" in r:
+        s += " | peak MiB " + " ".join(f"{m}={r[f'{m}_peak_mib']:.0f}" for m in METHODS)
+    return s
+
+
+if __name__ == "__main__":
+    main()
