@@ -51,9 +51,16 @@ class AttentionInternals:
     q: Tensor  # [batch head pos d_head], post-norm, post-RoPE
     k: Tensor  # [batch kv_head pos d_head], post-norm, post-RoPE
     v: Tensor  # [batch kv_head pos d_head]
-    probs: Tensor  # [batch head query_pos key_pos], zero where masked
+    probs: Tensor | None  # [batch head query_pos key_pos], zero where masked; None = form per query block
     q_pull: Tensor | None  # gamma_q * r_q [batch head pos d_head] (Qwen3) else None
     k_pull: Tensor | None  # gamma_k * r_k [batch kv_head pos d_head]
+    mask: Tensor | None = None  # [batch 1|head query_pos key_pos]
+
+    def probs_rows(self, w: AttentionWeights, rows: slice) -> Tensor:
+        """Probabilities of the query positions ``rows`` [batch head rows key_pos]."""
+        if self.probs is not None:
+            return self.probs[:, :, rows]
+        return attention_probs(self.q[:, :, rows], self.k, w, self.mask[:, :, rows])
 
 
 def _heads(x: Tensor, n: int) -> Tensor:
@@ -81,28 +88,36 @@ def _head_norm(x: Tensor, gamma: Tensor | None, eps: float) -> tuple[Tensor, Ten
 
 
 def attention_internals(q: Tensor, k: Tensor, v: Tensor, w: AttentionWeights, cos: Tensor, sin: Tensor,
-                        mask: Tensor) -> AttentionInternals:
+                        mask: Tensor, *, probs: bool = True) -> AttentionInternals:
     """Queries, keys and probabilities from the q/k/v projection outputs [batch pos heads*d_head].
 
     cos/sin [batch pos d_head] come from the model's own rotary module; mask is a
-    boolean [batch 1|head query_pos key_pos] (True = may attend).
+    boolean [batch 1|head query_pos key_pos] (True = may attend). With ``probs=False``
+    the [head, pos, pos] map is not formed here: ``propagate_attention`` then builds it
+    block by block over query positions (the memory-lean mode).
     """
     q, q_pull = _head_norm(_heads(q, w.n_heads), w.q_norm, w.qk_norm_eps)
     k, k_pull = _head_norm(_heads(k, w.n_kv_heads), w.k_norm, w.qk_norm_eps)
     cos, sin = cos[:, None], sin[:, None]  # head axis: [batch 1 pos d_head]
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    b, h, t, dh = q.shape
-    qg = q.view(b, w.n_kv_heads, w.group, t, dh)  # [batch kv_head group pos d_head]
-    scores = torch.einsum("bkgid,bkjd->bkgij", qg, k).reshape(b, h, t, t) * w.scaling
+    return AttentionInternals(q=q, k=k, v=_heads(v, w.n_kv_heads), probs=attention_probs(q, k, w, mask) if probs
+                              else None, q_pull=q_pull, k_pull=k_pull, mask=mask)
+
+
+def attention_probs(q: Tensor, k: Tensor, w: AttentionWeights, mask: Tensor) -> Tensor:
+    """softmax(q k^T * scale) over keys for q [batch head query d_head], k [batch kv_head key d_head]."""
+    b, h, tq, dh = q.shape
+    qg = q.reshape(b, w.n_kv_heads, w.group, tq, dh)  # [batch kv_head group query d_head]
+    scores = torch.einsum("bkgid,bkjd->bkgij", qg, k).reshape(b, h, tq, k.shape[2]) * w.scaling
     scores = scores.masked_fill(~mask, float("-inf"))
-    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # fully masked rows (padding) -> 0
-    return AttentionInternals(q=q, k=k, v=_heads(v, w.n_kv_heads), probs=probs, q_pull=q_pull, k_pull=k_pull)
+    return torch.softmax(scores, dim=-1).nan_to_num(0.0)  # fully masked rows (padding) -> 0
 
 
 def attention_output(c: AttentionInternals, w: AttentionWeights) -> Tensor:
     """The block output sum_j alpha_ij v_j W_O^T  [batch pos d_model]."""
     b, h, t, dh = c.q.shape
-    z = torch.einsum("bkgij,bkjd->bkgid", c.probs.view(b, w.n_kv_heads, w.group, t, t), c.v)
+    probs = c.probs_rows(w, slice(None))
+    z = torch.einsum("bkgij,bkjd->bkgid", probs.view(b, w.n_kv_heads, w.group, t, t), c.v)
     return _merge(z.reshape(b, h, t, dh)) @ w.o.T
 
 
@@ -124,46 +139,51 @@ class AttentionPropagation:
 
 def propagate_attention(target: Tensor, c: AttentionInternals, w: AttentionWeights, cos: Tensor, sin: Tensor,
                         *, query: float = 0.25, key: float = 0.25, value: float = 0.5,
-                        edges: bool = False) -> AttentionPropagation:
+                        edges: bool = False, block: int | None = None) -> AttentionPropagation:
     """mu_v g_V + mu_q g_Q + mu_k g_K for ``target`` [batch pos d_model] on the block output.
 
     The result is the target on the normalised input; multiply by gamma * r (norm.py)
-    to get g_MHSA on the residual stream.
+    to get g_MHSA on the residual stream. ``block`` processes that many query positions
+    at a time, so only a [head, block, pos] slice of the attention map is ever live.
     """
     b, h, t, dh = c.q.shape
     kv, g = w.n_kv_heads, w.group
-    lam = _heads(target @ w.o, h).view(b, kv, g, t, dh)  # W_O^h^T t_i  [batch kv group query d_head]
-    probs = c.probs.view(b, kv, g, t, t)
-    lam_v = torch.einsum("bkgid,bkjd->bkgij", lam, c.v)  # lam_{h,i} . v_{h,j}
-    contrib = probs * lam_v  # edge scores alpha * (lam . v)
-    lam_z = contrib.sum(-1)  # lam_{h,i} . z_{h,i}   [batch kv group query]
-    out = torch.zeros_like(target)
-    if value:
-        g_v = torch.einsum("bkgij,bkgid->bkjd", probs, lam)  # sum over group and queries
-        out = out + value * (_merge(g_v) @ w.v)
-    if query or key:
-        delta = probs * (lam_v - lam_z[..., None]) * w.scaling  # softmax sensitivity, score scale folded in
-        cos, sin = cos[:, None], sin[:, None]
-        if query:
-            g_q = torch.einsum("bkgij,bkjd->bkgid", delta, c.k).reshape(b, h, t, dh)
-            g_q = apply_rope_transpose(g_q, cos, sin)
-            if c.q_pull is not None:
-                g_q = g_q * c.q_pull
-            out = out + query * (_merge(g_q) @ w.q)
-        if key:
-            g_k = torch.einsum("bkgij,bkgid->bkjd", delta, c.q.view(b, kv, g, t, dh))
-            g_k = apply_rope_transpose(g_k, cos, sin)
-            if c.k_pull is not None:
-                g_k = g_k * c.k_pull
-            out = out + key * (_merge(g_k) @ w.k)
-    if w.v_bias is not None:
-        bias = w.v_bias.view(1, kv, 1, 1, dh)
-        share = (probs.sum(-1, keepdim=True) * lam * bias).sum((1, 2, 3, 4))
-    else:
-        share = target.new_zeros(b)
-    return AttentionPropagation(
-        target=out,
-        head_scores=lam_z.sum(-1).reshape(b, h),
-        edge_scores=contrib.reshape(b, h, t, t) if edges else None,
-        value_bias_share=share,
-    )
+    lam_all = _heads(target @ w.o, h)  # W_O^h^T t_i  [batch head query d_head]
+    g_v = torch.zeros_like(c.v)  # [batch kv_head key d_head]
+    g_k = torch.zeros_like(c.v)
+    g_q = torch.zeros_like(c.q)  # [batch head query d_head]
+    head_scores = target.new_zeros(b, h)
+    share = target.new_zeros(b)
+    edge_rows = []
+    step = block or t
+    for i0 in range(0, t, step):
+        rows = slice(i0, min(i0 + step, t))
+        n = rows.stop - rows.start
+        lam = lam_all[:, :, rows].reshape(b, kv, g, n, dh)  # [batch kv group query d_head]
+        probs = c.probs_rows(w, rows).reshape(b, kv, g, n, t)
+        lam_v = torch.einsum("bkgid,bkjd->bkgij", lam, c.v)  # lam_{h,i} . v_{h,j}
+        contrib = probs * lam_v  # edge scores alpha * (lam . v)
+        lam_z = contrib.sum(-1)  # lam_{h,i} . z_{h,i}   [batch kv group query]
+        head_scores += lam_z.sum(-1).reshape(b, h)
+        if edges:
+            edge_rows.append(contrib.reshape(b, h, n, t))
+        if value:
+            g_v += torch.einsum("bkgij,bkgid->bkjd", probs, lam)  # sum over group and queries
+        if query or key:
+            delta = probs * (lam_v - lam_z[..., None]) * w.scaling  # softmax sensitivity, score scale folded in
+            if query:
+                g_q[:, :, rows] = torch.einsum("bkgij,bkjd->bkgid", delta, c.k).reshape(b, h, n, dh)
+            if key:
+                g_k += torch.einsum("bkgij,bkgid->bkjd", delta, c.q[:, :, rows].reshape(b, kv, g, n, dh))
+        if w.v_bias is not None:
+            share += (probs.sum(-1, keepdim=True) * lam * w.v_bias.view(1, kv, 1, 1, dh)).sum((1, 2, 3, 4))
+    out = value * (_merge(g_v) @ w.v) if value else torch.zeros_like(target)
+    cos, sin = cos[:, None], sin[:, None]
+    if query:
+        g_q = apply_rope_transpose(g_q, cos, sin)
+        out = out + query * (_merge(g_q if c.q_pull is None else g_q * c.q_pull) @ w.q)
+    if key:
+        g_k = apply_rope_transpose(g_k, cos, sin)
+        out = out + key * (_merge(g_k if c.k_pull is None else g_k * c.k_pull) @ w.k)
+    return AttentionPropagation(target=out, head_scores=head_scores,
+                                edge_scores=torch.cat(edge_rows, dim=2) if edges else None, value_bias_share=share)

@@ -87,8 +87,12 @@ def _as_list(x, n: int, name: str) -> list:
 @torch.no_grad()
 def sweep(model: nn.Module, spec: ModelSpec, cap: ForwardCapture, target: Tensor, weights: PathWeights, *,
           dtype: torch.dtype, edges: bool = False, neuron_positions: bool = False, keep_targets: bool = False,
-          neuron_target: Literal["output", "mid"] = "output") -> Sweep:
-    """Propagate ``target`` [batch pos d_model] from the top of the model to the embeddings."""
+          neuron_target: Literal["output", "mid"] = "output", block: int | None = None) -> Sweep:
+    """Propagate ``target`` [batch pos d_model] from the top of the model to the embeddings.
+
+    Layers whose projections were not captured (lean mode) are recomputed from their residual
+    input; ``block`` forms each attention map that many query rows at a time.
+    """
     b, t, _ = target.shape
     device0 = target.device
     rotary = model.model.rotary_emb
@@ -126,9 +130,9 @@ def sweep(model: nn.Module, spec: ModelSpec, cap: ForwardCapture, target: Tensor
             q, k, v = cast(lc.q), cast(lc.k), cast(lc.v)
         else:
             q, k, v = _qkv_inputs(x_in * r_in * w.attn_norm, w)
-        internals = attention_internals(q, k, v, w.attn, cos_l, sin_l, masks[window].to(dev))
+        internals = attention_internals(q, k, v, w.attn, cos_l, sin_l, masks[window].to(dev), probs=block is None)
         prop = propagate_attention(t_mid, internals, w.attn, cos_l, sin_l, query=mu.query, key=mu.key,
-                                   value=mu.value, edges=edges)
+                                   value=mu.value, edges=edges, block=block)
         target = t_mid + prop.target * (w.attn_norm * r_in)
         heads.append(prop.head_scores.to(device0))
         bias = bias + prop.value_bias_share.to(device0)
@@ -188,8 +192,8 @@ def attribute(model: nn.Module, tokenizer, prompt: Prompt | list[Prompt], target
               kind: Literal["logit", "logprob"] = "logit", position: int | list[int] | None = None,
               weights: PathWeights | None = None, edges: bool = False, neuron_positions: bool = False,
               effective_targets: bool = False, neuron_target: Literal["output", "mid"] = "output",
-              multi_token: Literal["error", "first"] = "error", memory: Literal["full", "lean"] = "full",
-              padding_side: Literal["right", "left"] = "right",
+              multi_token: Literal["error", "first"] = "error", memory: Literal["auto", "full", "lean"] = "auto",
+              padding_side: Literal["right", "left"] = "right", block: int | None = None,
               dtype: torch.dtype | None = None) -> Attribution | list[Attribution]:
     """Dual Path Attribution of ``target`` at the end of ``prompt``.
 
@@ -198,7 +202,10 @@ def attribute(model: nn.Module, tokenizer, prompt: Prompt | list[Prompt], target
     prediction), or a float tensor [d_model] (a direction on the final normalised
     residual). contrast: a foil token (target minus foil logit). kind="logprob"
     attributes log p(target) with p held fixed. position: the target position (default:
-    the last token; negative counts from the end). See the book for every option.
+    the last token; negative counts from the end). memory: "full" caches every layer's
+    projections, "lean" keeps only residual streams and recomputes one layer at a time (with
+    attention maps formed ``block`` query rows at a time), "auto" (default) picks full mode
+    when it fits in half the free memory. See the book for every option.
     """
     spec = spec_for(model)
     weights = weights or PathWeights()
@@ -217,7 +224,14 @@ def attribute(model: nn.Module, tokenizer, prompt: Prompt | list[Prompt], target
     offsets = (~mask).long().cumsum(-1)[:, -1] if padding_side == "left" else torch.zeros_like(lengths)
     positions = torch.tensor([int(o) + _position(p, int(n)) for p, n, o in
                               zip(_as_list(position, len(prompts), "position"), lengths, offsets)])
-    cap = capture(model, spec, input_ids, mask, projections=memory == "full")
+    if memory not in ("auto", "full", "lean"):
+        raise ValueError(f"memory must be 'auto', 'full' or 'lean', got {memory!r}")
+    plan = plan_memory(spec, *input_ids.shape, model.model.embed_tokens.weight, memory)
+    if block is not None:  # an explicit query block size: lean mode with that block
+        if block < 1:
+            raise ValueError(f"block must be a positive number of query positions, got {block}")
+        plan = MemoryPlan(False, block)
+    cap = capture(model, spec, input_ids, mask, projections=plan.cache_projections)
     dtype = dtype or (torch.float64 if model.dtype == torch.float64 else torch.float32)
     device = cap.resid_final.device
     positions = positions.to(device)
@@ -234,13 +248,49 @@ def attribute(model: nn.Module, tokenizer, prompt: Prompt | list[Prompt], target
     t0, value = initial_target(u, cap.resid_final.to(dtype), final_norm.weight.detach().to(dtype),
                                spec.rms_eps, positions)
     out = sweep(model, spec, cap, t0, weights, dtype=dtype, edges=edges, neuron_positions=neuron_positions,
-                keep_targets=effective_targets, neuron_target=neuron_target)
+                keep_targets=effective_targets, neuron_target=neuron_target, block=plan.block)
     results = [
         _result(b, tokenizer, cap, out, specs[b], probs[b], int(positions[b] - offsets[b]), float(value[b]), weights,
                 spec, model, neuron_target)
         for b in range(len(prompts))
     ]
     return results if batched else results[0]
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Full mode caches every layer's q/k/v/gate/up projections; lean mode only residual streams,
+    recomputes each layer during the sweep and forms its attention map ``block`` query rows at a time."""
+
+    cache_projections: bool
+    block: int | None
+
+
+def plan_memory(spec: ModelSpec, batch: int, pos: int, weight: Tensor, memory: str,
+                budget: int | None = None) -> MemoryPlan:
+    """Choose the mode: ``auto`` takes full mode when its cache fits in half the free memory."""
+    bytes_per = 4 if weight.element_size() < 4 else weight.element_size()
+    maps = 5 * batch * spec.n_heads * pos * pos * bytes_per  # live [head, pos, pos] tensors of one layer
+    cache = spec.n_layers * batch * pos * ((spec.n_heads + 2 * spec.n_kv_heads) * spec.d_head + 2 * spec.d_mlp)
+    cache *= weight.element_size()
+    free = budget if budget is not None else _free_memory(weight.device)
+    if memory == "full" or (memory == "auto" and cache + maps < free // 2):
+        return MemoryPlan(True, None)
+    row_bytes = 5 * batch * spec.n_heads * pos * bytes_per
+    limit = min(free // 8, 512 * 2**20)  # one layer's map slices stay well inside the free memory
+    block = None if row_bytes * pos <= limit else max(1, limit // row_bytes)
+    return MemoryPlan(False, block)
+
+
+def _free_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        import psutil
+
+        return psutil.virtual_memory().available
+    except ImportError:  # pragma: no cover - psutil ships with the dev extras
+        return 8 * 2**30
 
 
 def _position(position: int | None, length: int) -> int:

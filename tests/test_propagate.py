@@ -160,7 +160,18 @@ class TestLeanMode:
     def test_lean_equals_full(self, family_model):
         ids = random_ids(10)
         full = dpa.attribute(family_model, None, ids, target=TARGET, edges=True, neuron_positions=True)
-        lean = dpa.attribute(family_model, None, ids, target=TARGET, edges=True, neuron_positions=True,
-                             memory="lean")
-        for name in ("token_scores", "head_scores", "neuron_scores", "edge_scores", "neuron_position_scores"):
-            torch.testing.assert_close(getattr(lean, name), getattr(full, name))
+        for block in (None, 3, 1):  # blocks smaller than the sequence, down to one query row
+            lean = dpa.attribute(family_model, None, ids, target=TARGET, edges=True, neuron_positions=True,
+                                 memory="lean", block=block)
+            for name in ("token_scores", "head_scores", "neuron_scores", "edge_scores", "neuron_position_scores"):
+                torch.testing.assert_close(getattr(lean, name), getattr(full, name))
+            assert lean.bias_share == pytest.approx(full.bias_share, abs=1e-12)
+
+    def test_auto_plan(self):
+        from dpa.propagate import plan_memory
+
+        spec = dpa.spec_for(tiny_model("llama", 2))
+        weight = torch.zeros(1, dtype=torch.float32)
+        assert plan_memory(spec, 1, 16, weight, "auto", budget=2**30).cache_projections
+        small = plan_memory(spec, 1, 4096, weight, "auto", budget=2**26)
+        assert not small.cache_projections and small.block is not None and small.block < 4096

@@ -1,0 +1,42 @@
+"""Models split across devices with a device map (accelerate's dispatch, as device_map="auto" does).
+
+On CPU the two "devices" are both the CPU: this checks that dispatch hooks do not disturb the
+capture or the sweep. With CUDA the layers are split between the GPU and the CPU, so every
+layer boundary of the sweep crosses devices.
+"""
+
+import pytest
+import torch
+from accelerate import dispatch_model
+
+import dpa
+
+from .conftest import random_ids, tiny_model
+
+
+def split_map(model, devices):
+    n = len(model.model.layers)
+    layout = {"model.embed_tokens": devices[0], "model.rotary_emb": devices[0]}
+    for i in range(n):
+        layout[f"model.layers.{i}"] = devices[0] if i < n // 2 else devices[1]
+    layout.update({"model.norm": devices[1], "lm_head": devices[1]})
+    return layout
+
+
+DEVICES = [("cpu", "cpu")] + ([("cuda:0", "cpu"), ("cpu", "cuda:0")] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("devices", DEVICES, ids=lambda d: "+".join(d))
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_sharded_equals_single_device(family, devices):
+    ids = random_ids(10)
+    ref = dpa.attribute(tiny_model(family, 2), None, ids, target=5, edges=True, effective_targets=True)
+    model = tiny_model(family, 2)
+    sharded = dispatch_model(model, device_map=split_map(model, devices))
+    res = dpa.attribute(sharded, None, ids, target=5, edges=True, effective_targets=True)
+    for name in ("token_scores", "head_scores", "neuron_scores", "edge_scores", "effective_targets"):
+        torch.testing.assert_close(getattr(res, name), getattr(ref, name), msg=name)
+    if "cuda:0" in devices:
+        layers = model.model.layers
+        assert {layers[0].self_attn.q_proj.weight.device.type, layers[-1].self_attn.q_proj.weight.device.type} == {
+            "cuda", "cpu"}
