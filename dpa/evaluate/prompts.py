@@ -1,0 +1,72 @@
+"""The paper's prompt formats, tokenised, with the positions that count as context units.
+
+* Known 1000, IOI: the raw text, tokenised as the tokenizer does (BOS when it adds one).
+* SQuAD, IMDb: the chat template with the instruction as system turn, the context and question
+  (or review) as user turn, and "Answer:" as a continued assistant turn.
+
+Context units are the tokens of the raw text or of the user turn; BOS, the system turn, role
+markers and the prefill are template and are never ablated. The target is the first token of
+" " + answer (a leading bare-space token, as SentencePiece tokenizers emit, is skipped).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .datasets import Example
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One tokenised example."""
+
+    id: str
+    input_ids: list[int]
+    context: list[bool]  # True where a token is a context unit (ablatable)
+    target_id: int
+    contrast_id: int | None
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def position(self) -> int:
+        return len(self.input_ids) - 1
+
+
+def first_token(tokenizer, word: str) -> int:
+    """The first token of " " + word."""
+    ids = tokenizer.encode(" " + word, add_special_tokens=False)
+    if len(ids) > 1 and not tokenizer.decode(ids[:1]).strip():
+        ids = ids[1:]
+    if not ids:
+        raise ValueError(f"{word!r} tokenises to nothing")
+    return ids[0]
+
+
+def _chat_text(tokenizer, ex: Example) -> str:
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("this dataset uses the chat template, but the tokenizer has none (use an instruct model)")
+    messages = [{"role": "system", "content": ex.system}, {"role": "user", "content": ex.user},
+                {"role": "assistant", "content": ex.prefill}]
+    return tokenizer.apply_chat_template(messages, tokenize=False, continue_final_message=True)
+
+
+def encode_example(tokenizer, ex: Example) -> Sample:
+    """Tokenise an example in the paper's format and mark its context units."""
+    if not ex.chat:
+        enc = tokenizer(ex.text)
+        special = set(tokenizer.all_special_ids)
+        context = [i not in special for i in enc["input_ids"]]
+    else:
+        text = _chat_text(tokenizer, ex)
+        start = text.find(ex.user, text.find(ex.system) + len(ex.system))
+        if start < 0:
+            raise ValueError("the chat template does not contain the user turn verbatim")
+        end = start + len(ex.user)
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        context = [a < end and b > start and b > a for a, b in enc["offset_mapping"]]
+    contrast = None if ex.contrast is None else first_token(tokenizer, ex.contrast)
+    return Sample(id=ex.id, input_ids=list(enc["input_ids"]), context=context,
+                  target_id=first_token(tokenizer, ex.answer), contrast_id=contrast)

@@ -1,0 +1,334 @@
+"""The faithfulness benchmark runner: filter, attribute, ablate, aggregate; resumable.
+
+``evaluate(model, tokenizer, settings, out)`` walks a dataset in file order. Each example is
+checked once by the paper's filter (verdicts cached in ``out/filter.jsonl``); for each valid one,
+every method attributes it (timed) and its disruption and recovery curves are measured
+(``out/samples.jsonl``, one line per sample and method). A restart skips what those files
+already hold. At the end ``results.json``, ``results.csv``, ``results.md`` and the figures are
+written from the first ``limit`` valid samples.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import math
+import platform
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+
+from ..adapters import spec_for
+from ..baselines import COMPONENT_METHODS, INPUT_METHODS
+from ..weights import PathWeights
+from .auc import auc_summary
+from .curves import ComponentUnits, Unit, component_curves, component_units, fraction_grid, input_curves
+from .datasets import load_examples
+from .filter import Verdict, check
+from .prompts import encode_example
+
+# The methods of the paper's tables (activation patching and occlusion are opt-in: one forward per unit).
+PAPER_METHODS = {
+    "input": ("dpa", "random", "last_layer_attention", "mean_attention", "attention_rollout", "gradient",
+              "input_x_gradient", "integrated_gradients", "depass", "ifr"),
+    "component": ("dpa", "dpa_mid", "random", "attn_only", "mlp_only", "norm_only", "gradient", "atp", "ifr"),
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What one benchmark run measures. Fields other than ``methods`` and ``limit`` must match
+    when a run is resumed in the same folder."""
+
+    dataset: str
+    unit: Unit
+    methods: tuple[str, ...] = ()
+    limit: int | None = None  # valid samples to evaluate (None: all)
+    component_units: str = "fine"  # fine: edges + position-level neurons; coarse: heads + neurons
+    weights: PathWeights = field(default_factory=PathWeights)  # for DPA
+    contrast: bool = True  # IOI: attribute logit(IO) - logit(S); the metric stays p(IO)
+    seed: int = 0  # random baseline and tie-breaking
+    steps: int = 20  # integrated gradients
+    batch_size: int = 16  # ablated copies per forward pass
+    max_tokens: int = 400
+    min_probability: float = 0.1
+    data_dir: str | None = None
+    n_generated: int = 1000  # ioi_templates
+
+    def identity(self) -> dict:
+        keep = ("dataset", "unit", "component_units", "weights", "contrast", "seed", "steps", "max_tokens",
+                "min_probability", "n_generated")
+        d = asdict(self)
+        return {k: d[k] for k in keep}
+
+
+def available_methods(unit: Unit) -> dict[str, Callable]:
+    if unit not in ("input", "component"):
+        raise ValueError(f"unit must be 'input' or 'component', got {unit!r}")
+    return INPUT_METHODS if unit == "input" else COMPONENT_METHODS
+
+
+def resolve_methods(settings: Settings) -> dict[str, Callable]:
+    """Method name -> function with the run's options bound (weights, seed, steps, units)."""
+    registry = available_methods(settings.unit)
+    names = list(settings.methods) or ["paper"]
+    if "all" in names:
+        names = list(registry)
+    elif "paper" in names:
+        names = [n for n in names if n != "paper"] + list(PAPER_METHODS[settings.unit])
+    unknown = [n for n in names if n not in registry]
+    if unknown:
+        raise ValueError(f"unknown {settings.unit} method(s) {', '.join(unknown)}; choose from "
+                         f"{', '.join(registry)} (or 'paper', 'all')")
+    pool = {"weights": settings.weights, "seed": settings.seed, "steps": settings.steps,
+            "units": settings.component_units}
+    out = {}
+    for name in dict.fromkeys(names):
+        fn = registry[name]
+        params = inspect.signature(fn).parameters
+        out[name] = functools.partial(fn, **{k: v for k, v in pool.items() if k in params})
+    return out
+
+
+class Store:
+    """The run folder's JSON-lines files: filter verdicts and per-sample results."""
+
+    def __init__(self, out: Path):
+        self.out = out
+        self.verdicts: dict[int, dict] = {r["index"]: r for r in self._read("filter.jsonl")}
+        self.samples: dict[tuple[int, str], dict] = {(r["index"], r["method"]): r for r in self._read("samples.jsonl")}
+
+    def _read(self, name: str) -> list[dict]:
+        path = self.out / name
+        if not path.exists():
+            return []
+        rows = []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:  # a line cut short by an interruption
+                continue
+        return rows
+
+    def _append(self, name: str, row: dict) -> None:
+        with open(self.out / name, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(row) + "\n")
+
+    def add_verdict(self, row: dict) -> None:
+        self.verdicts[row["index"]] = row
+        self._append("filter.jsonl", row)
+
+    def add_sample(self, row: dict) -> None:
+        self.samples[(row["index"], row["method"])] = row
+        self._append("samples.jsonl", row)
+
+
+def _check_folder(out: Path, identity: dict) -> None:
+    path = out / "config.json"
+    if path.exists():
+        old = json.loads(path.read_text())
+        diff = {k: (old.get(k), v) for k, v in identity.items() if old.get(k) != v}
+        if diff:
+            changes = "; ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in diff.items())
+            raise ValueError(f"{out} holds a run with other settings ({changes}); use a new --out folder")
+    else:
+        path.write_text(json.dumps(identity, indent=1) + "\n")
+
+
+def _sync(model: nn.Module) -> None:
+    if model.lm_head.weight.device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def evaluate(model: nn.Module, tokenizer, settings: Settings, out: str | Path, *,
+             methods: dict[str, Callable] | None = None, progress: bool = True, figures: bool = True) -> dict:
+    """Run the benchmark; returns (and writes) the results. ``methods`` overrides the registry."""
+    from tqdm.auto import tqdm
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    methods = methods if methods is not None else resolve_methods(settings)
+    identity = {**settings.identity(), "weights": asdict(settings.weights),
+                "model": getattr(model.config, "_name_or_path", "")}
+    _check_folder(out, identity)
+    store = Store(out)
+    examples = load_examples(settings.dataset, settings.data_dir, seed=settings.seed,
+                             n_generated=settings.n_generated)
+    fractions = fraction_grid(settings.dataset, settings.unit)
+    spec = spec_for(model)
+    total = min(settings.limit or len(examples), len(examples))
+    chosen: list[int] = []
+    bar = tqdm(total=total, desc=f"{settings.dataset} {settings.unit}", unit="sample", disable=not progress)
+    for index, example in enumerate(examples):
+        if settings.limit is not None and len(chosen) >= settings.limit:
+            break
+        sample = encode_example(tokenizer, example)
+        if index not in store.verdicts:
+            v: Verdict = check(model, tokenizer, sample, max_tokens=settings.max_tokens,
+                               min_probability=settings.min_probability)
+            store.add_verdict({"index": index, "id": example.id, **asdict(v)})
+        if not store.verdicts[index]["valid"]:
+            bar.set_postfix(checked=index + 1, valid=len(chosen))
+            continue
+        chosen.append(index)
+        units = (component_units(sample, spec.n_layers, spec.n_heads, spec.d_mlp, settings.component_units)
+                 if settings.unit == "component" else None)
+        for name, fn in methods.items():
+            if (index, name) in store.samples:
+                continue
+            bar.set_postfix(checked=index + 1, valid=len(chosen), method=name)
+            store.add_sample(_measure(model, tokenizer, settings, sample, index, name, fn, units, fractions))
+        bar.update(1)
+    bar.close()
+    results = summarize(settings, methods, store, chosen, fractions, model, n_checked=len(store.verdicts))
+    write_results(results, out, figures=figures)
+    return results
+
+
+def _measure(model, tokenizer, settings: Settings, sample, index: int, name: str, fn, units: ComponentUnits | None,
+             fractions) -> dict:
+    contrast = sample.contrast_id if settings.contrast else None
+    _sync(model)
+    start = time.perf_counter()
+    attribution = fn(model, tokenizer, sample.input_ids, sample.target_id, contrast=contrast, position=sample.position)
+    _sync(model)
+    seconds = time.perf_counter() - start
+    if settings.unit == "input":
+        curves = input_curves(model, sample, attribution, fractions, seed=settings.seed,
+                              batch_size=settings.batch_size)
+    else:
+        curves = component_curves(model, sample, attribution, units, fractions, seed=settings.seed,
+                                  batch_size=settings.batch_size)
+    return {"index": index, "id": sample.id, "method": name, "seconds": seconds,
+            "eval_seconds": time.perf_counter() - start - seconds, "n_tokens": sample.n_tokens,
+            "n_units": curves.n_units, "p_clean": curves.p_clean, "disruption": curves.disruption,
+            "recovery": curves.recovery}
+
+
+def summarize(settings: Settings, methods, store: Store, chosen: list[int], fractions, model: nn.Module, *,
+              n_checked: int) -> dict:
+    """Mean curves, AUCs (both modes) and timings per method over the chosen samples."""
+    per_method = {}
+    for name in methods:
+        rows = [store.samples[(i, name)] for i in chosen if (i, name) in store.samples]
+        if not rows:
+            continue
+        mean = lambda key: [sum(r[key][j] for r in rows) / len(rows) for j in range(len(fractions))]  # noqa: E731
+        disruption, recovery = mean("disruption"), mean("recovery")
+        per_method[name] = {
+            "n_samples": len(rows),
+            "seconds_per_sample": sum(r["seconds"] for r in rows) / len(rows),
+            "eval_seconds_per_sample": sum(r["eval_seconds"] for r in rows) / len(rows),
+            "disruption": disruption, "recovery": recovery,
+            "auc": auc_summary(fractions, disruption, recovery, unit=settings.unit),
+        }
+    checked = [store.verdicts[i] for i in sorted(store.verdicts)]
+    device = model.lm_head.weight.device
+    return {
+        "dataset": settings.dataset, "unit": settings.unit,
+        "component_units": settings.component_units if settings.unit == "component" else None,
+        "model": getattr(model.config, "_name_or_path", ""), "dtype": str(model.lm_head.weight.dtype),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.processor() or platform.machine()})",
+        "torch": torch.__version__, "settings": {**asdict(settings), "weights": asdict(settings.weights)},
+        "fractions": list(fractions), "n_checked": n_checked, "n_valid": sum(r["valid"] for r in checked),
+        "n_evaluated": len(chosen), "dropped": dict(Counter(r["reason"] for r in checked if not r["valid"])),
+        "p_clean_mean": _mean([store.verdicts[i]["probability"] for i in chosen]),
+        "methods": per_method,
+    }
+
+
+def _mean(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x is not None and not math.isnan(x)]
+    return sum(xs) / len(xs) if xs else None
+
+
+CSV_COLUMNS = ("method", "n_samples", "seconds_per_sample", "paper_disruption", "paper_recovery", "paper_total",
+               "clean_disruption", "clean_recovery", "clean_total")
+
+
+def table_rows(results: dict) -> list[dict]:
+    """One row per method, best paper-mode total first."""
+    rows = []
+    for name, m in results["methods"].items():
+        row = {"method": name, "n_samples": m["n_samples"], "seconds_per_sample": m["seconds_per_sample"]}
+        for mode in ("paper", "clean"):
+            for key in ("disruption", "recovery", "total"):
+                row[f"{mode}_{key}"] = m["auc"][mode][key]
+        rows.append(row)
+    return sorted(rows, key=lambda r: -r["paper_total"])
+
+
+def markdown_table(results: dict) -> str:
+    head = (f"{results['dataset']}, {results['unit']} units"
+            + (f" ({results['component_units']})" if results.get("component_units") else "")
+            + f", {results['model']}: {results['n_evaluated']} samples "
+            f"({results['n_valid']} valid of {results['n_checked']} checked)\n\n")
+    lines = ["| method | total (paper) | disruption (paper) | recovery (paper) | total (clean) | s / sample |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for r in table_rows(results):
+        lines.append(f"| {r['method']} | {r['paper_total']:.2f} | {r['paper_disruption']:.2f} | "
+                     f"{r['paper_recovery']:.2f} | {r['clean_total']:.2f} | {r['seconds_per_sample']:.3f} |")
+    return head + "\n".join(lines) + "\n"
+
+
+def write_results(results: dict, out: Path, *, figures: bool = True) -> None:
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    with open(out / "results.csv", "w", encoding="utf-8") as fh:
+        fh.write(",".join(CSV_COLUMNS) + "\n")
+        for r in table_rows(results):
+            fh.write(",".join(f"{r[c]:.6g}" if isinstance(r[c], float) else str(r[c]) for c in CSV_COLUMNS) + "\n")
+    (out / "results.md").write_text(markdown_table(results))
+    if figures and results["methods"]:
+        from .plots import plot_auc, plot_curves
+
+        plot_curves(results, out / "curves.png")
+        plot_auc(results, out / "auc.png")
+
+
+def sweep_methods(settings: Settings, families, ps) -> tuple[dict[str, Callable], list[dict]]:
+    """DPA under each (family, p): methods named by their weights (shared points run once)."""
+    from ..baselines import dpa_component, dpa_input
+
+    base = dpa_input if settings.unit == "input" else dpa_component
+    methods, points = {}, []
+    for family in families:
+        for p in ps:
+            w = PathWeights.preset(family, p)
+            name = "dpa[" + ",".join(f"{x:g}" for x in w.as_tuple()) + "]"
+            methods[name] = functools.partial(base, weights=w)
+            points.append({"family": family, "p": p, "weights": asdict(w), "method": name})
+    return methods, points
+
+
+def sweep(model: nn.Module, tokenizer, settings: Settings, out: str | Path, *, families, ps,
+          progress: bool = True, figures: bool = True) -> dict:
+    """The sensitivity analysis: total AUC of DPA over p for each path-weight family."""
+    methods, points = sweep_methods(settings, families, ps)
+    out = Path(out)
+    results = evaluate(model, tokenizer, replace(settings, methods=tuple(methods)), out, methods=methods,
+                       progress=progress, figures=False)
+    for point in points:
+        m = results["methods"].get(point["method"])
+        point["auc"] = None if m is None else m["auc"]
+    summary = {"dataset": settings.dataset, "unit": settings.unit, "model": results["model"],
+               "n_evaluated": results["n_evaluated"], "points": points}
+    (out / "sweep.json").write_text(json.dumps(summary, indent=1) + "\n")
+    with open(out / "sweep.csv", "w", encoding="utf-8") as fh:
+        fh.write("family,p,q,k,v,gate,up,paper_total,clean_total\n")
+        for pt in points:
+            if pt["auc"] is None:
+                continue
+            w = ",".join(f"{x:g}" for x in pt["weights"].values())
+            fh.write(f"{pt['family']},{pt['p']:g},{w},{pt['auc']['paper']['total']:.6g},"
+                     f"{pt['auc']['clean']['total']:.6g}\n")
+    if figures:
+        from .plots import plot_sweep
+
+        plot_sweep(summary, out / "sweep.png")
+    return summary
