@@ -36,7 +36,8 @@ def html(tmp_path_factory) -> Path:
     if os.environ.get("DPA_BOOK_HTML"):
         return Path(os.environ["DPA_BOOK_HTML"])
     out = tmp_path_factory.mktemp("book")
-    cmd = [sys.executable, "-m", "jupyter_book", "build", str(ROOT), "-W", "-n", "--keep-going",
+    jb = Path(sys.executable).with_name("jupyter-book")  # the CLI of this interpreter (no python -m entry)
+    cmd = [str(jb if jb.exists() else "jupyter-book"), "build", str(ROOT), "-W", "-n", "--keep-going",
            "--path-output", str(out)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, f"jupyter-book build failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-4000:]}"
