@@ -44,5 +44,9 @@ COMPONENT_METHODS = {
     "activation_patching": activation_patching,
 }
 
-__all__ = ["COMPONENT_METHODS", "INPUT_METHODS", *sorted({f.__name__ for f in
-           [*INPUT_METHODS.values(), *COMPONENT_METHODS.values()]})]
+__all__ = [
+    "COMPONENT_METHODS", "INPUT_METHODS", "activation_patching", "atp", "attention_rollout", "attn_only",
+    "component_gradient", "component_ifr", "depass", "dpa_component", "dpa_input", "dpa_mid", "gradient", "ifr",
+    "input_x_gradient", "integrated_gradients", "last_layer_attention", "mean_attention", "mlp_only", "norm_only",
+    "occlusion", "random_component", "random_input",
+]

@@ -33,7 +33,7 @@ class Problem:
     spec: ModelSpec
     tokens: list[str]
     special: list[bool]
-    clean_logits: Tensor  # [vocab] float32 at the target position
+    clean_logits: Tensor  # [vocab] float32 (or float64) at the target position
 
     @property
     def n_tokens(self) -> int:
@@ -76,8 +76,10 @@ def encode(tokenizer, prompt: Prompt) -> list[int]:
 
 
 def final_logits(model: nn.Module, hidden: Tensor, position: int | Tensor) -> Tensor:
-    """Logits at one position from the base model's last hidden state [batch pos d_model]."""
-    return model.lm_head(hidden[:, position]).float()
+    """Logits at one position from the base model's last hidden state [batch pos d_model], in float32
+    or better."""
+    logits = model.lm_head(hidden[:, position])
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))
 
 
 def prepare(model: nn.Module, tokenizer, prompt: Prompt, target=None, contrast=None,

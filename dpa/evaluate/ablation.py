@@ -5,7 +5,7 @@
   SiLU(s) set to zero for selected (position, neuron) pairs; see ``dpa.baselines.forward``.
 
 The batched functions take *keep* masks (1 keep, 0 zero) with one row per ablated copy of the
-same prompt and return p(target) in float32 for each row. Component passes always run the
+same prompt and return p(target) for each row, in float32 (float64 for a float64 model). Component passes always run the
 instrumented attention (also for rows that ablate nothing), so clean and ablated probabilities
 come from the same arithmetic.
 """
@@ -22,7 +22,8 @@ from ..baselines.forward import instrumented, run
 
 
 def _prob(model: nn.Module, hidden: Tensor, position: int, target_id: int) -> Tensor:
-    return model.lm_head(hidden[:, position]).float().softmax(-1)[:, target_id]
+    logits = model.lm_head(hidden[:, position])
+    return logits.to(torch.promote_types(logits.dtype, torch.float32)).softmax(-1)[:, target_id]
 
 
 def _ids(model: nn.Module, input_ids) -> Tensor:
