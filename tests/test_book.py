@@ -1,100 +1,166 @@
-"""The tutorial book: it builds with warnings as errors, and its built pages render offline.
+"""The tutorial book: its notebooks as committed, the Jupyter Book build (warnings are errors),
+and the built pages in Chromium opened from disk with the network blocked.
 
-The build executes every notebook (some load the default model), so these tests are slow. To check an
-existing build instead, point ``DPA_BOOK_HTML`` at its ``_build/html`` folder.
+The notebooks themselves run under ``pytest --nbmake book/`` (their asserts are the tests).
+Building executes every notebook (some load the default model), so the build and the page tests
+are marked ``slow``; the build runs once per module into a temporary folder and the browser tests
+read that output. To check an existing build instead, point ``DPA_BOOK_HTML`` at its ``_build/html``.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from .browser_utils import browser  # noqa: F401 (fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
-EQUATION_PAGE = "book/rmsnorm.html"
-WIDGET_PAGE = "book/inspecting-circuits.html"
-CDNS = ("cdn.jsdelivr.net", "unpkg.com", "cdnjs.cloudflare.com", "cdn.mathjax.org")
+BOOK = ROOT / "book"
+EQUATION_PAGE = "rmsnorm"
+WIDGET_PAGE = "inspecting-circuits"
 
 
-def toc_pages() -> list[str]:
-    import yaml
-
+def toc_files() -> list[str]:
+    """The documents of _toc.yml, relative to the root and without suffix (``book/glu``)."""
     toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
     files = [toc["root"]]
-    for part in toc.get("parts", [{"chapters": toc.get("chapters", [])}]):
+    for part in toc.get("parts", []):
         files += [chapter["file"] for chapter in part["chapters"]]
     return files
 
 
+def notebooks() -> list[Path]:
+    return sorted(BOOK.glob("*.ipynb"))
+
+
+class TestCommittedNotebooks:
+    def test_every_notebook_is_in_the_toc_and_every_toc_entry_exists(self):
+        listed = toc_files()
+        for nb in notebooks():
+            assert f"book/{nb.stem}" in listed, f"{nb.name} is not listed in _toc.yml"
+        for name in listed:
+            assert [p for p in (ROOT / f"{name}.ipynb", ROOT / f"{name}.md") if p.exists()], f"{name} is missing"
+
+    def test_names_are_hyphenated(self):
+        for name in toc_files():
+            assert re.fullmatch(r"book/[a-z0-9]+(-[a-z0-9]+)*", name), name
+
+    @pytest.mark.parametrize("path", notebooks(), ids=lambda p: p.name)
+    def test_committed_without_outputs(self, path):
+        nb = json.loads(path.read_text())
+        for i, cell in enumerate(nb["cells"]):
+            if cell["cell_type"] == "code":
+                assert cell.get("outputs") == [] and cell.get("execution_count") is None, f"cell {i} has outputs"
+        assert "widgets" not in nb["metadata"], "saved widget state is committed"
+
+    @pytest.mark.parametrize("path", notebooks(), ids=lambda p: p.name)
+    def test_no_chdir(self, path):
+        source = "\n".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"])
+        assert "chdir" not in source
+
+    @pytest.mark.parametrize("path", [p for p in notebooks() if p.stem != WIDGET_PAGE], ids=lambda p: p.name)
+    def test_chapters_assert(self, path):
+        """Every chapter checks what it shows: the asserts are what nbmake tests."""
+        source = "\n".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"])
+        assert re.search(r"\bassert\b|assert_close", source)
+
+
 @pytest.fixture(scope="module")
-def html(tmp_path_factory) -> Path:
+def built_book(tmp_path_factory) -> Path:
+    """Build the book once (executing every notebook) into a temporary folder; return its html/."""
     if os.environ.get("DPA_BOOK_HTML"):
         return Path(os.environ["DPA_BOOK_HTML"])
     out = tmp_path_factory.mktemp("book")
-    jb = Path(sys.executable).with_name("jupyter-book")  # the CLI of this interpreter (no python -m entry)
-    cmd = [str(jb if jb.exists() else "jupyter-book"), "build", str(ROOT), "-W", "-n", "--keep-going",
-           "--path-output", str(out)]
+    jb = Path(sys.executable).with_name("jupyter-book")  # this interpreter's CLI (there is no python -m entry)
+    cmd = [str(jb if jb.exists() else "jupyter-book"), "build", str(ROOT), "--path-output", str(out), "-W", "-n",
+           "--keep-going"]
+    start = time.monotonic()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1500)
-    assert proc.returncode == 0, f"jupyter-book build failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-4000:]}"
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"jupyter-book build failed ({proc.returncode}):\n{log[-6000:]}"
+    print(f"book built in {time.monotonic() - start:.0f} s")
     return out / "_build" / "html"
 
 
 @pytest.mark.slow
-def test_build_has_every_chapter_and_no_cdn(html):
-    for page in toc_pages():
-        built = html / f"{page}.html"
-        assert built.exists(), f"{built} was not built"
-        text = built.read_text()
-        assert not any(cdn in text for cdn in CDNS), f"{page} loads a script from a CDN"
-    assert (html / "_static" / "dpa-assets" / "mathjax" / "tex-mml-chtml.js").exists()
-    assert (html / "_static" / "dpa-assets" / "html-manager" / "embed-amd.js").exists()
+class TestBuild:
+    def test_every_chapter_is_a_page(self, built_book):
+        for name in toc_files():
+            assert (built_book / f"{name}.html").is_file(), name
+        assert (built_book / "index.html").is_file()
+
+    def test_pages_load_nothing_from_the_network(self, built_book):
+        for name in toc_files():
+            html = (built_book / f"{name}.html").read_text()
+            sources = re.findall(r'<(?:script|link)\b[^>]*(?:src|href)="([^"]+)"', html)
+            remote = [s for s in sources if re.match(r"(https?:)?//", s)]
+            assert not remote, f"{name} loads {remote}"
+            assert "dpa-assets/mathjax/tex-mml-chtml.js" in html or "class=\"math" not in html
+
+    def test_offline_assets_are_copied(self, built_book):
+        assets = built_book / "_static" / "dpa-assets"
+        for rel in ("mathjax/tex-mml-chtml.js", "require.js", "html-manager/embed-amd.js", "anywidget.js"):
+            assert (assets / rel).is_file(), rel
+
+    def test_executed_pages_carry_outputs(self, built_book):
+        html = (built_book / "book" / "end-to-end.html").read_text()
+        assert "cell_output" in html and "<img" in html  # printed numbers and the figure
 
 
-def open_offline(browser, path: Path):
-    """A page showing ``path`` with every request that is not for a local file aborted (and recorded)."""
+def open_offline(browser, page_file: Path):  # noqa: F811 (the fixture is passed in)
+    """A page from disk with every non-file request blocked; returns (page, blocked URLs, page errors)."""
     page = browser.new_page()
-    page.blocked = []
+    blocked: list[str] = []
 
     def route(r):
-        if r.request.url.startswith("file:"):
+        if r.request.url.startswith("file://"):
             r.continue_()
         else:
-            page.blocked.append(r.request.url)
+            blocked.append(r.request.url)
             r.abort()
 
     page.route("**/*", route)
-    page.goto(path.as_uri())
-    return page
+    page.goto(page_file.as_uri())
+    return page, blocked
 
 
 @pytest.mark.slow
 @pytest.mark.browser
-def test_equations_render_offline(html, browser):
-    page = open_offline(browser, html / EQUATION_PAGE)
-    try:
-        page.wait_for_selector("mjx-container", timeout=60_000)
-        assert page.locator("mjx-container[display='true']").count() >= 3  # the labelled equations
-        assert page.locator("mjx-merror").count() == 0, "MathJax reported a TeX error"
-        assert page.blocked == [], f"the page asked the network for {page.blocked}"
-    finally:
-        page.close()
+class TestBuiltPagesInBrowser:
+    def test_equations_render_offline(self, built_book, browser):  # noqa: F811
+        page, blocked = open_offline(browser, built_book / "book" / f"{EQUATION_PAGE}.html")
+        try:
+            page.wait_for_selector("mjx-container", timeout=30_000)
+            page.wait_for_function("() => [...document.querySelectorAll('.math')].every("
+                                   "e => e.querySelector('mjx-container'))", timeout=30_000)
+            n_math = page.locator(".math").count()
+            assert n_math >= 10
+            assert page.locator(".math mjx-container").count() == n_math
+            assert page.locator("mjx-container[display='true']").count() >= 4  # the labelled equations
+            assert page.locator("mjx-merror").count() == 0  # no TeX errors
+            assert not blocked, f"network requests: {blocked}"
+        finally:
+            page.close()
 
-
-@pytest.mark.slow
-@pytest.mark.browser
-def test_widget_renders_offline_from_saved_state(html, browser):
-    if not (html / WIDGET_PAGE).exists():
-        pytest.skip(f"{WIDGET_PAGE} is not in the book yet")
-    page = open_offline(browser, html / WIDGET_PAGE)
-    try:
-        widget = page.locator(".dpa-circuit").first
-        widget.locator("rect.dpa-head").first.wait_for(timeout=60_000)
-        assert widget.locator(".dpa-token").count() > 0
-        assert page.blocked == [], f"the page asked the network for {page.blocked}"
-    finally:
-        page.close()
+    def test_widget_renders_from_saved_state(self, built_book, browser):  # noqa: F811
+        if not (BOOK / f"{WIDGET_PAGE}.ipynb").exists():
+            pytest.skip(f"book/{WIDGET_PAGE}.ipynb is not written yet")
+        page_file = built_book / "book" / f"{WIDGET_PAGE}.html"
+        assert 'type="application/vnd.jupyter.widget-state+json"' in page_file.read_text()
+        page, blocked = open_offline(browser, page_file)
+        try:
+            widget = page.locator(".dpa-circuit").first
+            widget.locator("rect.dpa-head").first.wait_for(timeout=60_000)
+            assert widget.locator("rect.dpa-head").count() > 0
+            assert widget.locator(".dpa-token").count() > 0
+            assert not blocked, f"network requests: {blocked}"
+        finally:
+            page.close()

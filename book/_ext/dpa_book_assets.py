@@ -3,10 +3,12 @@
 Sphinx loads MathJax from a CDN by default, and myst-nb loads require.js and the
 ipywidgets html-manager from CDNs. ``_config.yml`` points ``mathjax_path`` and
 ``nb_ipywidgets_js`` at ``_static/dpa-assets/``; this extension fills that folder
-after the build from npm packages (fetched into ``node_modules/``, never committed)
+after the build from npm packages (``npm install`` at the repository root, which
+.ci/install runs, puts them in ``node_modules/``; never committed)
 and from anywidget's Python package (its AMD module for the html-manager).
 
-The npm packages are looked up in ``$DPA_NODE_MODULES`` or ``<repo>/node_modules``.
+The npm packages (``package.json`` at the repository root) are looked up in ``$DPA_NODE_MODULES`` or
+``<repo>/node_modules``.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from pathlib import Path
 from sphinx.application import Sphinx
 from sphinx.errors import ExtensionError
 
-NPM_INSTALL = ("npm install --no-save --no-package-lock --no-audit --no-fund "
-               "mathjax@3.2.2 requirejs@2.3.7 @jupyter-widgets/html-manager@1.0.15")
+# The repository's package.json pins mathjax 3.2.2, requirejs 2.3.7, @jupyter-widgets/html-manager 1.0.15.
+NPM_INSTALL = "npm install --no-audit --no-fund"
 ASSETS = "dpa-assets"
 # MathJax: the combined component Sphinx asks for, plus what it loads on demand
 # (TeX extensions, fonts, the menu); the speech engine (sre) is left out.
@@ -56,8 +58,8 @@ def check_assets(app: Sphinx) -> None:
     if missing:
         raise ExtensionError(
             "the offline book assets are missing: " + ", ".join(missing)
-            + f". Fetch them at the repository root with:\n  {NPM_INSTALL}\n"
-            "(or set DPA_NODE_MODULES to a node_modules folder holding them)")
+            + ". Fetch them with `npm install` at the repository root (package.json lists them), or with\n  "
+            + NPM_INSTALL + "\n(or set DPA_NODE_MODULES to a node_modules folder holding them)")
 
 
 def copy_assets(app: Sphinx, exception: Exception | None) -> None:
