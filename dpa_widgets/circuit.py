@@ -109,7 +109,7 @@ class CircuitWidget(anywidget.AnyWidget):
     def _show(self, result: Attribution) -> None:
         """Make ``result`` the one on view: payload, static details, selection still valid."""
         self.result = result
-        if self.model is not None:
+        if self.model is not None and not self._predictions:  # the prompt and position never change
             self._predictions = live.predictions(self.model, self.tokenizer, list(result.token_ids),
                                                  result.target.position)
         preds = [(p.token, p.probability) for p in self._predictions] or None

@@ -25,9 +25,9 @@ class Prediction:
 @torch.no_grad()
 def predictions(model: nn.Module, tokenizer, token_ids: list[int], position: int, k: int = 10) -> list[Prediction]:
     """The model's top-k next tokens after ``token_ids[: position + 1]``, with probabilities."""
-    device = next(model.parameters()).device
-    ids = torch.tensor([token_ids[: position + 1]], device=device)
-    probs = model(input_ids=ids).logits[0, -1].float().softmax(-1)
+    ids = torch.tensor([token_ids[: position + 1]], device=model.model.embed_tokens.weight.device)
+    hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state[0, -1]  # final-normed
+    probs = model.lm_head(hidden.to(model.lm_head.weight.device)).float().softmax(-1)  # one position only
     top = probs.topk(min(k, probs.numel()))
     return [Prediction(tokenizer.decode([int(i)]) if tokenizer is not None else str(int(i)), float(p), int(i))
             for p, i in zip(top.values, top.indices)]

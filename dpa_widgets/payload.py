@@ -75,15 +75,13 @@ def token_routes(result: Attribution, k: int = 8) -> list[dict[str, list]] | Non
     d_mlp = npos.shape[2]
     heads = by_key.permute(2, 0, 1).reshape(n_pos, -1)  # [pos layer*head]
     neurons = npos.permute(1, 0, 2).reshape(n_pos, -1)  # [pos layer*d_mlp]
-    out = []
-    for j in range(n_pos):
-        hi = heads[j].abs().topk(min(k, heads.shape[1])).indices.tolist()
-        ni = neurons[j].abs().topk(min(k, neurons.shape[1])).indices.tolist()
-        out.append({
-            "heads": [[i // n_heads, i % n_heads, rounded(heads[j, i])] for i in hi],
-            "neurons": [[i // d_mlp, i % d_mlp, rounded(neurons[j, i])] for i in ni],
-        })
-    return out
+    hi = heads.abs().topk(min(k, heads.shape[1]), dim=1).indices  # [pos k]
+    ni = neurons.abs().topk(min(k, neurons.shape[1]), dim=1).indices
+    hv, nv = rounded(heads.gather(1, hi)), rounded(neurons.gather(1, ni))
+    return [{
+        "heads": [[i // n_heads, i % n_heads, v] for i, v in zip(hi[j].tolist(), hv[j])],
+        "neurons": [[i // d_mlp, i % d_mlp, v] for i, v in zip(ni[j].tolist(), nv[j])],
+    } for j in range(n_pos)]
 
 
 def head_detail(result: Attribution, layer: int, head: int) -> dict[str, Any]:
