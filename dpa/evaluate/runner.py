@@ -108,11 +108,15 @@ class Store:
         path = self.out / name
         if not path.exists():
             return []
+        text = path.read_text(encoding="utf-8")
+        if text and not text.endswith("\n"):  # cut short by an interruption: drop the partial line
+            text = text[:text.rfind("\n") + 1]
+            path.write_text(text, encoding="utf-8")
         rows = []
-        for line in path.read_text(encoding="utf-8").splitlines():
+        for line in text.splitlines():
             try:
                 rows.append(json.loads(line))
-            except json.JSONDecodeError:  # a line cut short by an interruption
+            except json.JSONDecodeError:
                 continue
         return rows
 

@@ -1,0 +1,395 @@
+"""The benchmark: AUC arithmetic by hand, grids, ranking, data, prompts, filter, curves, the runner and CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from dpa.baselines import COMPONENT_METHODS, INPUT_METHODS
+from dpa.evaluate import (COMPONENT_GRID, KNOWN_GRID, SIGMOID_GRID, DataError, Settings, auc, auc_summary,
+                          component_ablation_probs, encode_example, evaluate, find_data_dir, fraction_grid,
+                          generate_ioi, input_ablation_prob, load_examples, sweep)
+from dpa.evaluate.cli import main
+from dpa.evaluate.curves import component_curves, component_units, input_curves, rank, unit_count
+from dpa.evaluate.datasets import Example, subject_name
+from dpa.evaluate.filter import check
+from dpa.evaluate.prompts import Sample
+from tests.conftest import tiny_model
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+class TestAUC:
+    def test_trapezoid_by_hand_in_both_modes(self):
+        f, dis, rec = [0.1, 0.5, 1.0], [40.0, 10.0, 5.0], [30.0, 70.0, 100.0]
+        # clean: 0.4 * 25 + 0.5 * 7.5 = 13.75; paper adds (0, 100): + 0.1 * 70 = 20.75
+        assert math.isclose(auc(f, dis, curve="disruption", unit="input", mode="clean"), 13.75)
+        assert math.isclose(auc(f, dis, curve="disruption", unit="input", mode="paper"), 20.75)
+        # recovery: 0.4 * 50 + 0.5 * 85 = 62.5; the anchor (1, 100) sits on the last point: no area
+        assert math.isclose(auc(f, rec, curve="recovery", unit="input", mode="paper"), 62.5)
+        s = auc_summary(f, dis, rec, unit="input")
+        assert math.isclose(s["paper"]["total"], 62.5 - 20.75) and math.isclose(s["clean"]["total"], 62.5 - 13.75)
+
+    def test_input_recovery_anchor_closes_the_sigmoid_grid(self):
+        f, y = [0.25, 0.75], [20.0, 60.0]
+        assert math.isclose(auc(f, y, curve="recovery", unit="input", mode="clean"), 20.0)
+        assert math.isclose(auc(f, y, curve="recovery", unit="input", mode="paper"), 20.0 + 0.25 * 80)
+
+    def test_component_anchors_are_sorted_into_the_grid(self):
+        f, y = [1e-7, 1e-5, 0.5], [50.0, 50.0, 50.0]
+        # recovery gets (1e-6, 0) between the first two points and (1, 100) at the end
+        expected = (1e-6 - 1e-7) * 25 + (1e-5 - 1e-6) * 25 + (0.5 - 1e-5) * 50 + 0.5 * 75
+        assert math.isclose(auc(f, y, curve="recovery", unit="component", mode="paper"), expected, rel_tol=1e-12)
+        expected = (1e-7 - 1e-10) * 75 + (0.5 - 1e-7) * 50
+        assert math.isclose(auc(f, y, curve="disruption", unit="component", mode="paper"), expected, rel_tol=1e-12)
+        assert math.isclose(auc(f, y, curve="disruption", unit="component", mode="clean"), (0.5 - 1e-7) * 50)
+
+    def test_paper_floors(self):
+        zeros = lambda grid: [0.0] * len(grid)  # noqa: E731
+        assert math.isclose(auc(KNOWN_GRID, zeros(KNOWN_GRID), curve="disruption", unit="input", mode="paper"), 5.0)
+        floor = auc(COMPONENT_GRID, zeros(COMPONENT_GRID), curve="recovery", unit="component", mode="paper")
+        assert math.isclose(floor, (1 - math.exp(-0.8)) * 50, rel_tol=1e-12) and 27.5 < floor < 27.6
+        assert auc(KNOWN_GRID, zeros(KNOWN_GRID), curve="disruption", unit="input", mode="clean") == 0
+
+    def test_bad_arguments(self):
+        with pytest.raises(ValueError, match="fractions"):
+            auc([0.1, 0.2], [1.0], curve="recovery", unit="input")
+        with pytest.raises(ValueError, match="mode"):
+            auc([0.1], [1.0], curve="recovery", unit="input", mode="other")
+        with pytest.raises(ValueError, match="unknown curve"):
+            auc([0.1], [1.0], curve="sideways", unit="input")
+
+
+class TestGrids:
+    def test_the_papers_grids(self):
+        assert KNOWN_GRID == (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+        assert len(SIGMOID_GRID) == 11 and math.isclose(SIGMOID_GRID[0], 1 / (1 + math.exp(6)))
+        assert math.isclose(SIGMOID_GRID[5], 0.5) and math.isclose(SIGMOID_GRID[1], 1 / (1 + math.exp(4.8)))
+        assert len(COMPONENT_GRID) == 10 and math.isclose(COMPONENT_GRID[0], math.exp(-17))
+        assert math.isclose(COMPONENT_GRID[-1], math.exp(-0.8)) and math.isclose(COMPONENT_GRID[1], math.exp(-15.2))
+        assert fraction_grid("known_1000", "input") == KNOWN_GRID
+        assert fraction_grid("imdb", "input") == fraction_grid("squad_v2.0", "input") == SIGMOID_GRID
+        assert fraction_grid("ioi", "component") == COMPONENT_GRID
+
+    def test_unit_counts(self):
+        assert [unit_count(f, 10) for f in KNOWN_GRID] == list(range(1, 11))  # 0.3 * 10 is 3, not 4
+        assert unit_count(math.exp(-17), 10 ** 6) == 1 and unit_count(0.5, 7) == 4 and unit_count(1e-9, 3) == 1
+
+    def test_rank_is_descending_with_seeded_ties(self):
+        scores = torch.tensor([0.5, 2.0, -1.0, 2.0, 0.5, 0.5])
+        order = rank(scores, seed=1)
+        assert scores[order].tolist() == sorted(scores.tolist(), reverse=True)
+        assert torch.equal(order, rank(scores, seed=1))
+        orders = {tuple(rank(scores, seed=s).tolist()) for s in range(20)}
+        assert len(orders) > 1  # ties broken differently by different seeds
+
+
+def write_data(folder: Path, name: str, records: list[dict]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.json").write_text(json.dumps(records))
+
+
+class TestData:
+    def test_missing_data_says_where_to_get_it(self, tmp_path, monkeypatch):
+        with pytest.raises(DataError, match="not a folder"):
+            find_data_dir(tmp_path / "nope")
+        with pytest.raises(DataError, match="does not exist"):
+            load_examples("imdb", tmp_path)
+        monkeypatch.setenv("DPA_DATA", str(tmp_path))
+        assert find_data_dir() == tmp_path
+        with pytest.raises(ValueError, match="unknown dataset"):
+            load_examples("mnist", tmp_path)
+
+    def test_default_finds_the_shared_folder(self, monkeypatch):
+        monkeypatch.delenv("DPA_DATA", raising=False)
+        if not SHARED_DATA.is_dir():
+            with pytest.raises(DataError, match="--data-dir"):
+                find_data_dir()
+        else:
+            assert find_data_dir() == SHARED_DATA
+
+    def test_reference_formats(self, tmp_path):
+        write_data(tmp_path, "known_1000", [{"known_id": 3, "prompt": "Paris is in", "attribute": "France"}])
+        write_data(tmp_path, "ioi", [{"case_id": 0, "prompt": "When Ann and Bob met, Bob gave it to",
+                                      "answer": "Ann"}])
+        write_data(tmp_path, "squad_v2.0", [{"id": "q", "question": "Where?", "answer": "Rome", "context": "In Rome."}])
+        write_data(tmp_path, "imdb", [{"id": 1, "text": "Bad.", "answer": "Negative", "label": 0}])
+        known, = load_examples("known_1000", tmp_path)
+        assert (known.text, known.answer, known.id, known.chat) == ("Paris is in", "France", "3", False)
+        ioi, = load_examples("ioi", tmp_path)
+        assert (ioi.answer, ioi.contrast) == ("Ann", "Bob")
+        squad, = load_examples("squad_v2.0", tmp_path)
+        assert squad.chat and squad.user == "Context: In Rome.\nQuestion: Where?" and squad.prefill == "Answer:"
+        imdb, = load_examples("imdb", tmp_path)
+        assert imdb.user == "Review: Bad." and imdb.answer == "Negative" and "sentiment" in imdb.system
+        write_data(tmp_path, "imdb", [{"id": 1, "answer": "Negative"}])
+        with pytest.raises(DataError, match="'text'"):
+            load_examples("imdb", tmp_path)
+
+    def test_ioi_subject(self):
+        assert subject_name("Then, Eleanor and Deanna went out. Eleanor gave a pen to", "Deanna") == "Eleanor"
+        with pytest.raises(DataError, match="subject"):
+            subject_name("Ann met Bob. Carl gave it to", "Ann")
+
+    @pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="needs ../shared/data")
+    def test_shared_files_load(self):
+        assert len(load_examples("known_1000")) == 1209
+        ioi = load_examples("ioi")
+        assert len(ioi) == 841 and all(ex.contrast and ex.contrast != ex.answer for ex in ioi)
+        assert len(load_examples("squad_v2.0")) == 1978 and len(load_examples("imdb")) == 1000
+
+    def test_generated_ioi(self):
+        records = generate_ioi(40, seed=3)
+        assert records == generate_ioi(40, seed=3) and records != generate_ioi(40, seed=4)
+        for r in records:
+            assert r["prompt"].count(r["contrast"]) == 2 and r["prompt"].count(r["answer"]) == 1
+            assert subject_name(r["prompt"], r["answer"]) == r["contrast"]
+        assert {r["order"] for r in records} == {"ABBA", "BABA"}
+        assert len(load_examples("ioi_templates", n_generated=5)) == 5
+
+
+def word_tokenizer():
+    """A word-level fast tokenizer over the tiny models' 96 ids, with a chat template (no download)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<|im_start|>": 1, "<|im_end|>": 2, "a": 3, **{f"w{i}": i for i in range(4, 96)}}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>",
+                                  additional_special_tokens=["<|im_start|>", "<|im_end|>"])
+    tok.chat_template = ("{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }}"
+                         "{% if not loop.last %} <|im_end|> {% endif %}{% endfor %}")
+    return tok
+
+
+class TestPrompts:
+    def test_raw_text_is_all_context(self):
+        tok = word_tokenizer()
+        s = encode_example(tok, Example(id="1", answer="w9", text="w4 w5 w6"))
+        assert s.input_ids == [4, 5, 6] and s.context == [True] * 3 and s.target_id == 9 and s.contrast_id is None
+        assert s.position == 2
+
+    def test_chat_context_is_the_user_turn(self):
+        tok = word_tokenizer()
+        ex = Example(id="1", answer="w9", contrast="w8", system="w10 w20", user="w20 w21 w22", prefill="w30")
+        s = encode_example(tok, ex)
+        words = tok.convert_ids_to_tokens(s.input_ids)
+        assert [w for w, c in zip(words, s.context) if c] == ["w20", "w21", "w22"]
+        assert words[-1] == "w30" and words[0] == "<|im_start|>" and s.contrast_id == 8
+
+    def test_chat_needs_a_template(self):
+        tok = word_tokenizer()
+        tok.chat_template = None
+        with pytest.raises(ValueError, match="chat template"):
+            encode_example(tok, Example(id="1", answer="w9", system="w6", user="w4", prefill="w5"))
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return tiny_model("llama", kv_heads=2)
+
+
+def predicted(model, ids: list[int]) -> int:
+    return int(model(torch.tensor([ids])).logits[0, -1].argmax())
+
+
+class TestFilter:
+    def test_reasons(self, llama):
+        tok = word_tokenizer()
+        ids = [3, 4, 5, 6]
+        top = predicted(llama, ids)
+        other = 10 if top != 10 else 11
+        sample = lambda target, context=(True,) * 4: Sample("x", ids, list(context), target, None)  # noqa: E731
+        assert check(llama, tok, sample(top), min_probability=0.0).valid
+        assert check(llama, tok, sample(top), min_probability=0.99).reason.startswith("p(target) <=")
+        assert check(llama, tok, sample(other), min_probability=0.0).reason == "argmax is not the target"
+        assert check(llama, tok, sample(top), max_tokens=3).reason == "longer than 3 tokens"
+        assert check(llama, tok, sample(top, (False,) * 4)).reason == "no context tokens"
+        assert check(llama, tok, sample(3)).reason == "target token is one character"  # "a"
+
+    def test_probability_is_the_models(self, llama):
+        tok = word_tokenizer()
+        ids = [3, 4, 5, 6]
+        top = predicted(llama, ids)
+        v = check(llama, tok, Sample("x", ids, [True] * 4, top, None), min_probability=0.0)
+        expected = float(llama(torch.tensor([ids])).logits[0, -1].softmax(-1)[top])
+        assert math.isclose(v.probability, expected, rel_tol=1e-6) and v.predicted == top and v.n_tokens == 4
+
+
+class TestCurves:
+    def test_input_curves_match_single_ablations(self, llama):
+        ids = [3, 17, 25, 40, 8, 61, 9]
+        context = [False, True, True, True, True, True, False]  # ends are template: never ablated
+        sample = Sample("x", ids, context, 12, None)
+        res = INPUT_METHODS["random"](llama, None, ids, 12, seed=5)
+        fractions = [0.2, 0.5, 1.0]
+        curves = input_curves(llama, sample, res, fractions, seed=0, batch_size=3)
+        positions = [1, 2, 3, 4, 5]
+        order = sorted(positions, key=lambda p: -float(res.token_scores[p]))
+        clean = input_ablation_prob(llama, ids, [], 6, 12)
+        assert curves.n_units == 5 and math.isclose(curves.p_clean, clean, rel_tol=1e-9)
+        for j, f in enumerate(fractions):
+            k = unit_count(f, 5)
+            dis = input_ablation_prob(llama, ids, order[:k], 6, 12)
+            rec = input_ablation_prob(llama, ids, order[k:], 6, 12)
+            assert math.isclose(curves.disruption[j], 100 * dis / clean, rel_tol=1e-9)
+            assert math.isclose(curves.recovery[j], 100 * rec / clean, rel_tol=1e-9)
+        assert curves.recovery[-1] == 100.0
+
+    def test_fine_component_units(self):
+        sample = Sample("x", [3, 4, 5, 6], [False, True, True, True], 9, None)
+        units = component_units(sample, 2, 3, 5, "fine")
+        assert len(units.attn_index) == 2 * 3 * (3 + 2 + 1)  # causal pairs with a context key
+        assert len(units.neuron_index) == 2 * 3 * 5  # context positions only
+        edges = torch.zeros(2 * 3 * 4 * 4, dtype=torch.bool)
+        edges[units.attn_index] = True
+        edges = edges.view(2, 3, 4, 4)
+        assert not edges[..., 0].any() and not edges[..., 1, 2].any() and edges[1, 2, 3, 1]
+        coarse = component_units(sample, 2, 3, 5, "coarse")
+        assert coarse.n == 2 * 3 + 2 * 5 and coarse.attn_shape == (2, 3, 1, 1)
+
+    def test_component_curves_ablate_the_ranked_units(self, llama):
+        ids = [3, 17, 25, 40, 8]
+        sample = Sample("x", ids, [True] * 5, 12, None)
+        res = COMPONENT_METHODS["atp"](llama, None, ids, 12)
+        units = component_units(sample, 3, 4, 48, "fine")
+        fractions = [0.01, 0.3, 1.0]
+        curves = component_curves(llama, sample, res, units, fractions, batch_size=2)
+        scores = torch.cat([res.edge_scores.flatten()[units.attn_index],
+                            res.neuron_position_scores.flatten()[units.neuron_index]])
+        order = rank(scores, 0)
+        n_attn = len(units.attn_index)
+
+        def p(ablated):
+            attn = torch.ones(3 * 4 * 5 * 5, dtype=torch.bool)
+            neurons = torch.ones(3 * 5 * 48, dtype=torch.bool)
+            attn[units.attn_index[ablated[ablated < n_attn]]] = False
+            neurons[units.neuron_index[ablated[ablated >= n_attn] - n_attn]] = False
+            return float(component_ablation_probs(llama, ids, attn.view(1, 3, 4, 5, 5), neurons.view(1, 3, 5, 48),
+                                                  4, 12)[0])
+
+        clean = p(order[:0])
+        assert math.isclose(curves.p_clean, clean, rel_tol=1e-9)
+        for j, f in enumerate(fractions):
+            k = unit_count(f, units.n)
+            assert math.isclose(curves.disruption[j], 100 * p(order[:k]) / clean, rel_tol=1e-9)
+            assert math.isclose(curves.recovery[j], 100 * p(order[k:]) / clean, rel_tol=1e-9)
+
+
+def tiny_dataset(model, folder: Path, n: int = 4) -> None:
+    """Known-1000-style records whose answers are the tiny model's own predictions (plus one it gets wrong)."""
+    records = []
+    for i in range(n):
+        ids = [4 + i, 20 + 2 * i, 40 + i, 60 + 3 * i]
+        records.append({"known_id": i, "prompt": " ".join(f"w{j}" for j in ids),
+                        "attribute": f"w{predicted(model, ids)}"})
+    wrong = [5, 6, 7, 8]
+    records.insert(1, {"known_id": 99, "prompt": "w5 w6 w7 w8", "attribute": f"w{(predicted(model, wrong) + 1) % 92 + 4}"})
+    write_data(folder, "known_1000", records)
+
+
+class TestRunner:
+    def test_evaluate_writes_results_and_resumes(self, llama, tmp_path):
+        tok = word_tokenizer()
+        tiny_dataset(llama, tmp_path / "data")
+        out = tmp_path / "run"
+        settings = Settings(dataset="known_1000", unit="input", methods=("dpa", "random"), limit=3,
+                            min_probability=0.0, data_dir=str(tmp_path / "data"))
+        results = evaluate(llama, tok, settings, out, progress=False)
+        assert set(results["methods"]) == {"dpa", "random"}
+        assert results["n_evaluated"] == 3 and results["n_checked"] == 4 and results["n_valid"] == 3
+        assert results["dropped"] == {"argmax is not the target": 1}
+        m = results["methods"]["dpa"]
+        assert m["n_samples"] == 3 and m["seconds_per_sample"] > 0 and len(m["disruption"]) == 10
+        assert m["auc"] == auc_summary(KNOWN_GRID, m["disruption"], m["recovery"], unit="input")
+        for name in ("results.json", "results.csv", "results.md", "curves.png", "auc.png"):
+            assert (out / name).stat().st_size > 0
+        assert json.loads((out / "results.json").read_text())["methods"]["random"]["n_samples"] == 3
+        lines = (out / "samples.jsonl").read_text().splitlines()
+        assert len(lines) == 6
+        # a restart redoes nothing; a new method only adds its own lines; a cut-off last line is ignored
+        with open(out / "samples.jsonl", "a") as fh:
+            fh.write('{"index": 0, "meth')
+        evaluate(llama, tok, settings, out, progress=False, figures=False)
+        again = evaluate(llama, tok, Settings(**{**settings.__dict__, "methods": ("dpa", "gradient")}), out,
+                         progress=False, figures=False)
+        rows = [json.loads(x) for x in (out / "samples.jsonl").read_text().splitlines() if x.endswith("}")]
+        assert len(rows) == 9 and sum(r["method"] == "gradient" for r in rows) == 3
+        assert again["methods"]["dpa"] == results["methods"]["dpa"]
+        with pytest.raises(ValueError, match="other settings"):
+            evaluate(llama, tok, Settings(**{**settings.__dict__, "unit": "component"}), out, progress=False)
+
+    def test_component_run_and_sweep(self, llama, tmp_path):
+        tok = word_tokenizer()
+        tiny_dataset(llama, tmp_path / "data", n=2)
+        settings = Settings(dataset="known_1000", unit="component", methods=("dpa", "dpa_mid", "attn_only"),
+                            min_probability=0.0, data_dir=str(tmp_path / "data"))
+        results = evaluate(llama, tok, settings, tmp_path / "component", progress=False, figures=False)
+        assert set(results["methods"]) == {"dpa", "dpa_mid", "attn_only"} and results["n_evaluated"] == 2
+        assert results["fractions"] == list(COMPONENT_GRID)
+        coarse = evaluate(llama, tok, Settings(**{**settings.__dict__, "component_units": "coarse",
+                                                  "methods": ("activation_patching", "dpa")}),
+                          tmp_path / "coarse", progress=False, figures=False)
+        assert set(coarse["methods"]) == {"activation_patching", "dpa"}
+        summary = sweep(llama, tok, settings, tmp_path / "sweep", families=["attention", "mlp"], ps=[0.0, 0.5],
+                        progress=False)
+        assert len(summary["points"]) == 4 and all(pt["auc"] is not None for pt in summary["points"])
+        # p = 0.5 is the default weights in both families: one method, evaluated once
+        assert summary["points"][1]["method"] == summary["points"][3]["method"] == "dpa[0.25,0.25,0.5,0.5,0.5]"
+        assert (tmp_path / "sweep" / "sweep.png").stat().st_size > 0
+        assert len((tmp_path / "sweep" / "sweep.csv").read_text().splitlines()) == 5
+
+    def test_unknown_method(self, llama, tmp_path):
+        with pytest.raises(ValueError, match="unknown input method"):
+            evaluate(llama, word_tokenizer(), Settings(dataset="known_1000", unit="input", methods=("dpaa",)),
+                     tmp_path, progress=False)
+
+
+class TestCLI:
+    def test_help_and_bad_options_fail_before_loading_a_model(self, capsys, tmp_path):
+        with pytest.raises(SystemExit) as info:
+            main(["evaluate", "--help"])
+        assert info.value.code == 0 and "--methods" in capsys.readouterr().out
+        args = ["evaluate", "--dataset", "known_1000", "--unit", "input", "--out", str(tmp_path)]
+        assert main(args + ["--methods", "dpa,nonsense"]) == 2
+        assert "unknown input method(s) nonsense" in capsys.readouterr().err
+        assert main(args + ["--limit", "0"]) == 2
+        assert main(["sweep", "--dataset", "ioi", "--unit", "component", "--out", str(tmp_path),
+                     "--families", "attention,colour"]) == 2
+        assert "unknown family colour" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dataset,unit,methods,limit", [
+    ("known_1000", "input", "dpa,gradient,input_x_gradient,integrated_gradients,random", 2),
+    ("known_1000", "component", "dpa,dpa_mid,atp,random", 2),
+    ("ioi", "input", "dpa,last_layer_attention", 2),
+    ("ioi", "component", "dpa,attn_only", 2),
+    ("squad_v2.0", "input", "dpa,random", 1),
+    ("squad_v2.0", "component", "dpa,random", 1),
+    ("imdb", "input", "dpa,random", 1),
+    ("imdb", "component", "dpa,random", 1),
+])
+def test_dpa_evaluate_end_to_end(tmp_path, dataset, unit, methods, limit):
+    """`dpa evaluate` on the default model, a few samples of each dataset x unit."""
+    if not SHARED_DATA.is_dir() and not os.environ.get("DPA_DATA"):
+        pytest.skip("benchmark data not found (../shared/data or $DPA_DATA)")
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "dpa", "evaluate", "--dataset", dataset, "--unit", unit,
+                           "--methods", methods, "--limit", str(limit), "--out", str(out), "--quiet"],
+                          capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    assert set(results["methods"]) == set(methods.split(","))
+    assert results["n_evaluated"] == limit and results["model"] == "SmolLM2-135M-Instruct"
+    for m in results["methods"].values():
+        assert m["n_samples"] == limit and all(math.isfinite(y) for y in m["disruption"] + m["recovery"])
+    assert "| dpa |" in proc.stdout
