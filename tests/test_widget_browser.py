@@ -125,5 +125,6 @@ def test_save_html_renders_offline(browser, tmp_path):  # noqa: F811
         assert svg.startswith("<svg") and svg.count('<rect ') > 12
         page.screenshot(path=str(shots(tmp_path) / "save-html-offline.png"), full_page=True)
         assert not errors, errors
+        assert not blocked, f"the page asked the network for {blocked}"
     finally:
         page.close()
