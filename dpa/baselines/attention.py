@@ -42,7 +42,7 @@ def attention_rollout(model: nn.Module, tokenizer, prompt: Prompt, target=None, 
     """Abnar & Zuidema's rollout: A_l = (mean_h alpha + I) / 2, multiplied from the top layer down;
     the target position's row."""
     problem, probs = _probs(model, tokenizer, prompt, target, contrast, position)
-    eye = torch.eye(problem.n_tokens)
+    eye = torch.eye(problem.n_tokens, device=probs.device)
     rollout = eye
     for a in probs.mean(1):  # [query key], bottom layer first
         rollout = (0.5 * a + 0.5 * eye) @ rollout

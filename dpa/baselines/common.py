@@ -22,9 +22,13 @@ from ..targets import TargetError, token_id
 Prompt = str | Sequence[int] | Tensor
 
 
-@dataclass(frozen=True)
+@dataclass
 class Problem:
-    """One prompt with its target resolved: everything a baseline needs besides the model."""
+    """One prompt with its target resolved: everything a baseline needs besides the model.
+
+    ``clean_logits`` is filled by whichever forward pass on the clean prompt comes first (the
+    method's own where it has one, so that no method pays for an extra pass).
+    """
 
     input_ids: Tensor  # [1 pos] on the model's device
     position: int  # target position (0-based)
@@ -33,7 +37,7 @@ class Problem:
     spec: ModelSpec
     tokens: list[str]
     special: list[bool]
-    clean_logits: Tensor  # [vocab] float32 (or float64) at the target position
+    clean_logits: Tensor | None = None  # [vocab] float32 (or float64) at the target position
 
     @property
     def n_tokens(self) -> int:
@@ -42,6 +46,14 @@ class Problem:
     @property
     def device(self) -> torch.device:
         return self.input_ids.device
+
+    def logits(self, model: nn.Module) -> Tensor:
+        """The clean logits at the target position (one forward pass if no method has run one)."""
+        if self.clean_logits is None:
+            with torch.no_grad():
+                hidden = model.model(input_ids=self.input_ids, use_cache=False).last_hidden_state
+                self.clean_logits = final_logits(model, hidden, self.position)[0]
+        return self.clean_logits
 
     def metric(self, logits: Tensor) -> Tensor:
         """Target logit (minus the contrast logit) from logits [batch vocab] -> [batch]."""
@@ -84,7 +96,7 @@ def final_logits(model: nn.Module, hidden: Tensor, position: int | Tensor) -> Te
 
 def prepare(model: nn.Module, tokenizer, prompt: Prompt, target=None, contrast=None,
             position: int | None = None) -> Problem:
-    """Resolve prompt, target and contrast; run the clean forward pass once."""
+    """Resolve prompt, target and contrast (a forward pass only when the target is the prediction)."""
     spec = spec_for(model)
     ids = encode(tokenizer, prompt)
     if len(ids) > spec.max_positions:
@@ -93,20 +105,16 @@ def prepare(model: nn.Module, tokenizer, prompt: Prompt, target=None, contrast=N
     pos = n - 1 if position is None else (position + n if position < 0 else position)
     if not 0 <= pos < n:
         raise ValueError(f"target position {position} is outside the prompt of {n} tokens")
-    device = model.lm_head.weight.device
-    input_ids = torch.tensor([ids], device=device)
-    with torch.no_grad():
-        hidden = model.model(input_ids=input_ids, use_cache=False).last_hidden_state
-        logits = final_logits(model, hidden, pos)[0]
+    special_ids = set(getattr(tokenizer, "all_special_ids", None) or [])
     resolve = lambda t, what: None if t is None else token_id(  # noqa: E731
         tokenizer, int(t) if isinstance(t, Tensor) else t, spec.vocab_size, what=what)
-    target_id = int(logits.argmax()) if target is None else resolve(target, "target")
-    contrast_id = resolve(contrast, "contrast")
-    if contrast_id is not None and contrast_id == target_id:
+    problem = Problem(input_ids=torch.tensor([ids], device=model.lm_head.weight.device), position=pos, target_id=-1,
+                      contrast_id=resolve(contrast, "contrast"), spec=spec, tokens=_decode(tokenizer, ids),
+                      special=[i in special_ids for i in ids])
+    problem.target_id = int(problem.logits(model).argmax()) if target is None else resolve(target, "target")
+    if problem.contrast_id is not None and problem.contrast_id == problem.target_id:
         raise TargetError("contrast and target are the same token")
-    special_ids = set(getattr(tokenizer, "all_special_ids", None) or [])
-    return Problem(input_ids=input_ids, position=pos, target_id=target_id, contrast_id=contrast_id, spec=spec,
-                   tokens=_decode(tokenizer, ids), special=[i in special_ids for i in ids], clean_logits=logits)
+    return problem
 
 
 def _decode(tokenizer, ids: list[int]) -> list[str]:
@@ -133,8 +141,9 @@ def result(model: nn.Module, tokenizer, problem: Problem, method: str, *, token_
         neuron_scores = (neuron_position_scores.sum(1) if neuron_position_scores is not None
                          else torch.zeros(spec.n_layers, spec.d_mlp))
     token_scores = torch.zeros(t) if token_scores is None else as_cpu(token_scores)
-    probs = problem.clean_logits.softmax(-1)
-    logit = float(problem.metric(problem.clean_logits[None])[0])
+    clean = problem.logits(model)
+    probs = clean.softmax(-1)
+    logit = float(problem.metric(clean[None])[0])
     top = probs.topk(5)
     name = lambda i: None if i is None else _decode(tokenizer, [i])[0]  # noqa: E731
     info = TargetInfo(kind="token" if problem.contrast_id is None else "contrast", position=problem.position,

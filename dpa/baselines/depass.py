@@ -75,7 +75,8 @@ def depass(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contrast
     t = problem.n_tokens
     emb = cap.embeddings[0]
     x = torch.zeros(t, t, emb.shape[-1], dtype=emb.dtype, device=emb.device)  # [pos part d_model]
-    x[torch.arange(t), torch.arange(t)] = emb
+    diagonal = torch.arange(t, device=emb.device)
+    x[diagonal, diagonal] = emb
     for layer in layers:
         x = x + _attention(x, layer, eps)
         x = x + _glu(x, layer, eps, temperature)

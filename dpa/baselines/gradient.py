@@ -21,24 +21,26 @@ from .common import Problem, Prompt, causal, embeddings, final_logits, prepare, 
 from .forward import instrumented, run
 
 
-def _metric(model: nn.Module, problem: Problem, embeds: Tensor) -> Tensor:
-    """f for each row of a batch of embeddings [batch pos d_model] -> [batch]."""
-    hidden = run(model, inputs_embeds=embeds)
-    return problem.metric(final_logits(model, hidden, problem.position))
+def _logits(model: nn.Module, problem: Problem, embeds: Tensor) -> Tensor:
+    return final_logits(model, run(model, inputs_embeds=embeds), problem.position)
 
 
-def embedding_gradient(model: nn.Module, problem: Problem, embeds: Tensor) -> Tensor:
-    """df/de for each row of ``embeds`` [batch pos d_model] (rows are independent)."""
+def embedding_gradient(model: nn.Module, problem: Problem, embeds: Tensor, *, clean: bool = False) -> Tensor:
+    """df/de for each row of ``embeds`` [batch pos d_model] (rows are independent). ``clean``: the
+    rows are the clean prompt, so keep its logits."""
     with torch.enable_grad():
         e = embeds.detach().requires_grad_(True)
-        (grad,) = torch.autograd.grad(_metric(model, problem, e).sum(), e)
+        logits = _logits(model, problem, e)
+        (grad,) = torch.autograd.grad(problem.metric(logits).sum(), e)
+    if clean:
+        problem.clean_logits = logits[0].detach()
     return grad
 
 
 def _input_gradient(model, tokenizer, prompt, target, contrast, position):
     problem = prepare(model, tokenizer, prompt, target, contrast, position)
     e = embeddings(model, problem).detach()
-    return problem, e, embedding_gradient(model, problem, e)
+    return problem, e, embedding_gradient(model, problem, e, clean=True)
 
 
 def gradient(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contrast=None,
@@ -75,10 +77,12 @@ def component_gradients(model: nn.Module, problem: Problem) -> tuple[Tensor, Ten
     n = problem.spec.n_layers
     with torch.enable_grad(), instrumented(model, record=True) as rec:
         e = embeddings(model, problem).detach().requires_grad_(True)  # a leaf, so the graph exists
-        f = _metric(model, problem, e).sum()
+        logits = _logits(model, problem, e)
+        f = problem.metric(logits).sum()
         probs = [rec.probs[i] for i in range(n)]
         acts = [rec.acts[i] for i in range(n)]
         grads = torch.autograd.grad(f, probs + acts)
+    problem.clean_logits = logits[0].detach()
     stack = lambda xs: torch.stack([x[0].detach() for x in xs])  # noqa: E731
     return stack(probs), stack(grads[:n]), stack(acts), stack(grads[n:])
 
@@ -88,7 +92,7 @@ def component_gradient(model: nn.Module, tokenizer, prompt: Prompt, target=None,
     """df/dalpha per causal edge and df/da per position-level neuron."""
     problem = prepare(model, tokenizer, prompt, target, contrast, position)
     _, d_probs, _, d_acts = component_gradients(model, problem)
-    d_probs = d_probs * causal(problem.n_tokens)  # non-causal pairs are not units
+    d_probs = d_probs * causal(problem.n_tokens, d_probs.device)  # non-causal pairs are not units
     return result(model, tokenizer, problem, "gradient", edge_scores=d_probs, neuron_position_scores=d_acts)
 
 

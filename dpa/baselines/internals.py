@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from ..adapters import LayerWeights, layer_weights
 from ..attention import AttentionInternals, attention_internals
 from ..capture import ForwardCapture, attention_mask, capture
-from .common import Problem
+from .common import Problem, final_logits
 
 
 @dataclass
@@ -35,6 +35,7 @@ def forward_internals(model: nn.Module, problem: Problem) -> tuple[ForwardCaptur
     spec = problem.spec
     mask = torch.ones_like(problem.input_ids, dtype=torch.bool)
     cap = capture(model, spec, problem.input_ids, mask)
+    problem.clean_logits = final_logits(model, cap.hidden, problem.position)[0]
     dtype = cap.embeddings.dtype
     cos, sin = model.model.rotary_emb(torch.zeros(1, dtype=dtype, device=problem.device), cap.position_ids)
     layers = []

@@ -29,11 +29,11 @@ def occlusion(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contr
     problem = prepare(model, tokenizer, prompt, target, contrast, position)
     e = embeddings(model, problem)
     t = problem.n_tokens
-    clean = problem.metric(problem.clean_logits[None])[0]
+    clean = problem.metric(problem.logits(model)[None])[0]
     scores = []
-    for rows in torch.arange(t).split(batch_size):
+    for rows in torch.arange(t, device=e.device).split(batch_size):
         keep = torch.ones(len(rows), t, 1, dtype=e.dtype, device=e.device)
-        keep[torch.arange(len(rows)), rows] = 0
+        keep[torch.arange(len(rows), device=e.device), rows] = 0
         hidden = run(model, inputs_embeds=e * keep)
         scores.append(clean - problem.metric(final_logits(model, hidden, problem.position)))
     return result(model, tokenizer, problem, "occlusion", token_scores=torch.cat(scores))
@@ -91,7 +91,7 @@ def activation_patching(model: nn.Module, tokenizer, prompt: Prompt, target=None
                          f"({t} tokens), more than max_units={max_units:,}. Use units='coarse' (heads and neurons), "
                          "a shorter prompt, or raise max_units")
     dtype = model.lm_head.weight.dtype
-    clean = problem.metric(problem.clean_logits[None])[0]
+    clean = problem.metric(problem.logits(model)[None])[0]
     attn_scores = torch.zeros(spec.n_layers * spec.n_heads * (1 if units == "coarse" else t * t))
     mlp_scores = torch.zeros(spec.n_layers * spec.d_mlp * (1 if units == "coarse" else t))
     for kind, idx in _unit_batches(spec, t, units, batch_size, problem.device):
