@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 
 from dpa.baselines import COMPONENT_METHODS, INPUT_METHODS
 from dpa.evaluate import (COMPONENT_GRID, KNOWN_GRID, SIGMOID_GRID, DataError, Settings, auc, auc_summary,
-                          component_ablation_probs, encode_example, evaluate, find_data_dir, fraction_grid,
-                          generate_ioi, input_ablation_prob, load_examples, sweep)
+                          component_ablation_prob, component_ablation_probs, encode_example, evaluate, find_data_dir,
+                          fraction_grid, generate_ioi, input_ablation_prob, load_examples, sweep)
 from dpa.evaluate.cli import main
 from dpa.evaluate.curves import component_curves, component_units, input_curves, rank, unit_count
 from dpa.evaluate.datasets import Example, subject_name
@@ -283,6 +284,34 @@ class TestCurves:
             assert math.isclose(curves.disruption[j], 100 * p(order[:k]) / clean, rel_tol=1e-9)
             assert math.isclose(curves.recovery[j], 100 * p(order[k:]) / clean, rel_tol=1e-9)
 
+    def test_component_curves_equal_ablating_the_listed_units(self, llama):
+        """Independent of the curves' index arithmetic: units enumerated as (layer, head, query, key) and
+        (layer, pos, neuron) tuples, sorted by score, ablated through ``component_ablation_prob``."""
+        t, target = 6, 4
+        ids = [7, 3, 17, 25, 40, 8]
+        sample = Sample("x", ids, [False] + [True] * (t - 1), target, None)  # position 0 plays BOS
+        res = COMPONENT_METHODS["random"](llama, None, ids, target, seed=3)  # no ties (AtP has exact zeros)
+        units = component_units(sample, 3, 4, 48, "fine")
+        fractions = [1e-3, 0.05, 0.6]
+        curves = component_curves(llama, sample, res, units, fractions, batch_size=2)
+        listed = [("edge", (l, h, q, k)) for l in range(3) for h in range(4) for q in range(t) for k in range(1, q + 1)]
+        listed += [("neuron", (l, p, n)) for l in range(3) for p in range(1, t) for n in range(48)]
+        scores = [float((res.edge_scores if kind == "edge" else res.neuron_position_scores)[u]) for kind, u in listed]
+        assert len(set(scores)) == len(scores)  # no ties, so the order is the plain sort
+        order = [listed[i] for i in sorted(range(len(listed)), key=lambda i: -scores[i])]
+
+        def p(chosen):
+            edges = [u for kind, u in chosen if kind == "edge"]
+            neurons = [u for kind, u in chosen if kind == "neuron"]
+            return component_ablation_prob(llama, ids, edges, neurons, t - 1, target)
+
+        clean = p([])
+        assert curves.n_units == len(listed) and math.isclose(curves.p_clean, clean, rel_tol=1e-9)
+        for j, f in enumerate(fractions):
+            k = unit_count(f, len(listed))
+            assert math.isclose(curves.disruption[j], 100 * p(order[:k]) / clean, rel_tol=1e-9)
+            assert math.isclose(curves.recovery[j], 100 * p(order[k:]) / clean, rel_tol=1e-9)
+
 
 def tiny_dataset(model, folder: Path, n: int = 4) -> None:
     """Known-1000-style records whose answers are the tiny model's own predictions (plus one it gets wrong)."""
@@ -292,7 +321,8 @@ def tiny_dataset(model, folder: Path, n: int = 4) -> None:
         records.append({"known_id": i, "prompt": " ".join(f"w{j}" for j in ids),
                         "attribute": f"w{predicted(model, ids)}"})
     wrong = [5, 6, 7, 8]
-    records.insert(1, {"known_id": 99, "prompt": "w5 w6 w7 w8", "attribute": f"w{(predicted(model, wrong) + 1) % 92 + 4}"})
+    records.insert(1, {"known_id": 99, "prompt": "w5 w6 w7 w8",
+                       "attribute": f"w{(predicted(model, wrong) + 1) % 92 + 4}"})
     write_data(folder, "known_1000", records)
 
 
@@ -365,6 +395,35 @@ class TestCLI:
         assert main(["sweep", "--dataset", "ioi", "--unit", "component", "--out", str(tmp_path),
                      "--families", "attention,colour"]) == 2
         assert "unknown family colour" in capsys.readouterr().err
+
+    def test_evaluate_a_saved_model_on_a_chosen_device(self, capsys, tmp_path):
+        """The whole command on a tiny saved Llama: --model, --device, --data-dir, tables and files."""
+        import dpa
+        from tests.test_cli import save_tiny_model
+
+        folder = save_tiny_model(tmp_path / "model")
+        sharp = transformers.LlamaForCausalLM.from_pretrained(folder)
+        with torch.no_grad():
+            sharp.lm_head.weight.mul_(40)  # confident predictions, so samples pass the p > 0.1 filter
+        sharp.save_pretrained(folder)
+        model, tok = dpa.load_model(str(folder), device="cpu", dtype=torch.float32)
+        records = []
+        for i, prompt in enumerate(["the capital of france is", "a big old city in", "the river of london is"]):
+            ids = tok(prompt)["input_ids"]
+            answer = tok.convert_ids_to_tokens(predicted(model, ids))
+            records.append({"known_id": i, "prompt": prompt, "attribute": answer})
+        write_data(tmp_path / "data", "known_1000", records)
+        out = tmp_path / "run"
+        code = main(["evaluate", "--dataset", "known_1000", "--unit", "input", "--methods", "dpa,random,gradient",
+                     "--limit", "2", "--data-dir", str(tmp_path / "data"), "--model", str(folder), "--device", "cpu",
+                     "--out", str(out), "--quiet"])
+        printed = capsys.readouterr().out
+        assert code == 0 and "| dpa |" in printed and "2 samples" in printed
+        results = json.loads((out / "results.json").read_text())
+        assert set(results["methods"]) == {"dpa", "random", "gradient"} and results["device"].startswith("cpu")
+        assert all(m["n_samples"] == 2 for m in results["methods"].values())
+        for name in ("results.csv", "results.md", "curves.png", "auc.png", "samples.jsonl", "filter.jsonl"):
+            assert (out / name).is_file()
 
 
 @pytest.mark.slow
