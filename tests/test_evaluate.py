@@ -392,6 +392,7 @@ class TestCLI:
         assert main(args + ["--methods", "dpa,nonsense"]) == 2
         assert "unknown input method(s) nonsense" in capsys.readouterr().err
         assert main(args + ["--limit", "0"]) == 2
+        assert main(args + ["--threads", "0"]) == 2
         assert main(["sweep", "--dataset", "ioi", "--unit", "component", "--out", str(tmp_path),
                      "--families", "attention,colour"]) == 2
         assert "unknown family colour" in capsys.readouterr().err
@@ -416,7 +417,7 @@ class TestCLI:
         out = tmp_path / "run"
         code = main(["evaluate", "--dataset", "known_1000", "--unit", "input", "--methods", "dpa,random,gradient",
                      "--limit", "2", "--data-dir", str(tmp_path / "data"), "--model", str(folder), "--device", "cpu",
-                     "--out", str(out), "--quiet"])
+                     "--threads", "1", "--out", str(out), "--quiet"])
         printed = capsys.readouterr().out
         assert code == 0 and "| dpa |" in printed and "2 samples" in printed
         results = json.loads((out / "results.json").read_text())

@@ -43,6 +43,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", metavar="NAME_OR_PATH", help="HF id or local folder (default: SmolLM2-135M-Instruct)")
     p.add_argument("--device", help="torch device, e.g. cpu, cuda, cuda:1 (default: cuda if available)")
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="model dtype (default float32)")
+    p.add_argument("--threads", type=int, metavar="N",
+                   help="CPU threads for torch (default: torch's choice; 1 is often fastest on a busy machine)")
     p.add_argument("--component-units", choices=("fine", "coarse"), default="fine",
                    help="fine: edges and position-level neurons (the paper); coarse: heads and neurons")
     p.add_argument("--no-contrast", action="store_true",
@@ -86,6 +88,8 @@ def _settings(args, **extra):
         raise ValueError("--limit must be at least 1")
     if args.batch_size < 1:
         raise ValueError("--batch-size must be at least 1")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError("--threads must be at least 1")
     return Settings(dataset=args.dataset, unit=args.unit, limit=args.limit, component_units=args.component_units,
                     contrast=not args.no_contrast, seed=args.seed, batch_size=args.batch_size,
                     data_dir=args.data_dir, n_generated=args.n_generated, **extra)
@@ -96,6 +100,8 @@ def _load(args):
 
     import dpa
 
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     return dpa.load_model(args.model, device=args.device, dtype=getattr(torch, args.dtype))
 
 
