@@ -480,7 +480,7 @@ function render({ model, el }) {
     const { scores, caption } = stripScores();
     const max = symmetricMax(scores, data.special);
     const s = sel();
-    const strip = h("div", { class: "dpa-tokens", role: "list" });
+    const strip = h("div", { class: "dpa-tokens", role: "list", "data-scroll": "tokens" });
     data.tokens.forEach((tok, i) => {
       const v = scores[i];
       const chip = h("span", {
@@ -541,7 +541,7 @@ function render({ model, el }) {
     const title = cmp.level === "component" ? `heads · ${cmp.method}` : "heads (layer × head, GQA groups)";
     return h("section", { class: "dpa-panel" }, [
       h("div", { class: "dpa-panel-head" }, [h("span", { class: "dpa-caption", text: title }), legend(max, "")]),
-      h("div", { class: "dpa-scroll" }, [svg]),
+      h("div", { class: "dpa-scroll", "data-scroll": "heads" }, [svg]),
     ]);
   }
 
@@ -586,15 +586,21 @@ function render({ model, el }) {
     return h("section", { class: "dpa-panel" }, [
       h("div", { class: "dpa-panel-head" }, [h("span", { class: "dpa-caption", text: `MLP totals · top neurons (${scope})` }),
         legend(max, "")]),
-      h("div", { class: "dpa-neurons" }, [h("div", { class: "dpa-scroll" }, [svg]), h("div", { class: "dpa-list-wrap" }, [list, more])]),
+      h("div", { class: "dpa-neurons" }, [h("div", { class: "dpa-scroll", "data-scroll": "bars" }, [svg]),
+        h("div", { class: "dpa-list-wrap", "data-scroll": "neurons" }, [list, more])]),
     ]);
   }
 
-  /** @param {number[][]} edges @param {string[]} tokens */
-  function edgeCanvas(edges, tokens) {
+  /**
+   * The [query][key] edge grid on a canvas, first scrolled to the target's row.
+   * @param {number[][]} edges @param {string[]} tokens @param {string} key @param {number} targetRow
+   */
+  function edgeCanvas(edges, tokens, key, targetRow) {
     const n = edges.length;
-    const cell = Math.max(2, Math.min(16, Math.floor(320 / Math.max(n, 1))));
-    const canvas = /** @type {HTMLCanvasElement} */ (h("canvas", { class: "dpa-edges", width: n * cell, height: n * cell }));
+    const cell = Math.max(1, Math.min(16, Math.floor(360 / Math.max(n, 1))));
+    const shown = n * Math.max(cell, 2); // at least 2 screen pixels a cell (pixelated), so one row stays visible
+    const canvas = /** @type {HTMLCanvasElement} */ (h("canvas", { class: "dpa-edges", width: n * cell, height: n * cell,
+      style: `width:${shown}px;height:${shown}px` }));
     const ctx = canvas.getContext("2d");
     const max = symmetricMax(edges.flat());
     if (ctx) {
@@ -605,11 +611,11 @@ function render({ model, el }) {
     }
     canvas.addEventListener("mousemove", (ev) => {
       const r = canvas.getBoundingClientRect();
-      const k = Math.floor((ev.clientX - r.left) / cell), q = Math.floor((ev.clientY - r.top) / cell);
+      const k = Math.floor((ev.clientX - r.left) / r.width * n), q = Math.floor((ev.clientY - r.top) / r.height * n);
       if (q >= 0 && q < n && k >= 0 && k <= q) setHover(`edge ${q} ${JSON.stringify(tokens[q])} ← ${k} ${JSON.stringify(tokens[k])}: ${formatScore(edges[q][k])}`);
     });
     return h("div", {}, [h("div", { class: "dpa-muted", text: "edges: query (rows) ← key (columns)" }), legend(max, ""),
-      h("div", { class: "dpa-scroll dpa-edge-wrap" }, [canvas])]);
+      h("div", { class: "dpa-scroll dpa-edge-wrap", "data-scroll": key, "data-start": targetRow * Math.max(cell, 2) }, [canvas])]);
   }
 
   /** @param {[string, number][] | null | undefined} pairs @param {string} label */
@@ -628,7 +634,7 @@ function render({ model, el }) {
       const d = detail(`head:${l}:${hd}`);
       parts.push(h("div", { class: "dpa-detail-title", text: `head L${l}.H${hd} · ${formatScore(data.head_scores[l][hd])}` }));
       if (!d) parts.push(h("div", { class: "dpa-muted", text: get("_live") ? "loading…" : "details not exported for this head" }));
-      else if (d.edges) parts.push(edgeCanvas(d.edges, data.tokens));
+      else if (d.edges) parts.push(edgeCanvas(d.edges, data.tokens, `edges:${l}:${hd}`, data.target.position));
       else parts.push(h("div", { class: "dpa-muted", text: "edge scores need the model (or a result with edges=True)" }));
     }
     if (s.neuron) {
@@ -703,14 +709,21 @@ function render({ model, el }) {
   }
 
   function redraw() {
-    const scrolls = [...root.querySelectorAll(".dpa-scroll, .dpa-tokens, .dpa-list-wrap")].map((n) => [n.scrollTop, n.scrollLeft]);
+    /** @type {Map<string, number[]>} scroll offsets by panel, kept across redraws */
+    const scrolls = new Map([...root.querySelectorAll("[data-scroll]")].map((n) =>
+      [n.getAttribute("data-scroll") || "", [n.scrollTop, n.scrollLeft]]));
     root.replaceChildren(
       headerView(), controlsView(), tokensView(),
       h("div", { class: "dpa-main" }, [headsView(), neuronsView(), detailView()]),
       hoverLine, footerView(),
     );
-    root.querySelectorAll(".dpa-scroll, .dpa-tokens, .dpa-list-wrap").forEach((n, i) => {
-      if (scrolls[i]) [n.scrollTop, n.scrollLeft] = scrolls[i];
+    root.querySelectorAll("[data-scroll]").forEach((n) => {
+      const saved = scrolls.get(n.getAttribute("data-scroll") || "");
+      if (saved) [n.scrollTop, n.scrollLeft] = saved;
+      else if (n.hasAttribute("data-start")) {
+        // first showing: centre the start row once the view is laid out (el may not be in the page yet)
+        setTimeout(() => { n.scrollTop = Number(n.getAttribute("data-start")) - n.clientHeight / 2; }, 0);
+      }
     });
     root.classList.toggle("dpa-busy", !!get("_busy"));
   }
