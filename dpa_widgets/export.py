@@ -40,7 +40,8 @@ def page(widget: CircuitWidget, title: str = "dpa circuit inspector") -> str:
     state = data["manager_state"]
     state["state"][widget.model_id]["state"].update(OFFLINE)
     # anywidget's AMD module calls an anonymous define(); name it "anywidget" for require.js.
-    anywidget_amd = ("(function () {\nvar define = function (deps, factory) { window.define(\"anywidget\", deps, factory); };\n"
+    anywidget_amd = ("(function () {\n"
+                     "var define = function (deps, factory) { window.define(\"anywidget\", deps, factory); };\n"
                      "define.amd = window.define.amd;\n" + assets.anywidget_amd.read_text() + "\n})();")
     scripts = [assets.require_js.read_text(), anywidget_amd, assets.embed_amd.read_text()]
     views = "\n".join(f'<script type="{VIEW_MIME}">{_json(v)}</script>' for v in data["view_specs"])

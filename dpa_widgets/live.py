@@ -76,7 +76,8 @@ def baseline_methods() -> dict[str, tuple[str, Any]]:
     except ImportError:
         return {}
     out: dict[str, tuple[str, Any]] = {}
-    for level, prefix, table in (("input", "tokens", "INPUT_METHODS"), ("component", "components", "COMPONENT_METHODS")):
+    tables = (("input", "tokens", "INPUT_METHODS"), ("component", "components", "COMPONENT_METHODS"))
+    for level, prefix, table in tables:
         for name, fn in getattr(baselines, table, {}).items():
             if name != "dpa":
                 out[f"{prefix}:{name}"] = (level, fn)

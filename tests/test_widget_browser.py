@@ -5,6 +5,7 @@ Screenshots go to ``$DPA_SCREENSHOTS`` when set (to look at them), else to the t
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -123,6 +124,13 @@ def test_save_html_renders_offline(browser, tmp_path):  # noqa: F811
             widget_el.locator("button.dpa-export-svg").click()
         svg = Path(download.value.path()).read_text()
         assert svg.startswith("<svg") and svg.count('<rect ') > 12
+        with page.expect_download() as download:
+            widget_el.locator("button.dpa-export-png").click()
+        assert Path(download.value.path()).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        with page.expect_download() as download:
+            widget_el.locator("button.dpa-export-json").click()
+        selection = json.loads(Path(download.value.path()).read_text())
+        assert selection["head"]["layer"] == top_layer and selection["head"]["head"] == top_head
         page.screenshot(path=str(shots(tmp_path) / "save-html-offline.png"), full_page=True)
         assert not errors, errors
         assert not blocked, f"the page asked the network for {blocked}"
