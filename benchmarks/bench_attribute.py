@@ -6,15 +6,15 @@ Prints, per prompt length: median seconds of a forward pass, forward + autograd 
 target logit w.r.t. the embeddings, DPA input attribution, DPA with dense component scores
 (edge-level heads and position-level neurons), the ratios DPA / gradient measured in the same
 run (methods interleaved, so a busy machine slows all of them alike), and peak memory of each
-(RSS high-water mark of a fresh process on CPU; torch.cuda.max_memory_allocated on CUDA).
+(resident set above the loaded model, sampled in a fresh process per method on CPU;
+torch.cuda.max_memory_allocated on CUDA).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
-import resource
+import os
 import statistics
 import subprocess
 import sys
@@ -22,13 +22,10 @@ import time
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import machine_label, make_ids, peak_memory  # noqa: E402
+
 METHODS = ("forward", "gradient", "dpa_input", "dpa_dense")
-
-
-def make_ids(tokenizer, n: int) -> torch.Tensor:
-    text = ("The Eiffel Tower is located in the city of Paris, which is the capital of France. " * 200)
-    ids = tokenizer(text)["input_ids"][:n]
-    return torch.tensor(ids)
 
 
 def run_method(name: str, model, ids: torch.Tensor, target: int) -> None:
@@ -53,31 +50,23 @@ def run_method(name: str, model, ids: torch.Tensor, target: int) -> None:
         torch.cuda.synchronize()
 
 
-def peak_memory(model_name: str | None, n: int, method: str) -> float:
+def child_peak(model_name: str | None, n: int, method: str, device: str | None) -> float:
     """Peak memory in MiB of one method in a fresh process, above the loaded model's."""
-    code = (f"import sys; sys.argv=['x', '--child', {method!r}, '--lengths', '{n}'] + "
-            f"({['--model', model_name] if model_name else []!r}); "
-            "import runpy; runpy.run_path(%r, run_name='__main__')" % __file__)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    argv = [sys.executable, __file__, "--child", method, "--lengths", str(n)]
+    argv += (["--model", model_name] if model_name else []) + (["--device", device] if device else [])
+    out = subprocess.run(argv, capture_output=True, text=True, check=True)
     return float(out.stdout.strip().splitlines()[-1])
 
 
 def child(args) -> None:
     import dpa
 
-    model, tok = dpa.load_model(args.model)
+    model, tok = dpa.load_model(args.model, device=args.device)
     ids = make_ids(tok, args.lengths[0])
-    run_method("forward", model, ids[:8], 0)  # warm up allocator and kernels
-    if torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-    else:
-        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    run_method(args.child, model, ids, int(ids[-1]))
-    if torch.cuda.is_available():
-        print((torch.cuda.max_memory_allocated() - base) / 2**20)
-    else:
-        print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - base)
+    run_method(args.child, model, ids[:8], 0)  # warm up allocator and kernels
+    with peak_memory(model.model.embed_tokens.weight.device) as peak:
+        run_method(args.child, model, ids, int(ids[-1]))
+    print(peak.mib)
 
 
 def main() -> None:
@@ -86,6 +75,7 @@ def main() -> None:
     p.add_argument("--lengths", type=int, nargs="+", default=[32, 128, 512])
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--no-memory", action="store_true", help="skip the per-method peak-memory subprocesses")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: CUDA when available)")
     p.add_argument("--out", default=None, help="also write the figures as JSON here")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -93,9 +83,9 @@ def main() -> None:
         return child(args)
     import dpa
 
-    model, tok = dpa.load_model(args.model)
+    model, tok = dpa.load_model(args.model, device=args.device)
     device = model.model.embed_tokens.weight.device
-    machine = torch.cuda.get_device_name() if device.type == "cuda" else f"{platform.processor() or 'cpu'}, {torch.get_num_threads()} threads"
+    machine = machine_label(device)
     print(f"model {args.model or 'SmolLM2-135M-Instruct'} ({model.dtype}) on {device.type}: {machine}")
     rows = []
     for n in args.lengths:
@@ -116,7 +106,7 @@ def main() -> None:
                "gradient_over_forward": med["gradient"] / med["forward"]}
         if not args.no_memory:
             for m in METHODS:
-                row[f"{m}_peak_mib"] = peak_memory(args.model, n, m)
+                row[f"{m}_peak_mib"] = child_peak(args.model, n, m, args.device)
         rows.append(row)
         print(format_row(row), flush=True)
     if args.out:

@@ -1,0 +1,190 @@
+"""How DPA's cost scales, against the alternatives, on the default model.
+
+    python benchmarks/bench_scaling.py components [--tokens 32] [--out FILE]
+    python benchmarks/bench_scaling.py length [--lengths 128 512 1024 2048 4096] [--out FILE]
+
+components: seconds to score a growing set of components — one layer's heads, all heads, all
+  heads plus one layer's neurons, every head and neuron — with DPA (one call scores them all,
+  dense edges and position-level neurons included), exact activation patching (one forward pass
+  per unit, batched 64 at a time), attribution patching (AtP: one forward and one backward
+  pass) and integrated gradients (20 steps of forward + backward). All as ratios to one forward
+  + autograd backward pass timed in the same run. Patching of the largest sets is extrapolated
+  from its measured seconds per unit unless --full is given (the table says which).
+length: seconds and peak memory of DPA input attribution in full and lean memory mode from 128
+  to 4096 tokens, with a forward + backward pass for scale; each memory figure comes from a
+  fresh process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import machine_label, make_ids, peak_memory  # noqa: E402
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(fn, device, repeats=3) -> float:
+    fn()  # warm-up
+    out = []
+    for _ in range(repeats):
+        sync(device)
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        out.append(time.perf_counter() - t0)
+    return statistics.median(out)
+
+
+def forward_backward(model, ids, target):
+    emb = model.model.embed_tokens(ids[None]).detach().float().requires_grad_(True)
+    h = model.model(inputs_embeds=emb.to(model.dtype), use_cache=False).last_hidden_state
+    (h[0, -1].float() @ model.lm_head.weight[target].float()).backward()
+
+
+def patch_units(model, ids, units: list[tuple[str, int, int]], target: int, batch: int = 64) -> None:
+    """Zero one unit per batch row (a head's probabilities or a neuron's SiLU(s)); read the target logit."""
+    from dpa.baselines.forward import instrumented, run
+
+    spec = model.config
+    t = len(ids)
+    dtype, device = model.dtype, ids.device
+    with torch.no_grad():
+        for start in range(0, len(units), batch):
+            chunk = units[start:start + batch]
+            attn, neurons = {}, {}
+            for row, (kind, layer, index) in enumerate(chunk):
+                if kind == "head":
+                    keep = attn.setdefault(layer, torch.ones(len(chunk), spec.num_attention_heads, 1, 1, dtype=dtype,
+                                                             device=device))
+                    keep[row, index] = 0
+                else:
+                    keep = neurons.setdefault(layer, torch.ones(len(chunk), 1, spec.intermediate_size, dtype=dtype,
+                                                                device=device))
+                    keep[row, 0, index] = 0
+            with instrumented(model, attn=attn, neurons=neurons):
+                h = run(model, ids[None].expand(len(chunk), t))
+            (h[:, -1] @ model.lm_head.weight[target]).sum().item()
+
+
+def components(args, model, tok) -> dict:
+    import dpa
+    from dpa.baselines import atp, integrated_gradients
+
+    device = model.model.embed_tokens.weight.device
+    ids = make_ids(tok, args.tokens).to(device)
+    target = int(ids[-1])
+    L, H, I = model.config.num_hidden_layers, model.config.num_attention_heads, model.config.intermediate_size
+    sets = {
+        f"{H} heads (one layer)": [("head", L - 1, h) for h in range(H)],
+        f"{L * H} heads (all)": [("head", l, h) for l in range(L) for h in range(H)],
+        f"{L * H + I} (all heads + one layer's neurons)": [("head", l, h) for l in range(L) for h in range(H)]
+        + [("neuron", L - 1, n) for n in range(I)],
+        f"{L * (H + I)} (every head and neuron)": [("head", l, h) for l in range(L) for h in range(H)]
+        + [("neuron", l, n) for l in range(L) for n in range(I)],
+    }
+    fb = timed(lambda: forward_backward(model, ids, target), device)
+    dpa_s = timed(lambda: dpa.attribute(model, None, ids, target=target, edges=True, neuron_positions=True), device)
+    atp_s = timed(lambda: atp(model, None, ids, target=target), device)
+    ig_s = timed(lambda: integrated_gradients(model, None, ids, target=target, steps=20), device, repeats=1)
+    per_unit = None
+    rows = []
+    for name, units in sets.items():
+        exact = args.full or len(units) <= 2000
+        if exact:
+            patch_s = timed(lambda: patch_units(model, ids, units, target), device, repeats=1)
+            per_unit = patch_s / len(units)
+        else:
+            patch_s = per_unit * len(units)
+        rows.append({"components": name, "n": len(units), "dpa_s": dpa_s, "atp_s": atp_s, "ig20_s": ig_s,
+                     "patching_s": patch_s, "patching_measured": exact, "forward_backward_s": fb,
+                     "dpa_over_fb": dpa_s / fb, "atp_over_fb": atp_s / fb, "ig20_over_fb": ig_s / fb,
+                     "patching_over_fb": patch_s / fb})
+        print(f"{name:45s} | DPA {dpa_s / fb:5.2f}x | AtP {atp_s / fb:5.2f}x | IG-20 {ig_s / fb:6.1f}x | "
+              f"patching {patch_s / fb:9.1f}x{'' if exact else ' (extrapolated)'}   (x one forward+backward = "
+              f"{fb * 1e3:.0f} ms)", flush=True)
+    return {"tokens": args.tokens, "rows": rows}
+
+
+def length_child(args) -> None:
+    import dpa
+
+    model, tok = dpa.load_model(args.model, device=args.device)
+    device = model.model.embed_tokens.weight.device
+    ids = make_ids(tok, args.lengths[0]).to(device)
+    target = int(ids[-1])
+    if args.child == "forward_backward":
+        fn = lambda: forward_backward(model, ids, target)  # noqa: E731
+    else:
+        fn = lambda: dpa.attribute(model, None, ids, target=target, memory=args.child)  # noqa: E731
+    forward_backward(model, ids[:16], target)  # warm-up of kernels and allocator on a short input
+    with peak_memory(device) as peak:
+        sync(device)
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        seconds = time.perf_counter() - t0
+    print(json.dumps({"seconds": seconds, "peak_mib": peak.mib}))
+
+
+def length(args, model, tok) -> dict:
+    rows = []
+    for n in args.lengths:
+        row = {"tokens": n}
+        for mode in ("forward_backward", "full", "lean"):
+            argv = [sys.executable, __file__, "length", "--child", mode, "--lengths", str(n)]
+            argv += (["--model", args.model] if args.model else []) + (["--device", args.device] if args.device else [])
+            out = subprocess.run(argv, capture_output=True, text=True)
+            if out.returncode != 0:
+                row[f"{mode}_error"] = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else "failed"
+                print(f"{n} tokens {mode}: failed: {row[f'{mode}_error']}", flush=True)
+                continue
+            res = json.loads(out.stdout.strip().splitlines()[-1])
+            row[f"{mode}_s"], row[f"{mode}_peak_mib"] = res["seconds"], res["peak_mib"]
+        rows.append(row)
+        fmt = lambda m: (f"{m} {row[m + '_s']:7.2f} s {row[m + '_peak_mib'] / 1024:6.2f} GiB"  # noqa: E731
+                         if m + "_s" in row else f"{m} failed")
+        print(f"{n:5d} tokens | " + " | ".join(fmt(m) for m in ("forward_backward", "full", "lean")), flush=True)
+    return {"rows": rows}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("what", choices=["components", "length"])
+    p.add_argument("--model", default=None)
+    p.add_argument("--device", default=None)
+    p.add_argument("--tokens", type=int, default=32, help="prompt length for 'components'")
+    p.add_argument("--lengths", type=int, nargs="+", default=[128, 512, 1024, 2048, 4096])
+    p.add_argument("--full", action="store_true", help="measure patching of every set (no extrapolation)")
+    p.add_argument("--out", default=None)
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        return length_child(args)
+    import dpa
+
+    model, tok = dpa.load_model(args.model, device=args.device)
+    device = model.model.embed_tokens.weight.device
+    machine = machine_label(device)
+    print(f"model {args.model or 'SmolLM2-135M-Instruct'} ({model.dtype}) on {machine}", flush=True)
+    data = components(args, model, tok) if args.what == "components" else length(args, model, tok)
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump({"machine": machine, "dtype": str(model.dtype), **data}, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()

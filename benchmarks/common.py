@@ -1,0 +1,70 @@
+"""Shared helpers of the benchmark scripts: peak memory of a block, machine label, prompts."""
+
+from __future__ import annotations
+
+import platform
+import threading
+import time
+from contextlib import contextmanager
+from typing import Iterator
+
+import psutil
+import torch
+
+
+class Peak:
+    mib: float = 0.0
+
+
+@contextmanager
+def peak_memory(device: torch.device) -> Iterator[Peak]:
+    """Peak memory of the block in MiB above what was in use when it began.
+
+    CUDA: torch.cuda.max_memory_allocated. CPU: the process's resident set sampled every
+    2 ms by a thread (glibc may keep freed memory, so measure each method in a fresh process).
+    """
+    peak = Peak()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        yield peak
+        torch.cuda.synchronize()
+        peak.mib = (torch.cuda.max_memory_allocated(device) - base) / 2**20
+        return
+    proc = psutil.Process()
+    base = proc.memory_info().rss
+    top = [base]
+    done = threading.Event()
+
+    def sample():
+        while not done.is_set():
+            top[0] = max(top[0], proc.memory_info().rss)
+            time.sleep(0.002)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        yield peak
+    finally:
+        done.set()
+        thread.join()
+        top[0] = max(top[0], proc.memory_info().rss)
+        peak.mib = (top[0] - base) / 2**20
+
+
+def machine_label(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)} (torch {torch.__version__})"
+    cpu = platform.processor() or platform.machine()
+    return f"CPU {cpu}, {torch.get_num_threads()} threads, {psutil.cpu_count()} cores (torch {torch.__version__})"
+
+
+def make_ids(tokenizer, n: int) -> torch.Tensor:
+    """A natural-text prompt of exactly n tokens."""
+    text = ("The Eiffel Tower is located in the city of Paris, which is the capital of France. "
+            "When Mary and John went to the store, John gave a drink to Mary. ") * (n // 20 + 10)
+    ids = tokenizer(text)["input_ids"][:n]
+    if len(ids) < n:
+        raise ValueError(f"could not build a {n}-token prompt")
+    return torch.tensor(ids)
