@@ -49,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="path weights, e.g. 0.25,0.25,0.5,0.5,0.5 (the default)")
     group.add_argument("--preset", choices=FAMILIES, help="one of the paper's sensitivity families (with --p)")
     p.add_argument("--p", type=float, metavar="P", help="the preset's parameter in [0, 1] (default 0.5)")
+    p.add_argument("--first-token", action="store_true",
+                   help="a target or contrast of several tokens: attribute its first token (default: an error)")
     p.add_argument("--logprob", action="store_true", help="attribute log p(target) instead of its logit")
     p.add_argument("--position", type=int, metavar="N",
                    help="target position (default: the last token; negative counts from the end)")
@@ -89,7 +91,8 @@ def run_attribute(args: argparse.Namespace, *, parser: argparse.ArgumentParser) 
             parser.error(f"cannot write {out}: no folder {out.parent}")
     model, tokenizer = dpa.load_model(args.model, device=args.device)
     res = dpa.attribute(model, tokenizer, args.prompt, args.target, contrast=args.contrast,
-                        kind="logprob" if args.logprob else "logit", position=args.position, weights=weights)
+                        kind="logprob" if args.logprob else "logit", position=args.position, weights=weights,
+                        multi_token="first" if args.first_token else "error")
     color = args.color == "always" or (args.color == "auto" and wants_color(sys.stdout))
     sys.stdout.write(terminal_report(res, color=color, top=args.top))
     if args.json is not None:

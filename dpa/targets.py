@@ -60,7 +60,8 @@ def token_id(tokenizer, token: str | int, vocab_size: int, *, multi_token: str =
             return ids[0]
         raise TargetError(
             f"{what} {token!r} is not a single token: it splits into {len(ids)} tokens {pieces!r}. "
-            f"Pass one of them (e.g. {pieces[0]!r}), or multi_token='first' to attribute the first")
+            f"Pass one of them (e.g. {pieces[0]!r}), or attribute the first (multi_token='first' in Python, "
+            "--first-token on the command line)")
     return ids[0]
 
 
