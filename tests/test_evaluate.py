@@ -453,9 +453,9 @@ def test_dpa_evaluate_command_end_to_end(tmp_path):
 
 
 # Records the default model answers right (found by the filter): SQuAD and IMDb keep few samples
-# (SmolLM2-135M mostly answers " negative" where IMDb's target is " Negative"), so the test reads
-# these records instead of scanning hundreds of long prompts for two valid ones.
-VALID = {"squad_v2.0": (45, 49), "imdb": (154, 183)}
+# (SmolLM2-135M often answers " negative" where IMDb's target is " Negative"; about 1 in 5 IMDb
+# records and few SQuAD records pass), so the test reads these records instead of scanning long prompts.
+VALID = {"squad_v2.0": (45, 49), "imdb": (13, 29)}
 
 
 @pytest.fixture(scope="module")

@@ -52,6 +52,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="random baseline and tie-breaking seed")
     p.add_argument("--batch-size", type=int, default=16, metavar="B", help="ablated copies per forward pass")
     p.add_argument("--n-generated", type=int, default=1000, metavar="N", help="ioi_templates: prompts to generate")
+    p.add_argument("--filter", choices=("paper", "length"), default="paper",
+                   help="paper: keep samples the model gets right (argmax, p > 0.1, <= 400 tokens); "
+                        "length: only the 400-token limit (smoke runs)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--no-figures", action="store_true", help="skip the matplotlib figures")
 
@@ -92,7 +95,7 @@ def _settings(args, **extra):
         raise ValueError("--threads must be at least 1")
     return Settings(dataset=args.dataset, unit=args.unit, limit=args.limit, component_units=args.component_units,
                     contrast=not args.no_contrast, seed=args.seed, batch_size=args.batch_size,
-                    data_dir=args.data_dir, n_generated=args.n_generated, **extra)
+                    data_dir=args.data_dir, n_generated=args.n_generated, filter=args.filter, **extra)
 
 
 def _load(args):

@@ -23,7 +23,7 @@ FILES = {name: f"{name}.json" for name in DATASETS}
 
 SQUAD_SYSTEM = ("Answer the question using the context. Reply with the answer only: a short phrase copied "
                 "from the context.")
-IMDB_SYSTEM = "Classify the sentiment of the movie review as Positive or Negative. Reply with one word."
+IMDB_SYSTEM = "You are a sentiment classifier. Read the movie review and answer Positive or Negative."
 
 
 class DataError(FileNotFoundError):

@@ -25,19 +25,22 @@ class Verdict:
 
 @torch.no_grad()
 def check(model: nn.Module, tokenizer, sample: Sample, *, max_tokens: int = 400,
-          min_probability: float = 0.1) -> Verdict:
-    """Run the clean prompt once and apply the filter."""
+          min_probability: float = 0.1, correct_only: bool = True) -> Verdict:
+    """Run the clean prompt once and apply the filter. ``correct_only=False`` keeps only the length
+    and context checks (for smoke runs on models that rarely get a dataset right)."""
     n = sample.n_tokens
     if n > max_tokens:
         return Verdict(False, f"longer than {max_tokens} tokens", float("nan"), n)
     if not any(sample.context):
         return Verdict(False, "no context tokens", float("nan"), n)
-    if len(tokenizer.decode([sample.target_id]).strip()) <= 1:
+    if correct_only and len(tokenizer.decode([sample.target_id]).strip()) <= 1:
         return Verdict(False, "target token is one character", float("nan"), n)
     ids = torch.tensor([sample.input_ids], device=model.lm_head.weight.device)
     hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state[:, -1]
     probs = model.lm_head(hidden).float().softmax(-1)[0]
     p, top = float(probs[sample.target_id]), int(probs.argmax())
+    if not correct_only:
+        return Verdict(True, "ok", p, n, top)
     if top != sample.target_id:
         return Verdict(False, "argmax is not the target", p, n, top)
     if p <= min_probability:

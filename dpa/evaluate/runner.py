@@ -58,12 +58,13 @@ class Settings:
     batch_size: int = 16  # ablated copies per forward pass
     max_tokens: int = 400
     min_probability: float = 0.1
+    filter: str = "paper"  # paper: the model must get the sample right; length: only the token limit
     data_dir: str | None = None
     n_generated: int = 1000  # ioi_templates
 
     def identity(self) -> dict:
         keep = ("dataset", "unit", "component_units", "weights", "contrast", "seed", "steps", "max_tokens",
-                "min_probability", "n_generated")
+                "min_probability", "filter", "n_generated")
         d = asdict(self)
         return {k: d[k] for k in keep}
 
@@ -157,6 +158,8 @@ def evaluate(model: nn.Module, tokenizer, settings: Settings, out: str | Path, *
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    if settings.filter not in ("paper", "length"):
+        raise ValueError(f"filter must be 'paper' or 'length', got {settings.filter!r}")
     methods = methods if methods is not None else resolve_methods(settings)
     identity = {**settings.identity(), "weights": asdict(settings.weights),
                 "model": getattr(model.config, "_name_or_path", "")}
@@ -175,7 +178,7 @@ def evaluate(model: nn.Module, tokenizer, settings: Settings, out: str | Path, *
         sample = encode_example(tokenizer, example)
         if index not in store.verdicts:
             v: Verdict = check(model, tokenizer, sample, max_tokens=settings.max_tokens,
-                               min_probability=settings.min_probability)
+                               min_probability=settings.min_probability, correct_only=settings.filter == "paper")
             store.add_verdict({"index": index, "id": example.id, **asdict(v)})
         if not store.verdicts[index]["valid"]:
             bar.set_postfix(checked=index + 1, valid=len(chosen))
