@@ -214,6 +214,8 @@ class TestFilter:
         assert check(llama, tok, sample(top), max_tokens=3).reason == "longer than 3 tokens"
         assert check(llama, tok, sample(top, (False,) * 4)).reason == "no context tokens"
         assert check(llama, tok, sample(3)).reason == "target token is one character"  # "a"
+        assert check(llama, tok, sample(other), correct_only=False).valid  # --filter length
+        assert check(llama, tok, sample(top), max_tokens=3, correct_only=False).reason == "longer than 3 tokens"
 
     def test_probability_is_the_models(self, llama):
         tok = word_tokenizer()
