@@ -218,6 +218,19 @@ class TestDecompositions:
         res = INPUT_METHODS["depass"](llama, None, ids, TARGET, contrast=FOIL)
         assert math.isclose(float(res.token_scores.double().sum()), res.target_logit, rel_tol=1e-5, abs_tol=1e-6)
 
+    @pytest.mark.parametrize("family", ["llama", "mistral", "qwen3"])
+    def test_depass_with_the_linear_neuron_rule_is_dpa_on_the_content_paths(self, family):
+        """A forward decomposition of a linear map gives what its transpose gives: DePass with SiLU(s)
+        frozen and u split over the parts equals DPA with only the value and up paths."""
+        model = tiny_model(family, kv_heads=2)
+        ids = random_ids(T)
+        got = INPUT_METHODS["depass"](model, None, ids, TARGET, contrast=FOIL, neuron_rule="up").token_scores
+        ref = dpa.attribute(model, None, ids, TARGET, contrast=FOIL,
+                            weights=dpa.PathWeights(query=0, key=0, value=1, gate=0, up=1)).token_scores.float()
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
+        first = INPUT_METHODS["depass"](model, None, ids, TARGET, skip_first=False).token_scores
+        assert not torch.allclose(first, INPUT_METHODS["depass"](model, None, ids, TARGET).token_scores)
+
     def test_depass_with_a_hard_neuron_rule_still_adds_up(self, llama):
         ids = random_ids(T)
         res = INPUT_METHODS["depass"](llama, None, ids, TARGET, temperature=1e-4)

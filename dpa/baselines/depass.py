@@ -10,7 +10,8 @@ nonlinearity frozen at its clean-forward value:
 * GLU: DePass's neuron rule, not a linearisation: the activation a_{n,i} = SiLU(s) u of the
   whole stream is handed out to the parts in proportion to softmax_c(s_{n,i,c} / tau), where
   s_{n,i,c} is part c's share of the gate pre-activation (tau = 0.1, DePass's default; parts
-  absent from position i by causality are excluded).
+  absent from position i by causality are excluded, and so is the first token's part away from
+  its own position, as DePass's default ``ignore_special_token`` does for the BOS / sink token).
 
 A token's score is the target direction applied to its part of the final residual (through the
 frozen final norm), so the scores sum to the target logit on bias-free models. Qwen2's value
@@ -19,6 +20,8 @@ processed in chunks.
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
@@ -48,13 +51,17 @@ def _attention(x: Tensor, layer: Layer, eps: float) -> Tensor:
     return out
 
 
-def _glu(x: Tensor, layer: Layer, eps: float, temperature: float) -> Tensor:
-    """GLU output of every part [pos part d_model] under DePass's softmax neuron rule."""
+def _glu(x: Tensor, layer: Layer, eps: float, temperature: float, skip_first: bool, rule: str) -> Tensor:
+    """GLU output of every part [pos part d_model] under the neuron rule."""
     w = layer.weights
     t = x.shape[0]
     xn = x * (w.mlp_norm * rms_scale(layer.resid_mid[0], eps))[:, None, :].to(x.dtype)
+    if rule == "up":  # SiLU(s) frozen, the up projection linear in the parts
+        return (F.silu(layer.gate[0])[:, None, :] * (xn @ w.mlp.up.T)) @ w.mlp.down.T
     act = F.silu(layer.gate[0]) * layer.up[0]  # [pos d_mlp] of the whole stream
     present = causal(t, x.device)  # [pos part]
+    if skip_first and t > 1:
+        present[1:, 0] = False  # the first token's part gets MLP shares only at its own position
     out = torch.empty_like(x)
     step = max(1, _CHUNK // (t * w.mlp.gate.shape[0]))
     for rows in torch.arange(t).split(step):
@@ -67,8 +74,15 @@ def _glu(x: Tensor, layer: Layer, eps: float, temperature: float) -> Tensor:
 
 @torch.no_grad()
 def depass(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contrast=None, position: int | None = None,
-           temperature: float = 0.1) -> Attribution:
-    """Token scores from a decomposed forward pass (attention and activations frozen)."""
+           temperature: float = 0.1, skip_first: bool = True,
+           neuron_rule: Literal["softmax", "up"] = "softmax") -> Attribution:
+    """Token scores from a decomposed forward pass (attention and activations frozen).
+
+    neuron_rule="up" replaces DePass's softmax rule by the linear one (SiLU(s) frozen, u split
+    over the parts); the scores are then DPA's with only the value and up paths.
+    """
+    if neuron_rule not in ("softmax", "up"):
+        raise ValueError(f"neuron_rule must be 'softmax' or 'up', got {neuron_rule!r}")
     problem = prepare(model, tokenizer, prompt, target, contrast, position)
     cap, layers = forward_internals(model, problem)
     eps = problem.spec.rms_eps
@@ -79,7 +93,7 @@ def depass(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contrast
     x[diagonal, diagonal] = emb
     for layer in layers:
         x = x + _attention(x, layer, eps)
-        x = x + _glu(x, layer, eps, temperature)
+        x = x + _glu(x, layer, eps, temperature, skip_first, neuron_rule)
     final = x[problem.position]  # [part d_model]
     scale = rms_scale(cap.resid_final[0, problem.position], eps).to(x.dtype)
     unembed = model.lm_head.weight
