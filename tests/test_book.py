@@ -151,8 +151,6 @@ class TestBuiltPagesInBrowser:
             page.close()
 
     def test_widget_renders_from_saved_state(self, built_book, browser):  # noqa: F811
-        if not (BOOK / f"{WIDGET_PAGE}.ipynb").exists():
-            pytest.skip(f"book/{WIDGET_PAGE}.ipynb is not written yet")
         page_file = built_book / "book" / f"{WIDGET_PAGE}.html"
         assert 'type="application/vnd.jupyter.widget-state+json"' in page_file.read_text()
         page, blocked = open_offline(browser, page_file)
