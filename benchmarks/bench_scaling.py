@@ -1,7 +1,7 @@
 """How DPA's cost scales, against the alternatives, on the default model.
 
     python benchmarks/bench_scaling.py components [--tokens 32] [--out FILE]
-    python benchmarks/bench_scaling.py length [--lengths 128 512 1024 2048 4096] [--out FILE]
+    python benchmarks/bench_scaling.py length [--lengths 128 512 1024 2048 4096] [--modes full lean] [--out FILE]
 
 components: seconds to score a growing set of components — one layer's heads, all heads, all
   heads plus one layer's neurons, every head and neuron — with DPA (one call scores them all,
@@ -144,7 +144,7 @@ def length(args, model, tok) -> dict:
     rows = []
     for n in args.lengths:
         row = {"tokens": n}
-        for mode in ("forward_backward", "full", "lean"):
+        for mode in args.modes:
             argv = [sys.executable, __file__, "length", "--child", mode, "--lengths", str(n)]
             argv += (["--model", args.model] if args.model else []) + (["--device", args.device] if args.device else [])
             out = subprocess.run(argv, capture_output=True, text=True)
@@ -157,7 +157,7 @@ def length(args, model, tok) -> dict:
         rows.append(row)
         fmt = lambda m: (f"{m} {row[m + '_s']:7.2f} s {row[m + '_peak_mib'] / 1024:6.2f} GiB"  # noqa: E731
                          if m + "_s" in row else f"{m} failed")
-        print(f"{n:5d} tokens | " + " | ".join(fmt(m) for m in ("forward_backward", "full", "lean")), flush=True)
+        print(f"{n:5d} tokens | " + " | ".join(fmt(m) for m in args.modes), flush=True)
     return {"rows": rows}
 
 
@@ -168,6 +168,8 @@ def main() -> None:
     p.add_argument("--device", default=None)
     p.add_argument("--tokens", type=int, default=32, help="prompt length for 'components'")
     p.add_argument("--lengths", type=int, nargs="+", default=[128, 512, 1024, 2048, 4096])
+    p.add_argument("--modes", nargs="+", default=["forward_backward", "full", "lean"],
+                   choices=["forward_backward", "full", "lean"], help="what 'length' measures at each length")
     p.add_argument("--full", action="store_true", help="measure patching of every set (no extrapolation)")
     p.add_argument("--out", default=None)
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)

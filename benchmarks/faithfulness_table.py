@@ -1,0 +1,83 @@
+"""Put the `dpa evaluate` result folders side by side as markdown tables.
+
+    python benchmarks/faithfulness_table.py [RESULTS_DIR]
+
+Reads ``<dataset>-<unit>/results.json`` under RESULTS_DIR (default: benchmarks/results) and prints
+three tables: total AUC in paper mode, total AUC in clean mode, and seconds per sample (the
+attribution call alone), one column per dataset × unit, one row per method. The paper's
+Llama-3.1-8B-Instruct figures for DPA and the best baseline are printed under them.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+RUNS = ["known_1000-input", "squad_v2.0-input", "imdb-input", "known_1000-component", "ioi-component"]
+
+# Llama-3.1-8B-Instruct, total AUC in the paper's mode (paper's tables; ../shared/docs/method.md §6).
+PAPER = {
+    "known_1000-input": ("DPA 28.09", "last-layer attention 19.57"),
+    "squad_v2.0-input": ("DPA 74.78", "mean attention 72.40"),
+    "imdb-input": ("DPA 30.17", "last-layer attention 11.89"),
+    "known_1000-component": ("DPA 123.50", "attention-only 92.77"),
+    "ioi-component": ("DPA 86.87", "attention-only 92.92"),
+}
+
+
+def load(root: Path) -> dict[str, dict]:
+    out = {}
+    for run in RUNS:
+        path = root / run / "results.json"
+        if path.exists():
+            out[run] = json.loads(path.read_text())
+    return out
+
+
+def table(results: dict[str, dict], value, fmt: str, best=max) -> str:
+    runs = list(results)
+    methods = []
+    for r in runs:
+        methods += [m for m in results[r]["methods"] if m not in methods]
+    head = "| method | " + " | ".join(runs) + " |\n|---|" + "---:|" * len(runs) + "\n"
+    bests = {}
+    for r in runs:
+        vals = [value(m) for m in results[r]["methods"].values()]
+        bests[r] = best(vals) if vals and best else None
+    lines = []
+    for name in methods:
+        cells = []
+        for r in runs:
+            m = results[r]["methods"].get(name)
+            if m is None:
+                cells.append("")
+                continue
+            v = value(m)
+            cell = format(v, fmt)
+            cells.append(f"**{cell}**" if bests[r] is not None and v == bests[r] else cell)
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return head + "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    root = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent / "results"
+    results = load(root)
+    if not results:
+        sys.exit(f"no <dataset>-<unit>/results.json under {root}")
+    print("Samples: " + "; ".join(f"{r} {res['n_evaluated']} evaluated ({res['n_valid']} valid of "
+                                  f"{res['n_checked']} checked)" for r, res in results.items()) + "\n")
+    print("Total AUC, paper mode (higher is better; best in bold)\n")
+    print(table(results, lambda m: m["auc"]["paper"]["total"], ".2f"))
+    print("Total AUC, clean mode\n")
+    print(table(results, lambda m: m["auc"]["clean"]["total"], ".2f"))
+    print("Seconds per sample, attribution call alone (fastest in bold)\n")
+    print(table(results, lambda m: m["seconds_per_sample"], ".3f", best=min))
+    print("The paper, Llama-3.1-8B-Instruct, total AUC (paper mode)\n")
+    print("| run | DPA | best baseline |\n|---|---:|---|")
+    for r in RUNS:
+        print(f"| {r} | {PAPER[r][0][4:]} | {PAPER[r][1]} |")
+
+
+if __name__ == "__main__":
+    main()
