@@ -359,6 +359,29 @@ class TestRunner:
         with pytest.raises(ValueError, match="other settings"):
             evaluate(llama, tok, Settings(**{**settings.__dict__, "unit": "component"}), out, progress=False)
 
+    def test_shards_share_a_folder_and_add_up_to_the_whole_run(self, llama, tmp_path):
+        tok = word_tokenizer()
+        tiny_dataset(llama, tmp_path / "data", n=5)
+        settings = Settings(dataset="known_1000", unit="input", methods=("dpa", "random"), min_probability=0.0,
+                            data_dir=str(tmp_path / "data"))
+        whole = evaluate(llama, tok, settings, tmp_path / "whole", progress=False, figures=False)
+        out = tmp_path / "sharded"
+        first = evaluate(llama, tok, settings, out, progress=False, figures=False, shard=(0, 2))
+        # shard 0 of 2 measures valid samples 0, 2, 4 (dataset indices 0, 3, 5: index 1 is invalid)
+        assert first["methods"]["dpa"]["n_samples"] == 3
+        assert sorted({json.loads(x)["index"] for x in (out / "samples.jsonl").read_text().splitlines()}) == [0, 3, 5]
+        second = evaluate(llama, tok, settings, out, progress=False, figures=False, shard=(1, 2))
+        assert second["methods"]["dpa"]["n_samples"] == 5  # the last shard to end sees every sample
+        final = evaluate(llama, tok, settings, out, progress=False, figures=False)
+        assert len((out / "samples.jsonl").read_text().splitlines()) == 10  # nothing measured twice
+        for name in ("dpa", "random"):
+            a, b = final["methods"][name], whole["methods"][name]
+            assert a["n_samples"] == b["n_samples"] == 5
+            assert a["disruption"] == pytest.approx(b["disruption"]) and a["recovery"] == pytest.approx(b["recovery"])
+            assert a["auc"]["paper"]["total"] == pytest.approx(b["auc"]["paper"]["total"])
+        with pytest.raises(ValueError, match="shard"):
+            evaluate(llama, tok, settings, out, progress=False, shard=(2, 2))
+
     def test_component_run_and_sweep(self, llama, tmp_path):
         tok = word_tokenizer()
         tiny_dataset(llama, tmp_path / "data", n=2)
@@ -395,6 +418,10 @@ class TestCLI:
         assert "unknown input method(s) nonsense" in capsys.readouterr().err
         assert main(args + ["--limit", "0"]) == 2
         assert main(args + ["--threads", "0"]) == 2
+        for bad in ("2/2", "one/two"):
+            with pytest.raises(SystemExit) as info:
+                main(args + ["--shard", bad])
+            assert info.value.code == 2 and "K/N" in capsys.readouterr().err
         assert main(["sweep", "--dataset", "ioi", "--unit", "component", "--out", str(tmp_path),
                      "--families", "attention,colour"]) == 2
         assert "unknown family colour" in capsys.readouterr().err

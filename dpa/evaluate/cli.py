@@ -32,6 +32,16 @@ def _floats(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
 
 
+def _shard(text: str) -> tuple[int, int]:
+    try:
+        k, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected K/N such as 0/2, got {text!r}") from None
+    if not (n >= 1 and 0 <= k < n):
+        raise argparse.ArgumentTypeError(f"expected K/N with 0 <= K < N, got {text!r}")
+    return k, n
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", required=True, choices=DATASETS + GENERATED)
     p.add_argument("--unit", required=True, choices=("input", "component"),
@@ -55,6 +65,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--filter", choices=("paper", "length"), default="paper",
                    help="paper: keep samples the model gets right (argmax, p > 0.1, <= 400 tokens); "
                         "length: only the 400-token limit (smoke runs)")
+    p.add_argument("--shard", type=_shard, default=(0, 1), metavar="K/N",
+                   help="measure only every N-th valid sample, starting at the K-th (0-based): run N processes "
+                        "on the same --out, then once more without --shard for the complete results")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--no-figures", action="store_true", help="skip the matplotlib figures")
 
@@ -140,7 +153,8 @@ def run_evaluate(args) -> int:
     settings = _settings(args, methods=methods, weights=weights, steps=args.steps)
     resolve_methods(settings)  # unknown names fail before the model loads
     model, tokenizer = _load(args)
-    evaluate(model, tokenizer, settings, args.out, progress=not args.quiet, figures=not args.no_figures)
+    evaluate(model, tokenizer, settings, args.out, progress=not args.quiet, figures=not args.no_figures,
+             shard=args.shard)
     _report(args.out)
     return 0
 
@@ -158,7 +172,7 @@ def run_sweep(args) -> int:
         raise ValueError("--ps must be values in [0, 1]")
     model, tokenizer = _load(args)
     summary = sweep(model, tokenizer, _settings(args), args.out, families=families, ps=args.ps,
-                    progress=not args.quiet, figures=not args.no_figures)
+                    progress=not args.quiet, figures=not args.no_figures, shard=args.shard)
     print((args.out / "sweep.csv").read_text(), end="")
     print(f"wrote {args.out / 'sweep.json'}, sweep.csv and sweep.png ({summary['n_evaluated']} samples)")
     return 0

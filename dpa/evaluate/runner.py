@@ -100,8 +100,9 @@ def resolve_methods(settings: Settings) -> dict[str, Callable]:
 class Store:
     """The run folder's JSON-lines files: filter verdicts and per-sample results."""
 
-    def __init__(self, out: Path):
+    def __init__(self, out: Path, repair: bool = True):
         self.out = out
+        self.repair = repair  # False while other processes may be appending (shards)
         self.verdicts: dict[int, dict] = {r["index"]: r for r in self._read("filter.jsonl")}
         self.samples: dict[tuple[int, str], dict] = {(r["index"], r["method"]): r for r in self._read("samples.jsonl")}
 
@@ -112,7 +113,8 @@ class Store:
         text = path.read_text(encoding="utf-8")
         if text and not text.endswith("\n"):  # cut short by an interruption: drop the partial line
             text = text[:text.rfind("\n") + 1]
-            path.write_text(text, encoding="utf-8")
+            if self.repair:
+                path.write_text(text, encoding="utf-8")
         rows = []
         for line in text.splitlines():
             try:
@@ -152,10 +154,19 @@ def _sync(model: nn.Module) -> None:
 
 
 def evaluate(model: nn.Module, tokenizer, settings: Settings, out: str | Path, *,
-             methods: dict[str, Callable] | None = None, progress: bool = True, figures: bool = True) -> dict:
-    """Run the benchmark; returns (and writes) the results. ``methods`` overrides the registry."""
+             methods: dict[str, Callable] | None = None, progress: bool = True, figures: bool = True,
+             shard: tuple[int, int] = (0, 1)) -> dict:
+    """Run the benchmark; returns (and writes) the results. ``methods`` overrides the registry.
+
+    ``shard=(k, n)`` measures only the valid samples whose rank among the valid ones is k modulo n,
+    so that n processes (one per core or GPU) can share one output folder; each writes the results
+    of every sample finished so far when it ends, and a last run without a shard summarises them all.
+    """
     from tqdm.auto import tqdm
 
+    k_shard, n_shards = shard
+    if not (n_shards >= 1 and 0 <= k_shard < n_shards):
+        raise ValueError(f"shard must be k/n with 0 <= k < n, got {k_shard}/{n_shards}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if settings.filter not in ("paper", "length"):
@@ -164,12 +175,13 @@ def evaluate(model: nn.Module, tokenizer, settings: Settings, out: str | Path, *
     identity = {**settings.identity(), "weights": asdict(settings.weights),
                 "model": getattr(model.config, "_name_or_path", "")}
     _check_folder(out, identity)
-    store = Store(out)
+    store = Store(out, repair=n_shards == 1)
     examples = load_examples(settings.dataset, settings.data_dir, seed=settings.seed,
                              n_generated=settings.n_generated)
     fractions = fraction_grid(settings.dataset, settings.unit)
     spec = spec_for(model)
     total = min(settings.limit or len(examples), len(examples))
+    total = len(range(k_shard, total, n_shards))
     chosen: list[int] = []
     bar = tqdm(total=total, desc=f"{settings.dataset} {settings.unit}", unit="sample", disable=not progress)
     for index, example in enumerate(examples):
@@ -184,6 +196,8 @@ def evaluate(model: nn.Module, tokenizer, settings: Settings, out: str | Path, *
             bar.set_postfix(checked=index + 1, valid=len(chosen))
             continue
         chosen.append(index)
+        if (len(chosen) - 1) % n_shards != k_shard:
+            continue
         units = (component_units(sample, spec.n_layers, spec.n_heads, spec.d_mlp, settings.component_units)
                  if settings.unit == "component" else None)
         for name, fn in methods.items():
@@ -193,6 +207,8 @@ def evaluate(model: nn.Module, tokenizer, settings: Settings, out: str | Path, *
             store.add_sample(_measure(model, tokenizer, settings, sample, index, name, fn, units, fractions))
         bar.update(1)
     bar.close()
+    if n_shards > 1:  # other processes may have finished samples meanwhile
+        store = Store(out, repair=False)
     results = summarize(settings, methods, store, chosen, fractions, model, n_checked=len(store.verdicts))
     write_results(results, out, figures=figures)
     return results
@@ -314,12 +330,12 @@ def sweep_methods(settings: Settings, families, ps) -> tuple[dict[str, Callable]
 
 
 def sweep(model: nn.Module, tokenizer, settings: Settings, out: str | Path, *, families, ps,
-          progress: bool = True, figures: bool = True) -> dict:
+          progress: bool = True, figures: bool = True, shard: tuple[int, int] = (0, 1)) -> dict:
     """The sensitivity analysis: total AUC of DPA over p for each path-weight family."""
     methods, points = sweep_methods(settings, families, ps)
     out = Path(out)
     results = evaluate(model, tokenizer, replace(settings, methods=tuple(methods)), out, methods=methods,
-                       progress=progress, figures=False)
+                       progress=progress, figures=False, shard=shard)
     for point in points:
         m = results["methods"].get(point["method"])
         point["auc"] = None if m is None else m["auc"]
