@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import pytest
@@ -230,6 +231,18 @@ class TestDecompositions:
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
         first = INPUT_METHODS["depass"](model, None, ids, TARGET, skip_first=False).token_scores
         assert not torch.allclose(first, INPUT_METHODS["depass"](model, None, ids, TARGET).token_scores)
+
+    @pytest.mark.parametrize("rows", [1, 3])
+    def test_depass_in_row_chunks_equals_one_chunk(self, llama, monkeypatch, rows):
+        """Chunks of rows skip the parts a row cannot hold yet (causality); skipping a part that a
+        row does hold would still add up (the shares renormalise), so compare with one chunk."""
+        module = importlib.import_module("dpa.baselines.depass")  # the package re-exports the function
+        ids = random_ids(T)
+        monkeypatch.setattr(module, "_ROWS", 10 ** 9)
+        whole = INPUT_METHODS["depass"](llama, None, ids, TARGET, contrast=FOIL).token_scores
+        monkeypatch.setattr(module, "_ROWS", rows)
+        chunked = INPUT_METHODS["depass"](llama, None, ids, TARGET, contrast=FOIL).token_scores
+        torch.testing.assert_close(chunked, whole, rtol=1e-6, atol=1e-7)
 
     def test_depass_with_a_hard_neuron_rule_still_adds_up(self, llama):
         ids = random_ids(T)

@@ -33,6 +33,7 @@ from .common import Prompt, causal, prepare, result
 from .internals import Layer, forward_internals
 
 _CHUNK = 2 ** 25  # elements per intermediate tensor
+_ROWS = 32  # positions per GLU chunk: smaller chunks skip more of the absent (future) parts
 
 
 def _attention(x: Tensor, layer: Layer, eps: float) -> Tensor:
@@ -62,13 +63,14 @@ def _glu(x: Tensor, layer: Layer, eps: float, temperature: float, skip_first: bo
     present = causal(t, x.device)  # [pos part]
     if skip_first and t > 1:
         present[1:, 0] = False  # the first token's part gets MLP shares only at its own position
-    out = torch.empty_like(x)
-    step = max(1, _CHUNK // (t * w.mlp.gate.shape[0]))
-    for rows in torch.arange(t).split(step):
-        s = (xn[rows] @ w.mlp.gate.T) / temperature  # [pos part d_mlp] each part's gate share
-        s = s.masked_fill(~present[rows, :, None], float("-inf"))
+    out = torch.zeros_like(x)
+    step = max(1, min(_ROWS, _CHUNK // (t * w.mlp.gate.shape[0])))
+    for start in range(0, t, step):
+        stop = min(t, start + step)  # rows start..stop-1 hold parts 0..stop-1 only (causality)
+        s = (xn[start:stop, :stop] @ w.mlp.gate.T) / temperature  # [pos part d_mlp] each part's gate share
+        s = s.masked_fill(~present[start:stop, :stop, None], float("-inf"))
         share = torch.softmax(s, dim=1)
-        out[rows] = (share * act[rows, None, :]) @ w.mlp.down.T
+        out[start:stop, :stop] = (share * act[start:stop, None, :]) @ w.mlp.down.T
     return out
 
 
