@@ -244,6 +244,17 @@ class TestDecompositions:
         chunked = INPUT_METHODS["depass"](llama, None, ids, TARGET, contrast=FOIL).token_scores
         torch.testing.assert_close(chunked, whole, rtol=1e-6, atol=1e-7)
 
+    @pytest.mark.parametrize("rows", [1, 4])
+    def test_ifr_in_row_chunks_equals_one_chunk(self, llama, monkeypatch, rows):
+        module = importlib.import_module("dpa.baselines.ifr")
+        ids = random_ids(T)
+        monkeypatch.setattr(module, "_ROWS", 10 ** 9)
+        whole = COMPONENT_METHODS["ifr"](llama, None, ids, TARGET)
+        monkeypatch.setattr(module, "_ROWS", rows)
+        chunked = COMPONENT_METHODS["ifr"](llama, None, ids, TARGET)
+        torch.testing.assert_close(chunked.token_scores, whole.token_scores, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(chunked.edge_scores, whole.edge_scores, rtol=1e-6, atol=1e-7)
+
     def test_depass_with_a_hard_neuron_rule_still_adds_up(self, llama):
         ids = random_ids(T)
         res = INPUT_METHODS["depass"](llama, None, ids, TARGET, temperature=1e-4)

@@ -25,6 +25,7 @@ from .common import Prompt, prepare, result
 from .internals import Layer, forward_internals, head_values
 
 _CHUNK = 2 ** 25  # elements per intermediate tensor
+_ROWS = 32  # query rows per attention chunk: smaller chunks skip more of the masked (future) keys
 
 
 def _proximity(y: Tensor, parts: Tensor) -> Tensor:
@@ -39,12 +40,13 @@ def attention_weights(layer: Layer) -> tuple[Tensor, Tensor]:
     resid = layer.resid_pre[0]
     y = layer.resid_mid[0]  # [query d_model]
     vo = head_values(layer)  # [head key d_model]
-    edges = torch.empty_like(probs)
-    step = max(1, _CHUNK // (h * t * y.shape[-1]))
-    for rows in torch.arange(t).split(step):
-        parts = probs[:, rows, :, None] * vo[:, None]  # [head query key d_model]
-        prox = _proximity(y[rows], parts.permute(1, 0, 2, 3).reshape(len(rows), h * t, -1))
-        edges[:, rows] = prox.view(len(rows), h, t).transpose(0, 1)
+    edges = torch.zeros_like(probs)
+    step = max(1, min(_ROWS, _CHUNK // (h * t * y.shape[-1])))
+    for start in range(0, t, step):
+        stop = min(t, start + step)  # queries start..stop-1 see keys 0..stop-1 only (causal)
+        parts = probs[:, start:stop, :stop, None] * vo[:, None, :stop]  # [head query key d_model]
+        prox = _proximity(y[start:stop], parts.permute(1, 0, 2, 3).reshape(stop - start, h * stop, -1))
+        edges[:, start:stop, :stop] = prox.view(stop - start, h, stop).transpose(0, 1)
     own = _proximity(y, resid[:, None, :])[:, 0]  # [query]
     total = (own + edges.sum((0, 2))).clamp_min(1e-30)
     return own / total, edges / total[None, :, None]
