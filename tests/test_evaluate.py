@@ -258,6 +258,11 @@ class TestCurves:
         assert not edges[..., 0].any() and not edges[..., 1, 2].any() and edges[1, 2, 3, 1]
         coarse = component_units(sample, 2, 3, 5, "coarse")
         assert coarse.n == 2 * 3 + 2 * 5 and coarse.attn_shape == (2, 3, 1, 1)
+        only_edges, only_neurons = component_units(sample, 2, 3, 5, "edges"), component_units(sample, 2, 3, 5, "neurons")
+        assert torch.equal(only_edges.attn_index, units.attn_index) and only_edges.n == len(units.attn_index)
+        assert torch.equal(only_neurons.neuron_index, units.neuron_index) and only_neurons.n == len(units.neuron_index)
+        with pytest.raises(ValueError, match="component units"):
+            component_units(sample, 2, 3, 5, "heads")
 
     def test_component_curves_ablate_the_ranked_units(self, llama):
         ids = [3, 17, 25, 40, 8]
@@ -286,18 +291,21 @@ class TestCurves:
             assert math.isclose(curves.disruption[j], 100 * p(order[:k]) / clean, rel_tol=1e-9)
             assert math.isclose(curves.recovery[j], 100 * p(order[k:]) / clean, rel_tol=1e-9)
 
-    def test_component_curves_equal_ablating_the_listed_units(self, llama):
+    @pytest.mark.parametrize("granularity", ["fine", "edges", "neurons"])
+    def test_component_curves_equal_ablating_the_listed_units(self, llama, granularity):
         """Independent of the curves' index arithmetic: units enumerated as (layer, head, query, key) and
-        (layer, pos, neuron) tuples, sorted by score, ablated through ``component_ablation_prob``."""
+        (layer, pos, neuron) tuples, sorted by score, ablated through ``component_ablation_prob``.
+        ``edges`` and ``neurons`` list one kind only; the other is never ablated."""
         t, target = 6, 4
         ids = [7, 3, 17, 25, 40, 8]
         sample = Sample("x", ids, [False] + [True] * (t - 1), target, None)  # position 0 plays BOS
         res = COMPONENT_METHODS["random"](llama, None, ids, target, seed=3)  # no ties (AtP has exact zeros)
-        units = component_units(sample, 3, 4, 48, "fine")
+        units = component_units(sample, 3, 4, 48, granularity)
         fractions = [1e-3, 0.05, 0.6]
         curves = component_curves(llama, sample, res, units, fractions, batch_size=2)
         listed = [("edge", (l, h, q, k)) for l in range(3) for h in range(4) for q in range(t) for k in range(1, q + 1)]
         listed += [("neuron", (l, p, n)) for l in range(3) for p in range(1, t) for n in range(48)]
+        listed = [u for u in listed if granularity == "fine" or u[0] + "s" == granularity]
         scores = [float((res.edge_scores if kind == "edge" else res.neuron_position_scores)[u]) for kind, u in listed]
         assert len(set(scores)) == len(scores)  # no ties, so the order is the plain sort
         order = [listed[i] for i in sorted(range(len(listed)), key=lambda i: -scores[i])]

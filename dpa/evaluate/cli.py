@@ -55,8 +55,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="model dtype (default float32)")
     p.add_argument("--threads", type=int, metavar="N",
                    help="CPU threads for torch (default: torch's choice; 1 is often fastest on a busy machine)")
-    p.add_argument("--component-units", choices=("fine", "coarse"), default="fine",
-                   help="fine: edges and position-level neurons (the paper); coarse: heads and neurons")
+    p.add_argument("--component-units", choices=("fine", "coarse", "edges", "neurons"), default="fine",
+                   help="fine: edges and position-level neurons, ranked jointly (the paper); coarse: heads and "
+                        "neurons; edges / neurons: the fine units of one kind only, the other left intact")
     p.add_argument("--no-contrast", action="store_true",
                    help="IOI: attribute the answer's logit instead of logit(IO) - logit(S)")
     p.add_argument("--seed", type=int, default=0, help="random baseline and tie-breaking seed")

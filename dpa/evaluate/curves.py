@@ -9,7 +9,9 @@ The curve value is 100 * p_ablated / p_clean. Unit sets:
 * component, ``fine``: attention edges (layer, head, query, key) with key <= query and a context
   key, and position-level neurons (layer, position, neuron) at context positions, ranked jointly;
 * component, ``coarse``: heads (every probability of the head) and neurons (SiLU(s) at every
-  position), ranked jointly.
+  position), ranked jointly;
+* component, ``edges`` or ``neurons``: the fine units of one kind alone (the other kind is left
+  intact), to compare methods that score only one kind on their own ground.
 """
 
 from __future__ import annotations
@@ -110,19 +112,28 @@ class ComponentUnits:
         return len(self.attn_index) + len(self.neuron_index)
 
 
+GRANULARITIES = ("fine", "coarse", "edges", "neurons")
+
+
 def component_units(sample: Sample, n_layers: int, n_heads: int, d_mlp: int,
-                    granularity: Literal["fine", "coarse"] = "fine") -> ComponentUnits:
+                    granularity: Literal["fine", "coarse", "edges", "neurons"] = "fine") -> ComponentUnits:
+    """The units of a component run. ``edges`` and ``neurons`` are the fine units of one kind only:
+    the other kind is never ablated (in recovery as in disruption)."""
     t = sample.n_tokens
     if granularity == "coarse":
         return ComponentUnits((n_layers, n_heads, 1, 1), (n_layers, 1, d_mlp),
                               torch.arange(n_layers * n_heads), torch.arange(n_layers * d_mlp))
-    if granularity != "fine":
-        raise ValueError(f"component units must be 'fine' or 'coarse', got {granularity!r}")
+    if granularity not in GRANULARITIES:
+        raise ValueError(f"component units must be one of {', '.join(GRANULARITIES)}; got {granularity!r}")
     context = torch.tensor(sample.context)
     i = torch.arange(t)
     edge = (i[None, :] <= i[:, None]) & context[None, :]  # [query key]: causal, context key
     attn = edge.expand(n_layers, n_heads, t, t).flatten().nonzero().flatten()
     neuron = context[None, :, None].expand(n_layers, t, d_mlp).flatten().nonzero().flatten()
+    if granularity == "edges":
+        neuron = neuron[:0]
+    elif granularity == "neurons":
+        attn = attn[:0]
     return ComponentUnits((n_layers, n_heads, t, t), (n_layers, t, d_mlp), attn, neuron)
 
 

@@ -50,7 +50,7 @@ class Settings:
     unit: Unit
     methods: tuple[str, ...] = ()
     limit: int | None = None  # valid samples to evaluate (None: all)
-    component_units: str = "fine"  # fine: edges + position-level neurons; coarse: heads + neurons
+    component_units: str = "fine"  # fine: edges + position-level neurons; coarse: heads + neurons; edges; neurons
     weights: PathWeights = field(default_factory=PathWeights)  # for DPA
     contrast: bool = True  # IOI: attribute logit(IO) - logit(S); the metric stays p(IO)
     seed: int = 0  # random baseline and tie-breaking
@@ -88,7 +88,7 @@ def resolve_methods(settings: Settings) -> dict[str, Callable]:
         raise ValueError(f"unknown {settings.unit} method(s) {', '.join(unknown)}; choose from "
                          f"{', '.join(registry)} (or 'paper', 'all')")
     pool = {"weights": settings.weights, "seed": settings.seed, "steps": settings.steps,
-            "units": settings.component_units}
+            "units": "coarse" if settings.component_units == "coarse" else "fine"}
     out = {}
     for name in dict.fromkeys(names):
         fn = registry[name]
