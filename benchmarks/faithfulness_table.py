@@ -3,15 +3,20 @@
     python benchmarks/faithfulness_table.py [RESULTS_DIR]
 
 Reads ``<dataset>-<unit>/results.json`` under RESULTS_DIR (default: benchmarks/results) and prints
-three tables: total AUC in paper mode, total AUC in clean mode, and seconds per sample (the
-attribution call alone), one column per dataset × unit, one row per method. The paper's
-Llama-3.1-8B-Instruct figures for DPA and the best baseline are printed under them.
+four tables, one column per dataset × unit, one row per method: total AUC in paper mode, total
+AUC in clean mode, seconds per sample (the attribution call alone), and that time as a multiple
+of DPA's on the same sample (the median over samples of the per-sample ratio, read from
+``samples.jsonl``: the methods of one sample run back to back, so the ratio survives a busy
+machine better than the seconds do). The paper's Llama-3.1-8B-Instruct figures for DPA and the
+best baseline are printed under them.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 RUNS = ["known_1000-input", "squad_v2.0-input", "imdb-input", "known_1000-component", "ioi-component"]
@@ -33,6 +38,21 @@ def load(root: Path) -> dict[str, dict]:
         if path.exists():
             out[run] = json.loads(path.read_text())
     return out
+
+
+def time_ratios(folder: Path, n_evaluated: int) -> dict[str, float]:
+    """Method -> median over the evaluated samples of seconds(method) / seconds(dpa) on that sample."""
+    read = lambda name: [json.loads(x) for x in (folder / name).read_text().splitlines() if x.strip()]  # noqa: E731
+    valid = sorted({r["index"] for r in read("filter.jsonl") if r["valid"]})[:n_evaluated]
+    seconds: dict[int, dict[str, float]] = defaultdict(dict)
+    for r in read("samples.jsonl"):
+        seconds[r["index"]][r["method"]] = r["seconds"]
+    ratios = defaultdict(list)
+    for i in valid:
+        for method, sec in seconds[i].items():
+            if "dpa" in seconds[i]:
+                ratios[method].append(sec / seconds[i]["dpa"])
+    return {method: statistics.median(rs) for method, rs in ratios.items()}
 
 
 def table(results: dict[str, dict], value, fmt: str, best=max) -> str:
@@ -73,6 +93,12 @@ def main() -> None:
     print(table(results, lambda m: m["auc"]["clean"]["total"], ".2f"))
     print("Seconds per sample, attribution call alone (fastest in bold)\n")
     print(table(results, lambda m: m["seconds_per_sample"], ".3f", best=min))
+    print("Time per sample as a multiple of DPA's on the same sample (median over samples)\n")
+    for run, res in results.items():
+        ratios = time_ratios(root / run, res["n_evaluated"])
+        for name, m in res["methods"].items():
+            m["time_ratio"] = ratios.get(name, float("nan"))
+    print(table(results, lambda m: m["time_ratio"], ".2f", best=None))
     print("The paper, Llama-3.1-8B-Instruct, total AUC (paper mode)\n")
     print("| run | DPA | best baseline |\n|---|---:|---|")
     for r in RUNS:
