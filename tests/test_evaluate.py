@@ -18,6 +18,7 @@ from dpa.evaluate import (COMPONENT_GRID, KNOWN_GRID, SIGMOID_GRID, DataError, S
                           component_ablation_prob, component_ablation_probs, encode_example, evaluate, find_data_dir,
                           fraction_grid, generate_ioi, input_ablation_prob, load_examples, sweep)
 from dpa.evaluate.cli import main
+from dpa.evaluate.ablation import component_ablation_probs_both, input_ablation_probs_both
 from dpa.evaluate.curves import component_curves, component_units, input_curves, rank, unit_count
 from dpa.evaluate.datasets import Example, subject_name
 from dpa.evaluate.filter import check
@@ -323,6 +324,98 @@ class TestCurves:
             assert math.isclose(curves.recovery[j], 100 * p(order[k:]) / clean, rel_tol=1e-9)
 
 
+class TestPaperProtocol:
+    """The paper's unit sets (all context (query, key) pairs; one kind for one-kind methods) and its
+    softmax dtype, each against an enumeration written out by hand."""
+
+    def test_paper_units(self):
+        sample = Sample("x", [3, 4, 5, 6], [False, True, True, True], 9, None)
+        clean = component_units(sample, 2, 3, 5, "fine")
+        paper = component_units(sample, 2, 3, 5, "fine", protocol="paper", method="dpa")
+        assert len(paper.attn_index) == 2 * 3 * 3 * 3  # context query x context key, both triangles
+        assert torch.equal(paper.neuron_index, clean.neuron_index)
+        edges = torch.zeros(2 * 3 * 4 * 4, dtype=torch.bool)
+        edges[paper.attn_index] = True
+        edges = edges.view(2, 3, 4, 4)
+        assert edges[1, 2, 1, 3] and not edges[..., 0, :].any() and not edges[..., 0].any()  # non-causal in; BOS out
+        attn = component_units(sample, 2, 3, 5, "fine", protocol="paper", method="attn_only")
+        assert torch.equal(attn.attn_index, paper.attn_index) and len(attn.neuron_index) == 0
+        mlp = component_units(sample, 2, 3, 5, "fine", protocol="paper", method="mlp_only")
+        assert len(mlp.attn_index) == 0 and torch.equal(mlp.neuron_index, paper.neuron_index)
+        # the clean protocol ranks every method on the same units
+        assert component_units(sample, 2, 3, 5, "fine", method="attn_only").same_as(clean)
+        coarse = component_units(sample, 2, 3, 5, "coarse", protocol="paper", method="attn_only")
+        assert coarse.n == 2 * 3 and coarse.attn_shape == (2, 3, 1, 1)
+        assert component_units(sample, 2, 3, 5, "coarse", protocol="paper").same_as(component_units(sample, 2, 3, 5,
+                                                                                                    "coarse"))
+        with pytest.raises(ValueError, match="no neurons"):
+            component_units(sample, 2, 3, 5, "neurons", protocol="paper", method="attn_only")
+        with pytest.raises(ValueError, match="protocol"):
+            component_units(sample, 2, 3, 5, "fine", protocol="reference")
+
+    @pytest.mark.parametrize("method", ["random", "attn_only", "mlp_only"])
+    def test_paper_curves_equal_ablating_the_listed_units(self, llama, method):
+        """Units listed as tuples the way the reference lists them (every context pair of every head,
+        non-causal ones included, which ablate nothing), sorted by score, ablated one list at a time."""
+        t, target = 6, 4
+        ids = [7, 3, 17, 25, 40, 8]
+        sample = Sample("x", ids, [False] + [True] * (t - 1), target, None)
+        kw = {"seed": 3} if method == "random" else {}
+        res = COMPONENT_METHODS[method](llama, None, ids, target, **kw)
+        units = component_units(sample, 3, 4, 48, "fine", protocol="paper", method=method)
+        fractions = [1e-3, 0.05, 0.3, 0.6]
+        curves = component_curves(llama, sample, res, units, fractions, batch_size=3).native
+        listed = []
+        if method != "mlp_only":
+            listed += [("edge", (l, h, q, k)) for l in range(3) for h in range(4) for q in range(1, t)
+                       for k in range(1, t)]
+        if method != "attn_only":
+            listed += [("neuron", (l, p, n)) for l in range(3) for p in range(1, t) for n in range(48)]
+        scores = [float((res.edge_scores if kind == "edge" else res.neuron_position_scores)[u]) for kind, u in listed]
+        ties = {s for s in scores if scores.count(s) > 1} if len(set(scores)) < len(scores) else set()
+        # the only ties are the zeros of non-causal pairs, whose order cannot matter (they ablate nothing)
+        assert all(kind == "edge" and u[3] > u[2] for (kind, u), s in zip(listed, scores) if s in ties)
+        order = [listed[i] for i in sorted(range(len(listed)), key=lambda i: -scores[i])]
+
+        def p(chosen):
+            edges = [u for kind, u in chosen if kind == "edge"]
+            neurons = [u for kind, u in chosen if kind == "neuron"]
+            return component_ablation_prob(llama, ids, edges, neurons, t - 1, target)
+
+        clean = p([])
+        assert curves.n_units == len(listed) and math.isclose(curves.p_clean, clean, rel_tol=1e-9)
+        for j, f in enumerate(fractions):
+            k = unit_count(f, len(listed))
+            assert math.isclose(curves.disruption[j], 100 * p(order[:k]) / clean, rel_tol=1e-9)
+            assert math.isclose(curves.recovery[j], 100 * p(order[k:]) / clean, rel_tol=1e-9)
+
+    def test_non_causal_units_ablate_nothing(self, llama):
+        ids = [3, 17, 25, 40]
+        keep = torch.ones(3, 3, 4, 4, 4, dtype=torch.bool)  # [row layer head query key]
+        keep[1:] = torch.tril(torch.ones(4, 4, dtype=torch.bool))  # rows 1, 2: every non-causal pair zeroed
+        keep[2, 2, 1, 3, 0] = False  # row 2: and one causal pair
+        probs = component_ablation_probs(llama, ids, keep, None, 3, 12)
+        assert probs[1] == probs[0] and probs[2] != probs[0]
+
+    def test_native_softmax_is_in_the_models_dtype(self):
+        model = tiny_model("llama").to(torch.bfloat16)
+        ids = [3, 17, 25, 40, 8]
+        keep = torch.ones(3, 5)
+        keep[1, 2] = keep[2, 1:4] = 0
+        wide, native = input_ablation_probs_both(model, ids, keep, 4, 12)
+        emb = model.model.embed_tokens(torch.tensor([ids]))
+        for r in range(3):
+            logits = model(inputs_embeds=emb * keep[r, None, :, None].to(emb.dtype)).logits[0, -1]
+            assert logits.dtype == torch.bfloat16
+            assert wide[r] == logits.float().softmax(-1)[12] and wide.dtype == torch.float32
+            assert native[r] == logits.softmax(-1)[12].float()
+        attn = torch.ones(1, 3, 4, 5, 5)
+        wide, native = component_ablation_probs_both(model, ids, attn, None, 4, 12)
+        assert wide.dtype == native.dtype == torch.float32 and not torch.equal(wide, native)
+        wide64, native64 = component_ablation_probs_both(tiny_model("llama"), ids, attn.double(), None, 4, 12)
+        assert torch.equal(wide64, native64)  # float64 model: one softmax
+
+
 def tiny_dataset(model, folder: Path, n: int = 4) -> None:
     """Known-1000-style records whose answers are the tiny model's own predictions (plus one it gets wrong)."""
     records = []
@@ -398,6 +491,17 @@ class TestRunner:
         results = evaluate(llama, tok, settings, tmp_path / "component", progress=False, figures=False)
         assert set(results["methods"]) == {"dpa", "dpa_mid", "attn_only"} and results["n_evaluated"] == 2
         assert results["fractions"] == list(COMPONENT_GRID)
+        # each AUC mode integrates its own protocol's curves; attn_only's paper units are the edges alone
+        for m in results["methods"].values():
+            assert m["auc"] == auc_summary(COMPONENT_GRID, m["disruption"], m["recovery"], unit="component",
+                                           paper=(m["paper_disruption"], m["paper_recovery"]))
+        rows = {r["method"]: r for r in map(json.loads, (tmp_path / "component" / "samples.jsonl").read_text()
+                                            .splitlines()) if r["index"] == 0}
+        t = rows["dpa"]["n_tokens"]
+        assert rows["dpa"]["n_units"] == 3 * 4 * t * (t + 1) // 2 + 3 * t * 48
+        assert rows["dpa"]["paper_n_units"] == 3 * 4 * t * t + 3 * t * 48
+        assert rows["attn_only"]["paper_n_units"] == 3 * 4 * t * t
+        assert rows["attn_only"]["paper_recovery"] != rows["attn_only"]["recovery"]
         coarse = evaluate(llama, tok, Settings(**{**settings.__dict__, "component_units": "coarse",
                                                   "methods": ("activation_patching", "dpa")}),
                           tmp_path / "coarse", progress=False, figures=False)
@@ -409,6 +513,25 @@ class TestRunner:
         assert summary["points"][1]["method"] == summary["points"][3]["method"] == "dpa[0.25,0.25,0.5,0.5,0.5]"
         assert (tmp_path / "sweep" / "sweep.png").stat().st_size > 0
         assert len((tmp_path / "sweep" / "sweep.csv").read_text().splitlines()) == 5
+
+    def test_rows_without_paper_curves(self, llama, tmp_path):
+        """Rows of older versions hold the clean curves only: they serve input runs of a float32 / float64
+        model (same units, same softmax); component samples are measured again."""
+        tok = word_tokenizer()
+        tiny_dataset(llama, tmp_path / "data", n=2)
+        for unit, remeasured in (("input", 0), ("component", 2)):
+            settings = Settings(dataset="known_1000", unit=unit, methods=("dpa",), min_probability=0.0,
+                                data_dir=str(tmp_path / "data"))
+            out = tmp_path / unit
+            first = evaluate(llama, tok, settings, out, progress=False, figures=False)
+            path = out / "samples.jsonl"
+            rows = [json.loads(x) for x in path.read_text().splitlines()]
+            path.write_text("".join(json.dumps({k: v for k, v in r.items() if not k.startswith("paper_")}) + "\n"
+                                    for r in rows))
+            again = evaluate(llama, tok, settings, out, progress=False, figures=False)
+            assert len(path.read_text().splitlines()) == len(rows) + remeasured
+            for mode in ("paper", "clean"):
+                assert again["methods"]["dpa"]["auc"][mode] == pytest.approx(first["methods"]["dpa"]["auc"][mode])
 
     def test_unknown_method(self, llama, tmp_path):
         with pytest.raises(ValueError, match="unknown input method"):

@@ -7,7 +7,9 @@ Curves are y(f) = 100 * mean p_ablated / p_clean at the grid fractions f. Two mo
   under the numbers: input disruption on the 0.1 ... 1 grid is at least 5, component recovery
   at least about 27.5, whatever the method.
 * ``clean``: the grid points alone.
-Total = recovery AUC - disruption AUC (higher is better).
+Total = recovery AUC - disruption AUC (higher is better). Each mode integrates the curves of its
+own protocol (curves.py: the paper's unit sets and softmax dtype, or the clean ones); where the
+two protocols measure the same curves, one pair of curves serves both.
 """
 
 from __future__ import annotations
@@ -45,11 +47,16 @@ def auc(fractions: Sequence[float], values: Sequence[float], *, curve: Literal["
 
 
 def auc_summary(fractions: Sequence[float], disruption: Sequence[float], recovery: Sequence[float], *,
-                unit: Literal["input", "component"]) -> dict[str, dict[str, float]]:
-    """{mode: {disruption, recovery, total}} for both modes."""
+                unit: Literal["input", "component"],
+                paper: tuple[Sequence[float], Sequence[float]] | None = None) -> dict[str, dict[str, float]]:
+    """{mode: {disruption, recovery, total}} for both modes. ``disruption`` and ``recovery`` are the
+    clean protocol's curves; ``paper`` = (disruption, recovery) of the paper's protocol where they
+    differ (default: the same curves)."""
+    curves = {"clean": (disruption, recovery), "paper": paper or (disruption, recovery)}
     out = {}
     for mode in ("paper", "clean"):
-        d = auc(fractions, disruption, curve="disruption", unit=unit, mode=mode)
-        r = auc(fractions, recovery, curve="recovery", unit=unit, mode=mode)
+        dis, rec = curves[mode]
+        d = auc(fractions, dis, curve="disruption", unit=unit, mode=mode)
+        r = auc(fractions, rec, curve="recovery", unit=unit, mode=mode)
         out[mode] = {"disruption": d, "recovery": r, "total": r - d}
     return out

@@ -12,6 +12,22 @@ The curve value is 100 * p_ablated / p_clean. Unit sets:
   position), ranked jointly;
 * component, ``edges`` or ``neurons``: the fine units of one kind alone (the other kind is left
   intact), to compare methods that score only one kind on their own ground.
+
+Two protocols, one per AUC mode (auc.py):
+* ``clean``: the unit sets above for every method, p(target) from a float32 softmax.
+* ``paper``: the unit sets the authors' evaluation code uses, so that the paper's numbers can be
+  reproduced. Fine edges are every (query, key) pair of context positions, the non-causal ones
+  included: those are units whose ablation changes nothing (alpha is already 0 there), yet they
+  count in n_units and so in k. A method that scores one kind only (``attn_only``: edges,
+  ``mlp_only``: neurons; ``ONE_KIND``) is evaluated on that kind alone, the other never ablated:
+  the reference code passes no scores for the other kind and leaves it out of the units. And
+  p(target) comes from a softmax in the model's own dtype (bfloat16 in the paper's runs). Every
+  dpa method scores a non-causal pair 0 (there is no such edge); the reference's gradient and
+  random baselines give those pairs the gradient df/dalpha and a random draw instead. The
+  reference also rounds scores to bfloat16 before ranking, which creates ties; dpa ranks the
+  float32 scores in both protocols.
+For input units the two protocols share the unit set and differ only in the softmax dtype, so one
+set of forward passes gives both curves.
 """
 
 from __future__ import annotations
@@ -24,10 +40,13 @@ import torch
 from torch import Tensor, nn
 
 from ..result import Attribution
-from .ablation import component_ablation_probs, input_ablation_probs
+from .ablation import component_ablation_probs_both, input_ablation_probs_both
 from .prompts import Sample
 
 Unit = Literal["input", "component"]
+Protocol = Literal["clean", "paper"]
+# Methods that score one kind of component only: the paper's protocol evaluates them on that kind alone.
+ONE_KIND = {"attn_only": "edges", "mlp_only": "neurons"}
 KNOWN_GRID = tuple(round(0.1 * i, 10) for i in range(1, 11))
 SIGMOID_GRID = tuple(1 / (1 + math.exp(6 - 1.2 * i)) for i in range(11))  # sigmoid(x), x = -6, -4.8, ..., 6
 COMPONENT_GRID = tuple(math.exp(-17 + 1.8 * i) for i in range(10))  # exp(x), x = -17, -15.2, ..., -0.8
@@ -59,6 +78,7 @@ class Curves:
     recovery: list[float]
     p_clean: float
     n_units: int
+    native: Curves | None = None  # the same ablations, p(target) from a softmax in the model's dtype
 
 
 def _rows(fractions, n: int) -> tuple[list[tuple[str, int]], dict[tuple[str, int], int]]:
@@ -69,13 +89,21 @@ def _rows(fractions, n: int) -> tuple[list[tuple[str, int]], dict[tuple[str, int
     return rows, {row: i for i, row in enumerate(rows)}
 
 
-def _curves(fractions, n: int, rows, index, probs: Tensor, p_clean: float) -> Curves:
-    def value(mode: str, k: int) -> float:
-        p = p_clean if (mode, k) == ("recovery", n) else float(probs[index[(mode, k)]])
-        return 100.0 * p / p_clean
+def _curves(fractions, n: int, rows, index, probs: tuple[Tensor, Tensor]) -> Curves:
+    """Curves from the probabilities of [clean, *rows] in both softmax dtypes."""
+    def one(p: Tensor) -> Curves:
+        p_clean = float(p[0])
 
-    return Curves(disruption=[value("disruption", unit_count(f, n)) for f in fractions],
-                  recovery=[value("recovery", unit_count(f, n)) for f in fractions], p_clean=p_clean, n_units=n)
+        def value(mode: str, k: int) -> float:
+            q = p_clean if (mode, k) == ("recovery", n) else float(p[1 + index[(mode, k)]])
+            return 100.0 * q / p_clean
+
+        return Curves(disruption=[value("disruption", unit_count(f, n)) for f in fractions],
+                      recovery=[value("recovery", unit_count(f, n)) for f in fractions], p_clean=p_clean, n_units=n)
+
+    out = one(probs[0])
+    out.native = one(probs[1])
+    return out
 
 
 def _chosen(order: Tensor, mode: str, k: int) -> Tensor:
@@ -93,9 +121,9 @@ def input_curves(model: nn.Module, sample: Sample, attribution: Attribution, fra
     for r, (mode, k) in enumerate(rows):
         keep[r, _chosen(order, mode, k)] = 0
     clean = torch.ones(1, sample.n_tokens)
-    probs = input_ablation_probs(model, sample.input_ids, torch.cat([clean, keep]), sample.position,
-                                 sample.target_id, batch_size)
-    return _curves(fractions, n, rows, index, probs[1:], float(probs[0]))
+    probs = input_ablation_probs_both(model, sample.input_ids, torch.cat([clean, keep]), sample.position,
+                                      sample.target_id, batch_size)
+    return _curves(fractions, n, rows, index, probs)
 
 
 @dataclass
@@ -111,30 +139,52 @@ class ComponentUnits:
     def n(self) -> int:
         return len(self.attn_index) + len(self.neuron_index)
 
+    def same_as(self, other: ComponentUnits) -> bool:
+        return (self.attn_shape == other.attn_shape and self.neuron_shape == other.neuron_shape
+                and torch.equal(self.attn_index, other.attn_index)
+                and torch.equal(self.neuron_index, other.neuron_index))
+
 
 GRANULARITIES = ("fine", "coarse", "edges", "neurons")
 
 
 def component_units(sample: Sample, n_layers: int, n_heads: int, d_mlp: int,
-                    granularity: Literal["fine", "coarse", "edges", "neurons"] = "fine") -> ComponentUnits:
+                    granularity: Literal["fine", "coarse", "edges", "neurons"] = "fine", *,
+                    protocol: Protocol = "clean", method: str | None = None) -> ComponentUnits:
     """The units of a component run. ``edges`` and ``neurons`` are the fine units of one kind only:
-    the other kind is never ablated (in recovery as in disruption)."""
-    t = sample.n_tokens
-    if granularity == "coarse":
-        return ComponentUnits((n_layers, n_heads, 1, 1), (n_layers, 1, d_mlp),
-                              torch.arange(n_layers * n_heads), torch.arange(n_layers * d_mlp))
+    the other kind is never ablated (in recovery as in disruption).
+
+    ``protocol="paper"`` gives the paper's unit set for ``method`` (see the module docstring): fine
+    edges over every (query, key) pair of context positions, and one kind only for a method in
+    ``ONE_KIND``."""
     if granularity not in GRANULARITIES:
         raise ValueError(f"component units must be one of {', '.join(GRANULARITIES)}; got {granularity!r}")
-    context = torch.tensor(sample.context)
-    i = torch.arange(t)
-    edge = (i[None, :] <= i[:, None]) & context[None, :]  # [query key]: causal, context key
-    attn = edge.expand(n_layers, n_heads, t, t).flatten().nonzero().flatten()
-    neuron = context[None, :, None].expand(n_layers, t, d_mlp).flatten().nonzero().flatten()
-    if granularity == "edges":
-        neuron = neuron[:0]
-    elif granularity == "neurons":
-        attn = attn[:0]
-    return ComponentUnits((n_layers, n_heads, t, t), (n_layers, t, d_mlp), attn, neuron)
+    if protocol not in ("clean", "paper"):
+        raise ValueError(f"protocol must be 'clean' or 'paper', got {protocol!r}")
+    kind = granularity if granularity in ("edges", "neurons") else None
+    if protocol == "paper" and method in ONE_KIND:
+        if kind is not None and kind != ONE_KIND[method]:
+            raise ValueError(f"{method} scores {ONE_KIND[method]} only; it has no {kind} to rank")
+        kind = ONE_KIND[method]
+    t = sample.n_tokens
+    if granularity == "coarse":
+        units = ComponentUnits((n_layers, n_heads, 1, 1), (n_layers, 1, d_mlp),
+                               torch.arange(n_layers * n_heads), torch.arange(n_layers * d_mlp))
+    else:
+        context = torch.tensor(sample.context)
+        i = torch.arange(t)
+        if protocol == "paper":
+            edge = context[:, None] & context[None, :]  # [query key]: context query and key, both triangles
+        else:
+            edge = (i[None, :] <= i[:, None]) & context[None, :]  # [query key]: causal, context key
+        attn = edge.expand(n_layers, n_heads, t, t).flatten().nonzero().flatten()
+        neuron = context[None, :, None].expand(n_layers, t, d_mlp).flatten().nonzero().flatten()
+        units = ComponentUnits((n_layers, n_heads, t, t), (n_layers, t, d_mlp), attn, neuron)
+    if kind == "edges":
+        units.neuron_index = units.neuron_index[:0]
+    elif kind == "neurons":
+        units.attn_index = units.attn_index[:0]
+    return units
 
 
 def component_scores(attribution: Attribution, units: ComponentUnits) -> Tensor:
@@ -153,6 +203,8 @@ def component_curves(model: nn.Module, sample: Sample, attribution: Attribution,
     """Curves for component scores: attention probabilities and SiLU(s) zeroed."""
     order = rank(component_scores(attribution, units), seed)
     n, n_attn = units.n, len(units.attn_index)
+    if n == 0:
+        raise ValueError("the sample has no component units (no context positions)")
     rows, index = _rows(fractions, n)
     plan = [None, *rows]  # first row: nothing ablated (p_clean through the same arithmetic)
     probs = []
@@ -166,8 +218,8 @@ def component_curves(model: nn.Module, sample: Sample, attribution: Attribution,
             chosen = _chosen(order, *row)
             attn[r, units.attn_index[chosen[chosen < n_attn]]] = False
             neurons[r, units.neuron_index[chosen[chosen >= n_attn] - n_attn]] = False
-        probs.append(component_ablation_probs(model, sample.input_ids, attn.view(len(chunk), *units.attn_shape),
-                                              neurons.view(len(chunk), *units.neuron_shape), sample.position,
-                                              sample.target_id))
-    probs = torch.cat(probs)
-    return _curves(fractions, n, rows, index, probs[1:], float(probs[0]))
+        probs.append(component_ablation_probs_both(model, sample.input_ids,
+                                                   attn.view(len(chunk), *units.attn_shape),
+                                                   neurons.view(len(chunk), *units.neuron_shape), sample.position,
+                                                   sample.target_id))
+    return _curves(fractions, n, rows, index, (torch.cat([a for a, _ in probs]), torch.cat([b for _, b in probs])))

@@ -27,22 +27,28 @@ def _ordered(results: dict) -> list[str]:
 
 
 def plot_curves(results: dict, path: str | Path) -> None:
-    """Disruption and recovery curves, one line per method (best total first in the legend)."""
+    """Disruption and recovery curves, one line per method (best total first in the legend): the
+    paper's protocol in the top row, the clean one below."""
     plt = _pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=False)
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8.2), sharey=False)
     f = results["fractions"]
+    rows = (("paper", "paper_"), ("clean", ""))
     for name in _ordered(results):
         m = results["methods"][name]
         style = {"lw": 2.4, "color": "black"} if name == "dpa" else {"lw": 1.3}
-        for ax, key in zip(axes, ("disruption", "recovery")):
-            ax.plot(f, m[key], marker="o", ms=3, label=f"{name} ({m['auc']['paper']['total']:.1f})", **style)
-    for ax, key in zip(axes, ("disruption", "recovery")):
-        _x_scale(ax, results)
-        ax.set_xlabel("fraction of units f")
-        ax.set_ylabel("100 · p_ablated / p_clean")
-        ax.set_title(f"{key} (lower is better)" if key == "disruption" else f"{key} (higher is better)")
-        ax.grid(alpha=0.3)
-    axes[1].legend(fontsize=7, title="method (total AUC, paper)", title_fontsize=7, loc="best")
+        for (mode, prefix), row in zip(rows, axes):
+            for ax, key in zip(row, ("disruption", "recovery")):
+                ax.plot(f, m.get(prefix + key, m[key]), marker="o", ms=3,
+                        label=f"{name} ({m['auc'][mode]['total']:.1f})", **style)
+    for (mode, _), row in zip(rows, axes):
+        for ax, key in zip(row, ("disruption", "recovery")):
+            _x_scale(ax, results)
+            ax.set_xlabel("fraction of units f")
+            ax.set_ylabel("100 · p_ablated / p_clean")
+            better = "lower" if key == "disruption" else "higher"
+            ax.set_title(f"{key}, {mode} protocol ({better} is better)")
+            ax.grid(alpha=0.3)
+        row[1].legend(fontsize=7, title=f"method (total AUC, {mode})", title_fontsize=7, loc="best")
     unit = results["unit"] + (f", {results['component_units']}" if results.get("component_units") else "")
     fig.suptitle(f"{results['dataset']} — {unit} units — {results['model']} — {results['n_evaluated']} samples")
     fig.tight_layout()

@@ -201,7 +201,7 @@ def evaluate(model: nn.Module, tokenizer, settings: Settings, out: str | Path, *
         units = (component_units(sample, spec.n_layers, spec.n_heads, spec.d_mlp, settings.component_units)
                  if settings.unit == "component" else None)
         for name, fn in methods.items():
-            if (index, name) in store.samples:
+            if (index, name) in store.samples and _complete(store.samples[(index, name)], settings, model):
                 continue
             bar.set_postfix(checked=index + 1, valid=len(chosen), method=name)
             store.add_sample(_measure(model, tokenizer, settings, sample, index, name, fn, units, fractions))
@@ -225,13 +225,36 @@ def _measure(model, tokenizer, settings: Settings, sample, index: int, name: str
     if settings.unit == "input":
         curves = input_curves(model, sample, attribution, fractions, seed=settings.seed,
                               batch_size=settings.batch_size)
+        paper = curves.native  # the same units: only the softmax dtype differs
     else:
         curves = component_curves(model, sample, attribution, units, fractions, seed=settings.seed,
                                   batch_size=settings.batch_size)
+        spec = spec_for(model)
+        paper_units = component_units(sample, spec.n_layers, spec.n_heads, spec.d_mlp, settings.component_units,
+                                      protocol="paper", method=attribution.method)
+        paper = (curves if paper_units.same_as(units)
+                 else component_curves(model, sample, attribution, paper_units, fractions, seed=settings.seed,
+                                       batch_size=settings.batch_size)).native
     return {"index": index, "id": sample.id, "method": name, "seconds": seconds,
             "eval_seconds": time.perf_counter() - start - seconds, "n_tokens": sample.n_tokens,
             "n_units": curves.n_units, "p_clean": curves.p_clean, "disruption": curves.disruption,
-            "recovery": curves.recovery}
+            "recovery": curves.recovery, "paper_n_units": paper.n_units, "paper_p_clean": paper.p_clean,
+            "paper_disruption": paper.disruption, "paper_recovery": paper.recovery}
+
+
+def _native_is_float32(model: nn.Module) -> bool:
+    return model.lm_head.weight.dtype in (torch.float32, torch.float64)
+
+
+def _complete(row: dict, settings: Settings, model: nn.Module) -> bool:
+    """Whether a stored row has what the results need. Rows of older dpa versions hold the clean
+    curves alone; for input units of a float32 model those are the paper's curves too (same units,
+    same softmax), otherwise the sample is measured again."""
+    return "paper_disruption" in row or (settings.unit == "input" and _native_is_float32(model))
+
+
+def _paper_curve(row: dict, key: str) -> list[float]:
+    return row.get(f"paper_{key}", row[key])
 
 
 def summarize(settings: Settings, methods, store: Store, chosen: list[int], fractions, model: nn.Module, *,
@@ -240,16 +263,19 @@ def summarize(settings: Settings, methods, store: Store, chosen: list[int], frac
     per_method = {}
     for name in methods:
         rows = [store.samples[(i, name)] for i in chosen if (i, name) in store.samples]
+        rows = [r for r in rows if _complete(r, settings, model)]
         if not rows:
             continue
-        mean = lambda key: [sum(r[key][j] for r in rows) / len(rows) for j in range(len(fractions))]  # noqa: E731
-        disruption, recovery = mean("disruption"), mean("recovery")
+        mean = lambda curve: [sum(curve(r)[j] for r in rows) / len(rows) for j in range(len(fractions))]  # noqa: E731
+        disruption, recovery = mean(lambda r: r["disruption"]), mean(lambda r: r["recovery"])
+        paper = (mean(lambda r: _paper_curve(r, "disruption")), mean(lambda r: _paper_curve(r, "recovery")))
         per_method[name] = {
             "n_samples": len(rows),
             "seconds_per_sample": sum(r["seconds"] for r in rows) / len(rows),
             "eval_seconds_per_sample": sum(r["eval_seconds"] for r in rows) / len(rows),
-            "disruption": disruption, "recovery": recovery,
-            "auc": auc_summary(fractions, disruption, recovery, unit=settings.unit),
+            "disruption": disruption, "recovery": recovery,  # the clean protocol's mean curves
+            "paper_disruption": paper[0], "paper_recovery": paper[1],  # the paper's protocol
+            "auc": auc_summary(fractions, disruption, recovery, unit=settings.unit, paper=paper),
         }
     checked = [store.verdicts[i] for i in sorted(store.verdicts)]
     device = model.lm_head.weight.device
