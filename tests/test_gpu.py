@@ -1,4 +1,7 @@
-"""CUDA checks (skipped without a GPU): a bf16 model with float32 targets agrees with float32 on CPU."""
+"""CUDA checks (skipped without a GPU): a bf16 model with float32 targets agrees with float32 on CPU; the
+benchmark's methods and curves on CUDA equal the CPU's."""
+
+import json
 
 import pytest
 import torch
@@ -36,3 +39,61 @@ def test_default_model_bf16_on_cuda():
                         weights=dpa.PathWeights.control_content(1.0))
     assert res.target.probability > 0.5
     assert abs(res.completeness_gap) < 0.05 * abs(res.target_logit)
+
+
+def _close(a, b, name):
+    if a is None or b is None:
+        assert a is None and b is None, name
+    else:
+        torch.testing.assert_close(a.cpu(), b.cpu(), msg=name)
+
+
+@pytest.mark.parametrize("unit", ["input", "component"])
+def test_every_baseline_on_cuda_matches_cpu(unit):
+    """The benchmark's methods keep their tensors on the model's device and give the CPU's scores."""
+    from dpa.baselines import COMPONENT_METHODS, INPUT_METHODS
+
+    cpu_model, gpu_model = tiny_model("llama", 2), tiny_model("llama", 2).cuda()
+    ids = random_ids(7).tolist()
+    for name, fn in (INPUT_METHODS if unit == "input" else COMPONENT_METHODS).items():
+        cpu, gpu = fn(cpu_model, None, ids, 5), fn(gpu_model, None, ids, 5)
+        for field in ("token_scores", "head_scores", "neuron_scores", "edge_scores", "neuron_position_scores"):
+            _close(getattr(gpu, field), getattr(cpu, field), f"{name}.{field}")
+
+
+def test_curves_on_cuda_match_cpu_in_both_protocols():
+    from dpa.baselines import COMPONENT_METHODS
+    from dpa.evaluate import COMPONENT_GRID, Sample
+    from dpa.evaluate.curves import component_curves, component_units
+
+    cpu_model, gpu_model = tiny_model("llama", 2), tiny_model("llama", 2).cuda()
+    ids = random_ids(6).tolist()
+    sample = Sample("x", ids, [False] + [True] * 5, 5, None)
+    for method in ("dpa", "attn_only"):
+        res = COMPONENT_METHODS[method](cpu_model, None, ids, 5)
+        for protocol in ("clean", "paper"):
+            units = component_units(sample, 3, 4, 48, "fine", protocol=protocol, method=method)
+            a = component_curves(cpu_model, sample, res, units, COMPONENT_GRID)
+            b = component_curves(gpu_model, sample, res, units, COMPONENT_GRID)
+            assert a.n_units == b.n_units
+            for x, y in ((a, b), (a.native, b.native)):
+                assert x.disruption == pytest.approx(y.disruption) and x.recovery == pytest.approx(y.recovery)
+
+
+def test_bf16_evaluation_on_cuda_takes_the_paper_softmax_in_bf16(tmp_path):
+    """A bf16 model on CUDA, as the paper ran: both protocols measured, the paper's from a bf16 softmax."""
+    from dpa.evaluate import Settings, evaluate
+
+    from .test_evaluate import tiny_dataset, word_tokenizer
+
+    model = tiny_model("llama", 2)
+    tiny_dataset(model, tmp_path / "data", n=3)
+    model = model.cuda().to(torch.bfloat16)
+    for unit in ("input", "component"):
+        settings = Settings(dataset="known_1000", unit=unit, methods=("dpa", "random", "gradient"),
+                            min_probability=0.0, filter="length", data_dir=str(tmp_path / "data"))
+        results = evaluate(model, word_tokenizer(), settings, tmp_path / unit, progress=False, figures=False)
+        assert results["dtype"] == "torch.bfloat16" and not results["device"].startswith("cpu")
+        rows = [json.loads(x) for x in (tmp_path / unit / "samples.jsonl").read_text().splitlines()]
+        assert all(r["paper_p_clean"] > 0 and r["p_clean"] > 0 for r in rows)
+        assert any(r["paper_p_clean"] != r["p_clean"] for r in rows)  # bf16 softmax vs float32 softmax
