@@ -12,7 +12,6 @@ torch.cuda.max_memory_allocated on CUDA).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -23,7 +22,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import machine_label, make_ids, peak_memory  # noqa: E402
+from common import load, make_ids, parser, peak_memory  # noqa: E402
 
 METHODS = ("forward", "gradient", "dpa_input", "dpa_dense")
 
@@ -70,23 +69,14 @@ def child(args) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=None, help="model name or folder (default: SmolLM2-135M-Instruct)")
+    p = parser(__doc__)
     p.add_argument("--lengths", type=int, nargs="+", default=[32, 128, 512])
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--no-memory", action="store_true", help="skip the per-method peak-memory subprocesses")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: CUDA when available)")
-    p.add_argument("--out", default=None, help="also write the figures as JSON here")
-    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         return child(args)
-    import dpa
-
-    model, tok = dpa.load_model(args.model, device=args.device)
-    device = model.model.embed_tokens.weight.device
-    machine = machine_label(device)
-    print(f"model {args.model or 'SmolLM2-135M-Instruct'} ({model.dtype}) on {device.type}: {machine}")
+    model, tok, device, machine = load(args)
     rows = []
     for n in args.lengths:
         ids = make_ids(tok, n)

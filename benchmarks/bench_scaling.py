@@ -17,9 +17,7 @@ length: seconds and peak memory of DPA input attribution in full and lean memory
 
 from __future__ import annotations
 
-import argparse
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -29,7 +27,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import machine_label, make_ids, peak_memory  # noqa: E402
+from common import load, make_ids, parser, peak_memory  # noqa: E402
 
 
 def sync(device):
@@ -162,26 +160,17 @@ def length(args, model, tok) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__)
     p.add_argument("what", choices=["components", "length"])
-    p.add_argument("--model", default=None)
-    p.add_argument("--device", default=None)
     p.add_argument("--tokens", type=int, default=32, help="prompt length for 'components'")
     p.add_argument("--lengths", type=int, nargs="+", default=[128, 512, 1024, 2048, 4096])
     p.add_argument("--modes", nargs="+", default=["forward_backward", "full", "lean"],
                    choices=["forward_backward", "full", "lean"], help="what 'length' measures at each length")
     p.add_argument("--full", action="store_true", help="measure patching of every set (no extrapolation)")
-    p.add_argument("--out", default=None)
-    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         return length_child(args)
-    import dpa
-
-    model, tok = dpa.load_model(args.model, device=args.device)
-    device = model.model.embed_tokens.weight.device
-    machine = machine_label(device)
-    print(f"model {args.model or 'SmolLM2-135M-Instruct'} ({model.dtype}) on {machine}", flush=True)
+    model, tok, device, machine = load(args)
     data = components(args, model, tok) if args.what == "components" else length(args, model, tok)
     if args.out:
         with open(args.out, "w") as fh:

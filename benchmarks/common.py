@@ -1,7 +1,9 @@
-"""Shared helpers of the benchmark scripts: peak memory of a block, machine label, prompts."""
+"""Shared helpers of the benchmark scripts: command line, model loading, peak memory of a block, machine
+label, prompts."""
 
 from __future__ import annotations
 
+import argparse
 import platform
 import threading
 import time
@@ -68,3 +70,25 @@ def make_ids(tokenizer, n: int) -> torch.Tensor:
     if len(ids) < n:
         raise ValueError(f"could not build a {n}-token prompt")
     return torch.tensor(ids)
+
+
+def parser(doc: str) -> argparse.ArgumentParser:
+    """The options every benchmark script takes: --model, --device, --out (and the hidden --child,
+    with which a script runs one measurement in a fresh process)."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None, help="model name or folder (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: CUDA when available)")
+    p.add_argument("--out", default=None, help="also write the figures as JSON here")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    return p
+
+
+def load(args: argparse.Namespace):
+    """The model of --model on --device, with a header line: (model, tokenizer, device, machine label)."""
+    import dpa
+
+    model, tok = dpa.load_model(args.model, device=args.device)
+    device = model.model.embed_tokens.weight.device
+    machine = machine_label(device)
+    print(f"model {args.model or 'SmolLM2-135M-Instruct'} ({model.dtype}) on {machine}", flush=True)
+    return model, tok, device, machine

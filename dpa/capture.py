@@ -113,7 +113,7 @@ def check_finite(cap: ForwardCapture) -> None:
     real = cap.mask[..., None]
     if torch.isfinite(cap.resid_final.masked_fill(~real, 0)).all():
         return
-    streams = [(f"the embeddings (layer 0 input)", cap.embeddings)]
+    streams = [("the embeddings (layer 0 input)", cap.embeddings)]
     for i, layer in enumerate(cap.layers):
         streams.append((f"layer {i} after attention", layer.resid_mid))
         streams.append((f"layer {i} output", cap.layers[i + 1].resid_pre if i + 1 < len(cap.layers) else cap.resid_final))

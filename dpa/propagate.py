@@ -14,7 +14,6 @@ from typing import Literal, Sequence
 
 import torch
 from torch import Tensor, nn
-from torch.nn import functional as F
 
 from .adapters import ModelSpec, layer_weights, spec_for
 from .attention import attention_internals, propagate_attention

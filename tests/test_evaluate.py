@@ -228,6 +228,25 @@ class TestFilter:
         assert math.isclose(v.probability, expected, rel_tol=1e-6) and v.predicted == top and v.n_tokens == 4
 
 
+def assert_curves_match_listed(model, ids, target, curves, listed, scores, fractions):
+    """Component curves against units listed as ("edge", (layer, head, query, key)) and ("neuron",
+    (layer, pos, neuron)) tuples, sorted by score (descending) and ablated one list at a time through
+    ``component_ablation_prob``: independent of the curves' index arithmetic."""
+    order = [listed[i] for i in sorted(range(len(listed)), key=lambda i: -scores[i])]
+
+    def p(chosen):
+        edges = [u for kind, u in chosen if kind == "edge"]
+        neurons = [u for kind, u in chosen if kind == "neuron"]
+        return component_ablation_prob(model, ids, edges, neurons, len(ids) - 1, target)
+
+    clean = p([])
+    assert curves.n_units == len(listed) and math.isclose(curves.p_clean, clean, rel_tol=1e-9)
+    for j, f in enumerate(fractions):
+        k = unit_count(f, len(listed))
+        assert math.isclose(curves.disruption[j], 100 * p(order[:k]) / clean, rel_tol=1e-9)
+        assert math.isclose(curves.recovery[j], 100 * p(order[k:]) / clean, rel_tol=1e-9)
+
+
 class TestCurves:
     def test_input_curves_match_single_ablations(self, llama):
         ids = [3, 17, 25, 40, 8, 61, 9]
@@ -294,9 +313,7 @@ class TestCurves:
 
     @pytest.mark.parametrize("granularity", ["fine", "edges", "neurons"])
     def test_component_curves_equal_ablating_the_listed_units(self, llama, granularity):
-        """Independent of the curves' index arithmetic: units enumerated as (layer, head, query, key) and
-        (layer, pos, neuron) tuples, sorted by score, ablated through ``component_ablation_prob``.
-        ``edges`` and ``neurons`` list one kind only; the other is never ablated."""
+        """``edges`` and ``neurons`` list one kind only; the other is never ablated."""
         t, target = 6, 4
         ids = [7, 3, 17, 25, 40, 8]
         sample = Sample("x", ids, [False] + [True] * (t - 1), target, None)  # position 0 plays BOS
@@ -309,19 +326,7 @@ class TestCurves:
         listed = [u for u in listed if granularity == "fine" or u[0] + "s" == granularity]
         scores = [float((res.edge_scores if kind == "edge" else res.neuron_position_scores)[u]) for kind, u in listed]
         assert len(set(scores)) == len(scores)  # no ties, so the order is the plain sort
-        order = [listed[i] for i in sorted(range(len(listed)), key=lambda i: -scores[i])]
-
-        def p(chosen):
-            edges = [u for kind, u in chosen if kind == "edge"]
-            neurons = [u for kind, u in chosen if kind == "neuron"]
-            return component_ablation_prob(llama, ids, edges, neurons, t - 1, target)
-
-        clean = p([])
-        assert curves.n_units == len(listed) and math.isclose(curves.p_clean, clean, rel_tol=1e-9)
-        for j, f in enumerate(fractions):
-            k = unit_count(f, len(listed))
-            assert math.isclose(curves.disruption[j], 100 * p(order[:k]) / clean, rel_tol=1e-9)
-            assert math.isclose(curves.recovery[j], 100 * p(order[k:]) / clean, rel_tol=1e-9)
+        assert_curves_match_listed(llama, ids, target, curves, listed, scores, fractions)
 
 
 class TestPaperProtocol:
@@ -375,19 +380,7 @@ class TestPaperProtocol:
         ties = {s for s in scores if scores.count(s) > 1} if len(set(scores)) < len(scores) else set()
         # the only ties are the zeros of non-causal pairs, whose order cannot matter (they ablate nothing)
         assert all(kind == "edge" and u[3] > u[2] for (kind, u), s in zip(listed, scores) if s in ties)
-        order = [listed[i] for i in sorted(range(len(listed)), key=lambda i: -scores[i])]
-
-        def p(chosen):
-            edges = [u for kind, u in chosen if kind == "edge"]
-            neurons = [u for kind, u in chosen if kind == "neuron"]
-            return component_ablation_prob(llama, ids, edges, neurons, t - 1, target)
-
-        clean = p([])
-        assert curves.n_units == len(listed) and math.isclose(curves.p_clean, clean, rel_tol=1e-9)
-        for j, f in enumerate(fractions):
-            k = unit_count(f, len(listed))
-            assert math.isclose(curves.disruption[j], 100 * p(order[:k]) / clean, rel_tol=1e-9)
-            assert math.isclose(curves.recovery[j], 100 * p(order[k:]) / clean, rel_tol=1e-9)
+        assert_curves_match_listed(llama, ids, target, curves, listed, scores, fractions)
 
     def test_non_causal_units_ablate_nothing(self, llama):
         ids = [3, 17, 25, 40]
