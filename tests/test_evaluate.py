@@ -519,6 +519,13 @@ class TestRunner:
             for mode in ("paper", "clean"):
                 assert again["methods"]["dpa"]["auc"][mode] == pytest.approx(first["methods"]["dpa"]["auc"][mode])
 
+    def test_one_kind_methods_refuse_the_other_kind(self, llama, tmp_path):
+        settings = Settings(dataset="known_1000", unit="component", methods=("dpa", "attn_only"),
+                            component_units="neurons")
+        with pytest.raises(ValueError, match="attn_only score.s. edges only"):
+            evaluate(llama, word_tokenizer(), settings, tmp_path / "run", progress=False)
+        assert not (tmp_path / "run").exists()  # refused before anything was written
+
     def test_unknown_method(self, llama, tmp_path):
         with pytest.raises(ValueError, match="unknown input method"):
             evaluate(llama, word_tokenizer(), Settings(dataset="known_1000", unit="input", methods=("dpaa",)),

@@ -28,7 +28,8 @@ from ..adapters import spec_for
 from ..baselines import COMPONENT_METHODS, INPUT_METHODS
 from ..weights import PathWeights
 from .auc import auc_summary
-from .curves import ComponentUnits, Unit, component_curves, component_units, fraction_grid, input_curves
+from .curves import (ONE_KIND, ComponentUnits, Unit, component_curves, component_units, fraction_grid,
+                     input_curves)
 from .datasets import load_examples
 from .filter import Verdict, check
 from .prompts import encode_example
@@ -167,11 +168,12 @@ def evaluate(model: nn.Module, tokenizer, settings: Settings, out: str | Path, *
     k_shard, n_shards = shard
     if not (n_shards >= 1 and 0 <= k_shard < n_shards):
         raise ValueError(f"shard must be k/n with 0 <= k < n, got {k_shard}/{n_shards}")
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     if settings.filter not in ("paper", "length"):
         raise ValueError(f"filter must be 'paper' or 'length', got {settings.filter!r}")
     methods = methods if methods is not None else resolve_methods(settings)
+    _check_kinds(settings, methods)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
     identity = {**settings.identity(), "weights": asdict(settings.weights),
                 "model": getattr(model.config, "_name_or_path", "")}
     _check_folder(out, identity)
@@ -240,6 +242,16 @@ def _measure(model, tokenizer, settings: Settings, sample, index: int, name: str
             "n_units": curves.n_units, "p_clean": curves.p_clean, "disruption": curves.disruption,
             "recovery": curves.recovery, "paper_n_units": paper.n_units, "paper_p_clean": paper.p_clean,
             "paper_disruption": paper.disruption, "paper_recovery": paper.recovery}
+
+
+def _check_kinds(settings: Settings, methods) -> None:
+    """A method that scores one kind of component has nothing to rank among units of the other kind."""
+    if settings.unit != "component" or settings.component_units not in ("edges", "neurons"):
+        return
+    wrong = [n for n in methods if ONE_KIND.get(n, settings.component_units) != settings.component_units]
+    if wrong:
+        raise ValueError(f"{', '.join(wrong)} score(s) {ONE_KIND[wrong[0]]} only: nothing to rank among "
+                         f"--component-units {settings.component_units}")
 
 
 def _native_is_float32(model: nn.Module) -> bool:
