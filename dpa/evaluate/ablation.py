@@ -28,7 +28,8 @@ def _probs(model: nn.Module, hidden: Tensor, position: int, target_id: int) -> t
     float32 or better)."""
     logits = model.lm_head(hidden[:, position])
     wide = torch.promote_types(logits.dtype, torch.float32)
-    return logits.to(wide).softmax(-1)[:, target_id], logits.softmax(-1)[:, target_id].to(wide)
+    probs = logits.to(wide).softmax(-1)[:, target_id]
+    return probs, probs if logits.dtype == wide else logits.softmax(-1)[:, target_id].to(wide)
 
 
 def _ids(model: nn.Module, input_ids) -> Tensor:

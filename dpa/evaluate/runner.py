@@ -200,8 +200,7 @@ def evaluate(model: nn.Module, tokenizer, settings: Settings, out: str | Path, *
         chosen.append(index)
         if (len(chosen) - 1) % n_shards != k_shard:
             continue
-        units = (component_units(sample, spec.n_layers, spec.n_heads, spec.d_mlp, settings.component_units)
-                 if settings.unit == "component" else None)
+        units = _sample_units(sample, spec, settings) if settings.unit == "component" else None
         for name, fn in methods.items():
             if (index, name) in store.samples and _complete(store.samples[(index, name)], settings, model):
                 continue
@@ -216,8 +215,17 @@ def evaluate(model: nn.Module, tokenizer, settings: Settings, out: str | Path, *
     return results
 
 
-def _measure(model, tokenizer, settings: Settings, sample, index: int, name: str, fn, units: ComponentUnits | None,
-             fractions) -> dict:
+def _sample_units(sample, spec, settings: Settings) -> dict[str | None, tuple[ComponentUnits, ComponentUnits]]:
+    """A sample's (clean, paper) unit sets, keyed by the kind a method scores: None for both kinds,
+    or a method of ``ONE_KIND``, whose paper units hold its own kind alone."""
+    args = (sample, spec.n_layers, spec.n_heads, spec.d_mlp, settings.component_units)
+    clean = component_units(*args)
+    kinds = [None] + [m for m, kind in ONE_KIND.items() if settings.component_units in ("fine", "coarse", kind)]
+    return {m: (clean, component_units(*args, protocol="paper", method=m)) for m in kinds}
+
+
+def _measure(model, tokenizer, settings: Settings, sample, index: int, name: str, fn,
+             units: dict[str | None, tuple[ComponentUnits, ComponentUnits]] | None, fractions) -> dict:
     contrast = sample.contrast_id if settings.contrast else None
     _sync(model)
     start = time.perf_counter()
@@ -229,12 +237,10 @@ def _measure(model, tokenizer, settings: Settings, sample, index: int, name: str
                               batch_size=settings.batch_size)
         paper = curves.native  # the same units: only the softmax dtype differs
     else:
-        curves = component_curves(model, sample, attribution, units, fractions, seed=settings.seed,
+        clean_units, paper_units = units[attribution.method if attribution.method in ONE_KIND else None]
+        curves = component_curves(model, sample, attribution, clean_units, fractions, seed=settings.seed,
                                   batch_size=settings.batch_size)
-        spec = spec_for(model)
-        paper_units = component_units(sample, spec.n_layers, spec.n_heads, spec.d_mlp, settings.component_units,
-                                      protocol="paper", method=attribution.method)
-        paper = (curves if paper_units.same_as(units)
+        paper = (curves if paper_units.same_as(clean_units)  # coarse units of a two-kind method
                  else component_curves(model, sample, attribution, paper_units, fractions, seed=settings.seed,
                                        batch_size=settings.batch_size)).native
     return {"index": index, "id": sample.id, "method": name, "seconds": seconds,
