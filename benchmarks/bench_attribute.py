@@ -2,12 +2,13 @@
 
     python benchmarks/bench_attribute.py [--model NAME] [--lengths 32 128 512] [--repeats 5] [--out FILE]
 
-Prints, per prompt length: median seconds of a forward pass, forward + autograd gradient of the
-target logit w.r.t. the embeddings, DPA input attribution, DPA with dense component scores
-(edge-level heads and position-level neurons), the ratios DPA / gradient measured in the same
-run (methods interleaved, so a busy machine slows all of them alike), and peak memory of each
-(resident set above the loaded model, sampled in a fresh process per method on CPU;
-torch.cuda.max_memory_allocated on CUDA).
+Prints, per prompt length: median seconds of a forward pass; a forward + autograd gradient of the
+target logit w.r.t. the embeddings (the bar); ``dpa.attribute`` as called by default (token, head and
+neuron scores, and the next-token distribution at the target: p(target) and the top predictions);
+the same without that distribution (``probabilities=False``: the scores alone); and with edge scores
+(``edges=True``). Then the ratios to the gradient measured in the same run (methods interleaved, so a
+busy machine slows all of them alike), and peak memory of each (resident set above the loaded
+model, sampled in a fresh process per method on CPU; torch.cuda.max_memory_allocated on CUDA).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import load, make_ids, parser, peak_memory  # noqa: E402
 
-METHODS = ("forward", "gradient", "dpa_input", "dpa_dense")
+METHODS = ("forward", "gradient", "dpa", "dpa_scores", "dpa_edges")
 
 
 def run_method(name: str, model, ids: torch.Tensor, target: int) -> None:
@@ -41,10 +42,12 @@ def run_method(name: str, model, ids: torch.Tensor, target: int) -> None:
         h = model.model(inputs_embeds=emb.to(model.dtype), use_cache=False).last_hidden_state
         (h[0, -1].float() @ model.lm_head.weight[target].float()).backward()
         emb.grad.sum().item()
-    elif name == "dpa_input":
+    elif name == "dpa":
         dpa.attribute(model, None, ids, target=target)
-    elif name == "dpa_dense":
-        dpa.attribute(model, None, ids, target=target, edges=True, neuron_positions=True)
+    elif name == "dpa_scores":
+        dpa.attribute(model, None, ids, target=target, probabilities=False)
+    elif name == "dpa_edges":
+        dpa.attribute(model, None, ids, target=target, edges=True)
     if device.type == "cuda":
         torch.cuda.synchronize()
 
@@ -72,27 +75,32 @@ def main() -> None:
     p = parser(__doc__)
     p.add_argument("--lengths", type=int, nargs="+", default=[32, 128, 512])
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--long", type=int, default=1024, help="lengths above this use --long-repeats")
+    p.add_argument("--long-repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's own)")
     p.add_argument("--no-memory", action="store_true", help="skip the per-method peak-memory subprocesses")
     args = p.parse_args()
     if args.child:
         return child(args)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     model, tok, device, machine = load(args)
     rows = []
     for n in args.lengths:
         ids = make_ids(tok, n)
         target = int(ids[-1])
-        for m in METHODS:  # warm-up
-            run_method(m, model, ids, target)
+        for m in METHODS:  # warm-up (short inputs: kernels and allocator)
+            run_method(m, model, ids[: min(n, 64)], target)
         times = {m: [] for m in METHODS}
-        for _ in range(args.repeats):
+        repeats = args.repeats if n <= args.long else max(1, args.long_repeats)
+        for _ in range(repeats):
             for m in METHODS:  # interleaved: noise hits every method alike
                 t0 = time.perf_counter()
                 run_method(m, model, ids, target)
                 times[m].append(time.perf_counter() - t0)
         med = {m: statistics.median(v) for m, v in times.items()}
-        row = {"tokens": n, **{f"{m}_s": med[m] for m in METHODS},
-               "dpa_input_over_gradient": med["dpa_input"] / med["gradient"],
-               "dpa_dense_over_gradient": med["dpa_dense"] / med["gradient"],
+        row = {"tokens": n, "repeats": repeats, **{f"{m}_s": med[m] for m in METHODS},
+               **{f"{m}_over_gradient": med[m] / med["gradient"] for m in METHODS[2:]},
                "gradient_over_forward": med["gradient"] / med["forward"]}
         if not args.no_memory:
             for m in METHODS:
@@ -101,13 +109,14 @@ def main() -> None:
         print(format_row(row), flush=True)
     if args.out:
         with open(args.out, "w") as fh:
-            json.dump({"machine": machine, "device": device.type, "dtype": str(model.dtype), "rows": rows}, fh, indent=1)
+            json.dump({"machine": machine, "device": device.type, "dtype": str(model.dtype),
+                       "threads": torch.get_num_threads(), "rows": rows}, fh, indent=1)
 
 
 def format_row(r: dict) -> str:
     s = (f"{r['tokens']:5d} tokens | forward {r['forward_s']*1e3:8.1f} ms | gradient {r['gradient_s']*1e3:8.1f} ms | "
-         f"DPA input {r['dpa_input_s']*1e3:8.1f} ms | DPA dense {r['dpa_dense_s']*1e3:8.1f} ms | "
-         f"DPA/grad {r['dpa_input_over_gradient']:.2f}x | dense/grad {r['dpa_dense_over_gradient']:.2f}x")
+         f"DPA {r['dpa_s']*1e3:8.1f} ms | DPA/grad {r['dpa_over_gradient']:.3f}x | "
+         f"scores only/grad {r['dpa_scores_over_gradient']:.3f}x | edges/grad {r['dpa_edges_over_gradient']:.3f}x")
     if "forward_peak_mib" in r:
         s += " | peak MiB " + " ".join(f"{m}={r[f'{m}_peak_mib']:.0f}" for m in METHODS)
     return s

@@ -10,18 +10,21 @@ components: seconds to score a growing set of components — one layer's heads, 
   pass) and integrated gradients (20 steps of forward + backward). All as ratios to one forward
   + autograd backward pass timed in the same run. Patching of the largest sets is extrapolated
   from its measured seconds per unit unless --full is given (the table says which).
-length: seconds and peak memory of DPA input attribution in full and lean memory mode from 128
-  to 4096 tokens, with a forward + backward pass for scale; each memory figure comes from a
-  fresh process.
+length: seconds and peak memory of DPA (token, head and neuron scores) in full and lean memory
+  mode from 128 to 4096 tokens, with a forward + backward pass for scale; each figure comes from a
+  fresh process: the resident set above the loaded model, and the whole process's peak resident
+  set. Where both modes ran, the largest difference of their scores relative to the largest score.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -55,9 +58,11 @@ def forward_backward(model, ids, target):
 
 def patch_units(model, ids, units: list[tuple[str, int, int]], target: int, batch: int = 64) -> None:
     """Zero one unit per batch row (a head's probabilities or a neuron's SiLU(s)); read the target logit."""
-    from dpa.baselines.forward import instrumented, run
+    from dpa import request
+    from dpa.instrument import instrument
 
     spec = model.config
+    req = request.build(model, None, ids, target)
     t = len(ids)
     dtype, device = model.dtype, ids.device
     with torch.no_grad():
@@ -73,8 +78,8 @@ def patch_units(model, ids, units: list[tuple[str, int, int]], target: int, batc
                     keep = neurons.setdefault(layer, torch.ones(len(chunk), 1, spec.intermediate_size, dtype=dtype,
                                                                 device=device))
                     keep[row, 0, index] = 0
-            with instrumented(model, attn=attn, neurons=neurons):
-                h = run(model, ids[None].expand(len(chunk), t))
+            with instrument(model, req, attn_keep=attn or None, neuron_keep=neurons) as session:
+                h = session.forward(input_ids=ids[None].expand(len(chunk), t))
             (h[:, -1] @ model.lm_head.weight[target]).sum().item()
 
 
@@ -132,18 +137,23 @@ def length_child(args) -> None:
     with peak_memory(device) as peak:
         sync(device)
         t0 = time.perf_counter()
-        fn()
+        res = fn()
         sync(device)
         seconds = time.perf_counter() - t0
-    print(json.dumps({"seconds": seconds, "peak_mib": peak.mib}))
+    if args.scores and res is not None:
+        torch.save({k: getattr(res, k) for k in ("token_scores", "head_scores", "neuron_scores")}, args.scores)
+    process_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # bytes (Linux reports KiB)
+    print(json.dumps({"seconds": seconds, "peak_mib": peak.mib, "process_peak_mib": process_peak / 2**20}))
 
 
 def length(args, model, tok) -> dict:
     rows = []
+    tmp = tempfile.mkdtemp(prefix="dpa-bench-")
     for n in args.lengths:
         row = {"tokens": n}
         for mode in args.modes:
-            argv = [sys.executable, __file__, "length", "--child", mode, "--lengths", str(n)]
+            argv = [sys.executable, __file__, "length", "--child", mode, "--lengths", str(n),
+                    "--scores", os.path.join(tmp, f"{mode}-{n}.pt")]
             argv += (["--model", args.model] if args.model else []) + (["--device", args.device] if args.device else [])
             out = subprocess.run(argv, capture_output=True, text=True)
             if out.returncode != 0:
@@ -152,10 +162,16 @@ def length(args, model, tok) -> dict:
                 continue
             res = json.loads(out.stdout.strip().splitlines()[-1])
             row[f"{mode}_s"], row[f"{mode}_peak_mib"] = res["seconds"], res["peak_mib"]
+            row[f"{mode}_process_peak_mib"] = res["process_peak_mib"]
+        files = [os.path.join(tmp, f"{m}-{n}.pt") for m in ("full", "lean")]
+        if all(os.path.exists(f) for f in files):  # lean against full: the largest relative difference
+            full, lean = (torch.load(f) for f in files)
+            row["lean_vs_full_rel"] = max(float((lean[k] - full[k]).abs().max() / full[k].abs().max()) for k in full)
         rows.append(row)
         fmt = lambda m: (f"{m} {row[m + '_s']:7.2f} s {row[m + '_peak_mib'] / 1024:6.2f} GiB"  # noqa: E731
                          if m + "_s" in row else f"{m} failed")
-        print(f"{n:5d} tokens | " + " | ".join(fmt(m) for m in args.modes), flush=True)
+        agree = f" | lean vs full {row['lean_vs_full_rel']:.1e}" if "lean_vs_full_rel" in row else ""
+        print(f"{n:5d} tokens | " + " | ".join(fmt(m) for m in args.modes) + agree, flush=True)
     return {"rows": rows}
 
 
@@ -167,6 +183,7 @@ def main() -> None:
     p.add_argument("--modes", nargs="+", default=["forward_backward", "full", "lean"],
                    choices=["forward_backward", "full", "lean"], help="what 'length' measures at each length")
     p.add_argument("--full", action="store_true", help="measure patching of every set (no extrapolation)")
+    p.add_argument("--scores", help=argparse.SUPPRESS)  # a child writes its scores here
     args = p.parse_args()
     if args.child:
         return length_child(args)

@@ -1,15 +1,15 @@
 """Dual Path Attribution for SwiGLU language models (Llama, Mistral, Qwen2, Qwen3)."""
 
-from .adapters import ModelSpec, UnsupportedModelError, spec_for
-from .capture import NonFiniteError
-from .propagate import InputError, attribute
+from .attribute import attribute
+from .errors import DPAError, InputError, ModelStateError, NonFiniteError, TargetError, UnsupportedModelError
+from .families import Family, ModelSpec, spec_for
 from .result import Attribution, Component, TargetInfo
-from .targets import TargetError
 from .weights import PathWeights
 
 __all__ = [
-    "Attribution", "Component", "InputError", "ModelSpec", "NonFiniteError", "PathWeights", "TargetError",
-    "TargetInfo", "UnsupportedModelError", "attribute", "load_model", "spec_for",
+    "Attribution", "Component", "DPAError", "Family", "InputError", "ModelSpec", "ModelStateError",
+    "NonFiniteError", "PathWeights", "TargetError", "TargetInfo", "UnsupportedModelError", "attribute",
+    "load_model", "spec_for",
 ]
 __version__ = "0.1.0"
 

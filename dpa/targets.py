@@ -1,8 +1,8 @@
-"""Targets: the direction DPA propagates, folded through the final RMSNorm (book: residual-stream).
+"""Targets: the direction DPA propagates (book: residual-stream-and-targets).
 
 A target is a direction ``u`` in the space of the final *normalised* residual (where the
-unembedding rows live). The initial effective target is ``u * gamma_f * r_f`` at the
-target position and zero elsewhere, so ``t . x^(L) = u . norm_final(x^(L))``.
+unembedding rows live); the attributed quantity is ``u . norm_final(x^(L))`` at the target
+position. The backward through the frozen final norm folds it into ``u * gamma_f * r_f``.
 
 * ``token``    u = W_U[y]                      (the logit of y)
 * ``contrast`` u = W_U[y] - W_U[y']            (the logit difference)
@@ -18,11 +18,9 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from .errors import TargetError
+
 Kind = Literal["token", "contrast", "logprob", "vector"]
-
-
-class TargetError(ValueError):
-    """A target that cannot be attributed as asked (e.g. a string that is several tokens)."""
 
 
 @dataclass(frozen=True)
@@ -75,19 +73,3 @@ def target_direction(spec: TargetSpec, unembed: Tensor, probs: Tensor | None = N
     elif spec.kind == "logprob":
         u = u - probs.to(unembed) @ unembed
     return u
-
-
-def initial_target(direction: Tensor, resid_final: Tensor, gamma: Tensor, eps: float,
-                   positions: Tensor) -> tuple[Tensor, Tensor]:
-    """t^(L) [batch pos d_model] and the target value u . norm(x) per sample [batch].
-
-    direction [batch d_model]; resid_final [batch pos d_model] in the target dtype;
-    positions [batch] the target position of each sample.
-    """
-    b = torch.arange(resid_final.shape[0], device=resid_final.device)
-    x = resid_final[b, positions]  # [batch d_model]
-    r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-    folded = direction * gamma * r  # pull back through the frozen final norm
-    target = torch.zeros_like(resid_final)
-    target[b, positions] = folded
-    return target, (folded * x).sum(-1)

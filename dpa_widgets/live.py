@@ -10,7 +10,9 @@ import torch
 from torch import nn
 
 import dpa
-from dpa import Attribution, PathWeights
+from dpa import Attribution, PathWeights, request
+from dpa.families import layer_modules
+from dpa.instrument import clean_logits
 
 from .payload import spearman
 
@@ -25,9 +27,8 @@ class Prediction:
 @torch.no_grad()
 def predictions(model: nn.Module, tokenizer, token_ids: list[int], position: int, k: int = 10) -> list[Prediction]:
     """The model's top-k next tokens after ``token_ids[: position + 1]``, with probabilities."""
-    ids = torch.tensor([token_ids[: position + 1]], device=model.model.embed_tokens.weight.device)
-    hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state[0, -1]  # final-normed
-    probs = model.lm_head(hidden.to(model.lm_head.weight.device)).float().softmax(-1)  # one position only
+    req = request.build(model, tokenizer, list(token_ids[: position + 1]), batch=False)
+    probs = clean_logits(model, req)[0].float().softmax(-1)  # one position only
     top = probs.topk(min(k, probs.numel()))
     return [Prediction(tokenizer.decode([int(i)]) if tokenizer is not None else str(int(i)), float(p), int(i))
             for p, i in zip(top.values, top.indices)]
@@ -57,9 +58,10 @@ def neuron_vocab(model: nn.Module, tokenizer, layer: int, neuron: int,
     The direction is its down-projection column, scaled by the final norm's gamma and read
     through the unembedding (a logit-lens view; the final norm's 1/rms is left out).
     """
-    down = model.model.layers[layer].mlp.down_proj.weight[:, neuron]  # [d_model]
-    gamma = model.model.norm.weight
-    unembed = model.lm_head.weight
+    spec = dpa.spec_for(model)
+    down = layer_modules(model, spec)[layer].neurons.weight[:, neuron]  # [d_model]
+    gamma = spec.final_norm(model).weight
+    unembed = spec.unembed(model).weight
     effect = (unembed.float() @ (down.float() * gamma.float()).to(unembed.device))  # [vocab]
     name = (lambda i: tokenizer.decode([i])) if tokenizer is not None else str
     up, down_ = effect.topk(k), (-effect).topk(k)

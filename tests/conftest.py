@@ -89,3 +89,17 @@ def family_model(request):
 def random_ids(n: int, vocab: int = 96, seed: int = 1) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab, (n,), generator=g)
+
+
+def edited_run(model, ids, attn=None, neurons=None):
+    """The base model's last hidden state for rows ``ids`` [rows pos] of one prompt, run through dpa's
+    explicit attention with alpha (``attn``: layer -> keep) and GLU activations (``neurons``) edited;
+    returns it with the recording (alpha per layer, GLU activations per layer)."""
+    from dpa import request
+    from dpa.instrument import instrument
+
+    req = request.build(model, None, ids[0])
+    with torch.no_grad(), instrument(model, req, explicit=True, attn_keep=attn or {}, neuron_keep=neurons or {},
+                                     record={"neuron_inputs"}) as session:
+        hidden = session.forward(input_ids=ids)
+    return hidden, session.recording

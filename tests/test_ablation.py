@@ -9,10 +9,9 @@ import torch
 from torch.nn import functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from dpa.baselines.forward import instrumented, run
 from dpa.evaluate.ablation import (component_ablation_prob, component_ablation_probs, input_ablation_prob,
                                    input_ablation_probs)
-from tests.conftest import FAMILIES, LAYOUTS, random_ids, tiny_model
+from tests.conftest import FAMILIES, LAYOUTS, edited_run, random_ids, tiny_model
 
 T = 7
 
@@ -64,11 +63,10 @@ def llama():
 def test_instrumented_forward_without_edits_is_the_model(family, layout):
     model = tiny_model(family, LAYOUTS[layout])
     ids = random_ids(9)[None].expand(2, -1)
-    expected = run(model, ids)
-    with instrumented(model, record=True) as rec:
-        got = run(model, ids)
+    expected = model.model(ids).last_hidden_state
+    got, rec = edited_run(model, ids)
     torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
-    assert rec.probs[0].shape == (2, 4, 9, 9) and rec.acts[2].shape == (2, 9, 48)
+    assert rec.probs[0].shape == (2, 4, 9, 9) and rec.neuron_inputs[2].shape == (2, 9, 48)
     torch.testing.assert_close(rec.probs[1].sum(-1), torch.ones(2, 4, 9, dtype=torch.float64))
     assert "forward" not in model.model.layers[0].self_attn.__dict__  # restored
 

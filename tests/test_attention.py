@@ -3,9 +3,9 @@ import torch
 from torch.func import vjp
 from transformers.models.llama.modeling_llama import repeat_kv
 
-from dpa.attention import AttentionWeights, attention_forward, attention_internals, propagate_attention
-from dpa.capture import attention_mask
-from dpa.rope import apply_rope
+from .hand_rules import AttentionWeights, attention_forward, attention_internals, propagate_attention
+from dpa.rules.attention import attention_mask
+from dpa.rules.rope import apply_rope
 
 from .test_rope import cos_sin
 

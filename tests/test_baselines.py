@@ -12,9 +12,8 @@ from torch.nn import functional as F
 import dpa
 from dpa.baselines import COMPONENT_METHODS, INPUT_METHODS, activation_patching, atp, component_gradient
 from dpa.baselines.common import prepare
-from dpa.baselines.forward import instrumented, run
 from dpa.baselines.gradient import component_gradients
-from tests.conftest import random_ids, tiny_model
+from tests.conftest import edited_run, random_ids, tiny_model
 
 T = 6
 TARGET, FOIL = 7, 11
@@ -128,8 +127,8 @@ class TestComponentGradients:
         eps = 1e-5
 
         def f(attn=None, neurons=None):
-            with torch.no_grad(), instrumented(llama, attn=attn or {}, neurons=neurons or {}):
-                return float(problem.metric(llama.lm_head(run(llama, ids[None])[:, -1])))
+            hidden, _ = edited_run(llama, ids[None], attn=attn, neurons=neurons)
+            return float(problem.metric(llama.lm_head(hidden[:, -1])))
 
         for l, h, q, k in [(0, 1, 4, 2), (2, 3, 5, 5), (1, 0, 5, 0)]:
             keep = lambda s: {l: torch.ones(1, 4, T, T, dtype=torch.float64).index_put_(  # noqa: E731
@@ -190,11 +189,10 @@ class TestActivationPatching:
         with torch.no_grad():
             clean = float(f_of_embeddings(model, embed(model, ids)))
         for h, q, k in [(0, 3, 1), (2, 2, 2), (3, 3, 0)]:
-            with torch.no_grad(), instrumented(model, attn={0: torch.ones(1, 4, 4, 4, dtype=torch.float64)
-                                                             .index_put_((torch.tensor(0), torch.tensor(h),
-                                                                          torch.tensor(q), torch.tensor(k)),
-                                                                         torch.tensor(0.0, dtype=torch.float64))}):
-                rerun = float(f_of_embeddings(model, embed(model, ids)))
+            keep = torch.ones(1, 4, 4, 4, dtype=torch.float64).index_put_(
+                (torch.tensor(0), torch.tensor(h), torch.tensor(q), torch.tensor(k)), torch.tensor(0.0, dtype=torch.float64))
+            hidden, _ = edited_run(model, ids[None], attn={0: keep})
+            rerun = float(model.lm_head(hidden[0, -1])[TARGET])
             assert math.isclose(float(res.edge_scores[0, h, q, k]), clean - rerun, rel_tol=1e-6, abs_tol=1e-9)
         for p, n in [(0, 0), (3, 7)]:
             def zero_silu(_m, _args, out, p=p, n=n):
@@ -272,22 +270,20 @@ class TestDecompositions:
     def test_norm_only_is_the_norm_of_the_written_vector(self, llama):
         ids = random_ids(T)
         res = COMPONENT_METHODS["norm_only"](llama, None, ids)
-        with instrumented(llama, record=True) as rec, torch.no_grad():
-            run(llama, ids[None])
+        _, rec = edited_run(llama, ids[None])
         l, h, q, k = 1, 3, 5, 2
         layer = llama.model.layers[l]
         x = layer.input_layernorm(_resid_pre(llama, ids, l))
         v = layer.self_attn.v_proj(x)[0, k].view(2, 8)[h // 2]
         write = rec.probs[l][0, h, q, k] * (layer.self_attn.o_proj.weight[:, h * 8:(h + 1) * 8] @ v)
         assert math.isclose(float(res.edge_scores[l, h, q, k]), float(write.norm()), rel_tol=1e-5)
-        a = rec.acts[l][0, 4, 9]
+        a = rec.neuron_inputs[l][0, 4, 9]
         assert math.isclose(float(res.neuron_position_scores[l, 4, 9]),
                             float(a.abs() * layer.mlp.down_proj.weight[:, 9].norm()), rel_tol=1e-5)
 
     def test_attention_maps(self, llama):
         ids = random_ids(T)
-        with instrumented(llama, record=True) as rec, torch.no_grad():
-            run(llama, ids[None])
+        _, rec = edited_run(llama, ids[None])
         probs = torch.stack([rec.probs[i][0] for i in range(3)])  # [layer head query key]
         got = INPUT_METHODS["last_layer_attention"](llama, None, ids).token_scores
         torch.testing.assert_close(got, probs[-1, :, -1].mean(0).float())

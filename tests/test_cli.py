@@ -141,7 +141,7 @@ class TestAttribute:
 
     def test_empty_prompt(self, capsys, tiny_dir):
         code, _, err = run(capsys, "attribute", "  ", "--model", str(tiny_dir))
-        assert (code, err) == (2, "error: prompt 0 is empty\n")
+        assert (code, err) == (2, "error: the prompt is empty\n")
 
     def test_unsupported_model_fails_at_load(self, capsys, tmp_path):
         folder = save_tiny_model(tmp_path / "gelu", hidden_act="gelu")

@@ -3,8 +3,8 @@ import torch
 from torch.func import vjp
 from torch.nn import functional as F
 
-from dpa.glu import glu_forward, neuron_position_scores, propagate_glu
-from dpa.norm import rms_scale
+from .hand_rules import glu_forward, neuron_position_scores, propagate_glu
+from dpa.rules.norm import rms_scale
 
 D, I = 16, 24
 

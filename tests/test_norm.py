@@ -2,7 +2,9 @@ import torch
 from torch.func import vjp
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from dpa.norm import apply_norm, pull_back_norm, rms_scale
+from dpa.rules.norm import apply_norm, rms_scale
+
+from .hand_rules import pull_back_norm
 
 torch.manual_seed(0)
 

@@ -4,7 +4,9 @@ from torch.func import vjp
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from dpa.rope import apply_rope, apply_rope_transpose, rotate_half
+from dpa.rules.rope import apply_rope, rotate_half
+
+from .hand_rules import apply_rope_transpose
 
 
 def cos_sin(positions, rope_parameters=None, d_head=16):

@@ -1,8 +1,8 @@
 """Models split across devices with a device map (accelerate's dispatch, as device_map="auto" does).
 
 On CPU the two "devices" are both the CPU: this checks that dispatch hooks do not disturb the
-capture or the sweep. With CUDA the layers are split between the GPU and the CPU, so every
-layer boundary of the sweep crosses devices.
+instrumented forward or the backward. With CUDA the layers are split between the GPU and the CPU,
+so the backward crosses devices at a layer boundary.
 """
 
 import pytest
@@ -28,12 +28,13 @@ DEVICES = [("cpu", "cpu")] + ([("cuda:0", "cpu"), ("cpu", "cuda:0")] if torch.cu
 
 @pytest.mark.parametrize("devices", DEVICES, ids=lambda d: "+".join(d))
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
-def test_sharded_equals_single_device(family, devices):
+@pytest.mark.parametrize("memory", ["full", "lean"])
+def test_sharded_equals_single_device(family, devices, memory):
     ids = random_ids(10)
     ref = dpa.attribute(tiny_model(family, 2), None, ids, target=5, edges=True, effective_targets=True)
     model = tiny_model(family, 2)
     sharded = dispatch_model(model, device_map=split_map(model, devices))
-    res = dpa.attribute(sharded, None, ids, target=5, edges=True, effective_targets=True)
+    res = dpa.attribute(sharded, None, ids, target=5, edges=True, effective_targets=True, memory=memory)
     for name in ("token_scores", "head_scores", "neuron_scores", "edge_scores", "effective_targets"):
         torch.testing.assert_close(getattr(res, name), getattr(ref, name), msg=name)
     if "cuda:0" in devices:

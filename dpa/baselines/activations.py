@@ -20,23 +20,23 @@ from .internals import forward_internals, head_values, probabilities
 def mlp_only(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contrast=None,
              position: int | None = None) -> Attribution:
     """Each position-level neuron scored by SiLU(s); attention edges score 0."""
-    problem = prepare(model, tokenizer, prompt, target, contrast, position)
-    _, layers = forward_internals(model, problem)
+    req = prepare(model, tokenizer, prompt, target, contrast, position)
+    layers = forward_internals(model, req).layers
     neurons = torch.stack([F.silu(layer.gate[0]) for layer in layers])  # [layer pos d_mlp]
-    spec = problem.spec
-    edges = torch.zeros(spec.n_layers, spec.n_heads, problem.n_tokens, problem.n_tokens)
-    return result(model, tokenizer, problem, "mlp_only", edge_scores=edges, neuron_position_scores=neurons)
+    spec = req.spec
+    edges = torch.zeros(spec.n_layers, spec.n_heads, req.n_tokens, req.n_tokens)
+    return result(model, req, "mlp_only", edge_scores=edges, neuron_position_scores=neurons)
 
 
 def norm_only(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contrast=None,
               position: int | None = None) -> Attribution:
     """Each edge and position-level neuron scored by the L2 norm of its residual-stream write."""
-    problem = prepare(model, tokenizer, prompt, target, contrast, position)
-    _, layers = forward_internals(model, problem)
+    req = prepare(model, tokenizer, prompt, target, contrast, position)
+    layers = forward_internals(model, req).layers
     probs = probabilities(layers)  # [layer head query key]
     value_norms = torch.stack([head_values(layer).norm(dim=-1) for layer in layers])  # [layer head key]
     edges = probs * value_norms[:, :, None, :]
     neurons = torch.stack([
-        (F.silu(layer.gate[0]) * layer.up[0]).abs() * layer.weights.mlp.down.norm(dim=0) for layer in layers
+        (F.silu(layer.gate[0]) * layer.up[0]).abs() * layer.weights.down.norm(dim=0) for layer in layers
     ])  # [layer pos d_mlp]
-    return result(model, tokenizer, problem, "norm_only", edge_scores=edges, neuron_position_scores=neurons)
+    return result(model, req, "norm_only", edge_scores=edges, neuron_position_scores=neurons)

@@ -16,43 +16,43 @@ from .internals import forward_internals, probabilities
 
 
 def _probs(model: nn.Module, tokenizer, prompt: Prompt, target, contrast, position):
-    problem = prepare(model, tokenizer, prompt, target, contrast, position)
-    _, layers = forward_internals(model, problem)
-    return problem, probabilities(layers).float()  # [layer head query key]
+    req = prepare(model, tokenizer, prompt, target, contrast, position)
+    layers = forward_internals(model, req).layers
+    return req, probabilities(layers).float()  # [layer head query key]
 
 
 def last_layer_attention(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contrast=None,
                          position: int | None = None) -> Attribution:
     """The last layer's attention from the target position, averaged over heads."""
-    problem, probs = _probs(model, tokenizer, prompt, target, contrast, position)
-    scores = probs[-1, :, problem.position].mean(0)
-    return result(model, tokenizer, problem, "last_layer_attention", token_scores=scores)
+    req, probs = _probs(model, tokenizer, prompt, target, contrast, position)
+    scores = probs[-1, :, req.position(0)].mean(0)
+    return result(model, req, "last_layer_attention", token_scores=scores)
 
 
 def mean_attention(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contrast=None,
                    position: int | None = None) -> Attribution:
     """Attention from the target position, averaged over all layers and heads."""
-    problem, probs = _probs(model, tokenizer, prompt, target, contrast, position)
-    scores = probs[:, :, problem.position].mean((0, 1))
-    return result(model, tokenizer, problem, "mean_attention", token_scores=scores)
+    req, probs = _probs(model, tokenizer, prompt, target, contrast, position)
+    scores = probs[:, :, req.position(0)].mean((0, 1))
+    return result(model, req, "mean_attention", token_scores=scores)
 
 
 def attention_rollout(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contrast=None,
                       position: int | None = None) -> Attribution:
     """Abnar & Zuidema's rollout: A_l = (mean_h alpha + I) / 2, multiplied from the top layer down;
     the target position's row."""
-    problem, probs = _probs(model, tokenizer, prompt, target, contrast, position)
-    eye = torch.eye(problem.n_tokens, device=probs.device)
+    req, probs = _probs(model, tokenizer, prompt, target, contrast, position)
+    eye = torch.eye(req.n_tokens, device=probs.device)
     rollout = eye
     for a in probs.mean(1):  # [query key], bottom layer first
         rollout = (0.5 * a + 0.5 * eye) @ rollout
-    return result(model, tokenizer, problem, "attention_rollout", token_scores=rollout[problem.position])
+    return result(model, req, "attention_rollout", token_scores=rollout[req.position(0)])
 
 
 def attn_only(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contrast=None,
               position: int | None = None) -> Attribution:
     """Component baseline: each edge (layer, head, query, key) scored by its probability alpha."""
-    problem, probs = _probs(model, tokenizer, prompt, target, contrast, position)
-    spec = problem.spec
-    neurons = torch.zeros(spec.n_layers, problem.n_tokens, spec.d_mlp)
-    return result(model, tokenizer, problem, "attn_only", edge_scores=probs, neuron_position_scores=neurons)
+    req, probs = _probs(model, tokenizer, prompt, target, contrast, position)
+    spec = req.spec
+    neurons = torch.zeros(spec.n_layers, req.n_tokens, spec.d_mlp)
+    return result(model, req, "attn_only", edge_scores=probs, neuron_position_scores=neurons)

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from ..norm import rms_scale
+from ..rules.norm import rms_scale
 from ..result import Attribution
 from .common import Prompt, causal, prepare, result
 from .internals import Layer, forward_internals
@@ -38,13 +38,12 @@ _ROWS = 32  # positions per GLU chunk: smaller chunks skip more of the absent (f
 
 def _attention(x: Tensor, layer: Layer, eps: float) -> Tensor:
     """Attention output of every part [pos part d_model] with frozen probabilities and norm."""
-    w, c = layer.weights, layer.attn
+    a = layer.weights
     t = x.shape[0]
-    a = w.attn
-    xn = x * (w.attn_norm * rms_scale(layer.resid_pre[0], eps))[:, None, :].to(x.dtype)
-    probs = c.probs[0].view(a.n_kv_heads, a.group, t, t)  # [kv_head group query key]
+    xn = x * (a.attn_norm * rms_scale(layer.resid_pre[0], eps))[:, None, :].to(x.dtype)
+    probs = layer.probs[0].view(a.n_kv_heads, a.group, t, t)  # [kv_head group query key]
     out = torch.empty_like(x)
-    step = max(1, _CHUNK // (t * a.q.shape[0]))
+    step = max(1, _CHUNK // (t * a.n_heads * a.d_head))
     for parts in torch.arange(t).split(step):
         v = (xn[:, parts] @ a.v.T).view(t, len(parts), a.n_kv_heads, a.d_head)  # [key part kv_head d_head]
         z = torch.einsum("kgij,jpkd->ipkgd", probs, v).reshape(t, len(parts), -1)  # [query part head*d_head]
@@ -58,19 +57,19 @@ def _glu(x: Tensor, layer: Layer, eps: float, temperature: float, skip_first: bo
     t = x.shape[0]
     xn = x * (w.mlp_norm * rms_scale(layer.resid_mid[0], eps))[:, None, :].to(x.dtype)
     if rule == "up":  # SiLU(s) frozen, the up projection linear in the parts
-        return (F.silu(layer.gate[0])[:, None, :] * (xn @ w.mlp.up.T)) @ w.mlp.down.T
+        return (F.silu(layer.gate[0])[:, None, :] * (xn @ w.up.T)) @ w.down.T
     act = F.silu(layer.gate[0]) * layer.up[0]  # [pos d_mlp] of the whole stream
     present = causal(t, x.device)  # [pos part]
     if skip_first and t > 1:
         present[1:, 0] = False  # the first token's part gets MLP shares only at its own position
     out = torch.zeros_like(x)
-    step = max(1, min(_ROWS, _CHUNK // (t * w.mlp.gate.shape[0])))
+    step = max(1, min(_ROWS, _CHUNK // (t * w.gate.shape[0])))
     for start in range(0, t, step):
         stop = min(t, start + step)  # rows start..stop-1 hold parts 0..stop-1 only (causality)
-        s = (xn[start:stop, :stop] @ w.mlp.gate.T) / temperature  # [pos part d_mlp] each part's gate share
+        s = (xn[start:stop, :stop] @ w.gate.T) / temperature  # [pos part d_mlp] each part's gate share
         s = s.masked_fill(~present[start:stop, :stop, None], float("-inf"))
         share = torch.softmax(s, dim=1)
-        out[start:stop, :stop] = (share * act[start:stop, None, :]) @ w.mlp.down.T
+        out[start:stop, :stop] = (share * act[start:stop, None, :]) @ w.down.T
     return out
 
 
@@ -85,10 +84,11 @@ def depass(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contrast
     """
     if neuron_rule not in ("softmax", "up"):
         raise ValueError(f"neuron_rule must be 'softmax' or 'up', got {neuron_rule!r}")
-    problem = prepare(model, tokenizer, prompt, target, contrast, position)
-    cap, layers = forward_internals(model, problem)
-    eps = problem.spec.rms_eps
-    t = problem.n_tokens
+    req = prepare(model, tokenizer, prompt, target, contrast, position)
+    cap = forward_internals(model, req)
+    layers = cap.layers
+    eps = req.spec.rms_eps
+    t = req.n_tokens
     emb = cap.embeddings[0]
     x = torch.zeros(t, t, emb.shape[-1], dtype=emb.dtype, device=emb.device)  # [pos part d_model]
     diagonal = torch.arange(t, device=emb.device)
@@ -96,11 +96,12 @@ def depass(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contrast
     for layer in layers:
         x = x + _attention(x, layer, eps)
         x = x + _glu(x, layer, eps, temperature, skip_first, neuron_rule)
-    final = x[problem.position]  # [part d_model]
-    scale = rms_scale(cap.resid_final[0, problem.position], eps).to(x.dtype)
-    unembed = model.lm_head.weight
-    u = unembed[problem.target_id]
-    if problem.contrast_id is not None:
-        u = u - unembed[problem.contrast_id]
-    scores = (final * model.model.norm.weight * scale) @ u.to(x.dtype)
-    return result(model, tokenizer, problem, "depass", token_scores=scores)
+    final = x[req.position(0)]  # [part d_model]
+    scale = rms_scale(cap.resid_final[0, req.position(0)], eps).to(x.dtype)
+    unembed = req.spec.unembed(model).weight
+    target = req.targets[0]
+    u = unembed[target.token_id]
+    if target.contrast_id is not None:
+        u = u - unembed[target.contrast_id]
+    scores = (final * req.spec.final_norm(model).weight * scale) @ u.to(x.dtype)
+    return result(model, req, "depass", token_scores=scores)

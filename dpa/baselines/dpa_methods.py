@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from torch import nn
 
-from ..propagate import attribute
+from ..attribute import attribute
 from ..result import Attribution
 from ..weights import PathWeights
 from .common import Prompt

@@ -16,73 +16,68 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from ..instrument import instrument, logits_at
 from ..result import Attribution
-from .common import Problem, Prompt, causal, embeddings, final_logits, prepare, result
-from .forward import instrumented, run
+from .common import Prompt, Request, causal, metric_at, prepare, result
 
 
-def _logits(model: nn.Module, problem: Problem, embeds: Tensor) -> Tensor:
-    return final_logits(model, run(model, inputs_embeds=embeds), problem.position)
-
-
-def embedding_gradient(model: nn.Module, problem: Problem, embeds: Tensor, *, clean: bool = False) -> Tensor:
-    """df/de for each row of ``embeds`` [batch pos d_model] (rows are independent). ``clean``: the
-    rows are the clean prompt, so keep its logits."""
-    with torch.enable_grad():
-        e = embeds.detach().requires_grad_(True)
-        logits = _logits(model, problem, e)
-        (grad,) = torch.autograd.grad(problem.metric(logits).sum(), e)
-    if clean:
-        problem.clean_logits = logits[0].detach()
-    return grad
-
-
-def _input_gradient(model, tokenizer, prompt, target, contrast, position):
-    problem = prepare(model, tokenizer, prompt, target, contrast, position)
-    e = embeddings(model, problem).detach()
-    return problem, e, embedding_gradient(model, problem, e, clean=True)
+def embedding_gradient(model: nn.Module, req: Request, embeds: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """(embeddings, df/de) for each row of ``embeds`` [rows pos d_model] (default: the clean prompt,
+    whose logits are then kept in ``req``); rows are independent. The model's own gradient."""
+    with instrument(model, req, grad=True) as session:
+        clean = embeds is None
+        e = (session.embed() if clean else embeds).detach().requires_grad_(True)
+        hidden = session.forward(inputs_embeds=e)
+        if clean:
+            req.clean_logits = logits_at(model, req, hidden.detach())
+        (grad,) = torch.autograd.grad(metric_at(model, req, hidden).sum(), e)
+    return e.detach(), grad
 
 
 def gradient(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contrast=None,
              position: int | None = None) -> Attribution:
     """Signed sum over the embedding dimensions of df/de_i."""
-    problem, _, grad = _input_gradient(model, tokenizer, prompt, target, contrast, position)
-    return result(model, tokenizer, problem, "gradient", token_scores=grad[0].sum(-1))
+    req = prepare(model, tokenizer, prompt, target, contrast, position)
+    _, grad = embedding_gradient(model, req)
+    return result(model, req, "gradient", token_scores=grad[0].sum(-1))
 
 
 def input_x_gradient(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contrast=None,
                      position: int | None = None) -> Attribution:
     """e_i . df/de_i."""
-    problem, e, grad = _input_gradient(model, tokenizer, prompt, target, contrast, position)
-    return result(model, tokenizer, problem, "input_x_gradient", token_scores=(e * grad)[0].sum(-1))
+    req = prepare(model, tokenizer, prompt, target, contrast, position)
+    e, grad = embedding_gradient(model, req)
+    return result(model, req, "input_x_gradient", token_scores=(e * grad)[0].sum(-1))
 
 
 def integrated_gradients(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contrast=None,
                          position: int | None = None, steps: int = 20, batch_size: int = 10) -> Attribution:
     """Integrated gradients from the all-zero embedding; sum_i S_i -> f(e) - f(0) as steps grow."""
-    if steps < 1:
-        raise ValueError(f"steps must be at least 1, got {steps}")
-    problem = prepare(model, tokenizer, prompt, target, contrast, position)
-    e = embeddings(model, problem).detach()
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a positive int, got {steps!r}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    req = prepare(model, tokenizer, prompt, target, contrast, position)
+    e, _ = embedding_gradient(model, req)
     alphas = (torch.arange(steps, device=e.device, dtype=e.dtype) + 0.5) / steps
     total = torch.zeros_like(e[0])
-    for chunk in alphas.split(max(1, batch_size)):
-        total += embedding_gradient(model, problem, chunk[:, None, None] * e).sum(0)
+    for chunk in alphas.split(batch_size):
+        total += embedding_gradient(model, req, chunk[:, None, None] * e)[1].sum(0)
     scores = (e[0] * total / steps).sum(-1)
-    return result(model, tokenizer, problem, "integrated_gradients", token_scores=scores)
+    return result(model, req, "integrated_gradients", token_scores=scores)
 
 
-def component_gradients(model: nn.Module, problem: Problem) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def component_gradients(model: nn.Module, req: Request) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """alpha [layer head query key], df/dalpha, a [layer pos d_mlp], df/da (one forward, one backward)."""
-    n = problem.spec.n_layers
-    with torch.enable_grad(), instrumented(model, record=True) as rec:
-        e = embeddings(model, problem).detach().requires_grad_(True)  # a leaf, so the graph exists
-        logits = _logits(model, problem, e)
-        f = problem.metric(logits).sum()
+    n = req.spec.n_layers
+    with instrument(model, req, explicit=True, record={"neuron_inputs"}, grad=True) as session:
+        e = session.embed().detach().requires_grad_(True)  # a leaf, so the graph exists
+        hidden = session.forward(inputs_embeds=e)
+        req.clean_logits = logits_at(model, req, hidden.detach())
+        rec = session.recording
         probs = [rec.probs[i] for i in range(n)]
-        acts = [rec.acts[i] for i in range(n)]
-        grads = torch.autograd.grad(f, probs + acts)
-    problem.clean_logits = logits[0].detach()
+        acts = [rec.neuron_inputs[i] for i in range(n)]
+        grads = torch.autograd.grad(metric_at(model, req, hidden).sum(), probs + acts)
     stack = lambda xs: torch.stack([x[0].detach() for x in xs])  # noqa: E731
     return stack(probs), stack(grads[:n]), stack(acts), stack(grads[n:])
 
@@ -90,15 +85,15 @@ def component_gradients(model: nn.Module, problem: Problem) -> tuple[Tensor, Ten
 def component_gradient(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contrast=None,
                        position: int | None = None) -> Attribution:
     """df/dalpha per causal edge and df/da per position-level neuron."""
-    problem = prepare(model, tokenizer, prompt, target, contrast, position)
-    _, d_probs, _, d_acts = component_gradients(model, problem)
-    d_probs = d_probs * causal(problem.n_tokens, d_probs.device)  # non-causal pairs are not units
-    return result(model, tokenizer, problem, "gradient", edge_scores=d_probs, neuron_position_scores=d_acts)
+    req = prepare(model, tokenizer, prompt, target, contrast, position)
+    _, d_probs, _, d_acts = component_gradients(model, req)
+    d_probs = d_probs * causal(req.n_tokens, d_probs.device)  # non-causal pairs are not units
+    return result(model, req, "gradient", edge_scores=d_probs, neuron_position_scores=d_acts)
 
 
 def atp(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contrast=None,
         position: int | None = None) -> Attribution:
     """Attribution patching: alpha df/dalpha per edge and a df/da per position-level neuron."""
-    problem = prepare(model, tokenizer, prompt, target, contrast, position)
-    probs, d_probs, acts, d_acts = component_gradients(model, problem)
-    return result(model, tokenizer, problem, "atp", edge_scores=probs * d_probs, neuron_position_scores=acts * d_acts)
+    req = prepare(model, tokenizer, prompt, target, contrast, position)
+    probs, d_probs, acts, d_acts = component_gradients(model, req)
+    return result(model, req, "atp", edge_scores=probs * d_probs, neuron_position_scores=acts * d_acts)

@@ -35,7 +35,7 @@ def _proximity(y: Tensor, parts: Tensor) -> Tensor:
 
 def attention_weights(layer: Layer) -> tuple[Tensor, Tensor]:
     """Normalised proximity weights of one attention update: residual [query], edges [head query key]."""
-    probs = layer.attn.probs[0]  # [head query key]
+    probs = layer.probs[0]  # [head query key]
     h, t, _ = probs.shape
     resid = layer.resid_pre[0]
     y = layer.resid_mid[0]  # [query d_model]
@@ -55,7 +55,7 @@ def attention_weights(layer: Layer) -> tuple[Tensor, Tensor]:
 def neuron_weights(layer: Layer) -> Tensor:
     """Normalised proximity weights of the neurons in one GLU update [pos d_mlp]."""
     act = F.silu(layer.gate[0]) * layer.up[0]  # [pos d_mlp]
-    down = layer.weights.mlp.down  # [d_model d_mlp]
+    down = layer.weights.down  # [d_model d_mlp]
     resid = layer.resid_mid[0]
     y = resid + act @ down.T  # [pos d_model]
     t, n = act.shape
@@ -70,11 +70,11 @@ def neuron_weights(layer: Layer) -> Tensor:
 
 @torch.no_grad()
 def _flow(model: nn.Module, tokenizer, prompt: Prompt, target, contrast, position, components: bool):
-    problem = prepare(model, tokenizer, prompt, target, contrast, position)
-    _, layers = forward_internals(model, problem)
-    t = problem.n_tokens
-    importance = torch.zeros(t, dtype=layers[0].resid_pre.dtype, device=problem.device)
-    importance[problem.position] = 1.0  # of each position's residual, top layer first
+    req = prepare(model, tokenizer, prompt, target, contrast, position)
+    layers = forward_internals(model, req).layers
+    t = req.n_tokens
+    importance = torch.zeros(t, dtype=layers[0].resid_pre.dtype, device=req.device)
+    importance[req.position(0)] = 1.0  # of each position's residual, top layer first
     edge_scores, neuron_scores = [], []
     for layer in reversed(layers):
         if components:
@@ -84,19 +84,19 @@ def _flow(model: nn.Module, tokenizer, prompt: Prompt, target, contrast, positio
             edge_scores.append(importance[None, :, None] * edges)
         importance = importance * own + torch.einsum("q,hqk->k", importance, edges)
     flip = lambda xs: torch.stack(xs[::-1]) if xs else None  # noqa: E731
-    return problem, importance, flip(edge_scores), flip(neuron_scores)
+    return req, importance, flip(edge_scores), flip(neuron_scores)
 
 
 def ifr(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contrast=None,
         position: int | None = None) -> Attribution:
     """Input scores: the share of the target position's importance that reaches each token."""
-    problem, importance, _, _ = _flow(model, tokenizer, prompt, target, contrast, position, components=False)
-    return result(model, tokenizer, problem, "ifr", token_scores=importance)
+    req, importance, _, _ = _flow(model, tokenizer, prompt, target, contrast, position, components=False)
+    return result(model, req, "ifr", token_scores=importance)
 
 
 def component_ifr(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contrast=None,
                   position: int | None = None) -> Attribution:
     """Edge and position-level neuron scores: the importance flowing through each unit."""
-    problem, importance, edges, neurons = _flow(model, tokenizer, prompt, target, contrast, position, components=True)
-    return result(model, tokenizer, problem, "ifr", token_scores=importance, edge_scores=edges,
+    req, importance, edges, neurons = _flow(model, tokenizer, prompt, target, contrast, position, components=True)
+    return result(model, req, "ifr", token_scores=importance, edge_scores=edges,
                   neuron_position_scores=neurons)

@@ -1,8 +1,8 @@
-"""One recorded forward pass with each layer's attention internals recomputed (no gradients).
+"""One recorded forward pass with each layer's internals, for the decomposition baselines.
 
-The decomposition baselines (DePass, IFR, norm-only, MLP-only, the attention maps) read the same
-quantities DPA's sweep reads: residual streams, q/k/v, gate/up pre-activations and the attention
-probabilities, all from ``dpa.capture`` and ``dpa.attention``.
+DePass, IFR, norm-only, MLP-only and the attention maps read what DPA's explicit path sees: residual
+streams, the branch outputs (q/k/v, gate/up pre-activations) and the attention probabilities, all
+recorded by ``dpa.instrument`` (alpha from ``dpa.explicit``), and the layer's weights.
 """
 
 from __future__ import annotations
@@ -12,54 +12,82 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from ..adapters import LayerWeights, layer_weights
-from ..attention import AttentionInternals, attention_internals
-from ..capture import ForwardCapture, attention_mask, capture
-from .common import Problem, final_logits
+from ..families import layer_modules
+from ..instrument import instrument, logits_at
+from ..request import Request
+from ..rules.attention import heads
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    """One layer's weights (HF layout [out, in]) in the model's dtype."""
+
+    attn_norm: Tensor  # gamma of the pre-attention norm [d_model]
+    mlp_norm: Tensor  # gamma of the pre-MLP norm
+    v: Tensor  # [kv_head*d_head d_model]
+    o: Tensor  # [d_model head*d_head]
+    gate: Tensor  # [d_mlp d_model]
+    up: Tensor
+    down: Tensor  # [d_model d_mlp]
+    n_heads: int
+    n_kv_heads: int
+
+    @property
+    def group(self) -> int:
+        return self.n_heads // self.n_kv_heads
+
+    @property
+    def d_head(self) -> int:
+        return self.o.shape[1] // self.n_heads
 
 
 @dataclass
 class Layer:
-    """One layer of the clean forward pass (batch of one; float tensors in the model's dtype)."""
+    """One layer of the clean forward pass (batch of one)."""
 
     weights: LayerWeights
-    attn: AttentionInternals  # q, k, v, probs [1 head query key]
+    probs: Tensor  # [1 head query key]
+    v: Tensor  # [1 kv_head key d_head] value projection output
     resid_pre: Tensor  # [1 pos d_model]
     resid_mid: Tensor
     gate: Tensor  # s [1 pos d_mlp]
     up: Tensor  # u
 
 
+@dataclass
+class Internals:
+    layers: list[Layer]
+    embeddings: Tensor  # [1 pos d_model]
+    resid_final: Tensor  # input of the final norm [1 pos d_model]
+
+
 @torch.no_grad()
-def forward_internals(model: nn.Module, problem: Problem) -> tuple[ForwardCapture, list[Layer]]:
-    spec = problem.spec
-    mask = torch.ones_like(problem.input_ids, dtype=torch.bool)
-    cap = capture(model, spec, problem.input_ids, mask)
-    problem.clean_logits = final_logits(model, cap.hidden, problem.position)[0]
-    dtype = cap.embeddings.dtype
-    cos, sin = model.model.rotary_emb(torch.zeros(1, dtype=dtype, device=problem.device), cap.position_ids)
+def forward_internals(model: nn.Module, req: Request) -> Internals:
+    """Record every layer of one clean forward pass (and keep the clean logits in ``req``)."""
+    spec = req.spec
+    with instrument(model, req, explicit=True, record={"resid", "mid", "branches"}) as session:
+        hidden = session.forward()
+        req.clean_logits = logits_at(model, req, hidden)
+    rec = session.recording
     layers = []
-    masks: dict = {}
-    for i, lc in enumerate(cap.layers):
-        w = layer_weights(model, spec, i, dtype)
-        window = spec.sliding_windows[i]
-        if window not in masks:
-            masks[window] = attention_mask(cap.mask, window)
-        c = attention_internals(lc.q, lc.k, lc.v, w.attn, cos.to(dtype), sin.to(dtype), masks[window])
-        layers.append(Layer(weights=w, attn=c, resid_pre=lc.resid_pre, resid_mid=lc.resid_mid, gate=lc.gate,
-                            up=lc.up))
-    return cap, layers
+    for i, mods in enumerate(layer_modules(model, spec)):
+        w = LayerWeights(attn_norm=mods.norms[0].weight, mlp_norm=mods.mid.weight, v=mods.branches["value"].weight,
+                         o=mods.heads.weight, gate=mods.branches["gate"].weight, up=mods.branches["up"].weight,
+                         down=mods.neurons.weight, n_heads=spec.n_heads, n_kv_heads=spec.n_kv_heads)
+        layers.append(Layer(weights=w, probs=rec.probs[i], v=heads(rec.branches[("value", i)], spec.n_kv_heads),
+                            resid_pre=rec.resid[i], resid_mid=rec.mid[i], gate=rec.branches[("gate", i)],
+                            up=rec.branches[("up", i)]))
+    return Internals(layers=layers, embeddings=rec.resid[0], resid_final=rec.resid[spec.n_layers])
 
 
 def probabilities(layers: list[Layer]) -> Tensor:
     """Attention probabilities of every layer [layer head query key] (batch of one)."""
-    return torch.stack([layer.attn.probs[0] for layer in layers])
+    return torch.stack([layer.probs[0] for layer in layers])
 
 
 def head_values(layer: Layer) -> Tensor:
     """v_{h,j} W_O^h: what head h writes when it attends fully to key j  [head key d_model]."""
-    w = layer.weights.attn
-    v = layer.attn.v[0]  # [kv_head key d_head]
-    v = v.repeat_interleave(w.group, dim=0)  # query head h reads kv head h // group
+    w = layer.weights
+    v = layer.v[0].repeat_interleave(w.group, dim=0)  # [head key d_head]: query head h reads kv head h // group
     o = w.o.view(w.o.shape[0], w.n_heads, w.d_head)  # [d_model head d_head]
     return torch.einsum("hjd,mhd->hjm", v, o)

@@ -17,32 +17,38 @@ from typing import Iterator, Literal
 import torch
 from torch import Tensor, nn
 
+from ..instrument import instrument
 from ..result import Attribution
-from .common import Problem, Prompt, causal, embeddings, final_logits, prepare, result
-from .forward import instrumented, run
+from .common import Prompt, Request, causal, metric_at, prepare, result
 
 
 @torch.no_grad()
 def occlusion(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contrast=None,
               position: int | None = None, batch_size: int = 32) -> Attribution:
     """f(clean) - f(token i's embedding zeroed), for every token."""
-    problem = prepare(model, tokenizer, prompt, target, contrast, position)
-    e = embeddings(model, problem)
-    t = problem.n_tokens
-    clean = problem.metric(problem.logits(model)[None])[0]
-    scores = []
-    for rows in torch.arange(t, device=e.device).split(batch_size):
-        keep = torch.ones(len(rows), t, 1, dtype=e.dtype, device=e.device)
-        keep[torch.arange(len(rows), device=e.device), rows] = 0
-        hidden = run(model, inputs_embeds=e * keep)
-        scores.append(clean - problem.metric(final_logits(model, hidden, problem.position)))
-    return result(model, tokenizer, problem, "occlusion", token_scores=torch.cat(scores))
+    _check_batch_size(batch_size)
+    req = prepare(model, tokenizer, prompt, target, contrast, position)
+    t = req.n_tokens
+    with instrument(model, req) as session:
+        e = session.embed()
+        clean = metric_at(model, req, session.forward())[0]
+        scores = []
+        for rows in torch.arange(t, device=e.device).split(batch_size):
+            keep = torch.ones(len(rows), t, 1, dtype=e.dtype, device=e.device)
+            keep[torch.arange(len(rows), device=e.device), rows] = 0
+            scores.append(clean - metric_at(model, req, session.forward(inputs_embeds=e * keep)))
+    return result(model, req, "occlusion", token_scores=torch.cat(scores))
 
 
-def _metric(model: nn.Module, problem: Problem, batch: int, attn: dict, neurons: dict) -> Tensor:
-    with instrumented(model, attn=attn, neurons=neurons):
-        hidden = run(model, problem.input_ids.expand(batch, -1))
-    return problem.metric(final_logits(model, hidden, problem.position))
+def _check_batch_size(batch_size) -> None:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+
+
+def _metric(model: nn.Module, req: Request, batch: int, attn: dict, neurons: dict) -> Tensor:
+    with instrument(model, req, attn_keep=attn or None, neuron_keep=neurons) as session:
+        hidden = session.forward(input_ids=req.input_ids.expand(batch, -1))
+    return metric_at(model, req, hidden)
 
 
 def _unit_batches(spec, t: int, units: str, batch_size: int, device) -> Iterator[tuple[str, Tensor]]:
@@ -82,27 +88,28 @@ def activation_patching(model: nn.Module, tokenizer, prompt: Prompt, target=None
     """f(clean) - f(unit zeroed), one forward per unit (batched)."""
     if units not in ("coarse", "fine"):
         raise ValueError(f"units must be 'coarse' (heads, neurons) or 'fine' (edges, position-level neurons), got {units!r}")
-    problem = prepare(model, tokenizer, prompt, target, contrast, position)
-    spec, t = problem.spec, problem.n_tokens
+    _check_batch_size(batch_size)
+    req = prepare(model, tokenizer, prompt, target, contrast, position)
+    spec, t = req.spec, req.n_tokens
     n = (spec.n_layers * (spec.n_heads + spec.d_mlp) if units == "coarse"
          else spec.n_layers * (spec.n_heads * t * (t + 1) // 2 + t * spec.d_mlp))
     if n > max_units:
         raise ValueError(f"activation patching needs one forward pass per unit: this prompt has {n:,} {units} units "
                          f"({t} tokens), more than max_units={max_units:,}. Use units='coarse' (heads and neurons), "
                          "a shorter prompt, or raise max_units")
-    dtype = model.lm_head.weight.dtype
-    clean = problem.metric(problem.logits(model)[None])[0]
+    dtype = spec.embed(model).weight.dtype
+    clean = _metric(model, req, 1, {}, {})[0]
     attn_scores = torch.zeros(spec.n_layers * spec.n_heads * (1 if units == "coarse" else t * t))
     mlp_scores = torch.zeros(spec.n_layers * spec.d_mlp * (1 if units == "coarse" else t))
-    for kind, idx in _unit_batches(spec, t, units, batch_size, problem.device):
+    for kind, idx in _unit_batches(spec, t, units, batch_size, req.device):
         keeps = _keeps(kind, idx, spec, t, units, dtype)
-        drop = (clean - _metric(model, problem, len(idx), keeps if kind == "attn" else {},
+        drop = (clean - _metric(model, req, len(idx), keeps if kind == "attn" else {},
                                 keeps if kind == "mlp" else {})).float().cpu()
         (attn_scores if kind == "attn" else mlp_scores)[idx.cpu()] = drop
     if units == "coarse":
-        return result(model, tokenizer, problem, "activation_patching",
+        return result(model, req, "activation_patching",
                       head_scores=attn_scores.view(spec.n_layers, spec.n_heads),
                       neuron_scores=mlp_scores.view(spec.n_layers, spec.d_mlp))
-    return result(model, tokenizer, problem, "activation_patching",
+    return result(model, req, "activation_patching",
                   edge_scores=attn_scores.view(spec.n_layers, spec.n_heads, t, t),
                   neuron_position_scores=mlp_scores.view(spec.n_layers, t, spec.d_mlp))

@@ -10,23 +10,23 @@ import torch
 from torch import nn
 
 from ..result import Attribution
-from .common import Prompt, causal, prepare, result
+from .common import Prompt, causal, prepare, result, seed_for
 
 
 def random_input(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contrast=None,
                  position: int | None = None, seed: int = 0) -> Attribution:
     """Uniform random token scores."""
-    problem = prepare(model, tokenizer, prompt, target, contrast, position)
-    gen = torch.Generator().manual_seed(problem.seed(seed))
-    return result(model, tokenizer, problem, "random", token_scores=torch.rand(problem.n_tokens, generator=gen))
+    req = prepare(model, tokenizer, prompt, target, contrast, position)
+    gen = torch.Generator().manual_seed(seed_for(req, seed))
+    return result(model, req, "random", token_scores=torch.rand(req.n_tokens, generator=gen))
 
 
 def random_component(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contrast=None,
                      position: int | None = None, seed: int = 0) -> Attribution:
     """Uniform random scores for every causal edge and position-level neuron."""
-    problem = prepare(model, tokenizer, prompt, target, contrast, position)
-    spec, t = problem.spec, problem.n_tokens
-    gen = torch.Generator().manual_seed(problem.seed(seed))
+    req = prepare(model, tokenizer, prompt, target, contrast, position)
+    spec, t = req.spec, req.n_tokens
+    gen = torch.Generator().manual_seed(seed_for(req, seed))
     edges = torch.rand(spec.n_layers, spec.n_heads, t, t, generator=gen) * causal(t)
     neurons = torch.rand(spec.n_layers, t, spec.d_mlp, generator=gen)
-    return result(model, tokenizer, problem, "random", edge_scores=edges, neuron_position_scores=neurons)
+    return result(model, req, "random", edge_scores=edges, neuron_position_scores=neurons)

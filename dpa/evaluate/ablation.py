@@ -2,7 +2,8 @@
 
 * Input: a token's embedding replaced by the zero vector; positions and attention mask unchanged.
 * Component: selected post-softmax attention probabilities set to zero (no renormalisation) and
-  SiLU(s) set to zero for selected (position, neuron) pairs; see ``dpa.baselines.forward``.
+  SiLU(s) set to zero for selected (position, neuron) pairs (the explicit attention path of
+  ``dpa.explicit`` and a keep mask on the GLU activation, both set up by ``dpa.instrument``).
 
 The batched functions take *keep* masks (1 keep, 0 zero) with one row per ablated copy of the
 same prompt and return p(target) for each row, in float32 (float64 for a float64 model). Component passes always run the
@@ -19,38 +20,42 @@ from typing import Iterable
 import torch
 from torch import Tensor, nn
 
-from ..adapters import spec_for
-from ..baselines.forward import instrumented, run
+from .. import request as requests
+from ..instrument import instrument
+from ..request import Request
 
 
-def _probs(model: nn.Module, hidden: Tensor, position: int, target_id: int) -> tuple[Tensor, Tensor]:
+def _probs(model: nn.Module, req: Request, hidden: Tensor, position: int, target_id: int) -> tuple[Tensor, Tensor]:
     """p(target) per row: softmax in float32 or better, and softmax in the model's dtype (returned in
     float32 or better)."""
-    logits = model.lm_head(hidden[:, position])
+    logits = req.spec.unembed(model)(hidden[:, position])
     wide = torch.promote_types(logits.dtype, torch.float32)
     probs = logits.to(wide).softmax(-1)[:, target_id]
     return probs, probs if logits.dtype == wide else logits.softmax(-1)[:, target_id].to(wide)
 
 
-def _ids(model: nn.Module, input_ids) -> Tensor:
-    ids = torch.as_tensor(input_ids, device=model.lm_head.weight.device).long()
+def _request(model: nn.Module, input_ids, target_position: int, target_id: int) -> Request:
+    """The one-prompt request of an ablation: ids [pos] or [1 pos], a position and a target id, checked."""
+    ids = torch.as_tensor(input_ids).long()
     if ids.dim() == 2:
         if ids.shape[0] != 1:
-            raise ValueError("ablation takes one prompt (input_ids of shape [pos] or [1 pos])")
+            raise requests.InputError("ablation takes one prompt (input_ids of shape [pos] or [1 pos])")
         ids = ids[0]
-    return ids
+    return requests.build(model, None, ids, target_id, position=target_position, batch=False)
 
 
 @torch.no_grad()
 def input_ablation_probs_both(model: nn.Module, input_ids, keep: Tensor, target_position: int, target_id: int,
                               batch_size: int = 16) -> tuple[Tensor, Tensor]:
     """``input_ablation_probs`` and the same probabilities from a softmax in the model's dtype."""
-    ids = _ids(model, input_ids)
-    emb = model.model.embed_tokens(ids[None])  # [1 pos d_model]
+    req = _request(model, input_ids, target_position, target_id)
+    position, target_id = req.position(0), req.targets[0].token_id
     out = []
-    for rows in keep.split(batch_size):
-        embeds = emb * rows.to(device=emb.device, dtype=emb.dtype)[..., None]
-        out.append(_probs(model, run(model, inputs_embeds=embeds), target_position, target_id))
+    with instrument(model, req) as session:
+        emb = session.embed()  # [1 pos d_model]
+        for rows in keep.split(batch_size):
+            embeds = emb * rows.to(device=emb.device, dtype=emb.dtype)[..., None]
+            out.append(_probs(model, req, session.forward(inputs_embeds=embeds), position, target_id))
     return torch.cat([a for a, _ in out]).cpu(), torch.cat([b for _, b in out]).cpu()
 
 
@@ -63,26 +68,29 @@ def input_ablation_probs(model: nn.Module, input_ids, keep: Tensor, target_posit
 def input_ablation_prob(model: nn.Module, input_ids, zero_positions: Iterable[int], target_position: int,
                         target_id: int) -> float:
     """p(target) with the embeddings at ``zero_positions`` zeroed."""
-    ids = _ids(model, input_ids)
-    keep = torch.ones(1, len(ids))
-    keep[0, list(zero_positions)] = 0
-    return float(input_ablation_probs(model, ids, keep, target_position, target_id)[0])
+    req = _request(model, input_ids, target_position, target_id)
+    keep = torch.ones(1, req.n_tokens)
+    zero = list(zero_positions)
+    bad = [p for p in zero if not -req.n_tokens <= p < req.n_tokens]
+    if bad:
+        raise requests.InputError(f"position {bad[0]} is outside the prompt of {req.n_tokens} tokens")
+    keep[0, zero] = 0
+    return float(input_ablation_probs(model, req.input_ids[0], keep, target_position, target_id)[0])
 
 
 @torch.no_grad()
 def component_ablation_probs_both(model: nn.Module, input_ids, attn_keep: Tensor | None, neuron_keep: Tensor | None,
                                   target_position: int, target_id: int) -> tuple[Tensor, Tensor]:
     """``component_ablation_probs`` and the same probabilities from a softmax in the model's dtype."""
-    ids = _ids(model, input_ids)
-    spec = spec_for(model)
+    req = _request(model, input_ids, target_position, target_id)
+    spec = req.spec
     rows = next((m.shape[0] for m in (attn_keep, neuron_keep) if m is not None), 1)
-    device = model.lm_head.weight.device
-    to = lambda m: m.to(device)  # noqa: E731
+    to = lambda m: m.to(req.device)  # noqa: E731
     attn = {l: None if attn_keep is None else to(attn_keep[:, l]) for l in range(spec.n_layers)}
     neurons = {} if neuron_keep is None else {l: to(neuron_keep[:, l]) for l in range(spec.n_layers)}
-    with instrumented(model, attn=attn, neurons=neurons):
-        hidden = run(model, ids[None].expand(rows, -1))
-    clean, native = _probs(model, hidden, target_position, target_id)
+    with instrument(model, req, attn_keep=attn, neuron_keep=neurons) as session:
+        hidden = session.forward(input_ids=req.input_ids.expand(rows, -1))
+        clean, native = _probs(model, req, hidden, req.position(0), req.targets[0].token_id)
     return clean.cpu(), native.cpu()
 
 
@@ -99,8 +107,8 @@ def component_ablation_probs(model: nn.Module, input_ids, attn_keep: Tensor | No
 def component_ablation_prob(model: nn.Module, input_ids, edges: Iterable[tuple[int, int, int, int]],
                             neurons: Iterable[tuple[int, int, int]], target_position: int, target_id: int) -> float:
     """p(target) with ``edges`` (layer, head, query, key) and ``neurons`` (layer, pos, neuron) zeroed."""
-    ids = _ids(model, input_ids)
-    spec = spec_for(model)
+    req = _request(model, input_ids, target_position, target_id)
+    spec, ids = req.spec, req.input_ids[0]
     t = len(ids)
     attn_keep = torch.ones(1, spec.n_layers, spec.n_heads, t, t, dtype=torch.bool)
     for l, h, q, k in edges:

@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..adapters import UnsupportedModelError
+from ..errors import UnsupportedModelError
 from ..models import ModelLoadError
 from ..weights import FAMILIES, PathWeights
 from .datasets import DATASETS, GENERATED, DataError

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .. import request as requests
+from ..instrument import clean_logits
 from .prompts import Sample
 
 
@@ -35,9 +37,8 @@ def check(model: nn.Module, tokenizer, sample: Sample, *, max_tokens: int = 400,
         return Verdict(False, "no context tokens", float("nan"), n)
     if correct_only and len(tokenizer.decode([sample.target_id]).strip()) <= 1:
         return Verdict(False, "target token is one character", float("nan"), n)
-    ids = torch.tensor([sample.input_ids], device=model.lm_head.weight.device)
-    hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state[:, -1]
-    probs = model.lm_head(hidden).float().softmax(-1)[0]
+    req = requests.build(model, None, list(sample.input_ids), sample.target_id, batch=False)
+    probs = clean_logits(model, req).float().softmax(-1)[0]
     p, top = float(probs[sample.target_id]), int(probs.argmax())
     if not correct_only:
         return Verdict(True, "ok", p, n, top)

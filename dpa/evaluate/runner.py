@@ -24,7 +24,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ..adapters import spec_for
+from ..families import spec_for
 from ..baselines import COMPONENT_METHODS, INPUT_METHODS
 from ..weights import PathWeights
 from .auc import auc_summary

@@ -3,7 +3,8 @@ import torch
 import transformers
 
 import dpa
-from dpa.adapters import UnsupportedModelError, check_config
+from dpa.errors import UnsupportedModelError
+from dpa.families import check_config
 
 from .conftest import tiny_config, tiny_model
 

@@ -1,9 +1,4 @@
-"""RMSNorm with a frozen scale: a diagonal linear map (book: rmsnorm-as-a-linear-map).
-
-With the per-position scale r_i = 1 / sqrt(mean(x_i^2) + eps) held at its forward
-value, ``norm(x) = gamma * r * x`` is linear in x, so pulling a target back through
-it is a multiplication by ``gamma * r``.
-"""
+"""RMSNorm with a frozen scale: a diagonal linear map (book: rmsnorm)."""
 
 from __future__ import annotations
 
@@ -21,8 +16,3 @@ def rms_scale(x: Tensor, eps: float) -> Tensor:
 def apply_norm(x: Tensor, gamma: Tensor, scale: Tensor) -> Tensor:
     """The forward map gamma * r * x with the scale r given (frozen)."""
     return gamma * (x * scale)
-
-
-def pull_back_norm(target: Tensor, gamma: Tensor, scale: Tensor) -> Tensor:
-    """Transpose of ``apply_norm``: the same diagonal map, gamma * r * t."""
-    return target * (gamma * scale)

@@ -1,4 +1,6 @@
-"""The identities of method.md section 5 on tiny float64 models of every family and head layout."""
+"""``dpa.attribute`` against the ground truths: autograd through an independently written modified
+model (method.md section 5, identity 1), the hand rules of the book (``hand_rules.py``), and the
+identities of section 5, on tiny float64 models of every family and head layout."""
 
 import pytest
 import torch
@@ -6,6 +8,7 @@ import torch
 import dpa
 
 from .conftest import random_ids, tiny_model
+from .hand_rules import hand_attribute
 from .reference import reference_forward
 
 PATHS = {  # (query, key, value, gate, up)
@@ -69,6 +72,30 @@ class TestCompleteness:
             assert res.bias_share == 0
             assert abs(res.completeness_gap) < 1e-6
             assert abs(res.completeness_gap) < 1e-10  # in fact to float64 rounding
+
+    @pytest.mark.parametrize("path", ["default", "unconstrained", "query", "key"])
+    def test_bias_share_is_bias_times_branch_gradient(self, path):
+        """Each projection bias is an input no token owns: its share is mu_branch * (b . df/db)."""
+        model = tiny_model("qwen2", 2)
+        ids = random_ids(9)
+        mu = PATHS[path]
+        res = dpa.attribute(model, None, ids, target=TARGET, weights=dpa.PathWeights(*mu))
+        biases = []
+        for layer in model.model.layers:
+            for proj, m in ((layer.self_attn.q_proj, mu[0]), (layer.self_attn.k_proj, mu[1]),
+                            (layer.self_attn.v_proj, mu[2])):
+                proj.bias.requires_grad_(True)
+                biases.append((proj.bias, m))
+        try:
+            emb = model.model.embed_tokens(ids[None]).detach()
+            final = reference_forward(model, emb, mu=mu)
+            value = final[0, -1] @ model.lm_head.weight[TARGET]
+            grads = torch.autograd.grad(value, [b for b, _ in biases])  # unscaled: mu acts at the branch input
+        finally:
+            model.requires_grad_(False)
+        share = sum(m * float(b @ g) for (b, m), g in zip(biases, grads))
+        assert abs(share) > 1e-3
+        assert res.bias_share == pytest.approx(share, rel=1e-9, abs=1e-11)
 
     def test_query_key_paths_leave_a_gap(self, family_model):
         res = dpa.attribute(family_model, None, random_ids(10), target=TARGET)
@@ -156,22 +183,72 @@ class TestRopeScaling:
         assert not torch.allclose(res.token_scores, base.token_scores)  # the scaling did change something
 
 
+class TestHandRules:
+    """Each rule the book derives, chained top-down, equals the library's autograd result: path by path
+    (one mu non-zero at a time), all together, and off the paper's constraints."""
+
+    @pytest.mark.parametrize("path", list(PATHS))
+    def test_every_score_equals_the_hand_sweep(self, family_model, path):
+        ids = random_ids(9)
+        mu = PATHS[path]
+        res = dpa.attribute(family_model, None, ids, target=TARGET, weights=dpa.PathWeights(*mu), edges=True,
+                            neuron_positions=True, effective_targets=True)
+        hand = hand_attribute(family_model, dpa.spec_for(family_model), ids, TARGET, mu=mu)
+        for name in ("token_scores", "head_scores", "neuron_scores", "edge_scores", "neuron_position_scores",
+                     "effective_targets"):
+            torch.testing.assert_close(getattr(res, name), getattr(hand, name), rtol=1e-9, atol=1e-11, msg=name)
+        assert res.target_logit == pytest.approx(hand.target_logit, abs=1e-10)
+        if mu == (0, 0, 1, 0, 0):  # value path only: the bias share is the value biases'
+            assert res.bias_share == pytest.approx(hand.value_bias_share, abs=1e-10)
+
+    def test_mid_neuron_target(self, family_model):
+        ids = random_ids(9)
+        res = dpa.attribute(family_model, None, ids, target=TARGET, neuron_positions=True, neuron_target="mid")
+        hand = hand_attribute(family_model, dpa.spec_for(family_model), ids, TARGET, neuron_target="mid")
+        torch.testing.assert_close(res.neuron_position_scores, hand.neuron_position_scores, rtol=1e-9, atol=1e-11)
+        torch.testing.assert_close(res.neuron_scores, hand.neuron_scores, rtol=1e-9, atol=1e-11)
+
+
 class TestLeanMode:
     def test_lean_equals_full(self, family_model):
         ids = random_ids(10)
-        full = dpa.attribute(family_model, None, ids, target=TARGET, edges=True, neuron_positions=True)
-        for block in (None, 3, 1):  # blocks smaller than the sequence, down to one query row
-            lean = dpa.attribute(family_model, None, ids, target=TARGET, edges=True, neuron_positions=True,
-                                 memory="lean", block=block)
-            for name in ("token_scores", "head_scores", "neuron_scores", "edge_scores", "neuron_position_scores"):
-                torch.testing.assert_close(getattr(lean, name), getattr(full, name))
-            assert lean.bias_share == pytest.approx(full.bias_share, abs=1e-12)
+        kw = dict(target=TARGET, edges=True, neuron_positions=True, effective_targets=True)
+        full = dpa.attribute(family_model, None, ids, memory="full", **kw)
+        lean = dpa.attribute(family_model, None, ids, memory="lean", **kw)
+        for name in ("token_scores", "head_scores", "neuron_scores", "edge_scores", "neuron_position_scores",
+                     "effective_targets"):
+            torch.testing.assert_close(getattr(lean, name), getattr(full, name), rtol=1e-12, atol=1e-13)
+        assert lean.bias_share == pytest.approx(full.bias_share, abs=1e-12)
+
+    def test_lean_mid_target(self):
+        model = tiny_model("qwen3", 2)
+        ids = random_ids(10)
+        full = dpa.attribute(model, None, ids, target=TARGET, neuron_target="mid", memory="full")
+        lean = dpa.attribute(model, None, ids, target=TARGET, neuron_target="mid", memory="lean")
+        torch.testing.assert_close(lean.neuron_scores, full.neuron_scores, rtol=1e-12, atol=1e-13)
 
     def test_auto_plan(self):
-        from dpa.propagate import plan_memory
+        from dpa.attribute import graph_bytes, plan_memory
 
-        spec = dpa.spec_for(tiny_model("llama", 2))
-        weight = torch.zeros(1, dtype=torch.float32)
-        assert plan_memory(spec, 1, 16, weight, "auto", budget=2**30).cache_projections
-        small = plan_memory(spec, 1, 4096, weight, "auto", budget=2**26)
-        assert not small.cache_projections and small.block is not None and small.block < 4096
+        model = tiny_model("llama", 2)
+        spec = dpa.spec_for(model)
+        assert not plan_memory(model, spec, 1, 16, "auto", budget=2**30)
+        assert plan_memory(model, spec, 1, 4096, "auto", budget=graph_bytes(model, spec, 1, 4096))
+        assert plan_memory(model, spec, 1, 4, "lean") and not plan_memory(model, spec, 1, 10**6, "full")
+
+
+class TestProbabilities:
+    def test_without_probabilities_the_scores_are_the_same(self):
+        model = tiny_model("qwen2", 2)
+        ids = random_ids(8)
+        full = dpa.attribute(model, None, ids, target=TARGET)
+        lean = dpa.attribute(model, None, ids, target=TARGET, probabilities=False)
+        assert torch.equal(full.token_scores, lean.token_scores) and full.target_logit == lean.target_logit
+        assert lean.target.probability is None and lean.top_predictions == []
+        assert full.target.probability > 0 and len(full.top_predictions) == 5
+
+    def test_the_prediction_needs_them_anyway(self):
+        model = tiny_model("llama", 2)
+        res = dpa.attribute(model, None, random_ids(8), probabilities=False)
+        assert res.target.token_id == int(model(random_ids(8)[None]).logits[0, -1].argmax())
+        assert res.target.probability is not None

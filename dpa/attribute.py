@@ -1,0 +1,227 @@
+"""``attribute``: one forward and one backward pass through the linearised model (book: modified-backward).
+
+    request   = the one request step (request.py)
+    forward   = the model's own modules and attention kernel, taps in place (instrument.py)
+    backward  = autograd through the linearised copy: frozen norms, s * sigmoid(s), mu-scaled branches
+
+Token scores are embedding . gradient, head scores each head's slice of the o_proj input . its
+gradient, neuron scores the down_proj input . its gradient: the taps write them during the backward.
+Edge scores need alpha itself and come from the explicit path (explicit.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from . import request as requests
+from .errors import InputError, NonFiniteError
+from .explicit import edge_scores
+from .families import ModelSpec, get
+from .instrument import Scores, instrument
+from .request import Prompt, Request
+from .result import Attribution, TargetInfo
+from .targets import target_direction
+from .weights import PathWeights
+
+
+def attribute(model: nn.Module, tokenizer, prompt: Prompt | list[Prompt], target=None, *, contrast=None,
+              kind: Literal["logit", "logprob"] = "logit", position: int | list[int] | None = None,
+              weights: PathWeights | None = None, edges: bool = False, neuron_positions: bool = False,
+              effective_targets: bool = False, neuron_target: Literal["output", "mid"] = "output",
+              multi_token: Literal["error", "first"] = "error", memory: Literal["auto", "full", "lean"] = "auto",
+              padding_side: Literal["right", "left"] = "right",
+              probabilities: bool = True) -> Attribution | list[Attribution]:
+    """Dual Path Attribution of ``target`` at the end of ``prompt``.
+
+    prompt: a string, a list/LongTensor of token ids, or a list of those (a batch; one
+    ``Attribution`` per prompt). target: a token string or id (default: the model's own
+    prediction), or a float tensor [d_model] (a direction on the final normalised
+    residual). contrast: a foil token (target minus foil logit). kind="logprob"
+    attributes log p(target) with p held fixed. position: the target position (default:
+    the last token; negative counts from the end). memory: "full" keeps the whole graph of the
+    forward pass, "lean" recomputes one decoder layer at a time in the backward, "auto" (default)
+    picks lean when the full graph would not fit in half the free memory. padding_side: where a
+    batch is padded; the scores never depend on it. probabilities: also compute the next-token
+    distribution at the target position (``target.probability``, ``top_predictions``): one product
+    with the whole unembedding per prompt, which on a small model and a short prompt is a few
+    percent of the call; it is always computed when the target is the prediction or a log-probability.
+    See the book for every option.
+    """
+    if neuron_target not in ("output", "mid"):
+        raise InputError(f"neuron_target must be 'output' or 'mid', got {neuron_target!r}")
+    if memory not in ("auto", "full", "lean"):
+        raise InputError(f"memory must be 'auto', 'full' or 'lean', got {memory!r}")
+    req = requests.build(model, tokenizer, prompt, target, contrast=contrast, kind=kind, position=position,
+                         weights=weights, padding_side=padding_side, multi_token=multi_token)
+    spec = req.spec
+    dtype = torch.float64 if spec.embed(model).weight.dtype == torch.float64 else torch.float32
+    lean = plan_memory(model, spec, req.batch, req.n_tokens, memory)
+    if not isinstance(probabilities, bool):
+        raise InputError(f"probabilities must be True or False, got {probabilities!r}")
+    probabilities = probabilities or kind == "logprob" or any(t.kind != "vector" and t.token_id is None
+                                                                for t in req.targets)
+    run = _run(model, req, dtype, lean=lean, edges=edges, neuron_positions=neuron_positions or neuron_target == "mid",
+               effective_targets=effective_targets, neuron_target=neuron_target, probabilities=probabilities)
+    results = [_result(model, req, run, b, neuron_target, neuron_positions) for b in range(req.batch)]
+    return results if req.batched else results[0]
+
+
+@dataclass
+class Run:
+    """What one instrumented forward + backward produced, batched [batch ...]."""
+
+    scores: Scores
+    values: Tensor  # [batch] the attributed quantity at the forward pass
+    probs: Tensor | None  # [batch vocab] next-token probabilities at the target positions
+    edges: Tensor | None  # [batch layer head query key]
+    effective_targets: Tensor | None  # [batch layer+1 pos d_model]
+
+
+def _run(model: nn.Module, req: Request, dtype: torch.dtype, *, lean: bool, edges: bool, neuron_positions: bool,
+         effective_targets: bool, neuron_target: str, probabilities: bool = True) -> Run:
+    spec = req.spec
+    record = set()
+    if edges:
+        record |= {"branches", "head_inputs", "rope"}
+    if neuron_target == "mid":
+        record |= {"mid", "neuron_inputs"}
+    if effective_targets:
+        record |= {"resid"}
+    scores = Scores.empty(spec, req.batch, req.n_tokens, dtype, req.device, neuron_positions)
+    with instrument(model, req, weights=req.weights, scores=scores, record=record, lean=lean) as session:
+        hidden = session.forward()  # [batch pos d_model], the model's own values
+        final = hidden[torch.arange(req.batch, device=req.device), req.positions]  # [batch d_model]
+        unembed = spec.unembed(model).weight
+        if not torch.isfinite(final.detach()).all():
+            raise NonFiniteError(_locate_non_finite(model, req))
+        probs = None
+        if probabilities:
+            with torch.no_grad():
+                logits = (final.detach().to(unembed.dtype) @ unembed.T).to(dtype)  # [batch vocab]
+            if not torch.isfinite(logits).all():
+                raise NonFiniteError("non-finite logits (NaN or inf): the unembedding overflows on this input")
+            req.resolve(logits)
+            probs = logits.float().softmax(-1)
+        u = torch.stack([target_direction(t, unembed.detach().to(dtype), None if probs is None else probs[b])
+                         for b, t in enumerate(req.targets)])
+        values = (final.to(dtype) * u).sum(-1)  # [batch]
+        rec = session.recording
+        extra: list[Tensor] = []
+        if effective_targets:
+            extra += [rec.resid[i] for i in range(spec.n_layers + 1)]
+        if neuron_target == "mid":
+            extra += [rec.mid[i] for i in range(spec.n_layers)]
+        if edges:
+            extra += [rec.head_inputs[i] for i in range(spec.n_layers)]
+        grads = session.backward(values.sum(), extra)
+        targets = None
+        if effective_targets:
+            targets = torch.stack([g.to(req.device, dtype) for g in grads[:spec.n_layers + 1]], dim=1)
+            grads = grads[spec.n_layers + 1:]
+        if neuron_target == "mid":
+            for i in range(spec.n_layers):
+                down = get(spec.layers(model)[i], spec.parts.neurons).weight
+                lam = grads[i].to(dtype) @ down.detach().to(dtype)  # t_mid W_D  [batch pos d_mlp]
+                scores.neuron_positions[:, i] = (rec.neuron_inputs[i].detach().to(dtype) * lam).to(req.device)
+            grads = grads[spec.n_layers:]
+        edge = edge_scores(spec, model, req, rec, grads, dtype) if edges else None
+    if scores.neuron_positions is not None:
+        scores.neurons = scores.neuron_positions.sum(2)
+    for name in ("tokens", "heads", "neurons", "bias"):
+        if not torch.isfinite(getattr(scores, name)).all():
+            raise NonFiniteError(f"the {name} scores are not finite (NaN or inf): the path weights "
+                                 f"{req.weights.as_tuple()} or the target overflow in {dtype}")
+    return Run(scores=scores, values=values.detach(), probs=probs, edges=edge, effective_targets=targets)
+
+
+def _locate_non_finite(model: nn.Module, req: Request) -> str:
+    """Name the first layer whose output is not finite (one more forward pass, only on failure)."""
+    spec = req.spec
+    found: list[str] = []
+    real = req.mask[..., None]
+
+    def check(name):
+        def hook(_m, _a, out):
+            out = out[0] if isinstance(out, tuple) else out
+            if not found and not torch.isfinite(out.masked_fill(~real, 0)).all():
+                found.append(name)
+        return hook
+
+    handles = [spec.embed(model).register_forward_hook(check("the embeddings"))]
+    handles += [layer.register_forward_hook(check(f"layer {i}")) for i, layer in enumerate(spec.layers(model))]
+    try:
+        with torch.no_grad():
+            spec.base(model)(input_ids=req.input_ids, position_ids=req.position_ids, use_cache=False,
+                             attention_mask=None if bool(req.mask.all()) else req.mask.long())
+    finally:
+        for h in handles:
+            h.remove()
+    where = found[0] if found else "the final norm or the unembedding"
+    return (f"non-finite activations (NaN or inf) in the output of {where}; the model's weights or dtype "
+            "overflow on this input (try float32)")
+
+
+def plan_memory(model: nn.Module, spec: ModelSpec, batch: int, pos: int, memory: str,
+                budget: int | None = None) -> bool:
+    """True for lean mode: ``auto`` takes it when the full graph would exceed half the free memory."""
+    if memory != "auto":
+        return memory == "lean"
+    return graph_bytes(model, spec, batch, pos) > (budget if budget is not None else _free_memory(model, spec)) // 2
+
+
+def graph_bytes(model: nn.Module, spec: ModelSpec, batch: int, pos: int) -> int:
+    """What the full graph keeps per forward pass: per layer about 5 [pos d_model] tensors (attention's
+    inputs and output, the head tap) and 4 [pos d_mlp] (gate, activation, up, the neuron tap), plus the
+    [head pos pos] maps where attention is not fused (eager)."""
+    size = spec.embed(model).weight.element_size()
+    per_layer = batch * pos * (5 * spec.d_model + 4 * spec.d_mlp) * size
+    if getattr(model.config, "_attn_implementation", "sdpa") == "eager":
+        per_layer += 2 * batch * spec.n_heads * pos * pos * size
+    return spec.n_layers * per_layer
+
+
+def _free_memory(model: nn.Module, spec: ModelSpec) -> int:
+    device = spec.device(model)
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    import psutil
+
+    return psutil.virtual_memory().available
+
+
+def _result(model: nn.Module, req: Request, run: Run, b: int, neuron_target: str,
+            neuron_positions: bool) -> Attribution:
+    real = req.real(b)
+    ids = req.token_ids(b)
+    t = req.targets[b]
+    probs = None if run.probs is None else run.probs[b]
+    top = None if probs is None else probs.topk(min(5, probs.numel()))
+    name = lambda i: None if i is None else req.decode([i])[0]  # noqa: E731
+    known = probs is not None and t.token_id is not None
+    info = TargetInfo(
+        kind=t.kind, position=req.position(b), token=name(t.token_id), token_id=t.token_id,
+        contrast=name(t.contrast_id), contrast_id=t.contrast_id,
+        probability=float(probs[t.token_id]) if known else None,
+        logprob=float(probs[t.token_id].clamp_min(1e-45).log()) if known else None,
+    )
+    s = run.scores
+    token_scores = s.tokens[b].cpu()[real]
+    value = float(run.values[b])
+    keep = slice(int(real[0]), int(real[0]) + len(real))
+    pick = lambda x, *index: None if x is None else x[(b, *index)].cpu()  # noqa: E731
+    return Attribution(
+        tokens=req.decode(ids), token_ids=ids, token_scores=token_scores,
+        head_scores=s.heads[b].cpu(), neuron_scores=s.neurons[b].cpu(),
+        target_logit=value, target=info, weights=req.weights,
+        completeness_gap=float(token_scores.sum()) - value, bias_share=float(s.bias[b]),
+        n_kv_heads=req.spec.n_kv_heads, special=req.special(ids),
+        top_predictions=[] if top is None else [(name(int(i)), float(p)) for p, i in zip(top.values, top.indices)],
+        model_name=getattr(model.config, "_name_or_path", "") or req.spec.family, neuron_target=neuron_target,
+        edge_scores=pick(run.edges, slice(None), slice(None), keep, keep),
+        neuron_position_scores=pick(s.neuron_positions, slice(None), keep) if neuron_positions else None,
+        effective_targets=pick(run.effective_targets, slice(None), keep),
+    )

@@ -1,0 +1,27 @@
+"""dpa's errors: one base class, each also the matching built-in (so ``except ValueError`` still works)."""
+
+from __future__ import annotations
+
+
+class DPAError(Exception):
+    """Base of every error dpa raises on purpose."""
+
+
+class UnsupportedModelError(DPAError, ValueError):
+    """The model or one of its config settings is not handled by dpa."""
+
+
+class InputError(DPAError, ValueError):
+    """A prompt or option that cannot be attributed (empty, too long, wrong type or value)."""
+
+
+class TargetError(DPAError, ValueError):
+    """A target that cannot be attributed as asked (e.g. a string that is several tokens)."""
+
+
+class NonFiniteError(DPAError, FloatingPointError):
+    """NaN or infinite values appeared (weights, activations, targets or scores)."""
+
+
+class ModelStateError(DPAError, RuntimeError):
+    """The model is in a state dpa cannot attribute (e.g. already instrumented by this thread)."""

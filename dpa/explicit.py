@@ -1,0 +1,111 @@
+"""The explicit attention path: alpha recomputed in dpa's readable code, where alpha itself is needed.
+
+DPA's scores come from the model's own fused attention (``instrument.py``). Three things need the
+post-softmax probabilities as a tensor: edge scores ``[layer, head, query, key]``, the ablation masks
+of the faithfulness protocol (zero chosen alpha, no renormalisation) and the widget's verify step.
+For those, ``attention_forward`` replaces a layer's attention forward (inside ``instrument``, restored
+on exit) by ``rules.attention`` on the outputs of the module's own projections, and
+``edge_scores`` forms ``alpha * (lambda . v)`` from what a session recorded. The tests check both
+against HF's logits and against the fused path (the forward oracle).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+
+from .families import LayerModules, ModelSpec, get
+from .request import Request
+from .rules.attention import attention_mask, attention_output, attention_probs, heads
+from .rules.norm import rms_scale
+from .rules.rope import apply_rope
+
+
+def scaling(spec: ModelSpec, attn: nn.Module) -> float:
+    return float(getattr(attn, "scaling", spec.d_head ** -0.5))
+
+
+def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """RoPE on x [batch head pos d_head] with the rotary module's cos/sin [batch pos d_head]."""
+    return apply_rope(x, cos[:, None].to(x.dtype), sin[:, None].to(x.dtype))
+
+
+def attention_forward(spec: ModelSpec, request: Request, mods: LayerModules, index: int, keep: Tensor | None,
+                      recording) -> Callable:
+    """A replacement for layer ``index``'s attention forward: the module's own projections (and head
+    norms), dpa's RoPE and softmax, alpha optionally multiplied by ``keep`` and recorded."""
+    masks: dict = {}
+
+    def forward(hidden_states: Tensor, position_embeddings=None, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        x = hidden_states  # [batch pos d_model], normalised by the decoder layer
+        b, t = x.shape[:2]
+        cos, sin = position_embeddings if position_embeddings is not None else recording.rope
+        q = mods.branches["query"](x).view(b, t, spec.n_heads, -1)
+        k = mods.branches["key"](x).view(b, t, spec.n_kv_heads, -1)
+        v = mods.branches["value"](x)
+        if mods.head_norms:
+            q, k = mods.head_norms[0](q), mods.head_norms[1](k)
+        q, k = rotate(q.transpose(1, 2), cos, sin), rotate(k.transpose(1, 2), cos, sin)
+        key = (b, t, x.device)
+        if key not in masks:
+            masks[key] = attention_mask(_row_mask(request, b, t, x.device), spec.sliding_windows[index])
+        probs = attention_probs(q, k, scaling(spec, mods.attention), masks[key])
+        if keep is not None:
+            probs = probs * keep.to(probs.dtype)
+        recording.probs[index] = probs
+        z = attention_output(probs, heads(v, spec.n_kv_heads))
+        return mods.heads(z), probs
+
+    return forward
+
+
+def _row_mask(request: Request, b: int, t: int, device) -> Tensor:
+    """The request's padding mask, or all real when a method runs copies of one prompt."""
+    if request.mask.shape == (b, t):
+        return request.mask.to(device)
+    if request.mask.shape[1] == t and bool(request.mask.all()):
+        return torch.ones(b, t, dtype=torch.bool, device=device)
+    raise ValueError(f"the explicit attention path got a batch of shape {(b, t)} for a request of shape "
+                     f"{tuple(request.mask.shape)}")
+
+
+def probs_from_recording(spec: ModelSpec, model: nn.Module, request: Request, recording, index: int) -> Tensor:
+    """alpha of layer ``index`` [batch head query key] from the recorded q/k projection outputs (pure
+    tensor arithmetic: no module is called)."""
+    parts = spec.parts
+    layer = spec.layers(model)[index]
+    device = request.device
+    q, k = recording.branches[("query", index)].to(device), recording.branches[("key", index)].to(device)
+    b, t = q.shape[:2]
+    q, k = q.view(b, t, spec.n_heads, -1), k.view(b, t, spec.n_kv_heads, -1)
+    if parts.head_norms:
+        q, k = (_head_norm(get(layer, n), x) for n, x in zip(parts.head_norms, (q, k)))
+    cos, sin = recording.rope
+    q, k = rotate(q.transpose(1, 2), cos, sin), rotate(k.transpose(1, 2), cos, sin)
+    mask = attention_mask(request.mask, spec.sliding_windows[index])
+    return attention_probs(q, k, scaling(spec, get(layer, parts.attention)), mask)
+
+
+def _head_norm(norm: nn.Module, x: Tensor) -> Tensor:
+    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6))
+    return (x * rms_scale(x, eps)).to(x.dtype) * norm.weight.detach().to(x.device)
+
+
+def edge_scores(spec: ModelSpec, model: nn.Module, request: Request, recording, lam: list[Tensor],
+                dtype: torch.dtype) -> Tensor:
+    """alpha_{h,i,j} (lambda_{h,i} . v_{h,j}) for every layer: [batch layer head query key].
+
+    lam[l] is the gradient at layer l's o_proj input [batch pos head*d_head] (the target on each
+    head's output, W_O^h^T t_mid)."""
+    out = []
+    for i in range(spec.n_layers):
+        probs = probs_from_recording(spec, model, request, recording, i).to(dtype)  # [b h q k]
+        v = heads(recording.branches[("value", i)].to(request.device, dtype), spec.n_kv_heads)  # [b kv k d]
+        b, h, t, _ = probs.shape
+        kv = spec.n_kv_heads
+        lam_h = heads(lam[i].to(request.device, dtype), h).reshape(b, kv, h // kv, t, -1)  # [b kv g q d]
+        lam_v = torch.einsum("bkgid,bkjd->bkgij", lam_h, v).reshape(b, h, t, t)
+        out.append(probs * lam_v)
+    return torch.stack(out, dim=1)

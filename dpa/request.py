@@ -1,0 +1,248 @@
+"""The one request step: prompts, targets, positions, path weights and the model checked and encoded.
+
+Every entry point (``dpa.attribute``, the baselines, the evaluation runner, the CLI, the widget) builds
+a ``Request`` here, so a bad argument gets the same clear error everywhere and a good one the same
+encoding: token ids padded into one batch, the target position of each prompt, its target resolved to
+token ids (or a direction), checked against the model's vocabulary and context length.
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass, field
+from typing import Any, Literal, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from .errors import InputError, ModelStateError, TargetError
+from .families import ModelSpec, spec_for
+from .targets import TargetSpec, token_id
+from .weights import PathWeights
+
+Prompt = str | Sequence[int] | Tensor
+Kind = Literal["logit", "logprob"]
+
+
+@dataclass
+class Request:
+    """A checked, encoded request: one row per prompt, padded on ``padding_side``.
+
+    ``targets[b].token_id`` is None for "the model's own prediction" until ``resolve`` fills it from
+    the logits of the forward pass that the method runs anyway.
+    """
+
+    spec: ModelSpec
+    input_ids: Tensor  # [batch pos] long, on the model's device
+    mask: Tensor  # [batch pos] bool, True on real tokens
+    positions: Tensor  # [batch] long: the target position of each row in the padded batch
+    targets: list[TargetSpec]
+    weights: PathWeights
+    batched: bool  # a list of prompts was given (one result per prompt)
+    kind: Kind = "logit"
+    tokenizer: Any = None
+    clean_logits: Tensor | None = field(default=None, repr=False)  # [batch vocab] at the positions, once known
+
+    @property
+    def batch(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def n_tokens(self) -> int:
+        return self.input_ids.shape[1]
+
+    @property
+    def device(self) -> torch.device:
+        return self.input_ids.device
+
+    def real(self, b: int) -> Tensor:
+        """Row b's real positions in the padded batch (CPU)."""
+        return self.mask[b].nonzero().flatten().cpu()
+
+    def token_ids(self, b: int) -> list[int]:
+        return self.input_ids[b, self.real(b)].tolist()
+
+    def position(self, b: int) -> int:
+        """Row b's target position within its own prompt."""
+        return int(self.positions[b]) - int(self.real(b)[0])
+
+    @property
+    def position_ids(self) -> Tensor:
+        """Positions that ignore padding on either side: cumsum(mask) - 1, clamped at 0. [batch pos]"""
+        return (self.mask.long().cumsum(-1) - 1).clamp(min=0)
+
+    def resolve(self, logits: Tensor) -> None:
+        """Fill the targets left to the model's prediction from logits [batch vocab] at the positions."""
+        self.clean_logits = logits.detach()
+        predicted = logits.argmax(-1).tolist()
+        for b, t in enumerate(self.targets):
+            if t.kind != "vector" and t.token_id is None:
+                if t.contrast_id is not None and predicted[b] == t.contrast_id:
+                    raise TargetError(f"prompt {b}: the model's prediction is the contrast token itself")
+                self.targets[b] = TargetSpec(t.kind, token_id=predicted[b], contrast_id=t.contrast_id)
+
+    def metric(self, logits: Tensor) -> Tensor:
+        """The attributed logit (minus the contrast logit) from logits [rows vocab] of a one-prompt request."""
+        t = self.targets[0]
+        value = logits[:, t.token_id]
+        return value if t.contrast_id is None else value - logits[:, t.contrast_id]
+
+    def decode(self, ids: list[int]) -> list[str]:
+        if self.tokenizer is None:
+            return [str(i) for i in ids]
+        return [self.tokenizer.decode([i]) for i in ids]
+
+    def special(self, ids: list[int]) -> list[bool]:
+        special_ids = set(getattr(self.tokenizer, "all_special_ids", None) or [])
+        return [i in special_ids for i in ids]
+
+
+def _as_list(x, n: int, name: str) -> list:
+    if isinstance(x, (list, tuple)):
+        if len(x) != n:
+            raise InputError(f"{name} has {len(x)} entries for {n} prompts")
+        return list(x)
+    return [x] * n
+
+
+def _is_id(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _is_batch(prompt) -> bool:
+    if isinstance(prompt, Tensor):
+        return prompt.dim() == 2
+    if isinstance(prompt, (list, tuple)):
+        return len(prompt) > 0 and not _is_id(prompt[0]) and not (isinstance(prompt[0], Tensor) and prompt[0].dim() == 0)
+    return False
+
+
+def encode_prompt(tokenizer, prompt: Prompt, n: int = 0) -> list[int]:
+    """Token ids of one prompt: a string (tokenised as the tokenizer does, BOS included when it adds
+    one), a sequence of ints or a 1-D integer tensor."""
+    if isinstance(prompt, str):
+        if tokenizer is None:
+            raise InputError("a string prompt needs a tokenizer; pass token ids instead")
+        if not prompt.strip():
+            raise InputError("the prompt is empty" if n == 0 else f"prompt {n} is empty")
+        return list(tokenizer(prompt)["input_ids"])
+    if isinstance(prompt, Tensor):
+        if prompt.is_floating_point() or prompt.is_complex() or prompt.dtype == torch.bool:
+            raise InputError(f"prompt {n}: a tensor prompt must hold integer token ids, got {prompt.dtype}")
+        if prompt.dim() != 1:
+            raise InputError(f"prompt {n}: a tensor prompt must be 1-D [pos] (or 2-D [batch pos] for a batch), "
+                             f"got shape {tuple(prompt.shape)}")
+        ids = prompt.tolist()
+    elif isinstance(prompt, (list, tuple)) and all(_is_id(i) or (isinstance(i, Tensor) and i.dim() == 0
+                                                                  and not i.is_floating_point()) for i in prompt):
+        ids = [int(i) for i in prompt]
+    else:
+        raise InputError(f"prompt {n} must be a string, a list of token ids or a 1-D LongTensor, "
+                         f"got {type(prompt).__name__}")
+    if not ids:
+        raise InputError("the prompt is empty (no tokens)" if n == 0 else f"prompt {n} is empty (no tokens)")
+    return ids
+
+
+def check_model(model: nn.Module) -> ModelSpec:
+    """The model's spec, after the checks every call needs (family, device)."""
+    if not isinstance(model, nn.Module):
+        raise InputError(f"model must be a transformers *ForCausalLM model, got {type(model).__name__}")
+    spec = spec_for(model)
+    if spec.device(model).type == "meta":
+        raise ModelStateError("the model's weights are on the meta device (not loaded); load them before attributing")
+    return spec
+
+
+def build(model: nn.Module, tokenizer, prompt: Prompt | list[Prompt], target=None, *, contrast=None,
+          kind: Kind = "logit", position: int | list[int] | None = None, weights: PathWeights | None = None,
+          padding_side: Literal["right", "left"] = "right", multi_token: Literal["error", "first"] = "error",
+          batch: bool | None = None) -> Request:
+    """Check and encode a request. ``batch=False`` refuses a batch (the baselines take one prompt)."""
+    spec = check_model(model)
+    weights = PathWeights() if weights is None else weights
+    if not isinstance(weights, PathWeights):
+        raise InputError(f"weights must be a dpa.PathWeights, got {type(weights).__name__}")
+    if kind not in ("logit", "logprob"):
+        raise InputError(f"kind must be 'logit' or 'logprob', got {kind!r}")
+    if padding_side not in ("right", "left"):
+        raise InputError(f"padding_side must be 'right' or 'left', got {padding_side!r}")
+    if multi_token not in ("error", "first"):
+        raise InputError(f"multi_token must be 'error' or 'first', got {multi_token!r}")
+    batched = _is_batch(prompt)
+    if batched and batch is False:
+        raise InputError("this method takes one prompt, not a batch")
+    prompts = (list(prompt.unbind(0)) if isinstance(prompt, Tensor) else list(prompt)) if batched else [prompt]
+    if not prompts:
+        raise InputError("no prompts given")
+    rows = [encode_prompt(tokenizer, p, n) for n, p in enumerate(prompts)]
+    for n, ids in enumerate(rows):
+        if len(ids) > spec.max_positions:
+            raise InputError(f"prompt {n} has {len(ids)} tokens, more than the model's context of "
+                             f"{spec.max_positions}")
+        bad = [i for i in ids if not 0 <= i < spec.vocab_size]
+        if bad:
+            raise InputError(f"prompt {n}: token id {bad[0]} is outside the vocabulary (size {spec.vocab_size})")
+    t = max(map(len, rows))
+    input_ids = torch.zeros(len(rows), t, dtype=torch.long)
+    mask = torch.zeros(len(rows), t, dtype=torch.bool)
+    offsets = []
+    for b, ids in enumerate(rows):
+        start = 0 if padding_side == "right" else t - len(ids)
+        input_ids[b, start:start + len(ids)] = torch.tensor(ids)
+        mask[b, start:start + len(ids)] = True
+        offsets.append(start)
+    positions = [o + _position(p, len(ids)) for p, ids, o in
+                 zip(_as_list(position, len(rows), "position"), rows, offsets)]
+    targets = _targets(tokenizer, spec, len(rows), target, contrast, kind, multi_token)
+    device = spec.device(model)
+    return Request(spec=spec, input_ids=input_ids.to(device), mask=mask.to(device),
+                   positions=torch.tensor(positions, device=device), targets=targets, weights=weights,
+                   batched=batched, kind=kind, tokenizer=tokenizer)
+
+
+def _position(position, length: int) -> int:
+    if position is None:
+        return length - 1
+    if not _is_id(position):
+        raise InputError(f"position must be an int (negative counts from the end), got {position!r}")
+    p = int(position) + length if position < 0 else int(position)
+    if not 0 <= p < length:
+        raise InputError(f"target position {position} is outside the prompt of {length} tokens")
+    return p
+
+
+def _targets(tokenizer, spec: ModelSpec, n: int, target, contrast, kind: str, multi_token: str) -> list[TargetSpec]:
+    out = []
+    for tg, foil in zip(_as_list(target, n, "target"), _as_list(contrast, n, "contrast")):
+        if isinstance(tg, Tensor) and (tg.is_floating_point() or tg.is_complex()):
+            if kind != "logit" or foil is not None:
+                raise TargetError("a vector target cannot be combined with a contrast or the logprob kind")
+            if tg.is_complex() or tg.numel() != spec.d_model:
+                raise TargetError(f"a vector target must be a real [d_model={spec.d_model}] tensor, got "
+                                  f"{tg.dtype} of shape {tuple(tg.shape)}")
+            if not torch.isfinite(tg).all():
+                raise TargetError("the vector target holds NaN or infinite values")
+            out.append(TargetSpec("vector", vector=tg.detach().flatten()))
+            continue
+        resolve = lambda t, what: token_id(  # noqa: E731
+            tokenizer, _scalar_id(t, what), spec.vocab_size, multi_token=multi_token, what=what)
+        y = None if tg is None else resolve(tg, "target")
+        foil_id = None if foil is None else resolve(foil, "contrast")
+        if foil_id is not None and kind == "logprob":
+            raise TargetError("the logprob target takes no contrast (it already contrasts with every token)")
+        if foil_id is not None and foil_id == y:
+            raise TargetError("contrast and target are the same token")
+        kind_name = "contrast" if foil_id is not None else ("logprob" if kind == "logprob" else "token")
+        out.append(TargetSpec(kind_name, token_id=y, contrast_id=foil_id))
+    return out
+
+
+def _scalar_id(t, what: str):
+    if isinstance(t, Tensor):
+        if t.numel() != 1:
+            raise TargetError(f"a tensor {what} must hold one token id, got shape {tuple(t.shape)}")
+        return int(t)
+    if _is_id(t):
+        return int(t)
+    return t

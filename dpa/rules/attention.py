@@ -1,0 +1,56 @@
+"""Attention probabilities and output, recomputed in dpa's own readable code (book: softmax-taylor).
+
+Shapes follow the field's names: ``batch head query_pos key_pos d_head``. Grouped-query attention is
+handled by viewing the query heads as ``(kv_head, group)``: query head h reads KV head ``h // group``
+(HF's ``repeat_kv``); keys and values are never repeated.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def heads(x: Tensor, n: int) -> Tensor:
+    """[batch pos n*d_head] -> [batch n pos d_head]"""
+    b, t, _ = x.shape
+    return x.view(b, t, n, -1).transpose(1, 2)
+
+
+def merge(x: Tensor) -> Tensor:
+    """[batch n pos d_head] -> [batch pos n*d_head]"""
+    b, n, t, dh = x.shape
+    return x.transpose(1, 2).reshape(b, t, n * dh)
+
+
+def attention_mask(mask: Tensor, window: int | None) -> Tensor:
+    """Boolean [batch 1 query key]: causal, no padding keys or queries, optional sliding window.
+
+    HF's sliding window lets query i see key j when ``i - window < j <= i``.
+    """
+    t = mask.shape[-1]
+    i = torch.arange(t, device=mask.device)
+    allowed = i[None, :] <= i[:, None]  # [query key]
+    if window is not None:
+        allowed = allowed & (i[None, :] > i[:, None] - window)
+    return allowed[None, None] & mask[:, None, None, :] & mask[:, None, :, None]
+
+
+def attention_probs(q: Tensor, k: Tensor, scaling: float, mask: Tensor) -> Tensor:
+    """softmax(q k^T * scale) over keys: q [batch head query d_head], k [batch kv_head key d_head],
+    mask [batch 1|head query key] (True = may attend) -> [batch head query key], 0 where masked."""
+    b, h, tq, dh = q.shape
+    kv = k.shape[1]
+    qg = q.reshape(b, kv, h // kv, tq, dh)  # [batch kv_head group query d_head]
+    scores = torch.einsum("bkgid,bkjd->bkgij", qg, k).reshape(b, h, tq, k.shape[2]) * scaling
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, dim=-1).nan_to_num(0.0)  # fully masked rows (padding) -> 0
+
+
+def attention_output(probs: Tensor, v: Tensor) -> Tensor:
+    """z = sum_j alpha_ij v_j per head: probs [batch head query key], v [batch kv_head key d_head]
+    -> [batch pos head*d_head] (the input of o_proj)."""
+    b, h, t, s = probs.shape
+    kv = v.shape[1]
+    z = torch.einsum("bkgij,bkjd->bkgid", probs.reshape(b, kv, h // kv, t, s), v)
+    return merge(z.reshape(b, h, t, -1))
