@@ -18,6 +18,7 @@ length: seconds and peak memory of DPA (token, head and neuron scores) in full a
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import resource

@@ -21,7 +21,8 @@ from . import request as requests
 from .errors import InputError, NonFiniteError
 from .explicit import edge_scores
 from .families import ModelSpec, get
-from .instrument import Scores, instrument
+from .instrument import instrument
+from .linearise import Scores
 from .request import Prompt, Request
 from .result import Attribution, TargetInfo
 from .targets import target_direction
@@ -118,6 +119,7 @@ def _run(model: nn.Module, req: Request, dtype: torch.dtype, *, lean: bool, edge
         if edges:
             extra += [rec.head_inputs[i] for i in range(spec.n_layers)]
         grads = session.backward(values.sum(), extra)
+        scores.settle()
         targets = None
         if effective_targets:
             targets = torch.stack([g.to(req.device, dtype) for g in grads[:spec.n_layers + 1]], dim=1)
@@ -129,7 +131,7 @@ def _run(model: nn.Module, req: Request, dtype: torch.dtype, *, lean: bool, edge
                 scores.neuron_positions[:, i] = (rec.neuron_inputs[i].detach().to(dtype) * lam).to(req.device)
             grads = grads[spec.n_layers:]
         edge = edge_scores(spec, model, req, rec, grads, dtype) if edges else None
-    if scores.neuron_positions is not None:
+    if scores.positions:
         scores.neurons = scores.neuron_positions.sum(2)
     for name in ("tokens", "heads", "neurons", "bias"):
         if not torch.isfinite(getattr(scores, name)).all():

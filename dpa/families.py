@@ -251,8 +251,11 @@ def _spec_for(model: nn.Module, config) -> ModelSpec:
 def norm_scale(norm: nn.Module, x: Tensor) -> Tensor:
     """The frozen per-position scale of an RMSNorm, 1/rms(x), in float32 or better: [..., 1]."""
     eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
-    dtype = torch.promote_types(x.dtype, torch.float32)
-    return x.detach().to(dtype).square().mean(-1, keepdim=True).add_(eps).rsqrt_()
+    x = x.detach()
+    if x.dtype not in (torch.float32, torch.float64):
+        x = x.float()
+    norm2 = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+    return norm2.square_().div_(x.shape[-1]).add_(eps).rsqrt_()
 
 
 @dataclass(frozen=True)

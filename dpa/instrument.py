@@ -12,15 +12,14 @@ the linearised copy:
 Each change is an autograd Function whose forward returns the module's output untouched. Scores are
 read by *taps* on the way down: a tap is the identity in the forward; in the backward it writes
 ``input . gradient`` (per token, head or neuron) into the score buffers and passes the gradient on.
-One tap carries each block's common factor (at the heads, the mu most attention branches share; at
-the neurons, mu_up), so those branches need no Function of their own and the others get the ratio.
-The gradient entering every branch is mu times the true one either way (tested path by path).
+The Functions, the taps and how they are placed on a layer are in ``linearise.py``.
 
 Other modes of the same context: ``explicit=True`` runs attention through dpa's readable
 recomputation (``explicit.py``) so that alpha is a tensor that can be recorded or masked (the edge
-ablations, gradient baselines, verify); ``neuron_keep`` masks the GLU activations; ``record=True``
-keeps each layer's boundary tensors for the decomposition baselines; ``lean=True`` recomputes one
-decoder layer at a time in the backward (checkpointing at layer boundaries, eval mode kept).
+ablations, gradient baselines, verify); ``neuron_keep`` masks the GLU activations; ``record`` keeps
+the tensors asked for (residual streams, branch outputs, tapped inputs) for the baselines and the
+finer scores; ``lean=True`` recomputes one decoder layer at a time in the backward (checkpointing at
+layer boundaries, eval mode kept).
 
 Whatever happens inside -- an error, KeyboardInterrupt -- the model leaves with the same modules,
 hooks, ``requires_grad`` flags, train/eval mode and attention implementation. One lock per model
@@ -41,107 +40,12 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from .errors import ModelStateError
-from .families import LayerModules, ModelSpec, layer_modules, norm_scale
+from .families import layer_modules
+from .linearise import Scores, Tap, freeze_norm, keep_input, linearise_layer
 from .request import Request
 from .weights import PathWeights
 
-ACTIVATION_RATIO: dict[str, Callable[[Tensor], Tensor]] = {
-    "silu": torch.sigmoid,  # SiLU(s) = s * sigmoid(s)
-}
-
-
-# --- the three changes and the taps, as autograd Functions (forward: identity on the model's value) ---
-
-class _FrozenNorm(torch.autograd.Function):
-    """Value: the norm's own output. Backward: the frozen diagonal map, g * gamma * r."""
-
-    @staticmethod
-    def forward(ctx, x, out, gamma, r):
-        ctx.save_for_backward(gamma, r)
-        return out
-
-    @staticmethod
-    def backward(ctx, g):
-        gamma, r = ctx.saved_tensors
-        return (g * gamma).mul_(r.to(g.dtype)), None, None, None
-
-
-class _LinearisedActivation(torch.autograd.Function):
-    """Value: act(s). Backward: g * ratio(s) * factor, the gate path with ratio(s) = act(s)/s frozen."""
-
-    @staticmethod
-    def forward(ctx, s, out, ratio, factor):
-        ctx.save_for_backward(s)
-        ctx.ratio, ctx.factor = ratio, factor
-        return out
-
-    @staticmethod
-    def backward(ctx, g):
-        (s,) = ctx.saved_tensors
-        c = ctx.ratio(s).mul_(g)
-        return (c if ctx.factor == 1 else c.mul_(ctx.factor)), None, None, None
-
-
-class _Branch(torch.autograd.Function):
-    """Value: x. Backward: g * factor; with a bias, writes bias . (gradient entering the branch)."""
-
-    @staticmethod
-    def forward(ctx, x, factor, bias, sink):
-        ctx.factor, ctx.sink = factor, sink
-        ctx.save_for_backward(bias)
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        g = g if ctx.factor == 1 else g * ctx.factor
-        (bias,) = ctx.saved_tensors
-        if bias is not None:
-            ctx.sink(g.flatten(1, -2).sum(1) @ bias.to(g.dtype))
-        return g, None, None, None
-
-
-class _Tap(torch.autograd.Function):
-    """Value: x. Backward: writes reduce(x * g) through ``sink``, passes g * factor on.
-
-    ``anchor`` is one scalar leaf shared by every tap: it keeps each tap in the graph even where its
-    input needs no gradient (a block whose branches all have mu = 0)."""
-
-    @staticmethod
-    def forward(ctx, x, anchor, reduce, sink, factor):
-        ctx.save_for_backward(x)
-        ctx.reduce, ctx.sink, ctx.factor = reduce, sink, factor
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        if ctx.sink is not None:
-            wide = torch.promote_types(x.dtype, torch.float32)
-            ctx.sink(ctx.reduce(x.to(wide) * g.to(wide)))
-        if ctx.factor == 0:
-            return None, None, None, None, None
-        return (g if ctx.factor == 1 else g * ctx.factor), None, None, None, None
-
-
 # --- what a session records ---
-
-@dataclass
-class Scores:
-    """Score buffers the taps write during the backward, [batch ...] in ``dtype``."""
-
-    tokens: Tensor  # [batch pos]
-    heads: Tensor  # [batch layer head]
-    neurons: Tensor  # [batch layer d_mlp]
-    neuron_positions: Tensor | None  # [batch layer pos d_mlp]
-    bias: Tensor  # [batch]: the share of inputs no token owns (projection biases)
-
-    @classmethod
-    def empty(cls, spec: ModelSpec, batch: int, pos: int, dtype: torch.dtype, device, positions: bool) -> Scores:
-        z = lambda *shape: torch.zeros(*shape, dtype=dtype, device=device)  # noqa: E731
-        return cls(tokens=z(batch, pos), heads=z(batch, spec.n_layers, spec.n_heads),
-                   neurons=z(batch, spec.n_layers, spec.d_mlp),
-                   neuron_positions=z(batch, spec.n_layers, pos, spec.d_mlp) if positions else None, bias=z(batch))
-
 
 @dataclass
 class Recording:
@@ -195,8 +99,14 @@ def exclusive(model: nn.Module) -> Iterator[None]:
 def _model_state(model: nn.Module) -> Iterator[Callable[[nn.Module, Callable], None]]:
     """Eval mode and no parameter gradients inside; yields ``override(module, forward)`` for instance
     forwards. Mode, flags and forwards are restored on exit, whatever happened inside."""
-    training = [m for m in model.modules() if m.training]
-    grads = [p for p in model.parameters() if p.requires_grad]
+    training, grads = [], {}
+    for m in model.modules():  # one pass: modules in train mode, parameters that require grad
+        if m.training:
+            training.append(m)
+        for p in m._parameters.values():
+            if p is not None and p.requires_grad:
+                grads[id(p)] = p
+    grads = list(grads.values())
     overridden: list[tuple[nn.Module, object]] = []
     missing = object()
 
@@ -220,6 +130,28 @@ def _model_state(model: nn.Module) -> Iterator[Callable[[nn.Module, Callable], N
             p.requires_grad_(True)
         for m in training:
             m.training = True
+
+
+def _malloc_trim():
+    """glibc's malloc_trim, or None elsewhere. Lean mode calls it as each decoder layer starts (in the
+    forward and again when the backward recomputes the layer): glibc otherwise keeps the memory that
+    the previous layer freed, and the process's resident set grows with every layer."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+_release_memory = _malloc_trim()
+
+
+def _trim(_module, _args) -> None:
+    _release_memory(0)
 
 
 # --- the session ---
@@ -261,12 +193,6 @@ class Session:
         return list(grads[1:])
 
 
-def _sink(buffer: Tensor, index) -> Callable[[Tensor], None]:
-    def write(x: Tensor) -> None:
-        buffer[index] += x.to(device=buffer.device, dtype=buffer.dtype)
-    return write
-
-
 RECORDABLE = frozenset({"resid", "mid", "branches", "head_inputs", "neuron_inputs", "rope"})
 
 
@@ -291,7 +217,7 @@ def instrument(model: nn.Module, request: Request, *, weights: PathWeights | Non
         raise ValueError(f"cannot record {sorted(unknown)}; choose from {sorted(RECORDABLE)}")
     if scores is not None and weights is None:
         raise ValueError("score taps need path weights (the linearised model)")
-    spec, parts = request.spec, request.spec.parts
+    spec = request.spec
     recording = Recording()
     with ExitStack() as stack:
         stack.enter_context(exclusive(model))
@@ -306,29 +232,29 @@ def instrument(model: nn.Module, request: Request, *, weights: PathWeights | Non
         layers = layer_modules(model, spec)
 
         if scores is not None:
-            hook(spec.embed(model), lambda m, a, out: _Tap.apply(
-                out, session.anchor, lambda p: p.sum(-1), _sink(scores.tokens, slice(None)), 1))
+            hook(spec.embed(model), lambda m, a, out: Tap.apply(
+                out, session.anchor, lambda p: p.sum(-1), scores.sink("tokens"), 1))
         if weights is not None:
             norms = [spec.final_norm(model)] + [n for mods in layers for n in (*mods.norms, *mods.head_norms)]
             for norm in norms:
-                hook(norm, _freeze_norm)
+                hook(norm, freeze_norm)
         if "resid" in record:
-            hook(spec.final_norm(model), _keep(recording.resid, spec.n_layers), pre=True)
+            hook(spec.final_norm(model), keep_input(recording.resid, spec.n_layers), pre=True)
         if "rope" in record or explicit or attn_keep is not None:
             hook(spec.rotary(model), lambda m, a, out: setattr(recording, "rope", tuple(out)))
         for i, mods in enumerate(layers):
             if "resid" in record:
-                hook(mods.norms[0], _keep(recording.resid, i), pre=True)
+                hook(mods.norms[0], keep_input(recording.resid, i), pre=True)
             if "mid" in record:
-                hook(mods.mid, _keep(recording.mid, i), pre=True)
+                hook(mods.mid, keep_input(recording.mid, i), pre=True)
             if weights is not None:
-                _linearise_layer(session, i, mods, hook)
+                linearise_layer(session, i, mods, hook)
             else:
                 if "branches" in record:
                     for name, module in mods.branches.items():
                         hook(module, _keep_output(recording.branches, (name, i)))
                 if "neuron_inputs" in record:
-                    hook(mods.neurons, _keep(recording.neuron_inputs, i), pre=True)
+                    hook(mods.neurons, keep_input(recording.neuron_inputs, i), pre=True)
             if neuron_keep and neuron_keep.get(i) is not None:
                 hook(mods.neurons, _mask_input(neuron_keep[i]), pre=True)
             if explicit or attn_keep is not None:
@@ -338,18 +264,9 @@ def instrument(model: nn.Module, request: Request, *, weights: PathWeights | Non
                 override(mods.attention, attention_forward(spec, request, mods, i, keep, recording))
             if lean:
                 override(mods.layer, functools.partial(checkpoint, mods.layer.forward, use_reentrant=False))
+                if _release_memory is not None and spec.device(model).type == "cpu":
+                    hook(mods.layer, _trim, pre=True)
         yield session
-
-
-def _freeze_norm(norm: nn.Module, args, out: Tensor) -> Tensor:
-    x = args[0]
-    return _FrozenNorm.apply(x, out.detach(), norm.weight.detach(), norm_scale(norm, x))
-
-
-def _keep(store: dict, key) -> Callable:
-    def pre(_module, args):
-        store[key] = args[0]
-    return pre
 
 
 def _keep_output(store: dict, key) -> Callable:
@@ -362,83 +279,6 @@ def _mask_input(keep: Tensor) -> Callable:
     def pre(_module, args):
         return (args[0] * keep.to(args[0].dtype), *args[1:])
     return pre
-
-
-def _common(*mus: float) -> float:
-    """The factor a block's tap carries: the value most of its branches share, so that as few branches
-    as possible need a Function of their own (q = k = 0.25, v = 0.5 -> 0.25; only v gets a factor)."""
-    nonzero = [m for m in mus if m != 0]
-    return max(nonzero, key=nonzero.count) if nonzero else 1.0
-
-
-def _factor(mu: float, common: float) -> float | None:
-    """The factor a branch's own Function applies: None when mu is 0 (the branch is cut)."""
-    return None if mu == 0 else mu / common
-
-
-def _linearise_layer(session: Session, i: int, mods: LayerModules, hook) -> None:
-    spec, mu, scores, rec = session.spec, session.weights, session.scores, session.recording
-    attn_common = _common(mu.query, mu.key, mu.value)  # carried by the head tap
-    share = _sink(scores.bias, slice(None)) if scores is not None else (lambda x: None)
-    store = rec.branches if "branches" in session.record else None
-    for name in ("query", "key", "value"):
-        module, factor = mods.branches[name], _factor(getattr(mu, name), attn_common)
-        if factor != 1 or store is not None or getattr(module, "bias", None) is not None:
-            hook(module, _branch(factor, share, store, (name, i)))
-    gate_factor = _factor(mu.gate, 1.0)
-    ratio = ACTIVATION_RATIO[spec.parts.activation[1]]
-
-    def act(_module, args, out):
-        if store is not None:
-            store[("gate", i)] = args[0].detach()
-        if gate_factor is None:
-            return out.detach()
-        return _LinearisedActivation.apply(args[0], out.detach(), ratio, gate_factor)
-
-    hook(mods.activation, act)
-    n_heads = spec.n_heads
-    head_sink = _sink(scores.heads, (slice(None), i)) if scores is not None else None
-
-    def heads(_module, args):
-        x = args[0]
-        b, t, _ = x.shape
-        reduce = lambda p: p.view(b, t, n_heads, -1).sum((1, 3))  # noqa: E731
-        y = _Tap.apply(x, session.anchor, reduce, head_sink, attn_common)
-        if "head_inputs" in session.record:
-            rec.head_inputs[i] = y
-        return (y, *args[1:])
-
-    if scores is None:
-        reduce, neuron_sink = None, None
-    elif scores.neuron_positions is not None:  # the per-neuron sums are taken from these afterwards
-        reduce, neuron_sink = (lambda p: p), _sink(scores.neuron_positions, (slice(None), i))
-    else:
-        reduce, neuron_sink = (lambda p: p.sum(1)), _sink(scores.neurons, (slice(None), i))
-    up_bias = getattr(mods.branches["up"], "bias", None)
-
-    def up(module, _args, out):  # the neuron tap (see Family.neurons); it also carries mu_up
-        if store is not None:
-            store[("up", i)] = out.detach()
-        y = _Tap.apply(out, session.anchor, reduce, neuron_sink, mu.up)
-        return y if up_bias is None else _Branch.apply(y, 1, up_bias.detach(), share)
-
-    hook(mods.heads, heads, pre=True)
-    hook(mods.branches["up"], up)
-    if "neuron_inputs" in session.record:
-        hook(mods.neurons, _keep(rec.neuron_inputs, i), pre=True)
-
-
-def _branch(factor: float | None, share: Callable, store: dict | None, key) -> Callable:
-    def post(module, _args, out):
-        if store is not None:
-            store[key] = out.detach()
-        if factor is None:
-            return out.detach()
-        bias = module.bias.detach() if getattr(module, "bias", None) is not None else None
-        if factor == 1 and bias is None:
-            return out
-        return _Branch.apply(out, factor, bias, share)
-    return post
 
 
 def logits_at(model: nn.Module, request: Request, hidden: Tensor, positions: Tensor | int | None = None) -> Tensor:

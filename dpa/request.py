@@ -113,7 +113,8 @@ def _is_batch(prompt) -> bool:
     if isinstance(prompt, Tensor):
         return prompt.dim() == 2
     if isinstance(prompt, (list, tuple)):
-        return len(prompt) > 0 and not _is_id(prompt[0]) and not (isinstance(prompt[0], Tensor) and prompt[0].dim() == 0)
+        first = prompt[0] if len(prompt) else None
+        return first is not None and not _is_id(first) and not (isinstance(first, Tensor) and first.dim() == 0)
     return False
 
 

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from dpa.families import ModelSpec, layer_modules
+from dpa.families import ModelSpec
 from dpa.rules.attention import attention_mask
 from dpa.rules.attention import heads as _heads
 from dpa.rules.attention import merge as _merge

@@ -189,8 +189,8 @@ class TestActivationPatching:
         with torch.no_grad():
             clean = float(f_of_embeddings(model, embed(model, ids)))
         for h, q, k in [(0, 3, 1), (2, 2, 2), (3, 3, 0)]:
-            keep = torch.ones(1, 4, 4, 4, dtype=torch.float64).index_put_(
-                (torch.tensor(0), torch.tensor(h), torch.tensor(q), torch.tensor(k)), torch.tensor(0.0, dtype=torch.float64))
+            keep = torch.ones(1, 4, 4, 4, dtype=torch.float64)
+            keep[0, h, q, k] = 0
             hidden, _ = edited_run(model, ids[None], attn={0: keep})
             rerun = float(model.lm_head(hidden[0, -1])[TARGET])
             assert math.isclose(float(res.edge_scores[0, h, q, k]), clean - rerun, rel_tol=1e-6, abs_tol=1e-9)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import dpa
-import dpa.instrument
+import dpa.linearise
 from dpa import request
 from dpa.errors import NonFiniteError
 from dpa.instrument import instrument, logits_at
@@ -68,11 +68,12 @@ class TestForwardOracle:
         req = request.build(family_model, None, ids, 5)
         out = {}
         for explicit in (False, True):
-            scores = dpa.instrument.Scores.empty(req.spec, 1, 9, torch.float64, req.device, False)
+            scores = dpa.linearise.Scores.empty(req.spec, 1, 9, torch.float64, req.device, False)
             with instrument(family_model, req, weights=dpa.PathWeights(), scores=scores, explicit=explicit) as s:
                 hidden = s.forward()
                 value = hidden[0, -1] @ family_model.lm_head.weight[5]
                 s.backward(value)
+            scores.settle()
             out[explicit] = scores
         for name in ("tokens", "heads", "neurons", "bias"):
             torch.testing.assert_close(getattr(out[True], name), getattr(out[False], name), rtol=1e-9, atol=1e-10)

@@ -9,7 +9,8 @@ import dpa
 from dpa import baselines, request
 from dpa.errors import ModelStateError, NonFiniteError
 from dpa.evaluate.ablation import component_ablation_probs
-from dpa.instrument import Scores, instrument
+from dpa.instrument import instrument
+from dpa.linearise import Scores
 
 from .conftest import random_ids, tiny_model
 
@@ -179,3 +180,31 @@ class TestThreads:
         for t in threads:
             t.join()
         assert len(out) == 4 and all(torch.equal(o.edge_scores, expected.edge_scores) for o in out)
+
+
+class TestNothingExtraFormed:
+    def test_no_head_position_position_tensor_and_no_parameter_gradient(self):
+        """The fused kernel's path: no [head, pos, pos] tensor anywhere, no parameter gradient."""
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        t = 9
+        shapes = []
+
+        class Watch(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                for o in out if isinstance(out, (tuple, list)) else (out,):
+                    if isinstance(o, torch.Tensor):
+                        shapes.append(tuple(o.shape))
+                return out
+
+        model = tiny_model("llama", 2)
+        model.config._attn_implementation = "sdpa"
+        model.requires_grad_(True)
+        with Watch():
+            dpa.attribute(model, None, random_ids(t), target=3, neuron_target="mid", effective_targets=True)
+        assert shapes and not [s for s in shapes if len(s) >= 2 and s[-2:] == (t, t)]
+        assert all(p.grad is None for p in model.parameters())
+        with Watch():  # the watch sees them where they exist: edge scores need alpha
+            dpa.attribute(model, None, random_ids(t), target=3, edges=True)
+        assert [s for s in shapes if s[-3:] == (4, t, t)]

@@ -1,8 +1,9 @@
 """One recorded forward pass with each layer's internals, for the decomposition baselines.
 
-DePass, IFR, norm-only, MLP-only and the attention maps read what DPA's explicit path sees: residual
-streams, the branch outputs (q/k/v, gate/up pre-activations) and the attention probabilities, all
-recorded by ``dpa.instrument`` (alpha from ``dpa.explicit``), and the layer's weights.
+DePass, IFR, norm-only, MLP-only and the attention maps read residual streams, the branch outputs
+(q/k/v, gate/up pre-activations) and the attention probabilities. The forward pass is the model's
+own (fused attention), recorded by ``dpa.instrument``; alpha is then recomputed from the recorded
+queries and keys by ``dpa.explicit`` (pure tensor arithmetic), where it is needed.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from ..explicit import probs_from_recording
 from ..families import layer_modules
 from ..instrument import instrument, logits_at
 from ..request import Request
@@ -65,16 +67,17 @@ class Internals:
 def forward_internals(model: nn.Module, req: Request) -> Internals:
     """Record every layer of one clean forward pass (and keep the clean logits in ``req``)."""
     spec = req.spec
-    with instrument(model, req, explicit=True, record={"resid", "mid", "branches"}) as session:
+    with instrument(model, req, record={"resid", "mid", "branches", "rope"}) as session:
         hidden = session.forward()
         req.clean_logits = logits_at(model, req, hidden)
-    rec = session.recording
+        rec = session.recording
+        probs = [probs_from_recording(spec, model, req, rec, i) for i in range(spec.n_layers)]
     layers = []
     for i, mods in enumerate(layer_modules(model, spec)):
         w = LayerWeights(attn_norm=mods.norms[0].weight, mlp_norm=mods.mid.weight, v=mods.branches["value"].weight,
                          o=mods.heads.weight, gate=mods.branches["gate"].weight, up=mods.branches["up"].weight,
                          down=mods.neurons.weight, n_heads=spec.n_heads, n_kv_heads=spec.n_kv_heads)
-        layers.append(Layer(weights=w, probs=rec.probs[i], v=heads(rec.branches[("value", i)], spec.n_kv_heads),
+        layers.append(Layer(weights=w, probs=probs[i], v=heads(rec.branches[("value", i)], spec.n_kv_heads),
                             resid_pre=rec.resid[i], resid_mid=rec.mid[i], gate=rec.branches[("gate", i)],
                             up=rec.branches[("up", i)]))
     return Internals(layers=layers, embeddings=rec.resid[0], resid_final=rec.resid[spec.n_layers])
