@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from . import request as requests
 from .errors import InputError, NonFiniteError
 from .explicit import edge_scores
-from .families import ModelSpec, get
+from .families import ModelSpec, layer_modules
 from .instrument import instrument
 from .linearise import Scores
 from .request import Prompt, Request
@@ -45,8 +45,8 @@ def attribute(model: nn.Module, tokenizer, prompt: Prompt | list[Prompt], target
     attributes log p(target) with p held fixed. position: the target position (default:
     the last token; negative counts from the end). memory: "full" keeps the whole graph of the
     forward pass, "lean" recomputes one decoder layer at a time in the backward, "auto" (default)
-    picks lean when the full graph would not fit in half the free memory. padding_side: where a
-    batch is padded; the scores never depend on it. probabilities: also compute the next-token
+    picks lean when the full graph would not fit in half the free memory. padding_side: checked
+    but not needed: dpa pads a batch on the right itself, and the scores never depend on padding. probabilities: also compute the next-token
     distribution at the target position (``target.probability``, ``top_predictions``): one product
     with the whole unembedding per prompt, which on a small model and a short prompt is a few
     percent of the call; it is always computed when the target is the prediction or a log-probability.
@@ -98,7 +98,7 @@ def _run(model: nn.Module, req: Request, dtype: torch.dtype, *, lean: bool, edge
         final = hidden[torch.arange(req.batch, device=req.device), req.positions]  # [batch d_model]
         unembed = spec.unembed(model).weight
         if not torch.isfinite(final.detach()).all():
-            raise NonFiniteError(_locate_non_finite(model, req))
+            raise NonFiniteError(_locate_non_finite(session))
         probs = None
         if probabilities:
             with torch.no_grad():
@@ -119,20 +119,17 @@ def _run(model: nn.Module, req: Request, dtype: torch.dtype, *, lean: bool, edge
         if edges:
             extra += [rec.head_inputs[i] for i in range(spec.n_layers)]
         grads = session.backward(values.sum(), extra)
-        scores.settle()
         targets = None
         if effective_targets:
             targets = torch.stack([g.to(req.device, dtype) for g in grads[:spec.n_layers + 1]], dim=1)
             grads = grads[spec.n_layers + 1:]
-        if neuron_target == "mid":
-            for i in range(spec.n_layers):
-                down = get(spec.layers(model)[i], spec.parts.neurons).weight
-                lam = grads[i].to(dtype) @ down.detach().to(dtype)  # t_mid W_D  [batch pos d_mlp]
-                scores.neuron_positions[:, i] = (rec.neuron_inputs[i].detach().to(dtype) * lam).to(req.device)
+        if neuron_target == "mid":  # against t_mid instead of the taps' t^(l): replaces their parts
+            for i, mods in enumerate(layer_modules(model, spec)):
+                lam = grads[i].to(dtype) @ mods.neurons.weight.detach().to(dtype)  # t_mid W_D  [batch pos d_mlp]
+                scores.parts[("neuron_positions", i)] = [rec.neuron_inputs[i].detach().to(dtype) * lam]
             grads = grads[spec.n_layers:]
+        scores.settle()
         edge = edge_scores(spec, model, req, rec, grads, dtype) if edges else None
-    if scores.positions:
-        scores.neurons = scores.neuron_positions.sum(2)
     for name in ("tokens", "heads", "neurons", "bias"):
         if not torch.isfinite(getattr(scores, name)).all():
             raise NonFiniteError(f"the {name} scores are not finite (NaN or inf): the path weights "
@@ -140,9 +137,9 @@ def _run(model: nn.Module, req: Request, dtype: torch.dtype, *, lean: bool, edge
     return Run(scores=scores, values=values.detach(), probs=probs, edges=edge, effective_targets=targets)
 
 
-def _locate_non_finite(model: nn.Module, req: Request) -> str:
+def _locate_non_finite(session) -> str:
     """Name the first layer whose output is not finite (one more forward pass, only on failure)."""
-    spec = req.spec
+    model, req, spec = session.model, session.request, session.spec
     found: list[str] = []
     real = req.mask[..., None]
 
@@ -157,8 +154,7 @@ def _locate_non_finite(model: nn.Module, req: Request) -> str:
     handles += [layer.register_forward_hook(check(f"layer {i}")) for i, layer in enumerate(spec.layers(model))]
     try:
         with torch.no_grad():
-            spec.base(model)(input_ids=req.input_ids, position_ids=req.position_ids, use_cache=False,
-                             attention_mask=None if bool(req.mask.all()) else req.mask.long())
+            session.forward()
     finally:
         for h in handles:
             h.remove()

@@ -216,13 +216,11 @@ def linearise_layer(session, i: int, mods: LayerModules, hook) -> None:
         reduce, neuron_sink = (lambda p: p), scores.sink("neuron_positions", i)
     else:
         reduce, neuron_sink = (lambda p: p.sum(1)), scores.sink("neurons", i)
-    up_bias = getattr(mods.branches["up"], "bias", None)
 
     def up(module, _args, out):  # the neuron tap (see Family.neurons); it also carries mu_up
         if store is not None:
             store[("up", i)] = out.detach()
-        y = Tap.apply(out, session.anchor, reduce, neuron_sink, mu.up)
-        return y if up_bias is None else Branch.apply(y, 1, up_bias.detach(), share)
+        return Tap.apply(out, session.anchor, reduce, neuron_sink, mu.up)
 
     hook(mods.heads, heads, pre=True)
     hook(mods.branches["up"], up)

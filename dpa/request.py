@@ -26,7 +26,8 @@ Kind = Literal["logit", "logprob"]
 
 @dataclass
 class Request:
-    """A checked, encoded request: one row per prompt, padded on ``padding_side``.
+    """A checked, encoded request: one row per prompt, padded on the right (so no padded query row is
+    ever fully masked; the scores do not depend on where a caller would pad).
 
     ``targets[b].token_id`` is None for "the model's own prediction" until ``resolve`` fills it from
     the logits of the forward pass that the method runs anyway.
@@ -39,7 +40,6 @@ class Request:
     targets: list[TargetSpec]
     weights: PathWeights
     batched: bool  # a list of prompts was given (one result per prompt)
-    kind: Kind = "logit"
     tokenizer: Any = None
     clean_logits: Tensor | None = field(default=None, repr=False)  # [batch vocab] at the positions, once known
 
@@ -187,19 +187,15 @@ def build(model: nn.Module, tokenizer, prompt: Prompt | list[Prompt], target=Non
     t = max(map(len, rows))
     input_ids = torch.zeros(len(rows), t, dtype=torch.long)
     mask = torch.zeros(len(rows), t, dtype=torch.bool)
-    offsets = []
-    for b, ids in enumerate(rows):
-        start = 0 if padding_side == "right" else t - len(ids)
-        input_ids[b, start:start + len(ids)] = torch.tensor(ids)
-        mask[b, start:start + len(ids)] = True
-        offsets.append(start)
-    positions = [o + _position(p, len(ids)) for p, ids, o in
-                 zip(_as_list(position, len(rows), "position"), rows, offsets)]
+    for b, ids in enumerate(rows):  # right padding whatever padding_side says: see Request
+        input_ids[b, :len(ids)] = torch.tensor(ids)
+        mask[b, :len(ids)] = True
+    positions = [_position(p, len(ids)) for p, ids in zip(_as_list(position, len(rows), "position"), rows)]
     targets = _targets(tokenizer, spec, len(rows), target, contrast, kind, multi_token)
     device = spec.device(model)
     return Request(spec=spec, input_ids=input_ids.to(device), mask=mask.to(device),
                    positions=torch.tensor(positions, device=device), targets=targets, weights=weights,
-                   batched=batched, kind=kind, tokenizer=tokenizer)
+                   batched=batched, tokenizer=tokenizer)
 
 
 def _position(position, length: int) -> int:
