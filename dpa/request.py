@@ -184,18 +184,19 @@ def build(model: nn.Module, tokenizer, prompt: Prompt | list[Prompt], target=Non
         bad = [i for i in ids if not 0 <= i < spec.vocab_size]
         if bad:
             raise InputError(f"prompt {n}: token id {bad[0]} is outside the vocabulary (size {spec.vocab_size})")
-    t = max(map(len, rows))
-    input_ids = torch.zeros(len(rows), t, dtype=torch.long)
-    mask = torch.zeros(len(rows), t, dtype=torch.bool)
-    for b, ids in enumerate(rows):  # right padding whatever padding_side says: see Request
-        input_ids[b, :len(ids)] = torch.tensor(ids)
-        mask[b, :len(ids)] = True
     positions = [_position(p, len(ids)) for p, ids in zip(_as_list(position, len(rows), "position"), rows)]
     targets = _targets(tokenizer, spec, len(rows), target, contrast, kind, multi_token)
     device = spec.device(model)
-    return Request(spec=spec, input_ids=input_ids.to(device), mask=mask.to(device),
-                   positions=torch.tensor(positions, device=device), targets=targets, weights=weights,
-                   batched=batched, tokenizer=tokenizer)
+    with torch.inference_mode(False):  # normal tensors even when called inside inference mode (autograd needs them)
+        t = max(map(len, rows))
+        input_ids = torch.zeros(len(rows), t, dtype=torch.long)
+        mask = torch.zeros(len(rows), t, dtype=torch.bool)
+        for b, ids in enumerate(rows):  # right padding whatever padding_side says: see Request
+            input_ids[b, :len(ids)] = torch.tensor(ids)
+            mask[b, :len(ids)] = True
+        return Request(spec=spec, input_ids=input_ids.to(device), mask=mask.to(device),
+                       positions=torch.tensor(positions, device=device), targets=targets, weights=weights,
+                       batched=batched, tokenizer=tokenizer)
 
 
 def _position(position, length: int) -> int:

@@ -127,6 +127,20 @@ class TestModelLeftAsItWas:
         model(random_ids(6)[None])
         assert seen
 
+    def test_inside_inference_mode(self):
+        """Called inside torch.inference_mode(), the gradient methods still run, with the same results."""
+        model = tiny_model("llama", 2)
+        ids = random_ids(8)
+        runs = {name: fn for name, fn in calls(model).items()}
+        expected = {name: fn() for name, fn in runs.items()}
+        with torch.inference_mode():
+            got = {name: fn() for name, fn in runs.items()}
+        for name in ("full", "lean", "mid", "atp", "ig"):
+            torch.testing.assert_close(got[name].token_scores, expected[name].token_scores, msg=name)
+            torch.testing.assert_close(got[name].head_scores, expected[name].head_scores, msg=name)
+        torch.testing.assert_close(got["ablation"], expected["ablation"])
+        assert ids.shape == (8,)
+
     def test_reentry_from_a_hook_is_refused(self):
         model = tiny_model("llama", 2)
         errors = []

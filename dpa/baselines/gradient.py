@@ -26,7 +26,7 @@ def embedding_gradient(model: nn.Module, req: Request, embeds: Tensor | None = N
     whose logits are then kept in ``req``); rows are independent. The model's own gradient."""
     with instrument(model, req, grad=True) as session:
         clean = embeds is None
-        e = (session.embed() if clean else embeds).detach().requires_grad_(True)
+        e = (session.embed() if clean else embeds.clone()).detach().requires_grad_(True)  # clone: not an inference tensor
         hidden = session.forward(inputs_embeds=e)
         if clean:
             req.clean_logits = logits_at(model, req, hidden.detach())
