@@ -40,7 +40,10 @@ METADATA_KEYS = frozenset({
 class Family:
     """One ``model_type``: module paths (relative to the model, or to a decoder layer) and facts.
 
-    norms          every norm inside a layer; its scale is frozen (kind ``rms``: weight * x / rms(x))
+    norms          every norm inside a layer; its scale is frozen
+    norm_kind      their arithmetic (``rms``: weight * x / rms(x), HF's Llama RMSNorm; linearise.NORM_KINDS)
+    block_inputs   the norm whose output feeds the attention block and nothing else, and the MLP's: the
+                   block's common mu is applied in that norm's backward, where it costs nothing
     branches       the module whose *output* is each branch: mu scales the gradient entering it
     activation     the gated activation module and its kind (``silu``: SiLU(s) -> s * sigmoid(s))
     heads          tap: the input of this module (o_proj), split per head, dotted with its gradient
@@ -60,6 +63,8 @@ class Family:
     attention: str = "self_attn"
     mlp: str = "mlp"
     norms: tuple[str, ...] = ("input_layernorm", "post_attention_layernorm")
+    norm_kind: str = "rms"
+    block_inputs: tuple[str, str] = ("input_layernorm", "post_attention_layernorm")
     head_norms: tuple[str, str] | None = None  # (query, key) RMSNorm over d_head before RoPE
     branches: dict[str, str] = field(default_factory=lambda: {
         "query": "self_attn.q_proj", "key": "self_attn.k_proj", "value": "self_attn.v_proj",
@@ -248,9 +253,17 @@ def _spec_for(model: nn.Module, config) -> ModelSpec:
     )
 
 
-def norm_scale(norm: nn.Module, x: Tensor) -> Tensor:
-    """The frozen per-position scale of an RMSNorm, 1/rms(x), in float32 or better: [..., 1]."""
+def norm_eps(norm: nn.Module) -> float:
+    """An RMSNorm module's epsilon (``variance_epsilon`` in Llama-like code, ``eps`` elsewhere)."""
     eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+    if eps is None:
+        raise UnsupportedModelError(f"unsupported norm module {type(norm).__name__}: no epsilon attribute")
+    return float(eps)
+
+
+def norm_scale(norm: nn.Module | None, x: Tensor, eps: float | None = None) -> Tensor:
+    """The frozen per-position scale of an RMSNorm, 1/rms(x), in float32 or better: [..., 1]."""
+    eps = norm_eps(norm) if eps is None else eps
     x = x.detach()
     if x.dtype not in (torch.float32, torch.float64):
         x = x.float()
@@ -265,6 +278,7 @@ class LayerModules:
     layer: nn.Module
     attention: nn.Module
     norms: tuple[nn.Module, ...]
+    block_inputs: tuple[nn.Module, nn.Module]
     head_norms: tuple[nn.Module, ...]
     branches: dict[str, nn.Module]
     activation: nn.Module
@@ -284,6 +298,7 @@ def layer_modules(model: nn.Module, spec: ModelSpec) -> list[LayerModules]:
     p = spec.parts
     out = [LayerModules(
         layer=layer, attention=get(layer, p.attention), norms=tuple(get(layer, n) for n in p.norms),
+        block_inputs=tuple(get(layer, n) for n in p.block_inputs),
         head_norms=tuple(get(layer, n) for n in (p.head_norms or ())),
         branches={name: get(layer, path) for name, path in p.branches.items()},
         activation=get(layer, p.activation[0]), heads=get(layer, p.heads), neurons=get(layer, p.neurons),

@@ -233,11 +233,9 @@ def instrument(model: nn.Module, request: Request, *, weights: PathWeights | Non
 
         if scores is not None:
             hook(spec.embed(model), lambda m, a, out: Tap.apply(
-                out, session.anchor, lambda p: p.sum(-1), scores.sink("tokens"), 1))
-        if weights is not None:
-            norms = [spec.final_norm(model)] + [n for mods in layers for n in (*mods.norms, *mods.head_norms)]
-            for norm in norms:
-                hook(norm, freeze_norm)
+                out, session.anchor, torch.linalg.vecdot, scores.sink("tokens"), 1))
+        if weights is not None:  # the layers' norms: linearise_layer
+            override(spec.final_norm(model), freeze_norm(spec.final_norm(model), spec.parts.norm_kind))
         if "resid" in record:
             hook(spec.final_norm(model), keep_input(recording.resid, spec.n_layers), pre=True)
         if "rope" in record or explicit or attn_keep is not None:
@@ -248,7 +246,7 @@ def instrument(model: nn.Module, request: Request, *, weights: PathWeights | Non
             if "mid" in record:
                 hook(mods.mid, keep_input(recording.mid, i), pre=True)
             if weights is not None:
-                linearise_layer(session, i, mods, hook)
+                linearise_layer(session, i, mods, hook, override)
             else:
                 if "branches" in record:
                     for name, module in mods.branches.items():

@@ -1,6 +1,6 @@
 """The linearised model's three changes and the score taps, as autograd Functions (book: modified-backward).
 
-Each Function's forward returns the model's own value untouched; only its backward differs:
+Each Function's forward gives the model's own value; only its backward differs:
 
 (a) ``FrozenNorm``: a norm with its scale frozen, ``g * gamma * r`` with r = 1/rms(x) at its forward value;
 (b) ``LinearisedActivation``: SiLU(s) -> s * sigmoid(s) with sigmoid(s) frozen, ``g * sigmoid(s)``;
@@ -8,9 +8,10 @@ Each Function's forward returns the model's own value untouched; only its backwa
 ``Tap``: the identity that writes ``input . gradient`` (per token, head or neuron) as the gradient
 passes and hands the gradient on, times a factor.
 
-One tap carries each block's common factor (at the heads, the mu most attention branches share; at
-the neurons, mu_up), so those branches need no Function of their own and the others get the ratio.
-The gradient entering every branch is mu times the true one either way (tested path by path).
+Each block's common factor (the mu most of its branches share) is applied where it costs nothing:
+in the backward of the norm that feeds the block and nothing else (its gamma * r times the factor),
+so those branches need no Function of their own and the others get the ratio; the taps above it
+read the gradient unscaled.
 ``linearise_layer`` installs them on one decoder layer, from the family description's modules.
 """
 
@@ -22,7 +23,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from .families import LayerModules, ModelSpec, norm_scale
+from .families import LayerModules, ModelSpec, norm_eps
 
 ACTIVATION_RATIO: dict[str, Callable[[Tensor], Tensor]] = {
     "silu": torch.sigmoid,  # SiLU(s) = s * sigmoid(s)
@@ -32,27 +33,38 @@ ACTIVATION_RATIO: dict[str, Callable[[Tensor], Tensor]] = {
 # --- the three changes and the taps, as autograd Functions (forward: identity on the model's value) ---
 
 class FrozenNorm(torch.autograd.Function):
-    """Value: the norm's own output. Backward: the frozen diagonal map, g * gamma * r."""
+    """Value: the norm's output. Backward: the frozen diagonal map, g * gamma * r (times a block's mu:
+    ``pull``, free here). It replaces the norm's forward: one Function, no hook, no graph of the norm.
+
+    ``value(x) -> (out, r)`` is the kind's arithmetic (``NORM_KINDS``), used where it gives the module's
+    own output bit for bit (``replicates``), so r comes for free; otherwise ``own``, the module's own
+    forward, gives the value and r is computed beside it. Either way r is in float32, or float64 for a
+    float64 model (HF's RMSNorm rounds to float32 there; the backward keeps float64)."""
 
     @staticmethod
-    def forward(ctx, x, out, gamma, r):
-        ctx.save_for_backward(gamma, r)
+    def forward(ctx, x, pull, value, own, eps):
+        out, r = value(x) if own is None else (own(x), None)
+        wide = torch.promote_types(x.dtype, torch.float32)
+        if r is None or r.dtype != wide:
+            r = rms_scale(x.to(wide), eps)
+        ctx.save_for_backward(pull, r)
         return out
 
     @staticmethod
     def backward(ctx, g):
-        gamma, r = ctx.saved_tensors
-        return (g * gamma).mul_(r.to(g.dtype)), None, None, None
+        pull, r = ctx.saved_tensors
+        return (g * pull).mul_(r.to(g.dtype)), None, None, None, None
 
 
 class LinearisedActivation(torch.autograd.Function):
-    """Value: act(s). Backward: g * ratio(s) * factor, the gate path with ratio(s) = act(s)/s frozen."""
+    """Value: the activation module's own forward, act(s) (run inside the Function, so it records no
+    graph). Backward: g * ratio(s) * factor, the gate path with ratio(s) = act(s)/s frozen."""
 
     @staticmethod
-    def forward(ctx, s, out, ratio, factor):
+    def forward(ctx, s, act, ratio, factor):
         ctx.save_for_backward(s)
         ctx.ratio, ctx.factor = ratio, factor
-        return out
+        return act(s)
 
     @staticmethod
     def backward(ctx, g):
@@ -80,7 +92,8 @@ class Branch(torch.autograd.Function):
 
 
 class Tap(torch.autograd.Function):
-    """Value: x. Backward: writes reduce(x * g) through ``sink``, passes g * factor on.
+    """Value: x. Backward: writes reduce(x, g) (x . g per token, head or neuron) through ``sink``, passes
+    g * factor on.
 
     ``anchor`` is one scalar leaf shared by every tap: it keeps each tap in the graph even where its
     input needs no gradient (a block whose branches all have mu = 0)."""
@@ -96,7 +109,7 @@ class Tap(torch.autograd.Function):
         (x,) = ctx.saved_tensors
         if ctx.sink is not None:
             wide = torch.promote_types(x.dtype, torch.float32)
-            ctx.sink(ctx.reduce(x.to(wide) * g.to(wide)))
+            ctx.sink(ctx.reduce(x.to(wide), g.to(wide)))
         if ctx.factor == 0:
             return None, None, None, None, None
         return (g if ctx.factor == 1 else g * ctx.factor), None, None, None, None
@@ -155,9 +168,47 @@ class Scores:
             self.neurons = self.neuron_positions.sum(2)
 
 
-def freeze_norm(norm: nn.Module, args, out: Tensor) -> Tensor:
-    x = args[0]
-    return FrozenNorm.apply(x, out.detach(), norm.weight.detach(), norm_scale(norm, x))
+def rms_scale(x: Tensor, eps: float) -> Tensor:
+    """r = 1/rms(x) over the last axis: [..., 1]."""
+    return torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def rms(x: Tensor, gamma: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """HF's Llama RMSNorm arithmetic, step for step: (weight * (x32 * r).to(dtype), r) with r in float32."""
+    x32 = x.to(torch.float32)
+    r = rms_scale(x32, eps)
+    return gamma * (x32 * r).to(x.dtype), r
+
+
+NORM_KINDS: dict[str, Callable[[Tensor, Tensor, float], tuple[Tensor, Tensor]]] = {
+    "rms": rms,  # Llama, Mistral, Qwen2, Qwen3 (and Qwen3's q/k norms)
+}
+_REPLICATES: dict[tuple, bool] = {}
+
+
+def replicates(norm: nn.Module, value: Callable[[Tensor], tuple[Tensor, Tensor]]) -> bool:
+    """Whether ``value`` gives ``norm``'s own output bit for bit: checked once per norm class, forward,
+    dtype and device, on a random input. A kernel, a patched class or another arithmetic fails it and
+    the module's own forward is used instead."""
+    w = norm.weight
+    own = norm.forward
+    key = (type(norm), getattr(own, "__func__", own), w.dtype, w.device.type)
+    if key not in _REPLICATES:
+        x = (3 * torch.randn(4, w.shape[-1], generator=torch.Generator().manual_seed(0))).to(w.device, w.dtype)
+        with torch.no_grad():
+            _REPLICATES[key] = torch.equal(own(x), value(x)[0])
+    return _REPLICATES[key]
+
+
+def freeze_norm(norm: nn.Module, kind: str, factor: float = 1.0) -> Callable[[Tensor], Tensor]:
+    """The forward that replaces ``norm``'s inside the context: the same value, the frozen backward
+    (times ``factor``)."""
+    gamma, eps = norm.weight.detach(), norm_eps(norm)
+    arithmetic = NORM_KINDS[kind]
+    value = lambda x: arithmetic(x, gamma, eps)  # noqa: E731
+    own = None if replicates(norm, value) else norm.forward
+    pull = gamma if factor == 1 else gamma * factor
+    return lambda x: FrozenNorm.apply(x, pull, value, own, eps)
 
 
 def keep_input(store: dict, key) -> Callable:
@@ -178,34 +229,50 @@ def _factor(mu: float, common: float) -> float | None:
     return None if mu == 0 else mu / common
 
 
-def linearise_layer(session, i: int, mods: LayerModules, hook) -> None:
+def linearise_layer(session, i: int, mods: LayerModules, hook, override) -> None:
     spec, mu, scores, rec = session.spec, session.weights, session.scores, session.recording
-    attn_common = _common(mu.query, mu.key, mu.value)  # carried by the head tap
-    share = scores.sink("bias") if scores is not None else (lambda x: None)
+    attn_common = _common(mu.query, mu.key, mu.value)
+    mlp_common = _common(mu.gate, mu.up)
+    kind = spec.parts.norm_kind
+    for norm in mods.norms:  # a block's common factor rides on its input norm's backward
+        factor = attn_common if norm is mods.block_inputs[0] else mlp_common if norm is mods.block_inputs[1] else 1.0
+        override(norm, freeze_norm(norm, kind, factor))
+    for norm in mods.head_norms:
+        override(norm, freeze_norm(norm, kind))
+    bias_sink = scores.sink("bias") if scores is not None else None
+
+    def share(v: Tensor) -> None:  # a bias's share; the gradient a branch sees lacks the common factor
+        if bias_sink is not None:
+            bias_sink(v if attn_common == 1 else v * attn_common)
+
     store = rec.branches if "branches" in session.record else None
     for name in ("query", "key", "value"):
         module, factor = mods.branches[name], _factor(getattr(mu, name), attn_common)
         if factor != 1 or store is not None or getattr(module, "bias", None) is not None:
             hook(module, _branch(factor, share, store, (name, i)))
-    gate_factor = _factor(mu.gate, 1.0)
+    gate_factor = _factor(mu.gate, mlp_common)
+    up_factor = mu.up / mlp_common  # 0: the up branch is cut at its tap; 1 (mu_up is the common factor): no op
     ratio = ACTIVATION_RATIO[spec.parts.activation[1]]
 
-    def act(_module, args, out):
-        if store is not None:
-            store[("gate", i)] = args[0].detach()
-        if gate_factor is None:
-            return out.detach()
-        return LinearisedActivation.apply(args[0], out.detach(), ratio, gate_factor)
+    own = mods.activation.forward  # the module's own forward gives the value
 
-    hook(mods.activation, act)
+    def act(s):
+        if store is not None:
+            store[("gate", i)] = s.detach()
+        if gate_factor is None:
+            with torch.no_grad():
+                return own(s)
+        return LinearisedActivation.apply(s, own, ratio, gate_factor)
+
+    override(mods.activation, act)
     n_heads = spec.n_heads
     head_sink = scores.sink("heads", i) if scores is not None else None
 
     def heads(_module, args):
         x = args[0]
         b, t, _ = x.shape
-        reduce = lambda p: p.view(b, t, n_heads, -1).sum((1, 3))  # noqa: E731
-        y = Tap.apply(x, session.anchor, reduce, head_sink, attn_common)
+        reduce = lambda x, g: (x * g).view(b, t, n_heads, -1).sum((1, 3))  # noqa: E731
+        y = Tap.apply(x, session.anchor, reduce, head_sink, 1)
         if "head_inputs" in session.record:
             rec.head_inputs[i] = y
         return (y, *args[1:])
@@ -213,14 +280,14 @@ def linearise_layer(session, i: int, mods: LayerModules, hook) -> None:
     if scores is None:
         reduce, neuron_sink = None, None
     elif scores.positions:  # the per-neuron sums are taken from these afterwards
-        reduce, neuron_sink = (lambda p: p), scores.sink("neuron_positions", i)
+        reduce, neuron_sink = torch.mul, scores.sink("neuron_positions", i)
     else:
-        reduce, neuron_sink = (lambda p: p.sum(1)), scores.sink("neurons", i)
+        reduce, neuron_sink = (lambda x, g: (x * g).sum(1)), scores.sink("neurons", i)
 
-    def up(module, _args, out):  # the neuron tap (see Family.neurons); it also carries mu_up
+    def up(module, _args, out):  # the neuron tap (see Family.neurons); it carries mu_up / mlp_common
         if store is not None:
             store[("up", i)] = out.detach()
-        return Tap.apply(out, session.anchor, reduce, neuron_sink, mu.up)
+        return Tap.apply(out, session.anchor, reduce, neuron_sink, up_factor)
 
     hook(mods.heads, heads, pre=True)
     hook(mods.branches["up"], up)

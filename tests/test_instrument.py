@@ -50,6 +50,20 @@ class TestForwardValues:
             hidden = session.forward()
         assert torch.equal(model.lm_head(hidden), model(ids[None]).logits)
 
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+    @pytest.mark.parametrize("family", ["llama", "qwen3"])
+    def test_lower_precision_forward_is_hfs(self, family, dtype):
+        """Below float64 the conftest's float64 norm patch is inactive: the frozen norm's forward must
+        reproduce HF's own RMSNorm arithmetic (including Qwen3's q/k norms) bit for bit."""
+        model = tiny_model(family).to(dtype)
+        ids = random_ids(9)
+        plain = model(ids[None]).logits
+        req = request.build(model, None, ids, 3)
+        scores = Scores.empty(req.spec, 1, 9, torch.float32, req.device, False)
+        with instrument(model, req, weights=dpa.PathWeights(), scores=scores) as session:
+            hidden = session.forward()
+        assert torch.equal(model.lm_head(hidden), plain)
+
     def test_logit_is_the_models(self, family_model):
         ids = random_ids(9)
         res = dpa.attribute(family_model, None, ids, target=3)
