@@ -1,13 +1,14 @@
 """Dual Path Attribution for SwiGLU language models (Llama, Mistral, Qwen2, Qwen3)."""
 
 from .attribute import attribute
-from .errors import DPAError, InputError, ModelStateError, NonFiniteError, TargetError, UnsupportedModelError
+from .errors import (DPAError, InputError, InputTypeError, ModelStateError, NonFiniteError, TargetError,
+                     UnsupportedModelError)
 from .families import Family, ModelSpec, spec_for
 from .result import Attribution, Component, TargetInfo
 from .weights import PathWeights
 
 __all__ = [
-    "Attribution", "Component", "DPAError", "Family", "InputError", "ModelSpec", "ModelStateError",
+    "Attribution", "Component", "DPAError", "Family", "InputError", "InputTypeError", "ModelSpec", "ModelStateError",
     "NonFiniteError", "PathWeights", "TargetError", "TargetInfo", "UnsupportedModelError", "attribute",
     "load_model", "spec_for",
 ]

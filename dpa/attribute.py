@@ -18,7 +18,8 @@ import torch
 from torch import Tensor, nn
 
 from . import request as requests
-from .errors import InputError, NonFiniteError
+from .checks import check_bool, check_choice
+from .errors import NonFiniteError
 from .explicit import edge_scores
 from .families import ModelSpec, layer_modules
 from .instrument import instrument
@@ -46,23 +47,23 @@ def attribute(model: nn.Module, tokenizer, prompt: Prompt | list[Prompt], target
     the last token; negative counts from the end). memory: "full" keeps the whole graph of the
     forward pass, "lean" recomputes one decoder layer at a time in the backward, "auto" (default)
     picks lean when the full graph would not fit in half the free memory. padding_side: checked
-    but not needed: dpa pads a batch on the right itself, and the scores never depend on padding. probabilities: also compute the next-token
+    but not needed: dpa pads a batch on the right itself, and the scores never depend on padding.
+    probabilities: also compute the next-token
     distribution at the target position (``target.probability``, ``top_predictions``): one product
     with the whole unembedding per prompt, which on a small model and a short prompt is a few
     percent of the call; it is always computed when the target is the prediction or a log-probability.
     See the book for every option.
     """
-    if neuron_target not in ("output", "mid"):
-        raise InputError(f"neuron_target must be 'output' or 'mid', got {neuron_target!r}")
-    if memory not in ("auto", "full", "lean"):
-        raise InputError(f"memory must be 'auto', 'full' or 'lean', got {memory!r}")
+    check_choice("neuron_target", neuron_target, ("output", "mid"))
+    check_choice("memory", memory, ("auto", "full", "lean"))
+    edges, neuron_positions = check_bool("edges", edges), check_bool("neuron_positions", neuron_positions)
+    effective_targets = check_bool("effective_targets", effective_targets)
+    probabilities = check_bool("probabilities", probabilities)
     req = requests.build(model, tokenizer, prompt, target, contrast=contrast, kind=kind, position=position,
                          weights=weights, padding_side=padding_side, multi_token=multi_token)
     spec = req.spec
     dtype = torch.float64 if spec.embed(model).weight.dtype == torch.float64 else torch.float32
     lean = plan_memory(model, spec, req.batch, req.n_tokens, memory)
-    if not isinstance(probabilities, bool):
-        raise InputError(f"probabilities must be True or False, got {probabilities!r}")
     probabilities = probabilities or kind == "logprob" or any(t.kind != "vector" and t.token_id is None
                                                                 for t in req.targets)
     run = _run(model, req, dtype, lean=lean, edges=edges, neuron_positions=neuron_positions or neuron_target == "mid",

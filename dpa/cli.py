@@ -7,7 +7,7 @@ import functools
 import sys
 from pathlib import Path
 
-from .errors import InputError, NonFiniteError, TargetError, UnsupportedModelError
+from .errors import DPAError
 from .models import ModelLoadError
 from .weights import FAMILIES, PathWeights
 
@@ -19,8 +19,7 @@ except ImportError:
 
 # Errors in the user's input or environment, reported in one line (exit 2) rather than a traceback.
 # ValueError also covers bad option values raised by the commands (e.g. evaluate's --limit).
-USER_ERRORS = (InputError, TargetError, UnsupportedModelError, NonFiniteError, ModelLoadError, ValueError,
-               *((DataError,) if DataError else ()))
+USER_ERRORS = (DPAError, ModelLoadError, ValueError, *((DataError,) if DataError else ()))
 
 
 def _weights(text: str) -> PathWeights:
@@ -77,6 +76,7 @@ def _path_weights(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
 def run_attribute(args: argparse.Namespace, *, parser: argparse.ArgumentParser) -> int:
     import dpa
     from .report import html_report, terminal_report, wants_color
+    from .result import write_text
 
     weights = _path_weights(args, parser)
     if args.top < 1:
@@ -86,6 +86,8 @@ def run_attribute(args: argparse.Namespace, *, parser: argparse.ArgumentParser) 
     for out in (args.json, args.html):
         if out is not None and not out.parent.is_dir():
             parser.error(f"cannot write {out}: no folder {out.parent}")
+        if out is not None and out.is_dir():
+            parser.error(f"cannot write {out}: it is a folder; give a file name")
     model, tokenizer = dpa.load_model(args.model, device=args.device)
     res = dpa.attribute(model, tokenizer, args.prompt, args.target, contrast=args.contrast,
                         kind="logprob" if args.logprob else "logit", position=args.position, weights=weights,
@@ -96,7 +98,7 @@ def run_attribute(args: argparse.Namespace, *, parser: argparse.ArgumentParser) 
         res.to_json(str(args.json))
         print(f"wrote {args.json}")
     if args.html is not None:
-        args.html.write_text(html_report(res, top=args.top, prompt=args.prompt), encoding="utf-8")
+        write_text(args.html, html_report(res, top=args.top, prompt=args.prompt))
         print(f"wrote {args.html}")
     return 0
 

@@ -15,6 +15,10 @@ class InputError(DPAError, ValueError):
     """A prompt or option that cannot be attributed (empty, too long, wrong type or value)."""
 
 
+class InputTypeError(InputError, TypeError):
+    """An argument of the wrong type (a string where a number goes, a float where a token id goes)."""
+
+
 class TargetError(DPAError, ValueError):
     """A target that cannot be attributed as asked (e.g. a string that is several tokens)."""
 

@@ -41,7 +41,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .errors import ModelStateError
 from .families import layer_modules
-from .linearise import Scores, Tap, freeze_norm, keep_input, linearise_layer
+from .linearise import Scores, Tap, freeze_norm, keep_input, linearise_layer, wrap
 from .request import Request
 from .weights import PathWeights
 
@@ -112,7 +112,7 @@ def _model_state(model: nn.Module) -> Iterator[Callable[[nn.Module, Callable], N
 
     def override(module: nn.Module, forward: Callable) -> None:
         overridden.append((module, module.__dict__.get("forward", missing)))
-        module.forward = forward
+        module.__dict__["forward"] = forward  # what nn.Module.__setattr__ does for a plain attribute
 
     try:
         for m in training:
@@ -125,11 +125,45 @@ def _model_state(model: nn.Module) -> Iterator[Callable[[nn.Module, Callable], N
             if previous is missing:
                 module.__dict__.pop("forward", None)
             else:
-                module.forward = previous
+                module.__dict__["forward"] = previous
         for p in grads:
             p.requires_grad_(True)
         for m in training:
             m.training = True
+
+
+# Hooks that never change a value: transformers' output capturing (records outputs) and the hook
+# gradient checkpointing puts on the embeddings (marks their output as requiring grad). accelerate's
+# device hooks (``_hf_hook``) move tensors between devices and are not module hooks.
+_HARMLESS_HOOK_MODULES = ("transformers.utils.output_capturing",)
+_HARMLESS_HOOKS = ("PreTrainedModel.enable_input_require_grads.<locals>.make_inputs_require_grads",)
+
+
+def check_foreign_hooks(model: nn.Module) -> None:
+    """Refuse a model whose modules carry hooks from outside dpa (they could change activations or
+    gradients behind its back: a silently wrong attribution), or a forward patched on an instance.
+    transformers' output-capturing hooks and accelerate's device hooks are allowed."""
+    from torch.nn.modules import module as torch_module
+
+    hint = "; remove it (handle.remove()) before attributing, or attribute a copy of the model"
+    for kind in ("forward", "forward_pre", "backward", "backward_pre"):
+        if getattr(torch_module, f"_global_{kind}_hooks"):
+            raise ModelStateError(f"a global module {kind.replace('_', '-')} hook is registered "
+                                  f"(torch.nn.modules.module.register_module_{kind}_hook): it could change what dpa "
+                                  f"attributes{hint}")
+    for name, module in model.named_modules():
+        for kind in ("forward", "forward_pre", "backward", "backward_pre"):
+            for fn in getattr(module, f"_{kind}_hooks").values():
+                if not (getattr(fn, "__module__", "").startswith(_HARMLESS_HOOK_MODULES)
+                        or getattr(fn, "__qualname__", "") in _HARMLESS_HOOKS):
+                    raise ModelStateError(
+                        f"the model has a {kind.replace('_', '-')} hook on {name or 'the model itself'} "
+                        f"({getattr(fn, '__qualname__', type(fn).__name__)}): it could change what dpa attributes"
+                        f"{hint}")
+        if "forward" in module.__dict__ and not hasattr(module, "_hf_hook"):
+            raise ModelStateError(f"{name or 'the model'}.forward is replaced on the instance "
+                                  f"({getattr(module.forward, '__qualname__', module.forward)!r}): dpa cannot vouch "
+                                  "for what it computes; restore the module's own forward before attributing")
 
 
 def _malloc_trim():
@@ -221,6 +255,7 @@ def instrument(model: nn.Module, request: Request, *, weights: PathWeights | Non
     recording = Recording()
     with ExitStack() as stack:
         stack.enter_context(exclusive(model))
+        check_foreign_hooks(model)
         override = stack.enter_context(_model_state(model))
         stack.enter_context(torch.inference_mode(False))
         stack.enter_context(torch.enable_grad() if (weights is not None if grad is None else grad) else torch.no_grad())
@@ -232,7 +267,7 @@ def instrument(model: nn.Module, request: Request, *, weights: PathWeights | Non
         layers = layer_modules(model, spec)
 
         if scores is not None:
-            hook(spec.embed(model), lambda m, a, out: Tap.apply(
+            wrap(override, spec.embed(model), post=lambda out: Tap.apply(
                 out, session.anchor, torch.linalg.vecdot, scores.sink("tokens"), 1))
         if weights is not None:  # the layers' norms: linearise_layer
             override(spec.final_norm(model), freeze_norm(spec.final_norm(model), spec.parts.norm_kind))

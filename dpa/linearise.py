@@ -249,7 +249,7 @@ def linearise_layer(session, i: int, mods: LayerModules, hook, override) -> None
     for name in ("query", "key", "value"):
         module, factor = mods.branches[name], _factor(getattr(mu, name), attn_common)
         if factor != 1 or store is not None or getattr(module, "bias", None) is not None:
-            hook(module, _branch(factor, share, store, (name, i)))
+            wrap(override, module, post=_branch(module, factor, share, store, (name, i)))
     gate_factor = _factor(mu.gate, mlp_common)
     up_factor = mu.up / mlp_common  # 0: the up branch is cut at its tap; 1 (mu_up is the common factor): no op
     ratio = ACTIVATION_RATIO[spec.parts.activation[1]]
@@ -268,14 +268,13 @@ def linearise_layer(session, i: int, mods: LayerModules, hook, override) -> None
     n_heads = spec.n_heads
     head_sink = scores.sink("heads", i) if scores is not None else None
 
-    def heads(_module, args):
-        x = args[0]
+    def heads(x):
         b, t, _ = x.shape
         reduce = lambda x, g: (x * g).view(b, t, n_heads, -1).sum((1, 3))  # noqa: E731
         y = Tap.apply(x, session.anchor, reduce, head_sink, 1)
         if "head_inputs" in session.record:
             rec.head_inputs[i] = y
-        return (y, *args[1:])
+        return y
 
     if scores is None:
         reduce, neuron_sink = None, None
@@ -284,19 +283,32 @@ def linearise_layer(session, i: int, mods: LayerModules, hook, override) -> None
     else:
         reduce, neuron_sink = (lambda x, g: (x * g).sum(1)), scores.sink("neurons", i)
 
-    def up(module, _args, out):  # the neuron tap (see Family.neurons); it carries mu_up / mlp_common
+    def up(out):  # the neuron tap (see Family.neurons); it carries mu_up / mlp_common
         if store is not None:
             store[("up", i)] = out.detach()
         return Tap.apply(out, session.anchor, reduce, neuron_sink, up_factor)
 
-    hook(mods.heads, heads, pre=True)
-    hook(mods.branches["up"], up)
+    wrap(override, mods.heads, pre=heads)
+    wrap(override, mods.branches["up"], post=up)
     if "neuron_inputs" in session.record:
         hook(mods.neurons, keep_input(rec.neuron_inputs, i), pre=True)
 
 
-def _branch(factor: float | None, share: Callable, store: dict | None, key) -> Callable:
-    def post(module, _args, out):
+def wrap(override: Callable, module: nn.Module, *, pre: Callable | None = None, post: Callable | None = None) -> None:
+    """Replace ``module``'s forward (through ``override``, which restores it) by its own forward with
+    ``pre`` applied to its first input and ``post`` to its output: cheaper than forward hooks, which
+    cost a registration and a slow module call each."""
+    own = module.forward
+    if pre is not None and post is not None:
+        override(module, lambda x, *a, **k: post(own(pre(x), *a, **k)))
+    elif pre is not None:
+        override(module, lambda x, *a, **k: own(pre(x), *a, **k))
+    else:
+        override(module, lambda *a, **k: post(own(*a, **k)))
+
+
+def _branch(module: nn.Module, factor: float | None, share: Callable, store: dict | None, key) -> Callable:
+    def post(out):
         if store is not None:
             store[key] = out.detach()
         if factor is None:

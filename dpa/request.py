@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any, Literal, Sequence
 
 import torch
 from torch import Tensor, nn
 
-from .errors import InputError, ModelStateError, TargetError
+from .checks import check_int
+from .errors import InputError, InputTypeError, ModelStateError, TargetError
 from .families import ModelSpec, spec_for
 from .targets import TargetSpec, token_id
 from .weights import PathWeights
@@ -109,6 +111,38 @@ def _is_id(x) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
+def _canonical(tokenizer, prompt):
+    """Prompt forms that are another form in disguise, as that form: a numpy integer array as a tensor; a
+    tokenizer's output (``BatchEncoding`` or a dict with ``input_ids``) as its prompts, each row cut to
+    its ``attention_mask`` (so left or right padding both give the unpadded prompt)."""
+    if type(prompt).__module__ == "numpy" and hasattr(prompt, "dtype"):
+        import numpy as np
+
+        if not np.issubdtype(prompt.dtype, np.integer):
+            raise InputError(f"prompt: a numpy array must hold integer token ids, got dtype {prompt.dtype}")
+        return torch.as_tensor(prompt)
+    if isinstance(prompt, Mapping):
+        if "input_ids" not in prompt:
+            raise InputError(f"prompt: a dict or BatchEncoding needs 'input_ids', got keys {sorted(prompt)}")
+        ids, mask = prompt["input_ids"], prompt.get("attention_mask")
+        batched = (isinstance(ids, Tensor) and ids.dim() == 2) or (
+            isinstance(ids, (list, tuple)) and bool(ids) and not _is_id(ids[0]))
+        rows = [torch.as_tensor(r) for r in ids] if batched else [torch.as_tensor(ids)]
+        if mask is not None:
+            masks = [torch.as_tensor(m) for m in mask] if batched else [torch.as_tensor(mask)]
+            if len(masks) != len(rows) or any(m.shape != r.shape for m, r in zip(masks, rows)):
+                raise InputError("prompt: input_ids and attention_mask have different shapes")
+            rows = [r[m.bool()] for r, m in zip(rows, masks)]
+        return rows if batched else rows[0]
+    if isinstance(prompt, Tensor) and prompt.dim() == 2 and tokenizer is not None:
+        pad = getattr(tokenizer, "pad_token_id", None)
+        if pad is not None and prompt.shape[0] > 1 and ((prompt[:, 0] == pad).any() or (prompt[:, -1] == pad).any()):
+            raise InputError(f"prompt: this [batch pos] tensor looks padded (token {pad}, the tokenizer's pad "
+                             "token, at an edge of a row); pass the tokenizer's output with its attention_mask, "
+                             "or a list of unpadded prompts, so that padding is not attributed as text")
+    return prompt
+
+
 def _is_batch(prompt) -> bool:
     if isinstance(prompt, Tensor):
         return prompt.dim() == 2
@@ -135,7 +169,8 @@ def encode_prompt(tokenizer, prompt: Prompt, n: int = 0) -> list[int]:
                              f"got shape {tuple(prompt.shape)}")
         ids = prompt.tolist()
     elif isinstance(prompt, (list, tuple)) and all(_is_id(i) or (isinstance(i, Tensor) and i.dim() == 0
-                                                                  and not i.is_floating_point()) for i in prompt):
+                                                                  and not i.is_floating_point() and not i.is_complex()
+                                                                  and i.dtype != torch.bool) for i in prompt):
         ids = [int(i) for i in prompt]
     else:
         raise InputError(f"prompt {n} must be a string, a list of token ids or a 1-D LongTensor, "
@@ -143,6 +178,18 @@ def encode_prompt(tokenizer, prompt: Prompt, n: int = 0) -> list[int]:
     if not ids:
         raise InputError("the prompt is empty (no tokens)" if n == 0 else f"prompt {n} is empty (no tokens)")
     return ids
+
+
+def check_tokenizer(tokenizer) -> None:
+    """None (token ids only) or a transformers tokenizer: callable, with ``decode``; not a model."""
+    if tokenizer is None:
+        return
+    if isinstance(tokenizer, (nn.Module, str)) or not callable(tokenizer) or not hasattr(tokenizer, "decode"):
+        raise InputTypeError(f"tokenizer must be a transformers tokenizer (or None with token-id prompts), got "
+                             f"{type(tokenizer).__name__}"
+                             + (" (a model: were model and tokenizer swapped?)" if isinstance(tokenizer, nn.Module)
+                                else " (load it with transformers.AutoTokenizer or dpa.load_model)"
+                                if isinstance(tokenizer, str) else ""))
 
 
 def check_model(model: nn.Module) -> ModelSpec:
@@ -161,6 +208,7 @@ def build(model: nn.Module, tokenizer, prompt: Prompt | list[Prompt], target=Non
           batch: bool | None = None) -> Request:
     """Check and encode a request. ``batch=False`` refuses a batch (the baselines take one prompt)."""
     spec = check_model(model)
+    check_tokenizer(tokenizer)
     weights = PathWeights() if weights is None else weights
     if not isinstance(weights, PathWeights):
         raise InputError(f"weights must be a dpa.PathWeights, got {type(weights).__name__}")
@@ -170,6 +218,7 @@ def build(model: nn.Module, tokenizer, prompt: Prompt | list[Prompt], target=Non
         raise InputError(f"padding_side must be 'right' or 'left', got {padding_side!r}")
     if multi_token not in ("error", "first"):
         raise InputError(f"multi_token must be 'error' or 'first', got {multi_token!r}")
+    prompt = _canonical(tokenizer, prompt)
     batched = _is_batch(prompt)
     if batched and batch is False:
         raise InputError("this method takes one prompt, not a batch")
@@ -202,9 +251,11 @@ def build(model: nn.Module, tokenizer, prompt: Prompt | list[Prompt], target=Non
 def _position(position, length: int) -> int:
     if position is None:
         return length - 1
-    if not _is_id(position):
-        raise InputError(f"position must be an int (negative counts from the end), got {position!r}")
-    p = int(position) + length if position < 0 else int(position)
+    if isinstance(position, Tensor) and position.numel() != 1:
+        raise InputError(f"position must be one int (negative counts from the end), got a tensor of shape "
+                         f"{tuple(position.shape)}")
+    position = check_int("position (negative counts from the end)", position)
+    p = position + length if position < 0 else position
     if not 0 <= p < length:
         raise InputError(f"target position {position} is outside the prompt of {length} tokens")
     return p
@@ -240,7 +291,12 @@ def _scalar_id(t, what: str):
     if isinstance(t, Tensor):
         if t.numel() != 1:
             raise TargetError(f"a tensor {what} must hold one token id, got shape {tuple(t.shape)}")
+        if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+            raise TargetError(f"a tensor {what} must hold an integer token id, got {t.dtype} (a float vector "
+                              f"target must be [d_model])")
         return int(t)
     if _is_id(t):
         return int(t)
+    if isinstance(t, float):
+        raise TargetError(f"{what} must be a token string or an int id, got the float {t!r}")
     return t

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+import math
+import os
+import tempfile
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
+from .checks import check_int
+from .errors import InputError, InputTypeError
 from .weights import PathWeights
 
 
@@ -70,6 +76,15 @@ class Attribution:
 
     def top_components(self, k: int = 10, kinds: tuple[str, ...] = ("head", "neuron")) -> dict[str, list[Component]]:
         """The k most positive and k most negative heads and neurons, ranked jointly."""
+        k = check_int("k", k, low=0)
+        if isinstance(kinds, str) or not isinstance(kinds, (tuple, list, set, frozenset)):
+            raise InputTypeError(f"kinds must be a tuple of 'head' and/or 'neuron', got {kinds!r}")
+        unknown = [x for x in kinds if x not in ("head", "neuron")]
+        if unknown:
+            raise InputError(f"kinds must hold 'head' and/or 'neuron', got {unknown[0]!r}")
+        if "neuron" in kinds and self.neuron_scores is None:
+            raise InputError("this result keeps only some neurons per layer (saved with top_neurons=...), so the "
+                             "top neurons overall are not known: use kinds=('head',), or save without top_neurons")
         parts = []
         if "head" in kinds:
             parts.append(("head", self.head_scores))
@@ -87,41 +102,107 @@ class Attribution:
         return {"positive": pos, "negative": neg}
 
     def to_dict(self, *, top_neurons: int | None = None) -> dict[str, Any]:
-        """JSON-ready dict. ``top_neurons`` keeps only that many neurons per layer by |score|."""
+        """JSON-ready dict. ``top_neurons`` keeps only that many neurons per layer by |score|. Scores keep
+        their precision (``score_dtype``); NaN and infinities are written as null."""
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(value, Tensor):
-                value = value.detach().float().cpu().tolist()
+                value = _encode(value.detach().cpu().tolist())
             elif isinstance(value, (TargetInfo, PathWeights)):
                 value = asdict(value)
             out[f.name] = value
+        out["score_dtype"] = str(self.token_scores.dtype).removeprefix("torch.")
         if top_neurons is not None:
-            scores = self.neuron_scores.detach().float()
+            top_neurons = check_int("top_neurons", top_neurons, low=1)
+            scores = self.neuron_scores.detach()
             k = min(top_neurons, scores.shape[1])
             idx = scores.abs().topk(k, dim=1).indices
             out["neuron_scores"] = None
-            out["top_neurons"] = {"index": idx.tolist(), "score": scores.gather(1, idx).tolist(),
+            out["top_neurons"] = {"index": idx.tolist(), "score": _encode(scores.gather(1, idx).tolist()),
                                   "d_mlp": scores.shape[1]}
             out["neuron_position_scores"] = None
         return out
 
     def to_json(self, path: str | None = None, **kwargs) -> str:
-        text = json.dumps(self.to_dict(**kwargs))
+        """The result as JSON (strict: no bare NaN); written to ``path`` atomically when given."""
+        text = json.dumps(self.to_dict(**kwargs), allow_nan=False)
         if path is not None:
-            with open(path, "w") as fh:
-                fh.write(text)
+            write_text(path, text)
         return text
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Attribution:
+        """The result ``to_dict`` wrote (a result saved with ``top_neurons`` has ``neuron_scores=None``)."""
+        if not isinstance(data, dict):
+            raise InputTypeError(f"an Attribution is read from a dict (as to_dict writes), got {type(data).__name__}")
+        missing = [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING
+                   and f.name not in data]
+        if missing:
+            raise InputError(f"not an Attribution dict: missing {', '.join(missing)}")
         data = dict(data)
         data.pop("top_neurons", None)
-        for name in ("token_scores", "head_scores", "neuron_scores", "edge_scores", "neuron_position_scores",
-                     "effective_targets"):
-            if data.get(name) is not None:
-                data[name] = torch.tensor(data[name])
-        data["target"] = TargetInfo(**data["target"])
-        data["weights"] = PathWeights(**data["weights"])
-        data["top_predictions"] = [tuple(p) for p in data.get("top_predictions", [])]
-        return cls(**data)
+        dtype = getattr(torch, str(data.pop("score_dtype", "float32")), None)
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise InputError("not an Attribution dict: score_dtype is not a floating-point dtype")
+        try:
+            for name in ("token_scores", "head_scores", "neuron_scores", "edge_scores", "neuron_position_scores",
+                         "effective_targets"):
+                if data.get(name) is not None:
+                    data[name] = torch.tensor(_decode(data[name]), dtype=dtype)
+            data["target"] = TargetInfo(**data["target"])
+            data["weights"] = PathWeights(**data["weights"])
+            data["top_predictions"] = [tuple(p) for p in data.get("top_predictions", [])]
+            return cls(**data)
+        except (TypeError, ValueError, KeyError) as err:
+            if isinstance(err, InputError):
+                raise
+            raise InputError(f"not an Attribution dict: {err}") from None
+
+    @classmethod
+    def from_json(cls, source: str) -> Attribution:
+        """The result ``to_json`` wrote: JSON text, or the path of a file holding it."""
+        if not isinstance(source, str):
+            raise InputTypeError(f"from_json takes JSON text or a file path, got {type(source).__name__}")
+        text = source
+        if not source.lstrip().startswith("{"):
+            try:
+                text = Path(source).read_text(encoding="utf-8-sig")
+            except OSError as err:
+                raise InputError(f"cannot read the result file {source!r}: {err.strerror or err}") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise InputError(f"not valid JSON ({err.msg} at line {err.lineno}, column {err.colno})") from None
+        return cls.from_dict(data)
+
+
+def _encode(x):
+    """Nested lists of floats with NaN and infinities as None (strict JSON has no NaN)."""
+    if isinstance(x, list):
+        return [_encode(v) for v in x]
+    return None if isinstance(x, float) and not math.isfinite(x) else x
+
+
+def _decode(x):
+    if isinstance(x, list):
+        return [_decode(v) for v in x]
+    return math.nan if x is None else x
+
+
+def write_text(path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically: a temporary file beside it, then a rename, so a crash or a
+    full disk never leaves a truncated file (nor destroys what was there). Errors name the path."""
+    path = Path(path)
+    tmp = None
+    try:
+        if path.is_dir():
+            raise InputError(f"cannot write {str(path)!r}: it is a directory; give a file name")
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:100]}.", suffix=".tmp", dir=path.parent or ".")
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except OSError as err:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+        raise InputError(f"cannot write {str(path)!r}: {err.strerror or err}") from None

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import Literal
+
+from .checks import check_choice, check_float
+from .errors import InputError, InputTypeError
 
 Family = Literal["control_content", "attention", "query_key", "mlp"]
 FAMILIES: tuple[Family, ...] = ("control_content", "attention", "query_key", "mlp")
@@ -25,9 +28,8 @@ class PathWeights:
     up: float = 0.5
 
     def __post_init__(self) -> None:
-        for name, mu in asdict(self).items():
-            if not isinstance(mu, (int, float)) or mu != mu or mu in (float("inf"), float("-inf")):
-                raise ValueError(f"path weight {name}={mu!r} must be a finite number")
+        for f in fields(self):  # numbers as plain floats: numpy scalars and 0-d tensors accepted
+            object.__setattr__(self, f.name, check_float(f"path weight {f.name}", getattr(self, f.name)))
 
     @property
     def constrained(self) -> bool:
@@ -45,18 +47,22 @@ class PathWeights:
     @classmethod
     def parse(cls, text: str) -> PathWeights:
         """From ``"q,k,v,gate,up"``, e.g. ``"0.25,0.25,0.5,0.5,0.5"``."""
+        if not isinstance(text, str):
+            raise InputTypeError(f"path weights must be a string 'q,k,v,gate,up', got {text!r}")
         parts = [p for p in text.replace(" ", "").split(",") if p]
         if len(parts) != 5:
-            raise ValueError(f"expected five comma-separated weights q,k,v,gate,up, got {text!r}")
-        return cls(*(float(p) for p in parts))
+            raise InputError(f"expected five comma-separated weights q,k,v,gate,up, got {text!r}")
+        try:
+            numbers = [float(p) for p in parts]
+        except ValueError:
+            raise InputError(f"path weights {text!r} are not five numbers q,k,v,gate,up") from None
+        return cls(*numbers)
 
     @classmethod
     def preset(cls, family: str, p: float) -> PathWeights:
         """One of the paper's sensitivity families at p in [0, 1] (method.md section 4)."""
-        if not 0.0 <= p <= 1.0:
-            raise ValueError(f"p must lie in [0, 1], got {p}")
-        if family not in FAMILIES:
-            raise ValueError(f"unknown family {family!r}; choose one of {', '.join(FAMILIES)}")
+        p = check_float("p", p, low=0.0, high=1.0)
+        check_choice("family", family, FAMILIES)
         return getattr(cls, family)(p)
 
     @classmethod

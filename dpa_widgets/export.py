@@ -15,6 +15,7 @@ from pathlib import Path
 from ipywidgets.embed import dependency_state, embed_data
 
 from dpa import Attribution
+from dpa.result import write_text
 
 from .assets import ensure_assets
 from .circuit import CircuitWidget
@@ -64,5 +65,5 @@ def save_html(widget_or_result: CircuitWidget | Attribution, path: str | Path, *
     else:
         raise TypeError(f"save_html takes a CircuitWidget or a dpa.Attribution, got {type(widget_or_result).__name__}")
     path = Path(path)
-    path.write_text(page(widget, title), encoding="utf-8")
+    write_text(path, page(widget, title))  # atomic: a failure never leaves a truncated page
     return path

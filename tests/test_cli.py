@@ -155,7 +155,7 @@ class TestAttribute:
     @pytest.mark.parametrize("args, message", [
         (["--weights", "1,2"], "expected five comma-separated weights"),
         (["--p", "0.5"], "--p needs --preset"),
-        (["--preset", "mlp", "--p", "2"], "p must lie in [0, 1]"),
+        (["--preset", "mlp", "--p", "2"], "p must be in [0.0, 1.0]"),
         (["--preset", "mlp", "--weights", "0,0,1,.5,.5"], "not allowed with argument"),
         (["--logprob", "--contrast", "london"], "--logprob takes no --contrast"),
         (["--json", "/no/such/folder/x.json"], "no folder /no/such/folder"),

@@ -68,8 +68,28 @@ class TestTargets:
     def test_json_round_trip(self, model):
         res = dpa.attribute(model, None, random_ids(6), target=3, edges=True)
         back = dpa.Attribution.from_dict(__import__("json").loads(res.to_json()))
-        torch.testing.assert_close(back.edge_scores, res.edge_scores.float())
+        for name in ("token_scores", "head_scores", "neuron_scores", "edge_scores"):  # float64 stays float64, exactly
+            assert torch.equal(getattr(back, name), getattr(res, name)), name
         assert back.target == res.target and back.weights == res.weights
+
+    def test_json_is_strict_and_keeps_non_finite_values(self, model):
+        res = dpa.attribute(model, None, random_ids(6), target=3)
+        res.head_scores[0, 0] = float("nan")
+        res.neuron_scores[1, 2] = float("-inf")
+        text = res.to_json()
+        assert "NaN" not in text and "Infinity" not in text  # strict JSON (JSON.parse accepts it)
+        back = dpa.Attribution.from_json(text)
+        assert back.head_scores[0, 0].isnan() and back.neuron_scores[1, 2].isnan()  # null: not a number
+        assert torch.equal(back.token_scores, res.token_scores)
+
+    def test_truncated_neurons_refuse_top_neurons_clearly(self, model, tmp_path):
+        res = dpa.attribute(model, None, random_ids(6), target=3)
+        path = tmp_path / "r.json"
+        res.to_json(str(path), top_neurons=3)
+        back = dpa.Attribution.from_json(str(path))
+        assert back.top_components(3, kinds=("head",))["positive"] == res.top_components(3, kinds=("head",))["positive"]
+        with pytest.raises(dpa.InputError, match="top_neurons"):
+            back.top_components(3)
 
     def test_top_components(self, model):
         res = dpa.attribute(model, None, random_ids(6), target=3)

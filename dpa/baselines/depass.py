@@ -29,6 +29,7 @@ from torch.nn import functional as F
 
 from ..rules.norm import rms_scale
 from ..result import Attribution
+from ..checks import check_bool, check_choice, check_float
 from .common import Prompt, causal, prepare, result
 from .internals import Layer, forward_internals
 
@@ -82,8 +83,9 @@ def depass(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contrast
     neuron_rule="up" replaces DePass's softmax rule by the linear one (SiLU(s) frozen, u split
     over the parts); the scores are then DPA's with only the value and up paths.
     """
-    if neuron_rule not in ("softmax", "up"):
-        raise ValueError(f"neuron_rule must be 'softmax' or 'up', got {neuron_rule!r}")
+    check_choice("neuron_rule", neuron_rule, ("softmax", "up"))
+    temperature = check_float("temperature", temperature, above=0.0)
+    skip_first = check_bool("skip_first", skip_first)
     req = prepare(model, tokenizer, prompt, target, contrast, position)
     cap = forward_internals(model, req)
     layers = cap.layers

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from ..instrument import instrument, logits_at
 from ..result import Attribution
+from ..checks import check_int
 from .common import Prompt, Request, causal, metric_at, prepare, result
 
 
@@ -53,10 +54,7 @@ def input_x_gradient(model: nn.Module, tokenizer, prompt: Prompt, target=None, *
 def integrated_gradients(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contrast=None,
                          position: int | None = None, steps: int = 20, batch_size: int = 10) -> Attribution:
     """Integrated gradients from the all-zero embedding; sum_i S_i -> f(e) - f(0) as steps grow."""
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be a positive int, got {steps!r}")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    steps, batch_size = check_int("steps", steps, low=1), check_int("batch_size", batch_size, low=1)
     req = prepare(model, tokenizer, prompt, target, contrast, position)
     e, _ = embedding_gradient(model, req)
     alphas = (torch.arange(steps, device=e.device, dtype=e.dtype) + 0.5) / steps

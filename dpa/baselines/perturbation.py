@@ -19,6 +19,8 @@ from torch import Tensor, nn
 
 from ..instrument import instrument
 from ..result import Attribution
+from ..checks import check_choice, check_int
+from ..errors import InputError
 from .common import Prompt, Request, causal, metric_at, prepare, result
 
 
@@ -41,8 +43,7 @@ def occlusion(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contr
 
 
 def _check_batch_size(batch_size) -> None:
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    check_int("batch_size", batch_size, low=1)
 
 
 def _metric(model: nn.Module, req: Request, batch: int, attn: dict, neurons: dict) -> Tensor:
@@ -86,15 +87,15 @@ def activation_patching(model: nn.Module, tokenizer, prompt: Prompt, target=None
                         position: int | None = None, units: Literal["coarse", "fine"] = "coarse",
                         batch_size: int = 64, max_units: int = 100_000) -> Attribution:
     """f(clean) - f(unit zeroed), one forward per unit (batched)."""
-    if units not in ("coarse", "fine"):
-        raise ValueError(f"units must be 'coarse' (heads, neurons) or 'fine' (edges, position-level neurons), got {units!r}")
+    check_choice("units ('coarse': heads, neurons; 'fine': edges, position-level neurons)", units, ("coarse", "fine"))
     _check_batch_size(batch_size)
+    max_units = check_int("max_units", max_units, low=1)
     req = prepare(model, tokenizer, prompt, target, contrast, position)
     spec, t = req.spec, req.n_tokens
     n = (spec.n_layers * (spec.n_heads + spec.d_mlp) if units == "coarse"
          else spec.n_layers * (spec.n_heads * t * (t + 1) // 2 + t * spec.d_mlp))
     if n > max_units:
-        raise ValueError(f"activation patching needs one forward pass per unit: this prompt has {n:,} {units} units "
+        raise InputError(f"activation patching needs one forward pass per unit: this prompt has {n:,} {units} units "
                          f"({t} tokens), more than max_units={max_units:,}. Use units='coarse' (heads and neurons), "
                          "a shorter prompt, or raise max_units")
     dtype = spec.embed(model).weight.dtype

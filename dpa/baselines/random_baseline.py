@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from ..result import Attribution
+from ..checks import check_int
 from .common import Prompt, causal, prepare, result, seed_for
 
 
@@ -17,7 +18,7 @@ def random_input(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, co
                  position: int | None = None, seed: int = 0) -> Attribution:
     """Uniform random token scores."""
     req = prepare(model, tokenizer, prompt, target, contrast, position)
-    gen = torch.Generator().manual_seed(seed_for(req, seed))
+    gen = torch.Generator().manual_seed(seed_for(req, check_int("seed", seed)))
     return result(model, req, "random", token_scores=torch.rand(req.n_tokens, generator=gen))
 
 
@@ -26,7 +27,7 @@ def random_component(model: nn.Module, tokenizer, prompt: Prompt, target=None, *
     """Uniform random scores for every causal edge and position-level neuron."""
     req = prepare(model, tokenizer, prompt, target, contrast, position)
     spec, t = req.spec, req.n_tokens
-    gen = torch.Generator().manual_seed(seed_for(req, seed))
+    gen = torch.Generator().manual_seed(seed_for(req, check_int("seed", seed)))
     edges = torch.rand(spec.n_layers, spec.n_heads, t, t, generator=gen) * causal(t)
     neurons = torch.rand(spec.n_layers, t, spec.d_mlp, generator=gen)
     return result(model, req, "random", edge_scores=edges, neuron_position_scores=neurons)

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import request as requests
+from ..checks import check_int
 from ..instrument import instrument
 from ..request import Request
 
@@ -44,11 +45,35 @@ def _request(model: nn.Module, input_ids, target_position: int, target_id: int) 
     return requests.build(model, None, ids, target_id, position=target_position, batch=False)
 
 
+def _mask(name: str, mask, shape: tuple) -> Tensor:
+    """A keep mask of ``shape`` (None: any size; a pair: either size), finite; refused with its name."""
+    if not isinstance(mask, Tensor):
+        raise requests.InputTypeError(f"{name} must be a tensor, got {type(mask).__name__}")
+    ok = mask.dim() == len(shape) and all(
+        want is None or got in (want if isinstance(want, tuple) else (want,)) for got, want in zip(mask.shape, shape))
+    if not ok:
+        show = ", ".join("rows" if w is None else "|".join(map(str, w)) if isinstance(w, tuple) else str(w)
+                         for w in shape)
+        raise requests.InputError(f"{name} has shape {tuple(mask.shape)}; it must be [{show}]")
+    if mask.is_floating_point() and not torch.isfinite(mask).all():
+        raise requests.InputError(f"{name} holds NaN or infinite values")
+    return mask
+
+
+def _unit(name: str, unit, sizes: tuple[int, ...]) -> tuple[int, ...]:
+    """One ablated unit: len(sizes) ints, each in range (negative counts from the end, as in indexing)."""
+    if not isinstance(unit, (tuple, list)) or len(unit) != len(sizes):
+        raise requests.InputError(f"each {name} must be {len(sizes)} ints, got {unit!r}")
+    return tuple(check_int(f"{name} {tuple(unit)!r}", i, low=-n, high=n - 1) % n for i, n in zip(unit, sizes))
+
+
 @torch.no_grad()
 def input_ablation_probs_both(model: nn.Module, input_ids, keep: Tensor, target_position: int, target_id: int,
                               batch_size: int = 16) -> tuple[Tensor, Tensor]:
     """``input_ablation_probs`` and the same probabilities from a softmax in the model's dtype."""
     req = _request(model, input_ids, target_position, target_id)
+    batch_size = check_int("batch_size", batch_size, low=1)
+    keep = _mask("keep", keep, (None, req.n_tokens))
     position, target_id = req.position(0), req.targets[0].token_id
     out = []
     with instrument(model, req) as session:
@@ -70,10 +95,9 @@ def input_ablation_prob(model: nn.Module, input_ids, zero_positions: Iterable[in
     """p(target) with the embeddings at ``zero_positions`` zeroed."""
     req = _request(model, input_ids, target_position, target_id)
     keep = torch.ones(1, req.n_tokens)
-    zero = list(zero_positions)
-    bad = [p for p in zero if not -req.n_tokens <= p < req.n_tokens]
-    if bad:
-        raise requests.InputError(f"position {bad[0]} is outside the prompt of {req.n_tokens} tokens")
+    t = req.n_tokens
+    zero = [check_int(f"zero position {p!r} (of a prompt of {t} tokens)", p, low=-t, high=t - 1)
+            for p in zero_positions]
     keep[0, zero] = 0
     return float(input_ablation_probs(model, req.input_ids[0], keep, target_position, target_id)[0])
 
@@ -83,7 +107,14 @@ def component_ablation_probs_both(model: nn.Module, input_ids, attn_keep: Tensor
                                   target_position: int, target_id: int) -> tuple[Tensor, Tensor]:
     """``component_ablation_probs`` and the same probabilities from a softmax in the model's dtype."""
     req = _request(model, input_ids, target_position, target_id)
-    spec = req.spec
+    spec, t = req.spec, req.n_tokens
+    if attn_keep is not None:
+        attn_keep = _mask("attn_keep", attn_keep, (None, spec.n_layers, spec.n_heads, (t, 1), (t, 1)))
+    if neuron_keep is not None:
+        neuron_keep = _mask("neuron_keep", neuron_keep, (None, spec.n_layers, (t, 1), spec.d_mlp))
+    if attn_keep is not None and neuron_keep is not None and attn_keep.shape[0] != neuron_keep.shape[0]:
+        raise requests.InputError(f"attn_keep has {attn_keep.shape[0]} rows and neuron_keep {neuron_keep.shape[0]}: "
+                                  "the rows (one ablation each) must agree")
     rows = next((m.shape[0] for m in (attn_keep, neuron_keep) if m is not None), 1)
     to = lambda m: m.to(req.device)  # noqa: E731
     attn = {l: None if attn_keep is None else to(attn_keep[:, l]) for l in range(spec.n_layers)}
@@ -111,9 +142,11 @@ def component_ablation_prob(model: nn.Module, input_ids, edges: Iterable[tuple[i
     spec, ids = req.spec, req.input_ids[0]
     t = len(ids)
     attn_keep = torch.ones(1, spec.n_layers, spec.n_heads, t, t, dtype=torch.bool)
-    for l, h, q, k in edges:
+    for edge in edges:
+        l, h, q, k = _unit("edge (layer, head, query, key)", edge, (spec.n_layers, spec.n_heads, t, t))
         attn_keep[0, l, h, q, k] = False
     neuron_keep = torch.ones(1, spec.n_layers, t, spec.d_mlp, dtype=torch.bool)
-    for l, p, n in neurons:
+    for unit in neurons:
+        l, p, n = _unit("neuron (layer, position, neuron)", unit, (spec.n_layers, t, spec.d_mlp))
         neuron_keep[0, l, p, n] = False
     return float(component_ablation_probs(model, ids, attn_keep, neuron_keep, target_position, target_id)[0])

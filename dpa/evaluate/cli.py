@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..errors import UnsupportedModelError
+from ..errors import DPAError
 from ..models import ModelLoadError
 from ..weights import FAMILIES, PathWeights
 from .datasets import DATASETS, GENERATED, DataError
@@ -133,7 +133,7 @@ def _user_errors(run):
     def wrapped(args) -> int:
         try:
             return run(args)
-        except (DataError, ValueError, ModelLoadError, UnsupportedModelError) as err:
+        except (DPAError, DataError, ValueError, ModelLoadError) as err:
             print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
             return 2
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .ioi import generate_ioi
+from ..errors import DPAError
 
 DATASETS = ("known_1000", "ioi", "squad_v2.0", "imdb")
 GENERATED = ("ioi_templates",)
@@ -26,7 +27,7 @@ SQUAD_SYSTEM = ("Answer the question using the context. Reply with the answer on
 IMDB_SYSTEM = "You are a sentiment classifier. Read the movie review and answer Positive or Negative."
 
 
-class DataError(FileNotFoundError):
+class DataError(DPAError, FileNotFoundError):
     """The benchmark data is missing or not in the reference format."""
 
 
@@ -75,10 +76,21 @@ def load_records(name: str, data_dir: str | Path | None = None) -> list[dict]:
     path = find_data_dir(data_dir) / FILES[name]
     if not path.is_file():
         raise DataError(f"{path} does not exist; the folder must hold {FILES[name]}")
-    with open(path, encoding="utf-8") as fh:
-        records = json.load(fh)
+    try:
+        with open(path, encoding="utf-8-sig") as fh:  # a byte-order mark is not part of the JSON
+            records = json.load(fh)
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path} is not UTF-8 text (byte {err.start}); save it as UTF-8") from None
+    except json.JSONDecodeError as err:
+        raise DataError(f"{path} is not valid JSON: {err.msg} at line {err.lineno}, column {err.colno}") from None
+    except OSError as err:
+        raise DataError(f"cannot read {path}: {err.strerror or err}") from None
     if not isinstance(records, list):
-        raise DataError(f"{path} must hold a JSON list of records")
+        raise DataError(f"{path} must hold a JSON list of records, got a {type(records).__name__}")
+    bad = next((i for i, r in enumerate(records) if not isinstance(r, dict)), None)
+    if bad is not None:
+        raise DataError(f"{path}: record {bad} is a {type(records[bad]).__name__}, not an object with the "
+                        f"dataset's fields")
     return records
 
 

@@ -30,7 +30,8 @@ from ..weights import PathWeights
 from .auc import auc_summary
 from .curves import (ONE_KIND, ComponentUnits, Unit, component_curves, component_units, fraction_grid,
                      input_curves)
-from .datasets import load_examples
+from ..result import write_text
+from .datasets import DataError, load_examples
 from .filter import Verdict, check
 from .prompts import encode_example
 
@@ -117,11 +118,14 @@ class Store:
             if self.repair:
                 path.write_text(text, encoding="utf-8")
         rows = []
-        for line in text.splitlines():
+        for line in text.splitlines():  # a corrupt line (or one that is not a record) is run again
             try:
-                rows.append(json.loads(line))
+                row = json.loads(line)
             except json.JSONDecodeError:
                 continue
+            if isinstance(row, dict) and isinstance(row.get("index"), int) and (
+                    name != "samples.jsonl" or isinstance(row.get("method"), str)):
+                rows.append(row)
         return rows
 
     def _append(self, name: str, row: dict) -> None:
@@ -140,13 +144,18 @@ class Store:
 def _check_folder(out: Path, identity: dict) -> None:
     path = out / "config.json"
     if path.exists():
-        old = json.loads(path.read_text())
+        try:
+            old = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise DataError(f"{path} is not a run's config (not valid JSON); use a new --out folder") from None
+        if not isinstance(old, dict):
+            raise DataError(f"{path} is not a run's config; use a new --out folder")
         diff = {k: (old.get(k), v) for k, v in identity.items() if old.get(k) != v}
         if diff:
             changes = "; ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in diff.items())
             raise ValueError(f"{out} holds a run with other settings ({changes}); use a new --out folder")
     else:
-        path.write_text(json.dumps(identity, indent=1) + "\n")
+        write_text(path, json.dumps(identity, indent=1) + "\n")
 
 
 def _sync(model: nn.Module) -> None:
@@ -173,7 +182,12 @@ def evaluate(model: nn.Module, tokenizer, settings: Settings, out: str | Path, *
     methods = methods if methods is not None else resolve_methods(settings)
     _check_kinds(settings, methods)
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise DataError(f"--out {out} is a file; the results go into a folder (give a new folder name)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise DataError(f"cannot create the output folder {out}: {err.strerror or err}") from None
     identity = {**settings.identity(), "weights": asdict(settings.weights),
                 "model": getattr(model.config, "_name_or_path", "")}
     _check_folder(out, identity)
@@ -345,12 +359,11 @@ def markdown_table(results: dict) -> str:
 
 
 def write_results(results: dict, out: Path, *, figures: bool = True) -> None:
-    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    with open(out / "results.csv", "w", encoding="utf-8") as fh:
-        fh.write(",".join(CSV_COLUMNS) + "\n")
-        for r in table_rows(results):
-            fh.write(",".join(f"{r[c]:.6g}" if isinstance(r[c], float) else str(r[c]) for c in CSV_COLUMNS) + "\n")
-    (out / "results.md").write_text(markdown_table(results))
+    write_text(out / "results.json", json.dumps(results, indent=1) + "\n")  # each file atomically
+    rows = [",".join(f"{r[c]:.6g}" if isinstance(r[c], float) else str(r[c]) for c in CSV_COLUMNS)
+            for r in table_rows(results)]
+    write_text(out / "results.csv", "\n".join([",".join(CSV_COLUMNS), *rows]) + "\n")
+    write_text(out / "results.md", markdown_table(results))
     if figures and results["methods"]:
         from .plots import plot_auc, plot_curves
 
@@ -385,15 +398,15 @@ def sweep(model: nn.Module, tokenizer, settings: Settings, out: str | Path, *, f
         point["auc"] = None if m is None else m["auc"]
     summary = {"dataset": settings.dataset, "unit": settings.unit, "model": results["model"],
                "n_evaluated": results["n_evaluated"], "points": points}
-    (out / "sweep.json").write_text(json.dumps(summary, indent=1) + "\n")
-    with open(out / "sweep.csv", "w", encoding="utf-8") as fh:
-        fh.write("family,p,q,k,v,gate,up,paper_total,clean_total\n")
-        for pt in points:
-            if pt["auc"] is None:
-                continue
-            w = ",".join(f"{x:g}" for x in pt["weights"].values())
-            fh.write(f"{pt['family']},{pt['p']:g},{w},{pt['auc']['paper']['total']:.6g},"
-                     f"{pt['auc']['clean']['total']:.6g}\n")
+    write_text(out / "sweep.json", json.dumps(summary, indent=1) + "\n")
+    lines = ["family,p,q,k,v,gate,up,paper_total,clean_total"]
+    for pt in points:
+        if pt["auc"] is None:
+            continue
+        w = ",".join(f"{x:g}" for x in pt["weights"].values())
+        lines.append(f"{pt['family']},{pt['p']:g},{w},{pt['auc']['paper']['total']:.6g},"
+                     f"{pt['auc']['clean']['total']:.6g}")
+    write_text(out / "sweep.csv", "\n".join(lines) + "\n")
     if figures:
         from .plots import plot_sweep
 
