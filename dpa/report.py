@@ -8,6 +8,7 @@ ordinary tokens (special tokens such as BOS are clipped so they do not wash out 
 from __future__ import annotations
 
 import html
+import math
 import os
 from itertools import zip_longest
 from typing import TextIO
@@ -25,7 +26,7 @@ def diverging_rgb(value: float, scale: float) -> tuple[int, int, int]:
     pos = (x + 1) / 2 * (len(RGB) - 1)
     i = min(int(pos), len(RGB) - 2)
     f = pos - i
-    return tuple(round(a + (b - a) * f) for a, b in zip(RGB[i], RGB[i + 1]))
+    return tuple(math.floor(a + (b - a) * f + 0.5) for a, b in zip(RGB[i], RGB[i + 1]))  # JS Math.round
 
 
 def ink_for(rgb: tuple[int, int, int]) -> tuple[int, int, int]:

@@ -21,7 +21,7 @@ from dpa import Attribution
 from . import live, payload, verify
 
 STATIC = Path(__file__).parent / "static"
-PRESETS = ("default", "control_content", "attention", "query_key", "mlp")
+PRESETS = ("default", "custom", "control_content", "attention", "query_key", "mlp")  # custom: the result's own
 # Keyword arguments the constructor takes besides result, model and tokenizer.
 USER_TRAITS = ("selected_head", "selected_neuron", "selected_token", "target", "contrast", "weights_preset",
                "weights_p", "method", "top_k")
@@ -46,6 +46,7 @@ class CircuitWidget(anywidget.AnyWidget):
     _busy = t.Bool(False).tag(sync=True)
     _error = t.Unicode("").tag(sync=True)
     _methods = t.List(t.Unicode(), default_value=["dpa"]).tag(sync=True)
+    _presets = t.List(t.Unicode(), default_value=[p for p in PRESETS if p != "custom"]).tag(sync=True)
     _comparison = t.Dict().tag(sync=True)
     _verify = t.Dict().tag(sync=True)
 
@@ -76,13 +77,19 @@ class CircuitWidget(anywidget.AnyWidget):
         if model is None and any(k in kwargs for k in LIVE_TRAITS):
             raise ValueError(f"{', '.join(k for k in LIVE_TRAITS if k in kwargs)} need model and tokenizer")
         self.model, self.tokenizer, self.top_neurons = model, tokenizer, top_neurons
+        # Path weights that are neither the defaults nor a preset stay the result's own ("custom") through
+        # every recompute (a new target, contrast or method) until another preset is chosen.
+        self._custom = None if result.weights == dpa.PathWeights() else result.weights
         self._predictions: list[live.Prediction] = []
         self._computed: tuple | None = None
         live_kwargs = {k: kwargs.pop(k) for k in LIVE_TRAITS if k in kwargs}
         selection = {k: kwargs.pop(k) for k in ("selected_head", "selected_neuron", "selected_token") if k in kwargs}
+        if self._custom is not None:
+            kwargs.setdefault("weights_preset", "custom")
         super().__init__(
             target=result.target.token or "", contrast=result.target.contrast or "",
-            _live=model is not None, **kwargs)
+            _live=model is not None, _presets=[p for p in PRESETS if p != "custom" or self._custom is not None],
+            **kwargs)
         if model is not None and result.target.kind != "vector" and (
                 result.edge_scores is None or result.neuron_position_scores is None):
             result = live.recompute(model, tokenizer, result, target=result.target.token_id,
@@ -146,7 +153,7 @@ class CircuitWidget(anywidget.AnyWidget):
             self._details = details
 
     def _settings(self) -> tuple:
-        p = None if self.weights_preset == "default" else round(self.weights_p, 6)
+        p = None if self.weights_preset in ("default", "custom") else round(self.weights_p, 6)
         return (self.target, self.contrast, self.weights_preset, p)
 
     # ------------------------------------------------------------------ validation
@@ -174,8 +181,11 @@ class CircuitWidget(anywidget.AnyWidget):
 
     @t.validate("weights_preset")
     def _valid_preset(self, proposal):
-        if proposal["value"] not in PRESETS:
-            raise t.TraitError(f"weights_preset must be one of {', '.join(PRESETS)}, got {proposal['value']!r}")
+        allowed = [p for p in PRESETS if p != "custom" or getattr(self, "_custom", None) is not None]
+        if proposal["value"] not in allowed:
+            raise t.TraitError(f"weights_preset must be one of {', '.join(allowed)}, got {proposal['value']!r}"
+                               + (" ('custom' is for a result computed with its own path weights)"
+                                  if proposal["value"] == "custom" else ""))
         return proposal["value"]
 
     @t.validate("weights_p")
@@ -200,7 +210,7 @@ class CircuitWidget(anywidget.AnyWidget):
             work()
             self._error = ""
             return True
-        except (dpa.InputError, dpa.TargetError, ValueError, IndexError, NotImplementedError) as e:
+        except Exception as e:  # noqa: BLE001  shown in the view, never a stale picture with no word
             self._error = f"{type(e).__name__}: {e}"
             return False
         finally:
@@ -214,7 +224,8 @@ class CircuitWidget(anywidget.AnyWidget):
             return
 
         def work():
-            weights = live.weights_for(self.weights_preset, self.weights_p)
+            weights = self._custom if self.weights_preset == "custom" else live.weights_for(self.weights_preset,
+                                                                                            self.weights_p)
             target = self._resolve(self.target)
             contrast = self._resolve(self.contrast)
             result = live.recompute(self.model, self.tokenizer, self.result, target=target, contrast=contrast,

@@ -201,6 +201,47 @@ class TestLive:
         assert widget._error.startswith("TargetError") and "vocabulary" in widget._error
         assert widget._data is before
 
+    def test_custom_weights_survive_a_recompute(self, model):
+        """A result computed with its own path weights keeps them when the target changes in the view."""
+        custom = dpa.PathWeights(0.1, 0.2, 0.7, 0.3, 0.7)
+        res = dpa.attribute(model, None, PROMPT, weights=custom)
+        w = CircuitWidget(res, model, None)
+        assert w.weights_preset == "custom" and "custom" in w._presets
+        other = w._predictions[1]
+        w.target = other.token
+        assert w._error == "" and w._data["target"]["token_id"] == other.token_id
+        assert w._data["weights"] == {"query": 0.1, "key": 0.2, "value": 0.7, "gate": 0.3, "up": 0.7}
+        expected = dpa.attribute(model, None, PROMPT, target=other.token_id, weights=custom)
+        close(w._data["head_scores"], expected.head_scores)
+        w.weights_preset = "attention"  # another preset, then back to the result's own
+        w.weights_preset = "custom"
+        assert w._data["weights"]["query"] == pytest.approx(0.1)
+
+    def test_two_widgets_on_one_model_keep_their_own_state(self, model):
+        a = CircuitWidget(dpa.attribute(model, None, PROMPT), model, None)
+        b = CircuitWidget(dpa.attribute(model, None, PROMPT), model, None)
+        before = b._data
+        a.target = a._predictions[2].token
+        a.weights_preset = "mlp"
+        assert b._data is before and b.weights_preset == "default" and b.target == b.result.target.token
+        assert a._data["target"]["token_id"] == a._predictions[2].token_id
+
+    def test_custom_is_refused_without_custom_weights(self, widget):
+        assert "custom" not in widget._presets
+        with pytest.raises(traitlets.TraitError, match="own path weights"):
+            widget.weights_preset = "custom"
+
+    def test_any_failing_recompute_is_shown(self, widget, monkeypatch):
+        """Not only dpa's own errors: whatever fails in the kernel is shown, and the picture kept."""
+        before = widget._data
+
+        def broken(*_a, **_k):
+            raise RuntimeError("out of memory")
+
+        monkeypatch.setattr(live, "recompute", broken)
+        widget.weights_preset = "mlp"
+        assert widget._error == "RuntimeError: out of memory" and widget._data is before and not widget._busy
+
     def test_kwargs_apply_on_construction(self, result, model):
         w = CircuitWidget(result, model, None, weights_preset="control_content", weights_p=1.0)
         assert w._data["weights"] == {"query": 0.0, "key": 0.0, "value": 1.0, "gate": 0.0, "up": 1.0}
@@ -327,3 +368,19 @@ class TestSaveHtml:
 
     def test_inline_escaping(self):
         assert _inline('a = "</script>"; // <!-- x') == 'a = "<\\/script>"; // <\\!-- x'
+
+
+def test_one_colour_scale_for_the_widget_and_the_reports():
+    """The view (circuit.js), the terminal and HTML reports and save_html colour a score the same way:
+    the same RdBu stops, the same interpolation and rounding, the same ink threshold."""
+    from pathlib import Path
+
+    import dpa_widgets
+    from dpa import report
+
+    js = (Path(dpa_widgets.__file__).parent / "static" / "circuit.js").read_text()
+    block = re.search(r"export const DIVERGING = \[(.*?)\];", js, re.S).group(1)
+    stops = [tuple(int(v) for v in m) for m in re.findall(r"\[(\d+), (\d+), (\d+)\]", block)]
+    assert stops == list(report.RGB)
+    assert "Math.round(c + (b[k] - c) * f)" in js and "0.2126 * r + 0.7152 * g + 0.0722 * b > 140" in js
+    assert report.ink_for((200, 200, 200)) == (0, 0, 0) and report.ink_for((33, 102, 172)) == (255, 255, 255)

@@ -19,7 +19,8 @@
  * @property {Record<string, any>} selection  the selection as JSON (written by this view)
  * @property {string} target                  target token ("" = the model's prediction)
  * @property {string} contrast                contrast foil ("" = none)
- * @property {string} weights_preset          "default" or a sensitivity family
+ * @property {string} weights_preset          "default", "custom" (the result's own weights) or a sensitivity family
+ * @property {string[]} _presets               the weights_preset choices on offer
  * @property {number} weights_p               p of the family, in [0, 1]
  * @property {string} method                  "dpa" or a baseline name
  * @property {number} top_k                   k for "top-k" ablation and top lists
@@ -78,10 +79,13 @@
 
 // ---------------------------------------------------------------- colour scale
 
-/** ColorBrewer RdBu (colour-blind safe), negative blue -> white at zero -> positive red. */
+/**
+ * ColorBrewer RdBu (colour-blind safe), negative blue -> white at zero -> positive red: the same nine
+ * stops as dpa.report.RDBU (the terminal and HTML reports), so a score has one colour everywhere.
+ */
 export const DIVERGING = [
-  [33, 102, 172], [103, 169, 207], [209, 229, 240], [255, 255, 255],
-  [253, 219, 199], [239, 138, 98], [178, 24, 43],
+  [33, 102, 172], [67, 147, 195], [146, 197, 222], [209, 229, 240], [255, 255, 255],
+  [253, 219, 199], [244, 165, 130], [214, 96, 77], [178, 24, 43],
 ];
 
 /**
@@ -122,7 +126,7 @@ export function divergingColor(value, max) {
 /** Black or white text, whichever reads better on the scale colour of ``value``. */
 export function textColor(/** @type {number} */ value, /** @type {number} */ max) {
   const [r, g, b] = divergingRgb(value, max);
-  return 0.299 * r + 0.587 * g + 0.114 * b > 140 ? "#111" : "#fff";
+  return 0.2126 * r + 0.7152 * g + 0.0722 * b > 140 ? "#000" : "#fff";  // dpa.report.ink_for
 }
 
 /** A compact signed number: 3 significant digits, exponent for tiny or huge values. */
@@ -446,13 +450,13 @@ function render({ model, el }) {
       value: get("contrast"), disabled: !live || busy, title: "attribute target − foil (empty: no contrast)" }));
     foil.addEventListener("change", () => setTrait("contrast", foil.value));
     const preset = /** @type {HTMLSelectElement} */ (h("select", { class: "dpa-preset", disabled: !live || busy, title: "path weights" }));
-    for (const f of ["default", "control_content", "attention", "query_key", "mlp"]) {
+    for (const f of get("_presets") || ["default", "control_content", "attention", "query_key", "mlp"]) {
       preset.append(h("option", { value: f, text: f.replace("_", "-"), selected: f === get("weights_preset") }));
     }
     preset.addEventListener("change", () => setTrait("weights_preset", preset.value));
     const pval = h("span", { class: "dpa-pval", text: Number(get("weights_p")).toFixed(2) });
     const p = /** @type {HTMLInputElement} */ (h("input", { type: "range", min: 0, max: 1, step: 0.05, value: get("weights_p"),
-      class: "dpa-p", disabled: !live || busy || get("weights_preset") === "default" }));
+      class: "dpa-p", disabled: !live || busy || ["default", "custom"].includes(get("weights_preset")) }));
     p.addEventListener("input", () => { pval.textContent = Number(p.value).toFixed(2); });
     p.addEventListener("change", () => setTrait("weights_p", Number(p.value)));
     const method = /** @type {HTMLSelectElement} */ (h("select", { class: "dpa-method", disabled: !live || busy }));
@@ -471,7 +475,8 @@ function render({ model, el }) {
         text: `μ = ${[w.query, w.key, w.value, w.gate, w.up].map((x) => Number(x).toFixed(2)).join(", ")}` }),
       h("label", {}, ["method ", method]), h("span", { class: "dpa-rho", text: rho }),
       h("span", { class: "dpa-status", text: busy ? "computing…" : live ? "" : "static view (no model attached)" }),
-      h("span", { class: "dpa-error", text: get("_error") || "" }),
+      h("span", { class: "dpa-error", role: "alert",
+        text: get("_error") ? `⚠ ${get("_error")} — the picture below is still the last result computed` : "" }),
     ]);
   }
 
@@ -726,6 +731,7 @@ function render({ model, el }) {
       }
     });
     root.classList.toggle("dpa-busy", !!get("_busy"));
+    root.classList.toggle("dpa-stale", !!get("_error"));  // a failed recompute: the picture is not of the settings shown
   }
 
   const onSelect = () => { writeSelection(); redraw(); };

@@ -34,9 +34,10 @@ describe("colour scale", () => {
   });
 
   test("halfway between anchors interpolates linearly", () => {
-    const step = 1 / 3; // 7 anchors over [-1, 1]: one anchor every 1/3
+    const step = 2 / (DIVERGING.length - 1); // anchors evenly over [-1, 1]; white (zero) in the middle
+    const white = (DIVERGING.length - 1) / 2;
     const mid = divergingRgb(step / 2, 1);
-    assert.deepEqual(mid, DIVERGING[3].map((c, k) => Math.round((c + DIVERGING[4][k]) / 2)));
+    assert.deepEqual(mid, DIVERGING[white].map((c, k) => Math.round((c + DIVERGING[white + 1][k]) / 2)));
   });
 
   test("non-finite values and a zero max are white, not NaN", () => {
@@ -52,7 +53,7 @@ describe("colour scale", () => {
   });
 
   test("text is dark on light colours and light on saturated ones", () => {
-    assert.equal(textColor(0, 1), "#111");
+    assert.equal(textColor(0, 1), "#000");
     assert.equal(textColor(1, 1), "#fff");
     assert.equal(textColor(-1, 1), "#fff");
   });
