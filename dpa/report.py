@@ -84,6 +84,8 @@ def completeness_lines(res: Attribution) -> list[str]:
         lines.append(f"bias share (value biases no token owns) {res.bias_share:+.4f}")
     if not res.weights.conservative:
         lines.append("  (a gap is expected: only q=k=0, v=1, gate+up=1 conserves the target exactly)")
+    if not res.weights.constrained:
+        lines.append("  note: " + res.caveats[0])
     return lines
 
 

@@ -71,6 +71,21 @@ class Attribution:
     effective_targets: Tensor | None = None  # [layer + 1, pos, d_model]; 0 = embeddings
 
     @property
+    def caveats(self) -> list[str]:
+        """What dpa cannot vouch for in these scores (also in ``to_dict`` and the reports); [] when none."""
+        w, out = self.weights, []
+        if self.method != "dpa":
+            return out
+        if not w.constrained:
+            out.append(f"path weights off the paper's constraints (q+k+v = {w.query + w.key + w.value:g}, "
+                       f"gate+up = {w.gate + w.up:g}; the paper has 1 and 1): the scores scale the target's "
+                       "paths unevenly and are not the paper's DPA")
+        if not w.conservative:
+            out.append("control paths on (query, key or gate weight > 0, or value != 1): the token scores need "
+                       f"not sum to the target (completeness gap {self.completeness_gap:+.3g})")
+        return out
+
+    @property
     def n_layers(self) -> int:
         return self.head_scores.shape[0]
 
@@ -113,6 +128,7 @@ class Attribution:
                 value = asdict(value)
             out[f.name] = value
         out["score_dtype"] = str(self.token_scores.dtype).removeprefix("torch.")
+        out["caveats"] = self.caveats
         if top_neurons is not None:
             top_neurons = check_int("top_neurons", top_neurons, low=1)
             scores = self.neuron_scores.detach()
@@ -142,6 +158,7 @@ class Attribution:
             raise InputError(f"not an Attribution dict: missing {', '.join(missing)}")
         data = dict(data)
         data.pop("top_neurons", None)
+        data.pop("caveats", None)  # derived from the weights
         dtype = getattr(torch, str(data.pop("score_dtype", "float32")), None)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise InputError("not an Attribution dict: score_dtype is not a floating-point dtype")

@@ -607,4 +607,19 @@ def test_cli_output_to_a_folder_is_one_message(tmp_path, capsys, flag):
     assert info.value.code == 2 and "is a folder" in capsys.readouterr().err
 
 
-N_FILES = len(DATA_FILES) + 1 + 1 + 1 + 3 + 1 + 2
+N_FILES = len(DATA_FILES) + 1 + 1 + 1 + 3 + 1 + 2 + 1
+
+
+def test_results_say_what_dpa_cannot_vouch_for(tiny):
+    """Weights off the paper's constraints and control paths are said in the result, its JSON and the report."""
+    from dpa.report import terminal_report
+
+    model, tok = tiny
+    assert A(model, tok, PROMPT, target=3, weights=dpa.PathWeights(0, 0, 1, 0.5, 0.5)).caveats == []
+    default = A(model, tok, PROMPT, target=3)
+    assert len(default.caveats) == 1 and "completeness gap" in default.caveats[0]
+    off = A(model, tok, PROMPT, target=3, weights=dpa.PathWeights(0.5, 0.5, 0.5, 1, 1))
+    assert "off the paper's constraints" in off.caveats[0]
+    assert json.loads(off.to_json())["caveats"] == off.caveats
+    assert "off the paper's constraints" in terminal_report(off, color=False)
+    assert dpa.Attribution.from_json(off.to_json()).caveats == off.caveats

@@ -33,6 +33,7 @@
  *   contrast: string|null, contrast_id: number|null, probability: number|null, logprob: number|null}} target
  * @property {number} target_logit
  * @property {number} completeness_gap
+ * @property {string[]} [caveats]             what dpa cannot vouch for (Attribution.caveats)
  * @property {Record<string, number>} weights
  * @property {string} method
  * @property {string} model_name
@@ -429,6 +430,8 @@ function render({ model, el }) {
       h("span", { text: t.probability === null ? "" : `p = ${t.probability.toFixed(3)}` }),
       h("span", { text: `${t.kind === "contrast" ? "logit difference" : t.kind} ${formatScore(data.target_logit)}` }),
       h("span", { title: "sum of token scores − target", text: `gap ${formatScore(data.completeness_gap)}` }),
+      ...(data.caveats || []).filter((c) => c.startsWith("path weights off")).map((c) =>
+        h("span", { class: "dpa-error", title: c, text: "⚠ weights off the paper's constraints" })),
       h("span", { class: "dpa-muted", text: `${data.model_name} · position ${t.position}` }),
     ]);
   }
