@@ -23,6 +23,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from .errors import DPAError, InputError, InputTypeError
 from .families import spec_for
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
@@ -35,7 +36,7 @@ CACHE_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_
 GGUF_ONLY_KEYS = ("quantization_config", "_model_name_or_path", "unk_token_id")
 
 
-class ModelLoadError(RuntimeError):
+class ModelLoadError(DPAError, RuntimeError):
     """The model could not be fetched, converted or loaded."""
 
 
@@ -64,6 +65,22 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def _device(device) -> torch.device:
+    """A torch device that exists here: CUDA only where it is available."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise InputError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise InputError(f"device {device!r}: CUDA is not available on this machine (torch {torch.__version__}); "
+                         "use device='cpu'")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise InputError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    if dev.type not in ("cpu", "cuda"):
+        raise InputError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    return dev
+
+
 def default_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
@@ -75,8 +92,13 @@ def load_model(name: str | None = None, *, dtype: torch.dtype | None = None,
     name: None for the default SmolLM2-135M-Instruct, else an HF id or a local folder.
     device: default CUDA when available, else CPU. dtype: default bfloat16 on CUDA, float32 on CPU.
     """
-    device = torch.device(device) if device is not None else default_device()
+    device = _device(device) if device is not None else default_device()
+    if dtype is not None and dtype not in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+        raise InputTypeError("dtype must be torch.float32, torch.float64, torch.bfloat16 or torch.float16, "
+                             f"got {dtype!r}" + (" (e.g. dtype=torch.float32, not a string)" if isinstance(dtype, str) else ""))
     dtype = dtype or default_dtype(device)
+    if name is not None and not isinstance(name, (str, os.PathLike)):
+        raise InputTypeError(f"name must be an HF model id or a folder (a string), got {type(name).__name__}")
     folder = ensure_default_model() if name is None else os.path.expanduser(name)
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging

@@ -21,7 +21,8 @@ import torch
 
 import dpa
 from dpa import baselines
-from dpa.errors import DPAError, InputError, ModelStateError, NonFiniteError, TargetError, UnsupportedModelError
+from dpa.errors import (DPAError, InputError, InputTypeError, ModelStateError, NonFiniteError, TargetError,
+                        UnsupportedModelError)
 from dpa.evaluate import ablation
 
 from .test_cli import PROMPT, save_tiny_model
@@ -383,8 +384,27 @@ ABLATION_BAD = [
 ]
 
 
-CATALOGUE_BAD = PROMPTS_BAD + PADDING_BAD + TARGETS_BAD + OPTIONS_BAD + WEIGHTS_BAD + BASELINES_BAD + RESULTS_BAD \
-    + ABLATION_BAD
+# --- loading -----------------------------------------------------------------------------------------
+
+def _load(**kw):
+    return lambda m, t: dpa.load_model(m.config._name_or_path, **kw)
+
+
+LOAD_BAD = [
+    Bad("load-dtype-string", _load(dtype="float32"), InputTypeError, "dtype", TypeError),
+    Bad("load-dtype-int64", _load(dtype=torch.int64), InputTypeError, "dtype"),
+    Bad("load-dtype-numpy", _load(dtype=np.float32), InputTypeError, "dtype"),
+    Bad("load-dtype-float8", _load(dtype=torch.float8_e4m3fn), InputTypeError, "dtype"),
+    Bad("load-device-gpu", _load(device="gpu"), InputError, "device"),
+    Bad("load-device-cuda-without-cuda", _load(device="cuda"), InputError, "cuda"),
+    Bad("load-device-int-string", _load(device="tpu"), InputError, "device"),
+    Bad("load-name-int", lambda m, t: dpa.load_model(5), InputTypeError, "name"),
+    Bad("load-no-such-folder", lambda m, t: dpa.load_model("/nonexistent/model"), DPAError, "/nonexistent/model"),
+]
+
+
+CATALOGUE_BAD = (LOAD_BAD + PROMPTS_BAD + PADDING_BAD + TARGETS_BAD + OPTIONS_BAD + WEIGHTS_BAD + BASELINES_BAD
+                 + RESULTS_BAD + ABLATION_BAD)
 CATALOGUE_SAME = PROMPTS_SAME + PADDING_SAME + TARGETS_SAME + OPTIONS_SAME + WEIGHTS_SAME + BASELINES_SAME
 
 
