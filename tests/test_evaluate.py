@@ -542,6 +542,7 @@ class TestCLI:
         assert "unknown input method(s) nonsense" in capsys.readouterr().err
         assert main(args + ["--limit", "0"]) == 2
         assert main(args + ["--threads", "0"]) == 2
+        assert main(args + ["--steps", "0"]) == 2 and "--steps must be at least 1" in capsys.readouterr().err
         for bad in ("2/2", "one/two"):
             with pytest.raises(SystemExit) as info:
                 main(args + ["--shard", bad])

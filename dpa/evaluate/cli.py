@@ -107,6 +107,8 @@ def _settings(args, **extra):
         raise ValueError("--batch-size must be at least 1")
     if args.threads is not None and args.threads < 1:
         raise ValueError("--threads must be at least 1")
+    if getattr(args, "steps", 1) < 1:
+        raise ValueError("--steps must be at least 1")
     return Settings(dataset=args.dataset, unit=args.unit, limit=args.limit, component_units=args.component_units,
                     contrast=not args.no_contrast, seed=args.seed, batch_size=args.batch_size,
                     data_dir=args.data_dir, n_generated=args.n_generated, filter=args.filter, **extra)
