@@ -16,7 +16,8 @@ import anywidget
 import traitlets as t
 
 import dpa
-from dpa import Attribution
+from dpa import Attribution, request
+from dpa.checks import check_int
 
 from . import live, payload, verify
 
@@ -66,16 +67,21 @@ class CircuitWidget(anywidget.AnyWidget):
     def __init__(self, result: Attribution, model=None, tokenizer=None, *, top_neurons: int = 32, **kwargs: Any):
         unknown = sorted(set(kwargs) - set(USER_TRAITS))
         if unknown:
-            raise TypeError(f"CircuitWidget got unexpected keyword argument(s) {', '.join(unknown)}; "
+            raise dpa.InputTypeError(f"CircuitWidget got unexpected keyword argument(s) {', '.join(unknown)}; "
                             f"it takes {', '.join(USER_TRAITS)} besides result, model, tokenizer and top_neurons")
         if not isinstance(result, Attribution):
-            raise TypeError(f"result must be a dpa.Attribution (one prompt), got {type(result).__name__}")
+            raise dpa.InputTypeError(f"result must be a dpa.Attribution (one prompt), got {type(result).__name__}"
+                                     + (" (a batch gives a list: pass one of its results)"
+                                        if isinstance(result, list) else ""))
         if result.neuron_scores is None or result.head_scores is None:
-            raise ValueError("result has no head or neuron scores (a baseline?); show a DPA attribution")
-        if not isinstance(top_neurons, int) or top_neurons < 1:
-            raise ValueError(f"top_neurons must be a positive int, got {top_neurons!r}")
+            raise dpa.InputError("result has no head or neuron scores (saved with top_neurons?); show a full DPA "
+                                 "attribution")
+        top_neurons = check_int("top_neurons", top_neurons, low=1)
+        if model is not None:
+            request.check_model(model)
+            request.check_tokenizer(tokenizer)
         if model is None and any(k in kwargs for k in LIVE_TRAITS):
-            raise ValueError(f"{', '.join(k for k in LIVE_TRAITS if k in kwargs)} need model and tokenizer")
+            raise dpa.InputError(f"{', '.join(k for k in LIVE_TRAITS if k in kwargs)} need model and tokenizer")
         self.model, self.tokenizer, self.top_neurons = model, tokenizer, top_neurons
         # Path weights that are neither the defaults nor a preset stay the result's own ("custom") through
         # every recompute (a new target, contrast or method) until another preset is chosen.
@@ -109,7 +115,7 @@ class CircuitWidget(anywidget.AnyWidget):
                 for name, value in live_kwargs.items():
                     setattr(self, name, value)
             if self._error:
-                raise ValueError(self._error)
+                raise dpa.InputError(self._error)
 
     # ------------------------------------------------------------------ state
 

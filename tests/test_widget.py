@@ -384,3 +384,19 @@ def test_one_colour_scale_for_the_widget_and_the_reports():
     assert stops == list(report.RGB)
     assert "Math.round(c + (b[k] - c) * f)" in js and "0.2126 * r + 0.7152 * g + 0.0722 * b > 140" in js
     assert report.ink_for((200, 200, 200)) == (0, 0, 0) and report.ink_for((33, 102, 172)) == (255, 255, 255)
+
+
+@pytest.mark.parametrize("make, error, names", [
+    (lambda r, m: CircuitWidget([r], m, None), dpa.InputTypeError, "one of its results"),
+    (lambda r, m: CircuitWidget("result", m, None), dpa.InputTypeError, "result"),
+    (lambda r, m: CircuitWidget(r, m, None, top_neurons=0), dpa.InputError, "top_neurons"),
+    (lambda r, m: CircuitWidget(r, m, None, top_neurons=2.5), dpa.InputTypeError, "top_neurons"),
+    (lambda r, m: CircuitWidget(r, m, None, colour="red"), dpa.InputTypeError, "colour"),
+    (lambda r, m: CircuitWidget(r, None, None, target="x"), dpa.InputError, "target"),
+    (lambda r, m: CircuitWidget(r, "model", None), dpa.InputError, "model"),
+    (lambda r, m: CircuitWidget(r, m, "tokenizer"), dpa.InputTypeError, "tokenizer"),
+    (lambda r, m: CircuitWidget(r, m, None, target="999"), dpa.InputError, "vocabulary"),
+])
+def test_bad_constructor_arguments_get_dpa_errors(result, model, make, error, names):
+    with pytest.raises(error, match=names):
+        make(result, model)
