@@ -627,7 +627,7 @@ def test_cli_output_to_a_folder_is_one_message(tmp_path, capsys, flag):
     assert info.value.code == 2 and "is a folder" in capsys.readouterr().err
 
 
-N_FILES = len(DATA_FILES) + 1 + 1 + 1 + 3 + 1 + 2 + 1
+N_FILES = len(DATA_FILES) + 1 + 1 + 1 + 3 + 1 + 2 + 1 + 1
 
 
 def test_results_say_what_dpa_cannot_vouch_for(tiny):
@@ -643,3 +643,15 @@ def test_results_say_what_dpa_cannot_vouch_for(tiny):
     assert json.loads(off.to_json())["caveats"] == off.caveats
     assert "off the paper's constraints" in terminal_report(off, color=False)
     assert dpa.Attribution.from_json(off.to_json()).caveats == off.caveats
+
+
+def test_missing_data_writes_nothing(tmp_path, tiny):
+    from dpa.evaluate.runner import Settings, evaluate
+
+    model, tok = tiny
+    empty = tmp_path / "data"
+    empty.mkdir()
+    with pytest.raises(datasets.DataError, match="known_1000.json"):
+        evaluate(model, tok, Settings(dataset="known_1000", unit="input", limit=1, data_dir=str(empty)),
+                 tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -181,6 +181,8 @@ def evaluate(model: nn.Module, tokenizer, settings: Settings, out: str | Path, *
         raise ValueError(f"filter must be 'paper' or 'length', got {settings.filter!r}")
     methods = methods if methods is not None else resolve_methods(settings)
     _check_kinds(settings, methods)
+    examples = load_examples(settings.dataset, settings.data_dir, seed=settings.seed,
+                             n_generated=settings.n_generated)  # missing or malformed data: before any file
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise DataError(f"--out {out} is a file; the results go into a folder (give a new folder name)")
@@ -192,8 +194,6 @@ def evaluate(model: nn.Module, tokenizer, settings: Settings, out: str | Path, *
                 "model": getattr(model.config, "_name_or_path", "")}
     _check_folder(out, identity)
     store = Store(out, repair=n_shards == 1)
-    examples = load_examples(settings.dataset, settings.data_dir, seed=settings.seed,
-                             n_generated=settings.n_generated)
     fractions = fraction_grid(settings.dataset, settings.unit)
     spec = spec_for(model)
     total = min(settings.limit or len(examples), len(examples))
