@@ -585,9 +585,13 @@ def test_results_out_that_is_a_file_is_refused(tmp_path, tiny):
     from dpa.evaluate.runner import Settings, evaluate
 
     model, tok = tiny
+    data = tmp_path / "data"  # a one-record data file, so that the check does not depend on ../shared/data
+    data.mkdir()
+    (data / "known_1000.json").write_text(json.dumps([{"known_id": 0, "prompt": PROMPT, "attribute": "paris"}]))
     (tmp_path / "out").write_text("keep me")
     with pytest.raises(datasets.DataError, match="is a file"):
-        evaluate(model, tok, Settings(dataset="known_1000", unit="input", limit=1), tmp_path / "out")
+        evaluate(model, tok, Settings(dataset="known_1000", unit="input", limit=1, data_dir=str(data)),
+                 tmp_path / "out")
     assert (tmp_path / "out").read_text() == "keep me"
 
 
