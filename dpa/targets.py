@@ -51,6 +51,10 @@ def token_id(tokenizer, token: str | int, vocab_size: int, *, multi_token: str =
     if token == "":
         raise TargetError(f"{what} is an empty string")
     ids = tokenizer.encode(token, add_special_tokens=False)
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is not None and unk in ids and token != getattr(tokenizer, "unk_token", None):
+        raise TargetError(f"{what} {token!r} is not in the tokenizer's vocabulary (it maps to the unknown token "
+                          f"{tokenizer.unk_token!r}); pass a token the model knows, or its id")
     if len(ids) != 1:
         pieces = [tokenizer.decode([i]) for i in ids]
         if multi_token == "first" and ids:

@@ -540,7 +540,7 @@ N_MODEL_STATE = len(FOREIGN) * len(ENTRY_POINTS) + 1 + 3 + 1 + 1
 
 def test_catalogue_size():
     """The issue asks for at least 150 adverse cases in all."""
-    assert len(CATALOGUE_BAD) + len(CATALOGUE_SAME) + N_MODEL_STATE + N_FILES >= 150
+    assert len(CATALOGUE_BAD) + len(CATALOGUE_SAME) + N_MODEL_STATE + N_FILES + len(CLI_BAD) >= 150
 
 
 # --- files ------------------------------------------------------------------------------------------
@@ -659,3 +659,48 @@ def test_missing_data_writes_nothing(tmp_path, tiny):
         evaluate(model, tok, Settings(dataset="known_1000", unit="input", limit=1, data_dir=str(empty)),
                  tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+# --- the command line: one message on stderr, exit 2, never a traceback ----------------------------
+
+CLI_BAD = {
+    "empty-prompt": (["   "], "prompt"),
+    "multi-token-target": (["--target", "paris london"], "single token"),
+    "unknown-target-word": (["--target", "zebra"], "target"),
+    "position-out-of-range": (["--position", "99"], "position"),
+    "position-not-int": (["--position", "two"], "--position"),
+    "weights-four": (["--weights", "1,2,3,4"], "five"),
+    "weights-letters": (["--weights", "a,b,c,d,e"], "five numbers"),
+    "weights-nan": (["--weights", "nan,0,1,0.5,0.5"], "query"),
+    "p-without-preset": (["--p", "0.3"], "--preset"),
+    "top-zero": (["--top", "0"], "--top"),
+    "device-gpu": (["--device", "gpu"], "device"),
+    "device-cuda-without-cuda": (["--device", "cuda"], "cuda"),
+    "no-such-model": (["--model", "/nonexistent/model"], "/nonexistent/model"),
+    "logprob-with-contrast": (["--logprob", "--contrast", "london"], "contrast"),
+    "contrast-is-target": (["--target", "paris", "--contrast", "paris"], "contrast"),
+    "json-in-missing-folder": (["--json", "/nonexistent/dir/r.json"], "no folder"),
+}
+
+
+@pytest.mark.parametrize("case", CLI_BAD)
+def test_cli_refuses_with_one_line(tmp_path, capsys, case):
+    from dpa.cli import main
+
+    args, names = CLI_BAD[case]
+    if torch.cuda.is_available() and case == "device-cuda-without-cuda":
+        pytest.skip("this machine has CUDA")
+    folder = save_tiny_model(tmp_path / "m")
+    argv = ["attribute", PROMPT, "--model", str(folder), "--color", "never", *args]
+    if case == "empty-prompt":
+        argv[1] = args[0]
+        argv = argv[:-1]
+    if case == "no-such-model":
+        argv = ["attribute", PROMPT, *args]
+    try:
+        code = main(argv)
+    except SystemExit as exit_:  # argparse's own usage errors
+        code = exit_.code
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err and names.lower() in err.lower(), err
