@@ -98,13 +98,13 @@ def _run(model: nn.Module, req: Request, dtype: torch.dtype, *, lean: bool, edge
         hidden = session.forward()  # [batch pos d_model], the model's own values
         final = hidden[torch.arange(req.batch, device=req.device), req.positions]  # [batch d_model]
         unembed = spec.unembed(model).weight
-        if not torch.isfinite(final.detach().sum()) and not torch.isfinite(final.detach()).all():
+        if not finite(final.detach()):
             raise NonFiniteError(_locate_non_finite(session))
         probs = None
         if probabilities:
             with torch.no_grad():
                 logits = (final.detach().to(unembed.dtype) @ unembed.T).to(dtype)  # [batch vocab]
-            if not torch.isfinite(logits.sum()) and not torch.isfinite(logits).all():  # the sum: one cheap check
+            if not finite(logits):
                 raise NonFiniteError("non-finite logits (NaN or inf): the unembedding overflows on this input")
             req.resolve(logits)
             probs = logits.float().softmax(-1)
@@ -132,12 +132,17 @@ def _run(model: nn.Module, req: Request, dtype: torch.dtype, *, lean: bool, edge
         scores.settle()
         edge = edge_scores(spec, model, req, rec, grads, dtype) if edges else None
     names = ("tokens", "heads", "neurons", "bias")
-    if not torch.isfinite(torch.stack([getattr(scores, n).sum() for n in names])).all():  # sums: one check
-        bad = [n for n in names if not torch.isfinite(getattr(scores, n)).all()]
-        if bad:
-            raise NonFiniteError(f"the {bad[0]} scores are not finite (NaN or inf): the path weights "
-                                 f"{req.weights.as_tuple()} or the target overflow in {dtype}")
+    bad = [n for n in names if not finite(getattr(scores, n))]
+    if bad:
+        raise NonFiniteError(f"the {bad[0]} scores are not finite (NaN or inf): the path weights "
+                             f"{req.weights.as_tuple()} or the target overflow in {dtype}")
     return Run(scores=scores, values=values.detach(), probs=probs, edges=edge, effective_targets=targets)
+
+
+def finite(t: Tensor) -> bool:
+    """No NaN or inf in ``t``: one reduction first (a non-finite entry makes the sum so), the elementwise
+    check only when the sum overflows or is not finite."""
+    return bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
 
 
 def _locate_non_finite(session) -> str:

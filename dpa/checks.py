@@ -71,6 +71,6 @@ def check_bool(name: str, value: Any) -> bool:
 def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
     """One of ``choices`` (compared exactly: "Left" is not "left")."""
     choices = tuple(choices)
-    if not isinstance(value, (str, type(None))) or value not in choices:
+    if not isinstance(value, str) or value not in choices:
         raise InputError(f"{name} must be one of {', '.join(map(repr, choices))}, got {_show(value)}")
     return value

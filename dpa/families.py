@@ -261,16 +261,6 @@ def norm_eps(norm: nn.Module) -> float:
     return float(eps)
 
 
-def norm_scale(norm: nn.Module | None, x: Tensor, eps: float | None = None) -> Tensor:
-    """The frozen per-position scale of an RMSNorm, 1/rms(x), in float32 or better: [..., 1]."""
-    eps = norm_eps(norm) if eps is None else eps
-    x = x.detach()
-    if x.dtype not in (torch.float32, torch.float64):
-        x = x.float()
-    norm2 = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
-    return norm2.square_().div_(x.shape[-1]).add_(eps).rsqrt_()
-
-
 @dataclass(frozen=True)
 class LayerModules:
     """One decoder layer's modules, looked up once from the description's paths."""

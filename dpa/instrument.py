@@ -98,9 +98,12 @@ def exclusive(model: nn.Module) -> Iterator[None]:
 @contextmanager
 def _model_state(model: nn.Module) -> Iterator[Callable[[nn.Module, Callable], None]]:
     """Eval mode and no parameter gradients inside; yields ``override(module, forward)`` for instance
-    forwards. Mode, flags and forwards are restored on exit, whatever happened inside."""
+    forwards. Mode, flags and forwards are restored on exit, whatever happened inside. A module with
+    foreign hooks or a patched forward is refused first, before anything changes."""
+    check_global_hooks()
     training, grads = [], {}
-    for m in model.modules():  # one pass: modules in train mode, parameters that require grad
+    for name, m in model.named_modules():  # one pass: foreign hooks, train mode, parameters that need grad
+        check_module_hooks(name, m)
         if m.training:
             training.append(m)
         for p in m._parameters.values():
@@ -137,33 +140,35 @@ def _model_state(model: nn.Module) -> Iterator[Callable[[nn.Module, Callable], N
 # device hooks (``_hf_hook``) move tensors between devices and are not module hooks.
 _HARMLESS_HOOK_MODULES = ("transformers.utils.output_capturing",)
 _HARMLESS_HOOKS = ("PreTrainedModel.enable_input_require_grads.<locals>.make_inputs_require_grads",)
+_HINT = "; remove it (handle.remove()) before attributing, or attribute a copy of the model"
 
 
-def check_foreign_hooks(model: nn.Module) -> None:
-    """Refuse a model whose modules carry hooks from outside dpa (they could change activations or
-    gradients behind its back: a silently wrong attribution), or a forward patched on an instance.
-    transformers' output-capturing hooks and accelerate's device hooks are allowed."""
+def check_global_hooks() -> None:
+    """Refuse global module hooks (torch.nn.modules.module.register_module_*_hook): they run on every
+    module and could change activations or gradients behind dpa's back."""
     from torch.nn.modules import module as torch_module
 
-    hint = "; remove it (handle.remove()) before attributing, or attribute a copy of the model"
     for kind in ("forward", "forward_pre", "backward", "backward_pre"):
         if getattr(torch_module, f"_global_{kind}_hooks"):
             raise ModelStateError(f"a global module {kind.replace('_', '-')} hook is registered "
                                   f"(torch.nn.modules.module.register_module_{kind}_hook): it could change what dpa "
-                                  f"attributes{hint}")
-    for name, module in model.named_modules():
-        for kind in ("forward", "forward_pre", "backward", "backward_pre"):
-            for fn in getattr(module, f"_{kind}_hooks").values():
-                if not (getattr(fn, "__module__", "").startswith(_HARMLESS_HOOK_MODULES)
-                        or getattr(fn, "__qualname__", "") in _HARMLESS_HOOKS):
-                    raise ModelStateError(
-                        f"the model has a {kind.replace('_', '-')} hook on {name or 'the model itself'} "
-                        f"({getattr(fn, '__qualname__', type(fn).__name__)}): it could change what dpa attributes"
-                        f"{hint}")
-        if "forward" in module.__dict__ and not hasattr(module, "_hf_hook"):
-            raise ModelStateError(f"{name or 'the model'}.forward is replaced on the instance "
-                                  f"({getattr(module.forward, '__qualname__', module.forward)!r}): dpa cannot vouch "
-                                  "for what it computes; restore the module's own forward before attributing")
+                                  f"attributes{_HINT}")
+
+
+def check_module_hooks(name: str, module: nn.Module) -> None:
+    """Refuse a module carrying hooks from outside dpa, or a forward patched on the instance: a silently
+    wrong attribution otherwise. transformers' output-capturing hooks and accelerate's device hooks pass."""
+    for kind in ("forward", "forward_pre", "backward", "backward_pre"):
+        for fn in getattr(module, f"_{kind}_hooks").values():
+            if not (getattr(fn, "__module__", "").startswith(_HARMLESS_HOOK_MODULES)
+                    or getattr(fn, "__qualname__", "") in _HARMLESS_HOOKS):
+                raise ModelStateError(
+                    f"the model has a {kind.replace('_', '-')} hook on {name or 'the model itself'} "
+                    f"({getattr(fn, '__qualname__', type(fn).__name__)}): it could change what dpa attributes{_HINT}")
+    if "forward" in module.__dict__ and not hasattr(module, "_hf_hook"):
+        raise ModelStateError(f"{name or 'the model'}.forward is replaced on the instance "
+                              f"({getattr(module.forward, '__qualname__', module.forward)!r}): dpa cannot vouch "
+                              "for what it computes; restore the module's own forward before attributing")
 
 
 def _malloc_trim():
@@ -255,7 +260,6 @@ def instrument(model: nn.Module, request: Request, *, weights: PathWeights | Non
     recording = Recording()
     with ExitStack() as stack:
         stack.enter_context(exclusive(model))
-        check_foreign_hooks(model)
         override = stack.enter_context(_model_state(model))
         stack.enter_context(torch.inference_mode(False))
         stack.enter_context(torch.enable_grad() if (weights is not None if grad is None else grad) else torch.no_grad())

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from .families import LayerModules, ModelSpec, norm_eps
+from .rules.norm import rms_scale
 
 ACTIVATION_RATIO: dict[str, Callable[[Tensor], Tensor]] = {
     "silu": torch.sigmoid,  # SiLU(s) = s * sigmoid(s)
@@ -46,7 +47,7 @@ class FrozenNorm(torch.autograd.Function):
         out, r = value(x) if own is None else (own(x), None)
         wide = torch.promote_types(x.dtype, torch.float32)
         if r is None or r.dtype != wide:
-            r = rms_scale(x.to(wide), eps)
+            r = rms_scale(x, eps)  # in float32 or wider
         ctx.save_for_backward(pull, r)
         return out
 
@@ -166,11 +167,6 @@ class Scores:
             setattr(self, kind, torch.stack([total(kind, i, sizes[kind]) for i in range(spec.n_layers)], dim=1))
         if self.positions:
             self.neurons = self.neuron_positions.sum(2)
-
-
-def rms_scale(x: Tensor, eps: float) -> Tensor:
-    """r = 1/rms(x) over the last axis: [..., 1]."""
-    return torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
 
 
 def rms(x: Tensor, gamma: Tensor, eps: float) -> tuple[Tensor, Tensor]:
