@@ -19,7 +19,7 @@ import functools
 import weakref
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from .errors import UnsupportedModelError
 
