@@ -31,6 +31,14 @@ STATIC_DETAILS = 8  # heads and neurons whose details are sent up front (and kep
 EDGE_BUDGET = 120_000  # at most this many edge cells sent up front
 
 
+class TraitValueError(dpa.InputError, t.TraitError):
+    """A widget trait set to a value it cannot take (a dpa error and a ``traitlets.TraitError``)."""
+
+
+class TraitTypeError(dpa.InputTypeError, t.TraitError):
+    """A widget trait set to a value of the wrong type or shape (traitlets' own check)."""
+
+
 class CircuitWidget(anywidget.AnyWidget):
     """Inspect ``result`` (a ``dpa.Attribution``); pass ``model`` and ``tokenizer`` for live controls.
 
@@ -63,6 +71,14 @@ class CircuitWidget(anywidget.AnyWidget):
     weights_p = t.Float(0.5, help="p of the sensitivity family, in [0, 1].").tag(sync=True)
     method = t.Unicode("dpa", help="'dpa' or a baseline from dpa.baselines, compared by rank.").tag(sync=True)
     top_k = t.Int(10, help="How many tokens or components 'top-k' verification ablates.").tag(sync=True)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        try:
+            super().__setattr__(name, value)
+        except t.TraitError as e:
+            if isinstance(e, dpa.DPAError) or name not in USER_TRAITS:
+                raise
+            raise TraitTypeError(f"{e} (setting {name} = {value!r})") from None
 
     def __init__(self, result: Attribution, model=None, tokenizer=None, *, top_neurons: int = 32, **kwargs: Any):
         unknown = sorted(set(kwargs) - set(USER_TRAITS))
@@ -175,21 +191,21 @@ class CircuitWidget(anywidget.AnyWidget):
     @staticmethod
     def _in_range(value, n_layers: int, width: int, what: str):
         if value is not None and n_layers and not (0 <= value[0] < n_layers and 0 <= value[1] < width):
-            raise t.TraitError(f"selected_{what} {list(value)} is outside [0, {n_layers}) x [0, {width})")
+            raise TraitValueError(f"selected_{what} {list(value)} is outside [0, {n_layers}) x [0, {width})")
         return value
 
     @t.validate("selected_token")
     def _valid_token(self, proposal):
         p, n = proposal["value"], len(self._data.get("tokens", []))
         if p is not None and n and not 0 <= p < n:
-            raise t.TraitError(f"selected_token {p} is outside the prompt's {n} positions")
+            raise TraitValueError(f"selected_token {p} is outside the prompt's {n} positions")
         return p
 
     @t.validate("weights_preset")
     def _valid_preset(self, proposal):
         allowed = [p for p in PRESETS if p != "custom" or getattr(self, "_custom", None) is not None]
         if proposal["value"] not in allowed:
-            raise t.TraitError(f"weights_preset must be one of {', '.join(allowed)}, got {proposal['value']!r}"
+            raise TraitValueError(f"weights_preset must be one of {', '.join(allowed)}, got {proposal['value']!r}"
                                + (" ('custom' is for a result computed with its own path weights)"
                                   if proposal["value"] == "custom" else ""))
         return proposal["value"]
@@ -198,13 +214,20 @@ class CircuitWidget(anywidget.AnyWidget):
     def _valid_p(self, proposal):
         p = proposal["value"]
         if not (math.isfinite(p) and 0 <= p <= 1):
-            raise t.TraitError(f"weights_p must lie in [0, 1], got {p}")
+            raise TraitValueError(f"weights_p must lie in [0, 1], got {p}")
         return p
 
     @t.validate("top_k")
     def _valid_k(self, proposal):
         if proposal["value"] < 1:
-            raise t.TraitError(f"top_k must be at least 1, got {proposal['value']}")
+            raise TraitValueError(f"top_k must be at least 1, got {proposal['value']}")
+        return proposal["value"]
+
+    @t.validate("method")
+    def _valid_method(self, proposal):
+        methods = ["dpa", *live.baseline_methods()]
+        if proposal["value"] not in methods:
+            raise TraitValueError(f"method must be one of {', '.join(methods)}, got {proposal['value']!r}")
         return proposal["value"]
 
     # ------------------------------------------------------------------ kernel-side work
@@ -284,7 +307,7 @@ class CircuitWidget(anywidget.AnyWidget):
         "top_components" (the ``top_k`` highest-scoring ones by DPA).
         """
         if self.model is None:
-            raise ValueError("verification runs the model: pass model and tokenizer to the widget")
+            raise dpa.InputError("verification runs the model: pass model and tokenizer to the widget")
         out = verify.run(self.model, self.result, mode=mode, units=units, k=self.top_k,
                          head=self.selected_head, neuron=self.selected_neuron, token=self.selected_token)
         self._verify = out

@@ -94,7 +94,7 @@ def compare(model: nn.Module, tokenizer, result: Attribution, method: str) -> di
     """
     methods = baseline_methods()
     if method not in methods:
-        raise ValueError(f"unknown method {method!r}; choose one of dpa, {', '.join(methods)}")
+        raise dpa.InputError(f"unknown method {method!r}; choose one of dpa, {', '.join(methods)}")
     level, fn = methods[method]
     t = result.target
     other = fn(model, tokenizer, list(result.token_ids), t.token_id, contrast=t.contrast_id, position=t.position)

@@ -14,7 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from dpa import Attribution
+from dpa import Attribution, InputError
+from dpa.checks import check_choice
 
 MODES = ("disrupt", "recover")
 UNITS = ("selection", "top_tokens", "top_components")
@@ -28,18 +29,16 @@ def run(model: nn.Module, result: Attribution, *, mode: str, units: str, k: int,
     only a token is selected; "top_tokens" the k tokens with the highest DPA score;
     "top_components" the k heads and neurons with the highest DPA scores (ranked jointly).
     """
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-    if units not in UNITS:
-        raise ValueError(f"units must be one of {', '.join(UNITS)}, got {units!r}")
+    check_choice("mode", mode, MODES)
+    check_choice("units", units, UNITS)
     if result.target.token_id is None:
-        raise ValueError("verification needs a token target (this result attributes a vector)")
+        raise InputError("verification needs a token target (this result attributes a vector)")
     if units == "top_tokens":
         scores = result.token_scores.detach().double()
         return _tokens(model, result, mode, scores.topk(min(k, scores.numel())).indices.tolist())
     if units == "selection" and head is None and neuron is None:
         if token is None:
-            raise ValueError("nothing is selected: click a head, neuron or token first")
+            raise InputError("nothing is selected: click a head, neuron or token first")
         return _tokens(model, result, mode, [token])
     if units == "selection":
         heads = [tuple(head)] if head is not None else []

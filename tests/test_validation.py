@@ -540,7 +540,7 @@ N_MODEL_STATE = len(FOREIGN) * len(ENTRY_POINTS) + 1 + 3 + 1 + 1
 
 def test_catalogue_size():
     """The issue asks for at least 150 adverse cases in all."""
-    assert len(CATALOGUE_BAD) + len(CATALOGUE_SAME) + N_MODEL_STATE + N_FILES + len(CLI_BAD) >= 150
+    assert len(CATALOGUE_BAD) + len(CATALOGUE_SAME) + N_MODEL_STATE + N_FILES + len(CLI_BAD) + len(EVAL_BAD) >= 150
 
 
 # --- files ------------------------------------------------------------------------------------------
@@ -697,3 +697,67 @@ def test_cli_refuses_with_one_line(tmp_path, capsys, case):
     err = capsys.readouterr().err
     assert code == 2, err
     assert "Traceback" not in err and names.lower() in err.lower(), err
+
+
+# --- evaluate / sweep flags: one line on stderr, exit 2, nothing written -----------------------------
+
+D, O = "DATA", "OUT"  # replaced by a one-record data folder and a fresh output path
+EVAL_BAD = {
+    "limit-zero": (["evaluate", "--limit", "0"], "--limit"),
+    "limit-negative": (["evaluate", "--limit", "-2"], "--limit"),
+    "limit-word": (["evaluate", "--limit", "ten"], "--limit"),
+    "steps-zero": (["evaluate", "--steps", "0"], "--steps"),
+    "steps-float": (["evaluate", "--steps", "2.5"], "--steps"),
+    "batch-size-zero": (["evaluate", "--batch-size", "0"], "--batch-size"),
+    "threads-zero": (["evaluate", "--threads", "0"], "--threads"),
+    "n-generated-zero": (["evaluate", "--n-generated", "0"], "--n-generated"),
+    "seed-word": (["evaluate", "--seed", "x"], "--seed"),
+    "unknown-method": (["evaluate", "--methods", "dpa,magic"], "magic"),
+    "empty-methods": (["evaluate", "--methods", ","], "--methods"),
+    "weights-three": (["evaluate", "--weights", "1,2,3"], "five"),
+    "weights-inf": (["evaluate", "--weights", "inf,0,1,0.5,0.5"], "query"),
+    "p-out-of-range": (["evaluate", "--preset", "attention", "--p", "2"], "p"),
+    "p-without-preset": (["evaluate", "--p", "0.3"], "--preset"),
+    "dataset-unknown": (["evaluate", "--dataset", "mnist"], "--dataset"),
+    "unit-unknown": (["evaluate", "--unit", "heads"], "--unit"),
+    "dtype-unknown": (["evaluate", "--dtype", "int8"], "--dtype"),
+    "data-dir-missing": (["evaluate", "--data-dir", "/nonexistent/data"], "/nonexistent/data"),
+    "out-is-a-file": (["evaluate", "--out", "FILE"], "is a file"),
+    "device-gpu": (["evaluate", "--device", "gpu"], "device"),
+    "no-such-model": (["evaluate", "--model", "/nonexistent/model"], "/nonexistent/model"),
+    "shard-backwards": (["evaluate", "--shard", "3/2"], "--shard"),
+    "shard-word": (["evaluate", "--shard", "half"], "--shard"),
+    "sweep-unknown-family": (["sweep", "--families", "attention,magic"], "magic"),
+    "sweep-p-out-of-range": (["sweep", "--ps", "0.5,1.5"], "1.5"),
+    "sweep-p-word": (["sweep", "--ps", "0.5,x"], "--ps"),
+    "sweep-empty-ps": (["sweep", "--ps", ","], "--ps"),
+    "sweep-limit-zero": (["sweep", "--limit", "0"], "--limit"),
+    "sweep-empty-families": (["sweep", "--families", ","], "--families"),
+    "sweep-batch-size-zero": (["sweep", "--batch-size", "0"], "--batch-size"),
+}
+
+
+@pytest.mark.parametrize("case", EVAL_BAD)
+def test_evaluate_and_sweep_refuse_with_one_line(tmp_path, capsys, case):
+    from dpa.cli import main
+
+    command, *flags = EVAL_BAD[case][0]
+    names = EVAL_BAD[case][1]
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "known_1000.json").write_text(json.dumps([{"known_id": 0, "prompt": PROMPT, "attribute": "paris"}]))
+    (tmp_path / "FILE").write_text("keep me")
+    defaults = {"--dataset": "known_1000", "--unit": "input", "--model": M, "--data-dir": D, "--out": O}
+    for flag, value in defaults.items():
+        if flag not in flags:
+            flags += [flag, value]
+    folder = str(save_tiny_model(tmp_path / "m"))
+    swap = {M: folder, D: str(data), O: str(tmp_path / "out"), "FILE": str(tmp_path / "FILE")}
+    try:
+        code = main([command, "--quiet", "--no-figures", *(swap.get(a, a) for a in flags)])
+    except SystemExit as exit_:  # argparse's own usage errors
+        code = exit_.code
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err and names.lower() in err.lower(), err
+    assert not (tmp_path / "out").exists() and (tmp_path / "FILE").read_text() == "keep me"

@@ -153,6 +153,41 @@ class TestTraits:
             widget.weights_p = 1.5
         assert widget.selected_head == [2, 3]
 
+    # Every user-facing trait, set after construction to a value it cannot take: a dpa error (also a
+    # traitlets.TraitError) naming the trait, and the trait keeps its value.
+    BAD_TRAITS = [
+        ("selected_head", [0, 4], dpa.InputError), ("selected_head", [-1, 0], dpa.InputError),
+        ("selected_head", [0], dpa.InputTypeError), ("selected_head", "0,1", dpa.InputTypeError),
+        ("selected_head", [0.5, 1], dpa.InputTypeError), ("selected_neuron", [0, 48], dpa.InputError),
+        ("selected_neuron", [3, 0], dpa.InputError), ("selected_neuron", [1, 2, 3], dpa.InputTypeError),
+        ("selected_token", 7, dpa.InputError), ("selected_token", -1, dpa.InputError),
+        ("selected_token", "2", dpa.InputTypeError), ("selected_token", 2.5, dpa.InputTypeError),
+        ("target", 5, dpa.InputTypeError), ("target", None, dpa.InputTypeError),
+        ("contrast", 3.0, dpa.InputTypeError), ("weights_preset", "nonsense", dpa.InputError),
+        ("weights_preset", "Default", dpa.InputError), ("weights_preset", None, dpa.InputTypeError),
+        ("weights_p", 1.5, dpa.InputError), ("weights_p", -0.1, dpa.InputError),
+        ("weights_p", float("nan"), dpa.InputError), ("weights_p", "half", dpa.InputTypeError),
+        ("method", "nonsense", dpa.InputError), ("method", "gradient", dpa.InputError),
+        ("method", 1, dpa.InputTypeError), ("top_k", 0, dpa.InputError), ("top_k", -3, dpa.InputError),
+        ("top_k", 2.5, dpa.InputTypeError), ("top_k", "10", dpa.InputTypeError),
+    ]
+
+    @pytest.mark.parametrize("name,value,error", BAD_TRAITS,
+                             ids=[f"{n}={v!r}" for n, v, _ in BAD_TRAITS])
+    def test_bad_trait_values_are_dpa_errors(self, widget, name, value, error):
+        before = getattr(widget, name)
+        with pytest.raises(error, match=name) as info:
+            setattr(widget, name, value)
+        assert isinstance(info.value, traitlets.TraitError)
+        assert getattr(widget, name) == before or (before != before)  # unchanged (NaN-safe)
+        assert widget._error == ""
+
+    def test_verify_arguments_are_checked(self, widget):
+        with pytest.raises(dpa.InputError, match="mode"):
+            widget.verify(mode="break")
+        with pytest.raises(dpa.InputError, match="units"):
+            widget.verify(units="everything")
+
     def test_selecting_sends_the_details(self, widget, result):
         widget.selected_neuron = [0, 47]
         detail = widget._details["neuron:0:47"]
@@ -259,8 +294,9 @@ class TestLive:
         assert widget._comparison == {}
 
     def test_unknown_method(self, widget):
-        widget.method = "nope"
-        assert "unknown method" in widget._error
+        with pytest.raises(dpa.InputError, match="method must be one of dpa, tokens:"):
+            widget.method = "nope"
+        assert widget.method == "dpa" and widget._error == ""
 
 
 def _prob_with_hooks(model, ids, position, target_id, *, zero_tokens=(), heads=(), neurons=()):

@@ -109,6 +109,8 @@ def _settings(args, **extra):
         raise ValueError("--threads must be at least 1")
     if getattr(args, "steps", 1) < 1:
         raise ValueError("--steps must be at least 1")
+    if args.n_generated < 1:
+        raise ValueError("--n-generated must be at least 1")
     return Settings(dataset=args.dataset, unit=args.unit, limit=args.limit, component_units=args.component_units,
                     contrast=not args.no_contrast, seed=args.seed, batch_size=args.batch_size,
                     data_dir=args.data_dir, n_generated=args.n_generated, filter=args.filter, **extra)
@@ -153,6 +155,8 @@ def run_evaluate(args) -> int:
     else:
         weights = args.weights or PathWeights()
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+    if not methods:
+        raise ValueError(f"--methods names no method ({args.methods!r}); give names, 'paper' or 'all'")
     settings = _settings(args, methods=methods, weights=weights, steps=args.steps)
     resolve_methods(settings)  # unknown names fail before the model loads
     model, tokenizer = _load(args)
@@ -171,10 +175,14 @@ def run_sweep(args) -> int:
     if unknown:
         raise ValueError(f"unknown famil{'ies' if len(unknown) > 1 else 'y'} {', '.join(unknown)}; "
                          f"choose from {', '.join(FAMILIES)}")
-    if not args.ps or any(not 0 <= p <= 1 for p in args.ps):
-        raise ValueError("--ps must be values in [0, 1]")
+    if not families:
+        raise ValueError(f"--families names no family ({args.families!r}); choose from {', '.join(FAMILIES)}")
+    bad = [p for p in args.ps if not 0 <= p <= 1]
+    if not args.ps or bad:
+        raise ValueError("--ps must be values in [0, 1]" + (f", got {', '.join(map(str, bad))}" if bad else ""))
+    settings = _settings(args)  # bad options fail before the model loads
     model, tokenizer = _load(args)
-    summary = sweep(model, tokenizer, _settings(args), args.out, families=families, ps=args.ps,
+    summary = sweep(model, tokenizer, settings, args.out, families=families, ps=args.ps,
                     progress=not args.quiet, figures=not args.no_figures, shard=args.shard)
     print((args.out / "sweep.csv").read_text(), end="")
     print(f"wrote {args.out / 'sweep.json'}, sweep.csv and sweep.png ({summary['n_evaluated']} samples)")
