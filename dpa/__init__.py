@@ -2,14 +2,14 @@
 
 from .attribute import attribute
 from .errors import (DPAError, InputError, InputTypeError, ModelStateError, NonFiniteError, TargetError,
-                     UnsupportedModelError)
+                     TargetWarning, UnsupportedModelError)
 from .families import Family, ModelSpec, spec_for
 from .result import Attribution, Component, TargetInfo
 from .weights import PathWeights
 
 __all__ = [
     "Attribution", "Component", "DPAError", "Family", "InputError", "InputTypeError", "ModelSpec", "ModelStateError",
-    "NonFiniteError", "PathWeights", "TargetError", "TargetInfo", "UnsupportedModelError", "attribute",
+    "NonFiniteError", "PathWeights", "TargetError", "TargetInfo", "TargetWarning", "UnsupportedModelError", "attribute",
     "load_model", "spec_for",
 ]
 __version__ = "0.1.0"

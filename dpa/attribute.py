@@ -11,6 +11,7 @@ Edge scores need alpha itself and come from the explicit path (explicit.py).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Literal
 
@@ -19,14 +20,14 @@ from torch import Tensor, nn
 
 from . import request as requests
 from .checks import check_bool, check_choice
-from .errors import NonFiniteError
+from .errors import NonFiniteError, TargetWarning
 from .explicit import edge_scores
 from .families import ModelSpec, layer_modules
 from .instrument import instrument
 from .linearise import Scores
 from .request import Prompt, Request
 from .result import Attribution, TargetInfo
-from .targets import target_direction
+from .targets import spelling_hint, target_direction
 from .weights import PathWeights
 
 
@@ -69,6 +70,9 @@ def attribute(model: nn.Module, tokenizer, prompt: Prompt | list[Prompt], target
     run = _run(model, req, dtype, lean=lean, edges=edges, neuron_positions=neuron_positions or neuron_target == "mid",
                effective_targets=effective_targets, neuron_target=neuron_target, probabilities=probabilities)
     results = [_result(model, req, run, b, neuron_target, neuron_positions) for b in range(req.batch)]
+    for res in results:
+        if res.target.hint:
+            warnings.warn(res.target.hint, TargetWarning, stacklevel=2)
     return results if req.batched else results[0]
 
 
@@ -208,11 +212,14 @@ def _result(model: nn.Module, req: Request, run: Run, b: int, neuron_target: str
     top = None if probs is None else probs.topk(min(5, probs.numel()))
     name = lambda i: None if i is None else req.decode([i])[0]  # noqa: E731
     known = probs is not None and t.token_id is not None
+    hints = [] if probs is None else [spelling_hint(req.tokenizer, text, i, probs, what) for text, i, what in
+                                      ((t.text, t.token_id, "target"), (t.contrast_text, t.contrast_id, "contrast"))]
     info = TargetInfo(
         kind=t.kind, position=req.position(b), token=name(t.token_id), token_id=t.token_id,
         contrast=name(t.contrast_id), contrast_id=t.contrast_id,
         probability=float(probs[t.token_id]) if known else None,
         logprob=float(probs[t.token_id].clamp_min(1e-45).log()) if known else None,
+        hint=" ".join(h for h in hints if h) or None,
     )
     s = run.scores
     token_scores = s.tokens[b].cpu()[real]

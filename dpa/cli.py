@@ -7,7 +7,7 @@ import functools
 import sys
 from pathlib import Path
 
-from .errors import DPAError
+from .errors import DPAError, InputError
 from .models import ModelLoadError
 from .weights import FAMILIES, PathWeights
 
@@ -51,7 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--position", type=int, metavar="N",
                    help="target position (default: the last token; negative counts from the end)")
     p.add_argument("--top", type=int, default=10, metavar="K", help="components to list (default 10)")
-    p.add_argument("--json", type=Path, metavar="FILE", help="write the full result as JSON")
+    p.add_argument("--json", type=Path, metavar="FILE",
+                   help="write the result as JSON (every score, rounded to float32; read back with "
+                        "dpa.Attribution.from_json)")
+    p.add_argument("--json-full", action="store_true",
+                   help="with --json: write the scores at the precision they were computed in (float64 models)")
     p.add_argument("--html", type=Path, metavar="FILE", help="write a standalone HTML report")
     p.add_argument("--color", choices=("auto", "always", "never"), default="auto",
                    help="colour the tokens (auto: when stdout is a terminal and NO_COLOR is unset)")
@@ -74,28 +78,49 @@ def _path_weights(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
 
 
 def run_attribute(args: argparse.Namespace, *, parser: argparse.ArgumentParser) -> int:
-    import dpa
-    from .report import html_report, terminal_report, wants_color
-    from .result import write_text
-
+    # Everything that can be checked is checked before the weights load: the options first, then the model
+    # name (a missing folder or an unreachable Hub fails at once), then the prompt and target against the
+    # tokenizer and config alone (the request step's own checks, without the model).
     weights = _path_weights(args, parser)
     if args.top < 1:
         parser.error("--top must be at least 1")
     if args.logprob and args.contrast is not None:
         parser.error("--logprob takes no --contrast (log p already contrasts with every token)")
+    if not args.prompt.strip():
+        raise InputError("the prompt is empty")
     for out in (args.json, args.html):
         if out is not None and not out.parent.is_dir():
             parser.error(f"cannot write {out}: no folder {out.parent}")
         if out is not None and out.is_dir():
             parser.error(f"cannot write {out}: it is a folder; give a file name")
+    import warnings
+
+    import dpa
+    from . import models, request
+    from .families import check_config
+    from .report import html_report, terminal_report, wants_color
+    from .result import write_text
+
+    if args.device is not None:
+        models.check_device(args.device)
+    folder = models.resolve(args.model)
+    tokenizer, config = models.read_tokenizer_and_config(folder)
+    check_config(config)
+    kind = "logprob" if args.logprob else "logit"
+    multi_token = "first" if args.first_token else "error"
+    request.encode(tokenizer, request.sizes_of(config), args.prompt, args.target, contrast=args.contrast,
+                   kind=kind, position=args.position, multi_token=multi_token)
     model, tokenizer = dpa.load_model(args.model, device=args.device)
-    res = dpa.attribute(model, tokenizer, args.prompt, args.target, contrast=args.contrast,
-                        kind="logprob" if args.logprob else "logit", position=args.position, weights=weights,
-                        multi_token="first" if args.first_token else "error")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dpa.TargetWarning)  # printed below, in one line
+        res = dpa.attribute(model, tokenizer, args.prompt, args.target, contrast=args.contrast, kind=kind,
+                            position=args.position, weights=weights, multi_token=multi_token)
     color = args.color == "always" or (args.color == "auto" and wants_color(sys.stdout))
     sys.stdout.write(terminal_report(res, color=color, top=args.top))
+    if res.target.hint:
+        print(f"warning: {res.target.hint}", file=sys.stderr)
     if args.json is not None:
-        res.to_json(str(args.json))
+        res.to_json(str(args.json), precision="full" if args.json_full else "float32")
         print(f"wrote {args.json}")
     if args.html is not None:
         write_text(args.html, html_report(res, top=args.top, prompt=args.prompt))

@@ -29,3 +29,7 @@ class NonFiniteError(DPAError, FloatingPointError):
 
 class ModelStateError(DPAError, RuntimeError):
     """The model is in a state dpa cannot attribute (e.g. already instrumented by this thread)."""
+
+
+class TargetWarning(UserWarning):
+    """A target string that is probably not the spelling meant (e.g. 'Paris' where ' Paris' is likely)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -65,7 +66,7 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def _device(device) -> torch.device:
+def check_device(device) -> torch.device:
     """A torch device that exists here: CUDA only where it is available."""
     try:
         dev = torch.device(device)
@@ -92,21 +93,19 @@ def load_model(name: str | None = None, *, dtype: torch.dtype | None = None,
     name: None for the default SmolLM2-135M-Instruct, else an HF id or a local folder.
     device: default CUDA when available, else CPU. dtype: default bfloat16 on CUDA, float32 on CPU.
     """
-    device = _device(device) if device is not None else default_device()
+    device = check_device(device) if device is not None else default_device()
     if dtype is not None and dtype not in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
         raise InputTypeError("dtype must be torch.float32, torch.float64, torch.bfloat16 or torch.float16, "
                              f"got {dtype!r}" + (" (e.g. dtype=torch.float32, not a string)" if isinstance(dtype, str) else ""))
     dtype = dtype or default_dtype(device)
-    if name is not None and not isinstance(name, (str, os.PathLike)):
-        raise InputTypeError(f"name must be an HF model id or a folder (a string), got {type(name).__name__}")
-    folder = ensure_default_model() if name is None else os.path.expanduser(name)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    folder = resolve(name)
+    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # a 2-s load needs no "Loading weights" bar
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder)
+        tokenizer, _ = read_tokenizer_and_config(folder)
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
     except (OSError, ValueError) as err:
         raise ModelLoadError(f"cannot load model {str(folder)!r}: {err}") from err
@@ -118,6 +117,89 @@ def load_model(name: str | None = None, *, dtype: torch.dtype | None = None,
     spec_for(model)  # unsupported models fail here, with the adapter's message
     model.to(device).eval().requires_grad_(False)
     return model, tokenizer
+
+
+def read_tokenizer_and_config(folder: str) -> tuple[object, object]:
+    """The tokenizer and config of a resolved model (no weights): enough to check a request."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(folder), AutoConfig.from_pretrained(folder)
+    except (OSError, ValueError) as err:
+        raise ModelLoadError(f"cannot load model {str(folder)!r}: {err}") from err
+
+
+HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
+
+
+def resolve(name: str | os.PathLike | None) -> str:
+    """Where the model ``name`` is read from, found before anything is loaded, so that a wrong name fails at
+    once with what to do: the default model's cache folder (fetched and converted on first use), a local
+    folder (it must hold a ``config.json``), or a Hugging Face id, read from the local Hugging Face cache
+    when it is there and otherwise from the Hub, which must then be reachable."""
+    if name is None:
+        return str(ensure_default_model())
+    if not isinstance(name, (str, os.PathLike)):
+        raise InputTypeError(f"name must be an HF model id or a folder (a string), got {type(name).__name__}")
+    text = os.fspath(name)
+    path = Path(text).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"the folder {text!r} holds no config.json: it is not a saved transformers model "
+                                 "(model.save_pretrained(folder) and tokenizer.save_pretrained(folder) make one)")
+        return str(path)
+    if path.exists():
+        raise ModelLoadError(f"{text!r} is a file; give the folder of a saved model or a Hugging Face id")
+    if not HUB_ID.fullmatch(text) or text.startswith((".", "~")):
+        raise ModelLoadError(f"no such folder: {text!r} (and it is not a Hugging Face id such as "
+                             "'HuggingFaceTB/SmolLM2-135M-Instruct'); check the path")
+    cached = _hub_cache(text)
+    if cached is not None:
+        return cached
+    host = _hub_host()
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("", "0", "false", "no") or not _reachable(host):
+        raise ModelLoadError(
+            f"model {text!r} is neither a local folder nor in the Hugging Face cache, and the Hub ({host}) "
+            f"cannot be reached{' (HF_HUB_OFFLINE is set)' if os.environ.get('HF_HUB_OFFLINE') else ''}. "
+            f"Download it where there is a network (hf download {text}) and pass its folder, or leave out the "
+            "model name to use the default model")
+    return text
+
+
+def _hub_cache(repo: str) -> str | None:
+    """The snapshot folder of ``repo`` in the local Hugging Face cache, if its config is there."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return None
+    found = try_to_load_from_cache(repo, "config.json")
+    return str(Path(found).parent) if isinstance(found, str) else None
+
+
+def _hub_host() -> str:
+    from urllib.parse import urlparse
+
+    return urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co").hostname or "huggingface.co"
+
+
+def _reachable(host: str, timeout: float = 2.0) -> bool:
+    """Whether a TCP connection to ``host``:443 opens within ``timeout`` seconds (name lookup included)."""
+    import socket
+    import threading
+
+    ok: list[bool] = []
+
+    def probe():
+        try:
+            socket.create_connection((host, 443), timeout=timeout).close()
+            ok.append(True)
+        except OSError:
+            ok.append(False)
+
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return bool(ok and ok[0])
 
 
 def ensure_default_model() -> Path:

@@ -65,21 +65,33 @@ def component_label(c: Component) -> str:
 
 
 def describe_target(res: Attribution) -> str:
+    """What was attributed and its value, named: for logprob both log p and the attributed quantity."""
     t = res.target
-    where = f"at position {t.position} ({show_token(res.tokens[t.position])!r})"
+    where = f"after position {t.position} ({show_token(res.tokens[t.position])!r})"
+    p = f" (p = {t.probability:.4f})" if t.token is not None and t.probability is not None else ""
+    value = f"{res.target_logit:.4f} logit units"
+    if t.kind == "logprob":
+        logp = f"log p({t.token!r}) = {t.logprob:.4f}{p}" if t.logprob is not None else f"log p({t.token!r})"
+        return f"{logp} {where}; attributed: logit({t.token!r}) - expected logit, p held fixed = {value}"
     what = {
-        "token": f"logit of {t.token!r}",
+        "token": f"logit({t.token!r})",
         "contrast": f"logit({t.token!r}) - logit({t.contrast!r})",
-        "logprob": f"log p({t.token!r}) with p held fixed (logit - expected logit)",
         "vector": "a direction in the final normalised residual",
     }.get(t.kind, t.kind)
-    p = f" (p={t.probability:.4f})" if t.token is not None and t.probability is not None else ""
-    return f"{what} {where} = {res.target_logit:.4f}{p}"
+    return f"{what} {where} = {value}{p}"
+
+
+def describe_weights(res: Attribution) -> str:
+    """The five path weights, named."""
+    w = res.weights
+    return (f"query {w.query:g}, key {w.key:g}, value {w.value:g}, gate {w.gate:g}, up {w.up:g}"
+            + (" (the paper's default)" if w == type(w)() else ""))
 
 
 def completeness_lines(res: Attribution) -> list[str]:
     total = float(res.token_scores.sum())
-    lines = [f"sum of token scores {total:.4f} = target {res.target_logit:.4f} + gap {res.completeness_gap:+.3g}"]
+    lines = [f"sum of token scores {total:.4f} = target {res.target_logit:.4f} + gap {res.completeness_gap:+.3g} "
+             "(logit units)"]
     if res.bias_share:
         lines.append(f"bias share (value biases no token owns) {res.bias_share:+.4f}")
     if not res.weights.conservative:
@@ -93,13 +105,12 @@ def summary_lines(res: Attribution) -> list[tuple[str, str]]:
     """(label, text) pairs shared by the terminal and HTML reports."""
     layers, heads = res.head_scores.shape
     d_mlp = res.neuron_scores.shape[1]
-    w = res.weights
     rows = [("model", f"{res.model_name} ({layers} layers, {heads} heads and {d_mlp} neurons per layer)")]
     if res.top_predictions:
         (tok, p), rest = res.top_predictions[0], res.top_predictions[1:]
         rows.append(("predicted", f"{tok!r} p={p:.3f}   next: " + ", ".join(f"{t!r} {q:.3f}" for t, q in rest)))
     rows.append(("target", describe_target(res)))
-    rows.append(("weights", f"q={w.query:g} k={w.key:g} v={w.value:g} gate={w.gate:g} up={w.up:g}"))
+    rows.append(("weights μ", describe_weights(res)))
     return rows
 
 
@@ -113,18 +124,19 @@ def _paint(text: str, rgb: tuple[int, int, int]) -> str:
 
 def terminal_report(res: Attribution, *, color: bool, top: int = 10) -> str:
     """The CLI's output: summary, tokens coloured by score (or a score table), completeness, top components."""
-    out = [f"{label:<10}{text}" for label, text in summary_lines(res)]
+    out = [f"{label:<11}{text}" for label, text in summary_lines(res)]
     scale = color_scale(res)
     special = res.special or [False] * len(res.tokens)
     scores = res.token_scores.tolist()
     out.append("")
-    out.append("input attribution (red raises the target, blue lowers it):")
     if color:
+        out.append("input attribution, in logit units (red raises the target, blue lowers it):")
         out.append("  " + "".join(_paint(show_token(t), diverging_rgb(s, scale)) for t, s in zip(res.tokens, scores)))
         bar = "".join(_paint(" ", diverging_rgb(scale * (i - 10) / 10, scale)) for i in range(21))
         note = " (special tokens clipped)" if any(special) else ""
         out.append(f"  scale {-scale:+.4f} {bar} {scale:+.4f}{note}")
     else:
+        out.append("input attribution, in logit units (positive raises the target, negative lowers it):")
         out.append(f"  {'pos':>4}  {'score':>10}  token")
         for i, (t, s) in enumerate(zip(res.tokens, scores)):
             out.append(f"  {i:>4}  {s:>+10.4f}  {show_token(t)!r}{'  (special)' if special[i] else ''}")
@@ -132,7 +144,7 @@ def terminal_report(res: Attribution, *, color: bool, top: int = 10) -> str:
     out.extend(completeness_lines(res))
     out.append("")
     comps = res.top_components(top)
-    out.append(f"top {top} components (heads and neurons ranked together):")
+    out.append(f"top {top} components, in logit units (attention heads and MLP neurons ranked together):")
     out.append(f"  {'positive':<28}{'negative'}")
     for p, n in zip_longest(comps["positive"], comps["negative"]):
         left = f"{component_label(p):<18}{p.score:>+9.4f}" if p else ""

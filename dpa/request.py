@@ -81,7 +81,8 @@ class Request:
             if t.kind != "vector" and t.token_id is None:
                 if t.contrast_id is not None and predicted[b] == t.contrast_id:
                     raise TargetError(f"prompt {b}: the model's prediction is the contrast token itself")
-                self.targets[b] = TargetSpec(t.kind, token_id=predicted[b], contrast_id=t.contrast_id)
+                self.targets[b] = TargetSpec(t.kind, token_id=predicted[b], contrast_id=t.contrast_id,
+                                             contrast_text=t.contrast_text)
 
     def metric(self, logits: Tensor) -> Tensor:
         """The attributed logit (minus the contrast logit) from logits [rows vocab] of a one-prompt request."""
@@ -152,20 +153,21 @@ def _is_batch(prompt) -> bool:
     return False
 
 
-def encode_prompt(tokenizer, prompt: Prompt, n: int = 0) -> list[int]:
+def encode_prompt(tokenizer, prompt: Prompt, n: int | None = None) -> list[int]:
     """Token ids of one prompt: a string (tokenised as the tokenizer does, BOS included when it adds
-    one), a sequence of ints or a 1-D integer tensor."""
+    one), a sequence of ints or a 1-D integer tensor. ``n``: its index in a batch (for messages)."""
+    which = "the prompt" if n is None else f"prompt {n}"
     if isinstance(prompt, str):
         if tokenizer is None:
             raise InputError("a string prompt needs a tokenizer; pass token ids instead")
         if not prompt.strip():
-            raise InputError("the prompt is empty" if n == 0 else f"prompt {n} is empty")
+            raise InputError(f"{which} is empty")
         return list(tokenizer(prompt)["input_ids"])
     if isinstance(prompt, Tensor):
         if prompt.is_floating_point() or prompt.is_complex() or prompt.dtype == torch.bool:
-            raise InputError(f"prompt {n}: a tensor prompt must hold integer token ids, got {prompt.dtype}")
+            raise InputError(f"{which}: a tensor prompt must hold integer token ids, got {prompt.dtype}")
         if prompt.dim() != 1:
-            raise InputError(f"prompt {n}: a tensor prompt must be 1-D [pos] (or 2-D [batch pos] for a batch), "
+            raise InputError(f"{which}: a tensor prompt must be 1-D [pos] (or 2-D [batch pos] for a batch), "
                              f"got shape {tuple(prompt.shape)}")
         ids = prompt.tolist()
     elif isinstance(prompt, (list, tuple)) and all(_is_id(i) or (isinstance(i, Tensor) and i.dim() == 0
@@ -173,10 +175,10 @@ def encode_prompt(tokenizer, prompt: Prompt, n: int = 0) -> list[int]:
                                                                   and i.dtype != torch.bool) for i in prompt):
         ids = [int(i) for i in prompt]
     else:
-        raise InputError(f"prompt {n} must be a string, a list of token ids or a 1-D LongTensor, "
+        raise InputError(f"{which} must be a string, a list of token ids or a 1-D LongTensor, "
                          f"got {type(prompt).__name__}")
     if not ids:
-        raise InputError("the prompt is empty (no tokens)" if n == 0 else f"prompt {n} is empty (no tokens)")
+        raise InputError(f"{which} is empty (no tokens)")
     return ids
 
 
@@ -202,6 +204,16 @@ def check_model(model: nn.Module) -> ModelSpec:
     return spec
 
 
+@dataclass(frozen=True)
+class Encoded:
+    """A request's inputs checked and encoded, before any model is needed: one row of ids per prompt."""
+
+    rows: list[list[int]]
+    positions: list[int]  # the target position within each row
+    targets: list[TargetSpec]
+    batched: bool
+
+
 def build(model: nn.Module, tokenizer, prompt: Prompt | list[Prompt], target=None, *, contrast=None,
           kind: Kind = "logit", position: int | list[int] | None = None, weights: PathWeights | None = None,
           padding_side: Literal["right", "left"] = "right", multi_token: Literal["error", "first"] = "error",
@@ -212,6 +224,28 @@ def build(model: nn.Module, tokenizer, prompt: Prompt | list[Prompt], target=Non
     weights = PathWeights() if weights is None else weights
     if not isinstance(weights, PathWeights):
         raise InputError(f"weights must be a dpa.PathWeights, got {type(weights).__name__}")
+    enc = encode(tokenizer, spec, prompt, target, contrast=contrast, kind=kind, position=position,
+                 padding_side=padding_side, multi_token=multi_token, batch=batch)
+    device = spec.device(model)
+    with torch.inference_mode(False):  # normal tensors even when called inside inference mode (autograd needs them)
+        t = max(map(len, enc.rows))
+        input_ids = torch.zeros(len(enc.rows), t, dtype=torch.long)
+        mask = torch.zeros(len(enc.rows), t, dtype=torch.bool)
+        for b, ids in enumerate(enc.rows):  # right padding whatever padding_side says: see Request
+            input_ids[b, :len(ids)] = torch.tensor(ids)
+            mask[b, :len(ids)] = True
+        return Request(spec=spec, input_ids=input_ids.to(device), mask=mask.to(device),
+                       positions=torch.tensor(enc.positions, device=device), targets=enc.targets, weights=weights,
+                       batched=enc.batched, tokenizer=tokenizer)
+
+
+def encode(tokenizer, sizes, prompt: Prompt | list[Prompt], target=None, *, contrast=None, kind: Kind = "logit",
+           position: int | list[int] | None = None, padding_side: str = "right", multi_token: str = "error",
+           batch: bool | None = None) -> Encoded:
+    """The model-free part of ``build``: prompts, positions and targets checked against ``sizes`` (anything
+    with ``vocab_size``, ``max_positions`` and ``d_model``: a ``ModelSpec``, or ``sizes_of(config)`` so that
+    the CLI can refuse a bad request before it loads the weights)."""
+    check_tokenizer(tokenizer)
     if kind not in ("logit", "logprob"):
         raise InputError(f"kind must be 'logit' or 'logprob', got {kind!r}")
     if padding_side not in ("right", "left"):
@@ -225,27 +259,32 @@ def build(model: nn.Module, tokenizer, prompt: Prompt | list[Prompt], target=Non
     prompts = (list(prompt.unbind(0)) if isinstance(prompt, Tensor) else list(prompt)) if batched else [prompt]
     if not prompts:
         raise InputError("no prompts given")
-    rows = [encode_prompt(tokenizer, p, n) for n, p in enumerate(prompts)]
+    rows = [encode_prompt(tokenizer, p, n if batched else None) for n, p in enumerate(prompts)]
     for n, ids in enumerate(rows):
-        if len(ids) > spec.max_positions:
-            raise InputError(f"prompt {n} has {len(ids)} tokens, more than the model's context of "
-                             f"{spec.max_positions}")
-        bad = [i for i in ids if not 0 <= i < spec.vocab_size]
+        which = f"prompt {n}" if batched else "the prompt"
+        if len(ids) > sizes.max_positions:
+            raise InputError(f"{which} has {len(ids)} tokens, more than the model's context of "
+                             f"{sizes.max_positions}")
+        bad = [i for i in ids if not 0 <= i < sizes.vocab_size]
         if bad:
-            raise InputError(f"prompt {n}: token id {bad[0]} is outside the vocabulary (size {spec.vocab_size})")
+            raise InputError(f"{which}: token id {bad[0]} is outside the vocabulary (size {sizes.vocab_size})")
     positions = [_position(p, len(ids)) for p, ids in zip(_as_list(position, len(rows), "position"), rows)]
-    targets = _targets(tokenizer, spec, len(rows), target, contrast, kind, multi_token)
-    device = spec.device(model)
-    with torch.inference_mode(False):  # normal tensors even when called inside inference mode (autograd needs them)
-        t = max(map(len, rows))
-        input_ids = torch.zeros(len(rows), t, dtype=torch.long)
-        mask = torch.zeros(len(rows), t, dtype=torch.bool)
-        for b, ids in enumerate(rows):  # right padding whatever padding_side says: see Request
-            input_ids[b, :len(ids)] = torch.tensor(ids)
-            mask[b, :len(ids)] = True
-        return Request(spec=spec, input_ids=input_ids.to(device), mask=mask.to(device),
-                       positions=torch.tensor(positions, device=device), targets=targets, weights=weights,
-                       batched=batched, tokenizer=tokenizer)
+    targets = _targets(tokenizer, sizes, len(rows), target, contrast, kind, multi_token)
+    return Encoded(rows=rows, positions=positions, targets=targets, batched=batched)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """What ``encode`` checks a request against, read from a config (no weights loaded)."""
+
+    vocab_size: int
+    max_positions: int
+    d_model: int
+
+
+def sizes_of(config) -> Sizes:
+    return Sizes(vocab_size=config.vocab_size, max_positions=config.max_position_embeddings,
+                 d_model=config.hidden_size)
 
 
 def _position(position, length: int) -> int:
@@ -261,7 +300,7 @@ def _position(position, length: int) -> int:
     return p
 
 
-def _targets(tokenizer, spec: ModelSpec, n: int, target, contrast, kind: str, multi_token: str) -> list[TargetSpec]:
+def _targets(tokenizer, spec, n: int, target, contrast, kind: str, multi_token: str) -> list[TargetSpec]:
     out = []
     for tg, foil in zip(_as_list(target, n, "target"), _as_list(contrast, n, "contrast")):
         if isinstance(tg, Tensor) and (tg.is_floating_point() or tg.is_complex()):
@@ -283,7 +322,8 @@ def _targets(tokenizer, spec: ModelSpec, n: int, target, contrast, kind: str, mu
         if foil_id is not None and foil_id == y:
             raise TargetError("contrast and target are the same token")
         kind_name = "contrast" if foil_id is not None else ("logprob" if kind == "logprob" else "token")
-        out.append(TargetSpec(kind_name, token_id=y, contrast_id=foil_id))
+        out.append(TargetSpec(kind_name, token_id=y, contrast_id=foil_id, text=tg if isinstance(tg, str) else None,
+                              contrast_text=foil if isinstance(foil, str) else None))
     return out
 
 

@@ -8,12 +8,12 @@ import os
 import tempfile
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import torch
 from torch import Tensor
 
-from .checks import check_int
+from .checks import check_choice, check_int
 from .errors import InputError, InputTypeError
 from .weights import PathWeights
 
@@ -37,6 +37,7 @@ class TargetInfo:
     contrast_id: int | None = None
     probability: float | None = None  # p(token) at the position
     logprob: float | None = None
+    hint: str | None = None  # a likelier spelling of the target or contrast string, when there is one
 
 
 @dataclass
@@ -116,18 +117,23 @@ class Attribution:
         neg = sorted({c for c in items if c.score < 0}, key=lambda c: c.score)[:k]
         return {"positive": pos, "negative": neg}
 
-    def to_dict(self, *, top_neurons: int | None = None) -> dict[str, Any]:
+    def to_dict(self, *, top_neurons: int | None = None,
+                precision: Literal["full", "float32"] = "full") -> dict[str, Any]:
         """JSON-ready dict. ``top_neurons`` keeps only that many neurons per layer by |score|. Scores keep
-        their precision (``score_dtype``); NaN and infinities are written as null."""
+        their precision (``score_dtype``), or with ``precision="float32"`` are rounded to float32 and written
+        in the fewest digits that read back as the same float32 (about half the text of float64). NaN and
+        infinities are written as null."""
+        check_choice("precision", precision, ("full", "float32"))
+        short = precision == "float32"
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(value, Tensor):
-                value = _encode(value.detach().cpu().tolist())
+                value = _encode(_as_list(value, short))
             elif isinstance(value, (TargetInfo, PathWeights)):
                 value = asdict(value)
             out[f.name] = value
-        out["score_dtype"] = str(self.token_scores.dtype).removeprefix("torch.")
+        out["score_dtype"] = "float32" if short else str(self.token_scores.dtype).removeprefix("torch.")
         out["caveats"] = self.caveats
         if top_neurons is not None:
             top_neurons = check_int("top_neurons", top_neurons, low=1)
@@ -135,7 +141,7 @@ class Attribution:
             k = min(top_neurons, scores.shape[1])
             idx = scores.abs().topk(k, dim=1).indices
             out["neuron_scores"] = None
-            out["top_neurons"] = {"index": idx.tolist(), "score": _encode(scores.gather(1, idx).tolist()),
+            out["top_neurons"] = {"index": idx.tolist(), "score": _encode(_as_list(scores.gather(1, idx), short)),
                                   "d_mlp": scores.shape[1]}
             out["neuron_position_scores"] = None
         return out
@@ -194,6 +200,18 @@ class Attribution:
         return cls.from_dict(data)
 
 
+def _as_list(t: Tensor, float32: bool) -> list:
+    """A tensor as nested lists of Python numbers; ``float32``: each float rounded to float32 and then to the
+    shortest decimal that reads back as that float32 (numpy's shortest repr), so JSON stays short."""
+    t = t.detach().cpu()
+    if not (float32 and t.is_floating_point()):
+        return t.tolist()
+    import numpy as np
+
+    a = t.to(torch.float32).numpy()
+    return a.astype(str).astype(np.float64).tolist()
+
+
 def _encode(x):
     """Nested lists of floats with NaN and infinities as None (strict JSON has no NaN)."""
     if isinstance(x, list):
@@ -218,6 +236,13 @@ def write_text(path, text: str) -> None:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:100]}.", suffix=".tmp", dir=path.parent or ".")
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
+        try:  # mkstemp makes the file private: give it the mode of the file it replaces, or the umask's
+            mode = path.stat().st_mode & 0o777
+        except FileNotFoundError:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except OSError as err:
         if tmp is not None and os.path.exists(tmp):

@@ -30,6 +30,8 @@ class TargetSpec:
     token_id: int | None = None
     contrast_id: int | None = None
     vector: Tensor | None = None  # [d_model], kind == "vector"
+    text: str | None = None  # the target as the caller wrote it, when a string (for spelling hints)
+    contrast_text: str | None = None
 
 
 def token_id(tokenizer, token: str | int, vocab_size: int, *, multi_token: str = "error", what: str = "target") -> int:
@@ -59,9 +61,11 @@ def token_id(tokenizer, token: str | int, vocab_size: int, *, multi_token: str =
         pieces = [tokenizer.decode([i]) for i in ids]
         if multi_token == "first" and ids:
             return ids[0]
+        others = [v for v, _ in single_token_spellings(tokenizer, token)] if token.strip() else []
         raise TargetError(
             f"{what} {token!r} is not a single token: it splits into {len(ids)} tokens {pieces!r}. "
-            f"Pass one of them (e.g. {pieces[0]!r}), or attribute the first (multi_token='first' in Python, "
+            + (f"{others[0]!r} is one token; or pass " if others else "Pass ")
+            + f"one of the pieces (e.g. {pieces[0]!r}), or attribute the first (multi_token='first' in Python, "
             "--first-token on the command line)")
     return ids[0]
 
@@ -76,3 +80,41 @@ def target_direction(spec: TargetSpec, unembed: Tensor, probs: Tensor | None = N
     elif spec.kind == "logprob":
         u = u - probs.to(unembed) @ unembed
     return u
+
+
+def single_token_spellings(tokenizer, text: str) -> list[tuple[str, int]]:
+    """Other spellings of ``text`` (with or without a leading space; as written, lower, capitalised, upper
+    case) that are one token, with their ids."""
+    core, seen, out = text.strip(), {text}, []
+    for form in (core, core.lower(), core.capitalize(), core.upper()):
+        for variant in (" " + form, form):
+            if variant not in seen:
+                seen.add(variant)
+                ids = tokenizer.encode(variant, add_special_tokens=False)
+                if len(ids) == 1:
+                    out.append((variant, ids[0]))
+    return out
+
+
+def spelling_hint(tokenizer, text: str | None, token: int, probs: Tensor, what: str = "target") -> str | None:
+    """A warning when another spelling of the string ``text`` (a leading space, another case) is one token
+    that the model finds far likelier at the position: at least 5 % and ten times ``token``'s probability.
+    ``probs`` [vocab] are the model's next-token probabilities there."""
+    if tokenizer is None or not text or not text.strip():
+        return None
+    core, best = text.strip(), None
+    for variant, i in single_token_spellings(tokenizer, text):
+        if i != token and (best is None or probs[i] > probs[best[1]]):
+            best = (variant, i)
+    if best is None:
+        return None
+    p, q = float(probs[token]), float(probs[best[1]])
+    if q < 0.05 or q < 10 * p:
+        return None
+    changes = []
+    if text.startswith(" ") != best[0].startswith(" "):
+        changes.append("with a leading space" if best[0].startswith(" ") else "without the leading space")
+    if best[0].strip() != core:
+        changes.append("in another case")
+    return (f"{what} {text!r} has p = {p:.2g} at this position, while {best[0]!r} ({' and '.join(changes)}) has "
+            f"p = {q:.2g}: did you mean {best[0]!r}? (tokenizers treat ' word' and 'word' as different tokens)")

@@ -68,7 +68,7 @@ class TestAttribute:
         assert code == 0
         res = dpa.attribute(*tiny, PROMPT)
         predicted, p = res.top_predictions[0]
-        assert f"predicted {predicted!r} p={p:.3f}" in out
+        assert re.search(rf"predicted +{re.escape(repr(predicted))} p={p:.3f}", out)
         torch.testing.assert_close(torch.tensor(table_scores(out)), res.token_scores, atol=1e-4, rtol=0)
         assert f"gap {res.completeness_gap:+.3g}" in out
         comps = res.top_components(3)
@@ -148,9 +148,46 @@ class TestAttribute:
         code, _, err = run(capsys, "attribute", PROMPT, "--model", str(folder))
         assert code == 2 and err.startswith("error: unsupported config setting hidden_act='gelu'")
 
-    def test_missing_model_folder(self, capsys, tmp_path):
-        code, _, err = run(capsys, "attribute", PROMPT, "--model", str(tmp_path / "no" / "such" / "model"))
-        assert code == 2 and err.startswith("error: cannot load model") and err.count("\n") == 1
+    @pytest.mark.parametrize("name, message", [
+        ("/no/such/model", "no such folder: '/no/such/model'"),
+        ("./my-local-model", "no such folder: './my-local-model'"),
+        ("no-such-org/no-such-model", "neither a local folder nor in the Hugging Face cache, and the Hub"),
+        ("FOLDER", "holds no config.json"),
+    ])
+    def test_a_wrong_model_name_fails_before_anything_loads(self, capsys, tmp_path, monkeypatch, name, message):
+        """Named, in one line, without reaching transformers' loaders (which retry the network for a minute)."""
+        monkeypatch.setenv("HF_ENDPOINT", "https://hub.invalid")  # unreachable, whatever this machine's network
+        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+        monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", _must_not_run)
+        monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", _must_not_run)
+        code, out, err = run(capsys, "attribute", PROMPT, "--model", str(tmp_path) if name == "FOLDER" else name)
+        assert code == 2 and out == "" and message in err and err.count("\n") == 1, err
+
+    @pytest.mark.parametrize("args, message", [
+        (["--target", "paris london"], "not a single token"),
+        (["--target", "zebra"], "not in the tokenizer's vocabulary"),
+        (["--contrast", "paris paris"], "not a single token"),
+        (["--position", "9"], "outside the prompt of 6 tokens"),
+    ])
+    def test_a_bad_target_or_position_fails_before_the_weights_load(self, capsys, tiny_dir, monkeypatch, args,
+                                                                    message):
+        monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", _must_not_run)
+        code, _, err = run(capsys, "attribute", PROMPT, "--model", str(tiny_dir), *args)
+        assert code == 2 and message in err, err
+
+    def test_json_is_float32_by_default_and_full_on_request(self, capsys, tiny_dir, tmp_path):
+        short, full = tmp_path / "short.json", tmp_path / "full.json"
+        assert run(capsys, "attribute", PROMPT, "--model", str(tiny_dir), "--json", str(short))[0] == 0
+        assert run(capsys, "attribute", PROMPT, "--model", str(tiny_dir), "--json", str(full), "--json-full")[0] == 0
+        a, b = dpa.Attribution.from_json(str(short)), dpa.Attribution.from_json(str(full))
+        assert json.loads(short.read_text())["score_dtype"] == "float32" and a.neuron_scores.dtype == torch.float32
+        assert torch.equal(a.neuron_scores, b.neuron_scores.float())  # rounded, every digit float32 carries kept
+        assert len(short.read_text()) < len(full.read_text()) or b.neuron_scores.dtype == torch.float32
+        assert "\n" not in short.read_text()  # one line, no indentation
+
+
+def _must_not_run(*_a, **_k):
+    raise AssertionError("a loader ran before the arguments were checked")
 
     @pytest.mark.parametrize("args, message", [
         (["--weights", "1,2"], "expected five comma-separated weights"),

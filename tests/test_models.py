@@ -260,7 +260,7 @@ class TestConvertTinyGGUF:
 
 class TestLoadFolder:
     def test_missing_folder_is_a_clear_error(self, tmp_path):
-        with pytest.raises(ModelLoadError, match="cannot load model"):
+        with pytest.raises(ModelLoadError, match="no such folder"):
             dpa.load_model(str(tmp_path / "no" / "such" / "model"))
 
     def test_default_dtype_by_device(self):

@@ -1,5 +1,7 @@
 """The default model (SmolLM2-135M-Instruct, float32 on CPU): completeness and sanity of real attributions."""
 
+import re
+
 import pytest
 import torch
 
@@ -42,3 +44,38 @@ class TestDefaultModel:
         for p, b in zip(prompts, batch):
             single = dpa.attribute(model, tok, p, target=" Paris")
             torch.testing.assert_close(b.token_scores, single.token_scores, rtol=1e-4, atol=1e-4)
+
+
+class TestNewcomerHints:
+    """What a newcomer types on the default model: 'Paris' for ' Paris', a word that splits, --logprob."""
+
+    def test_a_likelier_spelling_is_a_warning_naming_it(self, smollm):
+        model, tok = smollm
+        with pytest.warns(dpa.TargetWarning, match=r"target 'Paris' has p = 0.00\d+.*' Paris' \(with a leading "
+                                                   r"space\) has p = 0.77"):
+            res = dpa.attribute(model, tok, "The capital of France is", target="Paris")
+        assert "' Paris'" in res.target.hint and "' Paris'" in res.to_dict()["target"]["hint"]
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", dpa.TargetWarning)  # the likely spelling gets no warning
+            assert dpa.attribute(model, tok, "The capital of France is", target=" Paris").target.hint is None
+
+    def test_a_word_that_splits_names_the_one_token_spelling(self, smollm):
+        model, tok = smollm
+        with pytest.raises(dpa.TargetError, match=r"'paris' is not a single token.*' Paris' is one token"):
+            dpa.attribute(model, tok, "The capital of France is", target="paris")
+
+    def test_cli_warns_and_names_log_p(self, capsys):
+        from dpa.cli import main
+
+        assert main(["attribute", "The capital of France is", "--target", "Paris", "--color", "never"]) == 0
+        out, err = capsys.readouterr()
+        assert err.startswith("warning: target 'Paris' has p = ") and "did you mean ' Paris'?" in err
+        assert main(["attribute", "The capital of France is", "--target", " Paris", "--logprob", "--color",
+                     "never"]) == 0
+        out, err = capsys.readouterr()
+        assert "log p(' Paris') = -0.258" in out and "expected logit, p held fixed = 1.22" in out
+        assert "logit units" in out and "query 0.25, key 0.25, value 0.5, gate 0.5, up 0.5" in out
+        assert not re.search(r"\b(red|blue)\b", out)  # no colour printed, none named
+        assert err == ""

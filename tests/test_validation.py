@@ -621,6 +621,23 @@ def test_a_failed_write_keeps_the_old_file(tmp_path, tiny, monkeypatch):
     assert path.read_text() == "old result" and [p.name for p in tmp_path.iterdir()] == ["r.json"]
 
 
+def test_written_files_get_the_usual_mode(tmp_path, tiny):
+    """The atomic write's temporary file is private; the result must not be: the umask's mode for a new
+    file, the old file's mode for one it replaces."""
+    model, tok = tiny
+    res = A(model, tok, PROMPT, target=3)
+    old = os.umask(0o022)
+    try:
+        res.to_json(str(tmp_path / "new.json"))
+    finally:
+        os.umask(old)
+    assert (tmp_path / "new.json").stat().st_mode & 0o777 == 0o644
+    (tmp_path / "old.json").write_text("x")
+    os.chmod(tmp_path / "old.json", 0o640)
+    res.to_json(str(tmp_path / "old.json"))
+    assert (tmp_path / "old.json").stat().st_mode & 0o777 == 0o640
+
+
 @pytest.mark.parametrize("flag", ["--json", "--html"])
 def test_cli_output_to_a_folder_is_one_message(tmp_path, capsys, flag):
     from dpa.cli import main
