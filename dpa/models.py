@@ -107,7 +107,9 @@ def load_model(name: str | None = None, *, dtype: torch.dtype | None = None,
     try:
         tokenizer, _ = read_tokenizer_and_config(folder)
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
-    except (OSError, ValueError) as err:
+    except DPAError:
+        raise
+    except Exception as err:  # noqa: BLE001  OSError, a truncated safetensors file, malformed JSON, ...: one message
         raise ModelLoadError(f"cannot load model {str(folder)!r}: {err}") from err
     finally:
         if bars:
@@ -125,7 +127,7 @@ def read_tokenizer_and_config(folder: str) -> tuple[object, object]:
 
     try:
         return AutoTokenizer.from_pretrained(folder), AutoConfig.from_pretrained(folder)
-    except (OSError, ValueError) as err:
+    except Exception as err:  # noqa: BLE001  a missing tokenizer file, malformed JSON, ...: one message
         raise ModelLoadError(f"cannot load model {str(folder)!r}: {err}") from err
 
 

@@ -60,6 +60,14 @@ def wants_color(stream: TextIO) -> bool:
     return hasattr(stream, "isatty") and stream.isatty()
 
 
+def ranked(res: Attribution, top: int) -> tuple[dict[str, list[Component]], str]:
+    """The top components and what they are: heads and neurons, or heads alone when the neuron scores were
+    not saved (``to_json(top_neurons=...)``)."""
+    if res.neuron_scores is None:
+        return res.top_components(top, kinds=("head",)), "attention heads; neuron scores not saved"
+    return res.top_components(top), "attention heads and MLP neurons ranked together"
+
+
 def component_label(c: Component) -> str:
     return f"{'head' if c.kind == 'head' else 'neuron'} L{c.layer} {'H' if c.kind == 'head' else 'N'}{c.index}"
 
@@ -104,8 +112,9 @@ def completeness_lines(res: Attribution) -> list[str]:
 def summary_lines(res: Attribution) -> list[tuple[str, str]]:
     """(label, text) pairs shared by the terminal and HTML reports."""
     layers, heads = res.head_scores.shape
-    d_mlp = res.neuron_scores.shape[1]
-    rows = [("model", f"{res.model_name} ({layers} layers, {heads} heads and {d_mlp} neurons per layer)")]
+    sizes = (f"{heads} heads and {res.neuron_scores.shape[1]} neurons per layer" if res.neuron_scores is not None
+             else f"{heads} heads per layer; neuron scores not saved")
+    rows = [("model", f"{res.model_name} ({layers} layers, {sizes})")]
     if res.top_predictions:
         (tok, p), rest = res.top_predictions[0], res.top_predictions[1:]
         rows.append(("predicted", f"{tok!r} p={p:.3f}   next: " + ", ".join(f"{t!r} {q:.3f}" for t, q in rest)))
@@ -143,8 +152,8 @@ def terminal_report(res: Attribution, *, color: bool, top: int = 10) -> str:
     out.append("")
     out.extend(completeness_lines(res))
     out.append("")
-    comps = res.top_components(top)
-    out.append(f"top {top} components, in logit units (attention heads and MLP neurons ranked together):")
+    comps, what = ranked(res, top)
+    out.append(f"top {top} components, in logit units ({what}):")
     out.append(f"  {'positive':<28}{'negative'}")
     for p, n in zip_longest(comps["positive"], comps["negative"]):
         left = f"{component_label(p):<18}{p.score:>+9.4f}" if p else ""
@@ -179,7 +188,7 @@ def _esc(text: object) -> str:
 
 
 def _component_rows(res: Attribution, top: int) -> str:
-    comps = res.top_components(top)
+    comps, _ = ranked(res, top)
     rows = []
     for rank, (p, n) in enumerate(zip_longest(comps["positive"], comps["negative"]), start=1):
         cells = [f"<td>{rank}</td>"]

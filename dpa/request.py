@@ -112,27 +112,59 @@ def _is_id(x) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
+def _numpy(x, what: str):
+    """A numpy array or scalar as the torch tensor it holds (integers for ids, floats for a vector target);
+    anything else unchanged."""
+    if type(x).__module__ != "numpy" or not hasattr(x, "dtype"):
+        return x
+    import numpy as np
+
+    if not (np.issubdtype(x.dtype, np.integer) or np.issubdtype(x.dtype, np.floating)):
+        raise InputError(f"{what}: a numpy array must hold integer token ids (or floats for a vector target), "
+                         f"got dtype {x.dtype}")
+    return torch.as_tensor(np.asarray(x))
+
+
+def _ids_tensor(x, what: str) -> Tensor:
+    """``input_ids`` or ``attention_mask`` of a tokenizer's output (a tensor, array or list) as a tensor."""
+    x = _numpy(x, what)
+    if isinstance(x, Tensor):
+        return x
+    if isinstance(x, (list, tuple)) and all(_is_id(i) for i in x):
+        return torch.tensor(x, dtype=torch.long)
+    raise InputError(f"prompt: {what} must be a list or tensor of integers, got "
+                     f"{type(x).__name__ if not isinstance(x, (list, tuple)) else 'a list holding ' + repr(x)[:40]}")
+
+
 def _canonical(tokenizer, prompt):
-    """Prompt forms that are another form in disguise, as that form: a numpy integer array as a tensor; a
+    """Prompt forms that are another form in disguise, as that form: numpy integer arrays as tensors; a
     tokenizer's output (``BatchEncoding`` or a dict with ``input_ids``) as its prompts, each row cut to
     its ``attention_mask`` (so left or right padding both give the unpadded prompt)."""
-    if type(prompt).__module__ == "numpy" and hasattr(prompt, "dtype"):
-        import numpy as np
-
-        if not np.issubdtype(prompt.dtype, np.integer):
-            raise InputError(f"prompt: a numpy array must hold integer token ids, got dtype {prompt.dtype}")
-        return torch.as_tensor(prompt)
+    prompt = _numpy(prompt, "prompt")
+    if isinstance(prompt, list):
+        prompt = [_numpy(p, f"prompt {n}") for n, p in enumerate(prompt)]
     if isinstance(prompt, Mapping):
         if "input_ids" not in prompt:
             raise InputError(f"prompt: a dict or BatchEncoding needs 'input_ids', got keys {sorted(prompt)}")
         ids, mask = prompt["input_ids"], prompt.get("attention_mask")
+        ids = _numpy(ids, "input_ids")
         batched = (isinstance(ids, Tensor) and ids.dim() == 2) or (
             isinstance(ids, (list, tuple)) and bool(ids) and not _is_id(ids[0]))
-        rows = [torch.as_tensor(r) for r in ids] if batched else [torch.as_tensor(ids)]
+        rows = [_ids_tensor(r, "input_ids") for r in ids] if batched else [_ids_tensor(ids, "input_ids")]
         if mask is not None:
-            masks = [torch.as_tensor(m) for m in mask] if batched else [torch.as_tensor(mask)]
+            mask = _numpy(mask, "attention_mask")
+            if isinstance(mask, str) or not isinstance(mask, (list, tuple, Tensor)):
+                raise InputError(f"prompt: attention_mask must be a list or tensor of 0s and 1s, got "
+                                 f"{type(mask).__name__}")
+            masks = [_ids_tensor(m, "attention_mask") for m in mask] if batched else [_ids_tensor(mask, "attention_mask")]
             if len(masks) != len(rows) or any(m.shape != r.shape for m, r in zip(masks, rows)):
                 raise InputError("prompt: input_ids and attention_mask have different shapes")
+            for n, m in enumerate(masks):
+                on = m.flatten().bool().nonzero().flatten()
+                if len(on) and int(on[-1] - on[0]) + 1 != len(on):
+                    raise InputError(f"prompt: attention_mask row {n} has a 0 between its 1s; dpa takes padding "
+                                     "at either end only (a masked token inside the text would shift the positions "
+                                     "of those after it)")
             rows = [r[m.bool()] for r, m in zip(rows, masks)]
         return rows if batched else rows[0]
     if isinstance(prompt, Tensor) and prompt.dim() == 2 and tokenizer is not None:
@@ -162,6 +194,11 @@ def encode_prompt(tokenizer, prompt: Prompt, n: int | None = None) -> list[int]:
             raise InputError("a string prompt needs a tokenizer; pass token ids instead")
         if not prompt.strip():
             raise InputError(f"{which} is empty")
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise InputError(f"{which} is not valid Unicode text: {err.reason} at character {err.start} "
+                             f"({prompt[err.start:err.end]!r})") from None
         return list(tokenizer(prompt)["input_ids"])
     if isinstance(prompt, Tensor):
         if prompt.is_floating_point() or prompt.is_complex() or prompt.dtype == torch.bool:
@@ -302,6 +339,8 @@ def _position(position, length: int) -> int:
 
 def _targets(tokenizer, spec, n: int, target, contrast, kind: str, multi_token: str) -> list[TargetSpec]:
     out = []
+    target, contrast = (_numpy(x, what) if not isinstance(x, (list, tuple)) else [_numpy(v, what) for v in x]
+                        for x, what in ((target, "target"), (contrast, "contrast")))
     for tg, foil in zip(_as_list(target, n, "target"), _as_list(contrast, n, "contrast")):
         if isinstance(tg, Tensor) and (tg.is_floating_point() or tg.is_complex()):
             if kind != "logit" or foil is not None:

@@ -137,6 +137,7 @@ class Attribution:
         out["caveats"] = self.caveats
         if top_neurons is not None:
             top_neurons = check_int("top_neurons", top_neurons, low=1)
+        if top_neurons is not None and self.neuron_scores is not None:
             scores = self.neuron_scores.detach()
             k = min(top_neurons, scores.shape[1])
             idx = scores.abs().topk(k, dim=1).indices
@@ -176,19 +177,58 @@ class Attribution:
             data["target"] = TargetInfo(**data["target"])
             data["weights"] = PathWeights(**data["weights"])
             data["top_predictions"] = [tuple(p) for p in data.get("top_predictions", [])]
-            return cls(**data)
+            result = cls(**data)
         except (TypeError, ValueError, KeyError) as err:
             if isinstance(err, InputError):
                 raise
             raise InputError(f"not an Attribution dict: {err}") from None
+        problem = result._shape_problem()
+        if problem:
+            raise InputError(f"not an Attribution dict: {problem}")
+        return result
+
+    def _shape_problem(self) -> str | None:
+        """What does not fit together in a result read from outside (None when everything does)."""
+        n = len(self.tokens) if isinstance(self.tokens, list) else -1
+        if n < 1 or not all(isinstance(t, str) for t in self.tokens):
+            return "tokens must be a non-empty list of strings"
+        if not isinstance(self.token_ids, list) or len(self.token_ids) != n or not all(
+                isinstance(i, int) and not isinstance(i, bool) for i in self.token_ids):
+            return f"token_ids must be {n} ints, one per token"
+        if self.special is not None and len(self.special) != n:
+            return f"special has {len(self.special)} entries for {n} tokens"
+        if tuple(self.token_scores.shape) != (n,):
+            return f"token_scores has shape {tuple(self.token_scores.shape)} for {n} tokens"
+        if self.head_scores.dim() != 2:
+            return f"head_scores must be [layer, head], got shape {tuple(self.head_scores.shape)}"
+        layers, heads = self.head_scores.shape
+        d_mlp = None
+        if self.neuron_scores is not None:
+            if self.neuron_scores.dim() != 2 or self.neuron_scores.shape[0] != layers:
+                return f"neuron_scores must be [{layers} layers, d_mlp], got {tuple(self.neuron_scores.shape)}"
+            d_mlp = self.neuron_scores.shape[1]
+        expect = {"edge_scores": (layers, heads, n, n), "neuron_position_scores": (layers, n, d_mlp),
+                  "effective_targets": (layers + 1, n, None)}
+        for name, shape in expect.items():
+            t = getattr(self, name)
+            if t is not None and (t.dim() != len(shape) or any(w is not None and w != g
+                                                               for w, g in zip(shape, t.shape))):
+                return f"{name} has shape {tuple(t.shape)}, expected {tuple('?' if w is None else w for w in shape)}"
+        if not isinstance(self.target.position, int) or not 0 <= self.target.position < n:
+            return f"target.position {self.target.position!r} is outside the {n} tokens"
+        return None
 
     @classmethod
-    def from_json(cls, source: str) -> Attribution:
+    def from_json(cls, source: str | os.PathLike) -> Attribution:
         """The result ``to_json`` wrote: JSON text, or the path of a file holding it."""
+        if isinstance(source, os.PathLike):
+            source = os.fspath(source)
         if not isinstance(source, str):
             raise InputTypeError(f"from_json takes JSON text or a file path, got {type(source).__name__}")
+        if not source.strip():
+            raise InputError("from_json got an empty string: give JSON text or the path of a result file")
         text = source
-        if not source.lstrip().startswith("{"):
+        if not source.lstrip().startswith(("{", "[")):
             try:
                 text = Path(source).read_text(encoding="utf-8-sig")
             except OSError as err:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, fields
 from typing import Literal
 
 from .checks import check_choice, check_float
 from .errors import InputError, InputTypeError
+
+# A decimal number as people write it (no '_' separators, no 'nan' or 'inf': those are refused as weights).
+NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
 Family = Literal["control_content", "attention", "query_key", "mlp"]
 FAMILIES: tuple[Family, ...] = ("control_content", "attention", "query_key", "mlp")
@@ -49,14 +53,12 @@ class PathWeights:
         """From ``"q,k,v,gate,up"``, e.g. ``"0.25,0.25,0.5,0.5,0.5"``."""
         if not isinstance(text, str):
             raise InputTypeError(f"path weights must be a string 'q,k,v,gate,up', got {text!r}")
-        parts = [p for p in text.replace(" ", "").split(",") if p]
+        parts = [p.strip() for p in text.split(",")]
         if len(parts) != 5:
             raise InputError(f"expected five comma-separated weights q,k,v,gate,up, got {text!r}")
-        try:
-            numbers = [float(p) for p in parts]
-        except ValueError:
-            raise InputError(f"path weights {text!r} are not five numbers q,k,v,gate,up") from None
-        return cls(*numbers)
+        if not all(NUMBER.fullmatch(p) for p in parts):
+            raise InputError(f"path weights {text!r} are not five numbers q,k,v,gate,up (e.g. 0.25,0.25,0.5,0.5,0.5)")
+        return cls(*(float(p) for p in parts))
 
     @classmethod
     def preset(cls, family: str, p: float) -> PathWeights:
@@ -68,19 +70,23 @@ class PathWeights:
     @classmethod
     def control_content(cls, p: float) -> PathWeights:
         """Content share p on both blocks: q = k = (1-p)/2, v = p, gate = 1-p, up = p."""
+        p = check_float("p", p, low=0.0, high=1.0)
         return cls((1 - p) / 2, (1 - p) / 2, p, 1 - p, p)
 
     @classmethod
     def attention(cls, p: float) -> PathWeights:
         """Attention only: q = k = (1-p)/2, v = p; GLU balanced."""
+        p = check_float("p", p, low=0.0, high=1.0)
         return cls((1 - p) / 2, (1 - p) / 2, p, 0.5, 0.5)
 
     @classmethod
     def query_key(cls, p: float) -> PathWeights:
         """Query against key: q = p/2, k = (1-p)/2, v = 0.5 (the paper's table, not its sweep script)."""
+        p = check_float("p", p, low=0.0, high=1.0)
         return cls(p / 2, (1 - p) / 2, 0.5, 0.5, 0.5)
 
     @classmethod
     def mlp(cls, p: float) -> PathWeights:
         """GLU only: gate = 1-p, up = p; attention at its default."""
+        p = check_float("p", p, low=0.0, high=1.0)
         return cls(0.25, 0.25, 0.5, 1 - p, p)

@@ -103,6 +103,26 @@ PROMPTS_BAD = [
     Bad("prompt-ragged-nested", lambda m, t: A(m, t, [[1, 2], [3, [4]]], target=3), InputError, "prompt 1"),
     Bad("prompt-batchencoding-no-ids", lambda m, t: A(m, t, t(PROMPT).data | {"input_ids": []}, target=3),
         InputError, "prompt"),
+    # found by the second new-user pass
+    Bad("prompt-mask-hole", lambda m, t: A(m, t, {"input_ids": ids(t), "attention_mask": [1, 1, 0, 1, 1, 1]},
+                                           target=3), InputError, "attention_mask"),
+    Bad("prompt-dict-ids-string", lambda m, t: A(m, t, {"input_ids": PROMPT}, target=3), InputError, "input_ids"),
+    Bad("prompt-dict-ids-none", lambda m, t: A(m, t, {"input_ids": None}, target=3), InputError, "input_ids"),
+    Bad("prompt-dict-mask-string", lambda m, t: A(m, t, {"input_ids": ids(t), "attention_mask": "abc"},
+                                                  target=3), InputError, "attention_mask"),
+    Bad("prompt-lone-surrogate", lambda m, t: A(m, t, "the \ud800 capital", target=3), InputError,
+        "not valid Unicode"),
+    Bad("baseline-dpa-mid-batch", lambda m, t: baselines.dpa_mid(m, t, [PROMPT, PROMPT], 3), InputError, "batch"),
+    Bad("baseline-dpa-input-batch", lambda m, t: baselines.dpa_input(m, t, [PROMPT, PROMPT], 3), InputError,
+        "batch"),
+    Bad("weights-parse-six-fields", lambda m, t: dpa.PathWeights.parse("0.25,,0.25,0.5,0.5,0.5"), InputError,
+        "five"),
+    Bad("weights-parse-underscore", lambda m, t: dpa.PathWeights.parse("0_5,0,1,.5,.5"), InputError,
+        "five numbers"),
+    Bad("weights-family-string-p", lambda m, t: dpa.PathWeights.attention("0.5"), InputTypeError, "p"),
+    Bad("weights-family-none-p", lambda m, t: dpa.PathWeights.query_key(None), InputTypeError, "p"),
+    Bad("weights-family-p-above-1", lambda m, t: dpa.PathWeights.control_content(1.5), InputError, "p"),
+    Bad("weights-family-p-below-0", lambda m, t: dpa.PathWeights.mlp(-3), InputError, "p"),
 ]
 
 PROMPTS_SAME = [
@@ -134,6 +154,11 @@ PROMPTS_SAME = [
          lambda m, t: A(m, t, "the city", target=3)),
     Same("prompt-batch-short-row", lambda m, t: A(m, t, [PROMPT, "the city"], target=3)[1],
          lambda m, t: A(m, t, "the city", target=3)),
+    Same("prompt-batch-of-numpy-rows", lambda m, t: A(m, t, [np.array(ids(t)), np.array(ids(t))], target=3)[1],
+         lambda m, t: A(m, t, PROMPT, target=3)),
+    Same("target-numpy-0d", lambda m, t: A(m, t, PROMPT, target=np.array(3)), lambda m, t: A(m, t, PROMPT, target=3)),
+    Same("target-numpy-vector", lambda m, t: A(m, t, PROMPT, target=np.ones(64)),
+         lambda m, t: A(m, t, PROMPT, target=torch.ones(64, dtype=torch.float64))),
 ]
 
 
@@ -262,7 +287,7 @@ WEIGHTS_BAD = [
         "path weights"),
     Bad("parse-letters", lambda m, t: dpa.PathWeights.parse("a,b,c,d,e"), InputError, "a,b,c,d,e", ValueError),
     Bad("parse-four", lambda m, t: dpa.PathWeights.parse("1,2,3,4"), InputError, "five", ValueError),
-    Bad("parse-nan", lambda m, t: dpa.PathWeights.parse("nan,0,1,0.5,0.5"), InputError, "query", ValueError),
+    Bad("parse-nan", lambda m, t: dpa.PathWeights.parse("nan,0,1,0.5,0.5"), InputError, "five numbers", ValueError),
     Bad("parse-not-string", lambda m, t: dpa.PathWeights.parse(0.5), InputError, "0.5", TypeError),
     Bad("preset-p-string", lambda m, t: dpa.PathWeights.preset("attention", "0.5"), InputError, "p", TypeError),
     Bad("preset-p-out-of-range", lambda m, t: dpa.PathWeights.preset("attention", 1.5), InputError, "p", ValueError),
@@ -689,7 +714,7 @@ CLI_BAD = {
     "position-not-int": ([PROMPT, "--model", M, "--position", "two"], "--position"),
     "weights-four": ([PROMPT, "--model", M, "--weights", "1,2,3,4"], "five"),
     "weights-letters": ([PROMPT, "--model", M, "--weights", "a,b,c,d,e"], "five numbers"),
-    "weights-nan": ([PROMPT, "--model", M, "--weights", "nan,0,1,0.5,0.5"], "query"),
+    "weights-nan": ([PROMPT, "--model", M, "--weights", "nan,0,1,0.5,0.5"], "five numbers"),
     "p-without-preset": ([PROMPT, "--model", M, "--p", "0.3"], "--preset"),
     "top-zero": ([PROMPT, "--model", M, "--top", "0"], "--top"),
     "device-gpu": ([PROMPT, "--model", M, "--device", "gpu"], "device"),
@@ -732,7 +757,7 @@ EVAL_BAD = {
     "unknown-method": (["evaluate", "--methods", "dpa,magic"], "magic"),
     "empty-methods": (["evaluate", "--methods", ","], "--methods"),
     "weights-three": (["evaluate", "--weights", "1,2,3"], "five"),
-    "weights-inf": (["evaluate", "--weights", "inf,0,1,0.5,0.5"], "query"),
+    "weights-inf": (["evaluate", "--weights", "inf,0,1,0.5,0.5"], "five numbers"),
     "p-out-of-range": (["evaluate", "--preset", "attention", "--p", "2"], "p"),
     "p-without-preset": (["evaluate", "--p", "0.3"], "--preset"),
     "dataset-unknown": (["evaluate", "--dataset", "mnist"], "--dataset"),
@@ -778,3 +803,68 @@ def test_evaluate_and_sweep_refuse_with_one_line(tmp_path, capsys, case):
     assert code == 2, err
     assert "Traceback" not in err and names.lower() in err.lower(), err
     assert not (tmp_path / "out").exists() and (tmp_path / "FILE").read_text() == "keep me"
+
+
+
+# --- results read back from outside ------------------------------------------------------------------
+
+def _saved(tiny, **change):
+    model, tok = tiny
+    data = json.loads(A(model, tok, PROMPT, target=3).to_json())
+    for key, value in change.items():
+        if "." in key:
+            outer, inner = key.split(".")
+            data[outer] = {**data[outer], inner: value}
+        else:
+            data[key] = value
+    return data
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"target.position": 99}, "target.position 99"),
+    ({"head_scores": [1.0, 2.0]}, "head_scores"),
+    ({"token_scores": [1.0, 2.0]}, "token_scores"),
+    ({"token_ids": [1, 2]}, "token_ids"),
+    ({"tokens": []}, "tokens"),
+    ({"neuron_scores": [[1.0]]}, "neuron_scores"),
+    ({"edge_scores": [[[[1.0]]]]}, "edge_scores"),
+])
+def test_a_result_that_does_not_fit_together_is_refused_on_reading(tiny, change, message):
+    with pytest.raises(InputError, match=message):
+        dpa.Attribution.from_dict(_saved(tiny, **change))
+
+
+@pytest.mark.parametrize("source, error, message", [
+    ("", InputError, "empty"), ("[1, 2]", InputTypeError, "got list"), ("   ", InputError, "empty"),
+])
+def test_from_json_messages(source, error, message):
+    with pytest.raises(error, match=message):
+        dpa.Attribution.from_json(source)
+
+
+def test_from_json_takes_a_path(tiny, tmp_path):
+    model, tok = tiny
+    res = A(model, tok, PROMPT, target=3)
+    res.to_json(tmp_path / "r.json")
+    assert torch.equal(dpa.Attribution.from_json(tmp_path / "r.json").token_scores, res.token_scores)
+
+
+def test_reports_of_a_result_saved_with_top_neurons(tiny):
+    from dpa import report
+
+    model, tok = tiny
+    back = dpa.Attribution.from_json(A(model, tok, PROMPT, target=3).to_json(top_neurons=5))
+    text = report.terminal_report(back, color=False)
+    assert "neuron scores not saved" in text and "neuron L" not in text and "head L" in text
+    assert "neuron scores not saved" in report.html_report(back)
+    assert dpa.Attribution.from_json(back.to_json(top_neurons=3)).neuron_scores is None
+
+
+def test_a_truncated_checkpoint_is_one_load_error(tmp_path):
+    from dpa.models import ModelLoadError
+
+    folder = save_tiny_model(tmp_path / "m")
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(ModelLoadError, match="cannot load model"):
+        dpa.load_model(str(folder), device="cpu")

@@ -6,10 +6,18 @@ from dataclasses import replace
 
 from torch import nn
 
-from ..attribute import attribute
+from .. import request
+from ..attribute import attribute as _attribute
 from ..result import Attribution
 from ..weights import PathWeights
 from .common import Prompt
+
+
+def attribute(model: nn.Module, tokenizer, prompt: Prompt, target=None, **kwargs) -> Attribution:
+    """``dpa.attribute`` for one prompt, as every baseline takes (a batch is refused, not returned as a list)."""
+    if request._is_batch(request._canonical(tokenizer, prompt)):
+        raise request.InputError("this method takes one prompt, not a batch (dpa.attribute takes batches)")
+    return _attribute(model, tokenizer, prompt, target, **kwargs)
 
 
 def dpa_input(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contrast=None,
