@@ -3,7 +3,9 @@
 Traits are snake_case on both sides (static/circuit.js has the matching ``@typedef Model``).
 Underscored traits carry data only the view reads; the plain ones are the user-facing,
 two-way state: set them from Python to drive the view, read them to see what was clicked.
-With ``model`` and ``tokenizer`` the controls recompute in the kernel.
+With ``model`` and ``tokenizer`` the controls recompute in the kernel, once the view's
+``{"action": "hello"}`` message has been answered (``_on_message``): on a static page nothing
+answers, and the view keeps those controls off with the reason.
 """
 
 from __future__ import annotations
@@ -296,7 +298,15 @@ class CircuitWidget(anywidget.AnyWidget):
         self._add_selected_details()
 
     def _on_message(self, _widget, content, _buffers) -> None:
-        if isinstance(content, dict) and content.get("action") == "verify":
+        """The view's custom messages: "hello" (is a kernel there?) and "verify".
+
+        A view treats the widget as live only once this kernel answers its hello: saved widget state
+        (a book page, a reopened notebook) keeps ``_live`` true with no kernel behind it, and there
+        nothing answers, so the view keeps the controls that need a kernel off and says why.
+        """
+        if isinstance(content, dict) and content.get("action") == "hello":
+            self.send({"action": "hello", "live": self.model is not None})
+        elif isinstance(content, dict) and content.get("action") == "verify":
             self._busy_while(lambda: self.verify(content.get("mode", "disrupt"), content.get("units", "selection")))
 
     def verify(self, mode: str = "disrupt", units: str = "selection") -> dict[str, Any]:

@@ -204,6 +204,30 @@ class TestTraits:
         assert "needs the model" in w._error
 
 
+def _custom_message(widget, content: dict, monkeypatch) -> list[dict]:
+    """Deliver ``content`` as the view would (a comm "custom" message); return what the widget sent back."""
+    sent: list[dict] = []
+    monkeypatch.setattr(widget, "_send", lambda msg, buffers=None: sent.append(msg))
+    widget._handle_msg({"content": {"data": {"method": "custom", "content": content}}, "buffers": []})
+    return sent
+
+
+class TestKernelHandshake:
+    """The view is live only once the kernel answers its hello (saved state keeps _live true with no kernel)."""
+
+    def test_hello_is_answered_with_live(self, widget, monkeypatch):
+        sent = _custom_message(widget, {"action": "hello"}, monkeypatch)
+        assert sent == [{"method": "custom", "content": {"action": "hello", "live": True}}]
+
+    def test_a_widget_without_a_model_answers_not_live(self, result, monkeypatch):
+        sent = _custom_message(CircuitWidget(result), {"action": "hello"}, monkeypatch)
+        assert sent == [{"method": "custom", "content": {"action": "hello", "live": False}}]
+
+    def test_other_messages_get_no_hello(self, widget, monkeypatch):
+        assert _custom_message(widget, {"action": "nonsense"}, monkeypatch) == []
+        assert _custom_message(widget, ["hello"], monkeypatch) == []
+
+
 class TestLive:
     def test_result_without_edges_gets_them(self, model):
         w = CircuitWidget(dpa.attribute(model, None, PROMPT), model, None)

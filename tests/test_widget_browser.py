@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import dpa
-from dpa_widgets import CircuitWidget, save_html
+from dpa_widgets import CircuitWidget, export, save_html
 
 from .browser_utils import browser, lab, open_notebook, run_cell, write_notebook  # noqa: F401 (fixtures)
 from .conftest import random_ids, tiny_model
@@ -42,6 +42,61 @@ def token_colours(page) -> list[str]:
     return page.eval_on_selector_all(".dpa-circuit .dpa-token", "els => els.map(e => e.style.background)")
 
 
+KERNEL_CONTROLS = ("select.dpa-target", "input.dpa-typed", "input.dpa-contrast", "select.dpa-preset", "input.dpa-p",
+                   "select.dpa-method", "button.dpa-verify")
+STATIC_REASON = "static page: changing the target, weights or method"
+
+
+def open_offline(browser, path: Path, width: int):  # noqa: F811 (the fixture is passed in)
+    """``path`` from disk with every non-file request blocked; (page, blocked URLs, console errors)."""
+    page = browser.new_page(viewport={"width": width, "height": 900})
+    blocked: list[str] = []
+    errors: list[str] = []
+
+    def only_files(route):
+        if route.request.url.startswith(("file:", "blob:", "data:")):
+            route.continue_()
+        else:
+            blocked.append(route.request.url)
+            route.abort()
+
+    page.route("**/*", only_files)
+    page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
+    page.on("console", lambda m: errors.append(f"console.{m.type}: {m.text}") if m.type == "error" else None)
+    page.goto(path.as_uri())
+    return page, blocked, errors
+
+
+def assert_static_controls(widget_el) -> None:
+    """The controls that need a kernel are off, and the view says why (visibly, not only in a tooltip)."""
+    reason = widget_el.locator(".dpa-offline")
+    reason.get_by_text(STATIC_REASON).wait_for(timeout=15_000)  # after the short "connecting…"
+    assert reason.is_visible()
+    assert "running kernel" in reason.inner_text() and "JupyterLab" in reason.inner_text()
+    for selector in KERNEL_CONTROLS:
+        assert widget_el.locator(selector).is_disabled(), f"{selector} is enabled on a static page"
+
+
+def assert_holds_together(page, widget_el) -> None:
+    """At book widths (the page's body narrowed from 900 to 560 px): the "Export:" label sits on its buttons'
+    line, the neuron swatches keep their size, the axes are labelled, and nothing sticks out of the widget."""
+    assert widget_el.locator("svg.dpa-heatmap text", has_text="L0").count() == 1
+    for width in range(900, 550, -10):
+        page.evaluate(f"() => {{ document.body.style.maxWidth = '{width}px'; }}")
+        tops = page.evaluate("""() => {
+            const footer = document.querySelector('.dpa-circuit .dpa-footer');
+            const label = [...footer.querySelectorAll('span')].find(e => e.textContent === 'Export:');
+            return [label, ...footer.querySelectorAll('.dpa-export-json, .dpa-export-svg, .dpa-export-png')]
+                .map(e => e.getBoundingClientRect().top); }""")
+        assert max(tops) - min(tops) < 8, f"at {width} px 'Export:' is not on its buttons' line: {tops}"
+        swatches = page.eval_on_selector_all(".dpa-circuit .dpa-swatch", """els => els.map(e => {
+            const r = e.getBoundingClientRect(); return [r.width, r.height]; })""")
+        assert swatches and all(w >= 9 and h >= 9 for w, h in swatches), f"at {width} px squashed swatches: {swatches}"
+        overflow = page.eval_on_selector(".dpa-circuit", "e => e.scrollWidth - e.clientWidth")
+        assert overflow <= 1, f"at {width} px the widget is {overflow} px wider than its container"
+    page.evaluate("() => { document.body.style.maxWidth = ''; }")
+
+
 @pytest.mark.slow
 def test_jupyterlab_click_head_and_change_target(lab, browser, tmp_path):  # noqa: F811
     write_notebook(lab.root / "inspect.ipynb", [SETUP, SHOW_SELECTION, SHOW_TARGET])
@@ -55,6 +110,12 @@ def test_jupyterlab_click_head_and_change_target(lab, browser, tmp_path):  # noq
         widget.locator("rect.dpa-head").nth(269).wait_for(timeout=60_000)
         assert widget.locator("rect.dpa-head").count() == 30 * 9
         assert widget.locator(".dpa-token").count() == 14
+        page.wait_for_function("() => !document.querySelector('.dpa-circuit select.dpa-target').disabled",
+                               timeout=30_000)  # the kernel answered the view's hello: live
+        for selector in KERNEL_CONTROLS:
+            if selector != "input.dpa-p":  # the slider is for the sensitivity families, off for "default"
+                assert widget.locator(selector).is_enabled(), selector
+        assert not widget.locator(".dpa-offline").is_visible()
         before = token_colours(page)
         assert len(set(before)) > 3, "tokens are coloured by their scores"
 
@@ -80,6 +141,11 @@ def test_jupyterlab_click_head_and_change_target(lab, browser, tmp_path):  # noq
         out = run_cell(page, 2)
         assert f"TARGET {second!r} ok" in out, out
         widget.screenshot(path=str(shots(tmp_path) / "lab-widget-light.png"))
+        page.evaluate("() => window.jupyterapp.commands.execute('application:toggle-left-area')")
+        page.set_viewport_size({"width": 800, "height": 1000})  # a ~700 px wide output area
+        page.wait_for_timeout(500)
+        widget.screenshot(path=str(shots(tmp_path) / "lab-widget-700.png"))
+        page.set_viewport_size({"width": 1400, "height": 1000})
 
         page.evaluate("() => window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Dark'})")
         page.wait_for_function("() => document.body.dataset.jpThemeLight === 'false'", timeout=30_000)
@@ -91,35 +157,35 @@ def test_jupyterlab_click_head_and_change_target(lab, browser, tmp_path):  # noq
         page.close()
 
 
-def test_save_html_renders_offline(browser, tmp_path):  # noqa: F811
+@pytest.fixture(scope="module")
+def tiny():
     model = tiny_model("llama", kv_heads=2)
     result = dpa.attribute(model, None, random_ids(9).tolist(), edges=True, neuron_positions=True)
+    return model, result
+
+
+def unexported_head(widget: CircuitWidget) -> tuple[int, int]:
+    return next((l, h) for l in range(3) for h in range(4) if f"head:{l}:{h}" not in widget._details)
+
+
+@pytest.mark.parametrize("width", [1400, 700])
+def test_save_html_renders_offline(browser, tmp_path, tiny, width):  # noqa: F811
+    model, result = tiny
     widget = CircuitWidget(result, model, None)
     top_layer, top_head = map(int, divmod(int(result.head_scores.abs().argmax()), 4))
     path = save_html(widget, tmp_path / "circuit.html")
 
-    page = browser.new_page(viewport={"width": 1200, "height": 900})
-    blocked: list[str] = []
-
-    def only_files(route):
-        if route.request.url.startswith(("file:", "blob:", "data:")):
-            route.continue_()
-        else:
-            blocked.append(route.request.url)
-            route.abort()
-
-    page.route("**/*", only_files)
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
+    page, blocked, errors = open_offline(browser, path, width)
     try:
-        page.goto(path.as_uri())
         widget_el = page.locator(".dpa-circuit")
         widget_el.locator("rect.dpa-head").nth(11).wait_for(timeout=30_000)
         assert widget_el.locator("rect.dpa-head").count() == 3 * 4
         assert widget_el.locator(".dpa-token").count() == 9
-        assert widget_el.locator("select.dpa-target").is_disabled(), "no kernel: live controls are off"
+        assert_static_controls(widget_el)
         widget_el.locator(f'rect.dpa-head[data-layer="{top_layer}"][data-head="{top_head}"]').click()
         widget_el.locator("canvas.dpa-edges").wait_for(timeout=10_000)  # exported details of a top head
+        assert widget_el.locator(".dpa-edge-queries text").count() == 9, "every query row is labelled"
+        assert widget_el.locator(".dpa-edge-keys text").count() == 9, "every key column is labelled"
         with page.expect_download() as download:
             widget_el.locator("button.dpa-export-svg").click()
         svg = Path(download.value.path()).read_text()
@@ -131,7 +197,46 @@ def test_save_html_renders_offline(browser, tmp_path):  # noqa: F811
             widget_el.locator("button.dpa-export-json").click()
         selection = json.loads(Path(download.value.path()).read_text())
         assert selection["head"]["layer"] == top_layer and selection["head"]["head"] == top_head
-        page.screenshot(path=str(shots(tmp_path) / "save-html-offline.png"), full_page=True)
+        page.screenshot(path=str(shots(tmp_path) / f"save-html-offline-{width}.png"), full_page=True)
+        if width < 1000:
+            assert_holds_together(page, widget_el)
+
+        layer, head = unexported_head(widget)
+        widget_el.locator(f'rect.dpa-head[data-layer="{layer}"][data-head="{head}"]').click()
+        widget_el.locator(".dpa-detail").get_by_text("details not exported for this head").wait_for(timeout=5_000)
+        assert "loading" not in widget_el.locator(".dpa-detail").inner_text()
+        assert not errors, errors
+        assert not blocked, f"the page asked the network for {blocked}"
+    finally:
+        page.close()
+
+
+@pytest.mark.parametrize("width", [1400, 700])
+def test_saved_live_state_is_static_without_a_kernel(browser, tmp_path, tiny, monkeypatch, width):  # noqa: F811
+    """A book page: widget state saved from a live kernel (``_live`` true, the baselines listed), rendered by
+    the html-manager with no kernel. The view must not believe ``_live``: no kernel answers its hello."""
+    model, result = tiny
+    widget = CircuitWidget(result, model, None)
+    monkeypatch.setattr(export, "OFFLINE", {})  # keep the state exactly as the kernel has it
+    text = export.page(widget)
+    assert re.search(r'"_live": true', text) and '"tokens:' in text, "the saved state says live"
+    path = tmp_path / "book-like.html"
+    # a book column: the widget in a ~700 px article at width 700
+    path.write_text(text.replace("<body>", f'<body style="max-width: {width - 40}px; margin: 0 auto">'))
+
+    page, blocked, errors = open_offline(browser, path, width + 100 if width < 1000 else width)
+    try:
+        widget_el = page.locator(".dpa-circuit")
+        widget_el.locator("rect.dpa-head").nth(11).wait_for(timeout=30_000)
+        assert_static_controls(widget_el)
+        layer, head = unexported_head(widget)
+        widget_el.locator(f'rect.dpa-head[data-layer="{layer}"][data-head="{head}"]').click()
+        widget_el.locator(".dpa-detail").get_by_text("details not exported for this head").wait_for(timeout=5_000)
+        widget_el.locator(".dpa-token").nth(3).click()  # a token's routes were sent up front
+        widget_el.locator(".dpa-detail").get_by_text("heads reading it").wait_for(timeout=5_000)
+        page.screenshot(path=str(shots(tmp_path) / f"saved-live-state-{width}.png"), full_page=True)
+        if width < 1000:
+            assert_holds_together(page, widget_el)
         assert not errors, errors
         assert not blocked, f"the page asked the network for {blocked}"
     finally:

@@ -7,7 +7,9 @@
  * @typedef Model  The widget's traits, snake_case on both sides (dpa_widgets/circuit.py).
  * @property {Payload} _data                  the attribution as the view draws it
  * @property {Record<string, Detail>} _details  head / neuron details by key ("head:L:H", "neuron:L:N")
- * @property {boolean} _live                  a model is attached: the controls recompute in the kernel
+ * @property {boolean} _live                  a model is attached: the controls recompute in the kernel. Saved
+ *   state keeps it true (a book page), so the view trusts it only once a kernel answered its "hello"
+ *   message (see Kernel below): with no answer the page is static and the controls stay off.
  * @property {boolean} _busy                  the kernel is computing
  * @property {string} _error                  the last error message ("" = none)
  * @property {string[]} _methods              "dpa" and the baselines the kernel offers
@@ -24,6 +26,10 @@
  * @property {number} weights_p               p of the family, in [0, 1]
  * @property {string} method                  "dpa" or a baseline name
  * @property {number} top_k                   k for "top-k" ablation and top lists
+ *
+ * @typedef {"connecting" | "live" | "none"} Kernel  whether a kernel answered the view's
+ *   {action: "hello"} (CircuitWidget._on_message replies {action: "hello", live}): "connecting" until
+ *   it does or timing.helloMs pass, then "none" (a static page: book, save_html) unless a late answer comes.
  *
  * @typedef Payload
  * @property {string[]} tokens
@@ -232,6 +238,49 @@ export function tokenLabel(/** @type {string} */ tok) {
   return tok.replace(/ /g, "·").replace(/\n/g, "↵").replace(/\t/g, "→");
 }
 
+/** A label cut to ``max`` characters, the cut marked with "…". */
+export function shortLabel(/** @type {string} */ text, /** @type {number} */ max) {
+  const chars = [...text];
+  return chars.length <= max ? text : chars.slice(0, Math.max(1, max - 1)).join("") + "…";
+}
+
+/**
+ * Which of n evenly spaced axis positions get a label so that labels sit at least ``minGap``
+ * pixels apart: every ``step``-th one, always ``keep`` (the target), dropping its close neighbours.
+ * @param {number} n  positions
+ * @param {number} pitch  pixels between neighbouring positions
+ * @param {number} minGap  pixels a label needs
+ * @param {number | null} [keep]
+ */
+export function axisTicks(n, pitch, minGap, keep = null) {
+  const step = Math.max(1, Math.ceil(minGap / Math.max(pitch, 1e-9)));
+  const hasKeep = keep !== null && keep !== undefined && keep >= 0 && keep < n;
+  const out = [];
+  for (let i = 0; i < n; i += step) if (!hasKeep || i === keep || Math.abs(i - /** @type {number} */ (keep)) >= step) out.push(i);
+  if (hasKeep && !out.includes(/** @type {number} */ (keep))) out.push(/** @type {number} */ (keep));
+  return out.sort((a, b) => a - b);
+}
+
+/** The five path weights, named: "query 0.25 · key 0.25 · value 0.50 · gate 0.50 · up 0.50". */
+export function weightsText(/** @type {Record<string, number>} */ w) {
+  return ["query", "key", "value", "gate", "up"].map((k) => `${k} ${Number(w[k]).toFixed(2)}`).join(" · ");
+}
+
+/** Mutable so that tests can shorten it: how long the view waits for the kernel's answer. */
+export const timing = { helloMs: 2500 };
+
+/** Why the kernel-needing controls are off ("" when they are on). @param {Kernel} kernel @param {boolean} hasModel @param {string} kind */
+export function offlineReason(kernel, hasModel, kind) {
+  if (kernel === "connecting") return "connecting to the kernel…";
+  if (kernel === "none") {
+    return "static page: changing the target, weights or method, verifying, and the details of heads and neurons " +
+      "not exported need a running kernel — open the notebook in JupyterLab and run it";
+  }
+  if (!hasModel) return "no model attached: pass model and tokenizer to CircuitWidget to change the target, weights or method";
+  if (kind === "vector") return "the target is a vector direction: target, weights and method are fixed";
+  return "";
+}
+
 // ---------------------------------------------------------------- selection and export
 
 /**
@@ -394,6 +443,11 @@ function render({ model, el }) {
   const ui = { hover: "", neuronLayer: null, neuronCount: 12 };
   const root = h("div", { class: "dpa-circuit" });
   el.replaceChildren(root);
+  /** @type {Kernel} */
+  let kernel = "connecting";
+  /** The controls that recompute (target, weights, method, verify) are on. */
+  const canRecompute = () => kernel === "live" && !!get("_live") && get("_data").target.kind !== "vector";
+  const reason = () => offlineReason(kernel, !!get("_live"), get("_data").target.kind);
 
   const setTrait = (/** @type {string} */ name, /** @type {any} */ value) => {
     model.set(name, value);
@@ -438,31 +492,33 @@ function render({ model, el }) {
 
   function controlsView() {
     const data = get("_data");
-    const live = get("_live") && data.target.kind !== "vector";
+    const live = canRecompute();
+    const why = reason();
     const busy = get("_busy");
     const preds = data.top_predictions || [];
     const current = data.target.token ?? "";
-    const tgt = /** @type {HTMLSelectElement} */ (h("select", { class: "dpa-target", disabled: !live || busy, title: "target token" }));
+    const tgt = /** @type {HTMLSelectElement} */ (h("select", { class: "dpa-target", disabled: !live || busy, title: why || "target token" }));
     const options = preds.map(([tok, p]) => [tok, `${tokenLabel(tok)}  ${(p * 100).toFixed(1)}%`]);
     if (!preds.some(([tok]) => tok === current)) options.unshift([current, `${tokenLabel(current)}`]);
     for (const [value, label] of options) tgt.append(h("option", { value, text: label, selected: value === current }));
     tgt.addEventListener("change", () => setTrait("target", tgt.value));
-    const typed = /** @type {HTMLInputElement} */ (h("input", { class: "dpa-typed", placeholder: "or type a token", size: 10, disabled: !live || busy }));
+    const typed = /** @type {HTMLInputElement} */ (h("input", { class: "dpa-typed", placeholder: "or type a token", size: 10, disabled: !live || busy, title: why || null }));
     typed.addEventListener("change", () => typed.value && setTrait("target", typed.value));
     const foil = /** @type {HTMLInputElement} */ (h("input", { class: "dpa-contrast", placeholder: "contrast foil", size: 10,
-      value: get("contrast"), disabled: !live || busy, title: "attribute target − foil (empty: no contrast)" }));
+      value: get("contrast"), disabled: !live || busy, title: why || "attribute target − foil (empty: no contrast)" }));
     foil.addEventListener("change", () => setTrait("contrast", foil.value));
-    const preset = /** @type {HTMLSelectElement} */ (h("select", { class: "dpa-preset", disabled: !live || busy, title: "path weights" }));
+    const preset = /** @type {HTMLSelectElement} */ (h("select", { class: "dpa-preset", disabled: !live || busy, title: why || "path weights" }));
     for (const f of get("_presets") || ["default", "control_content", "attention", "query_key", "mlp"]) {
       preset.append(h("option", { value: f, text: f.replace("_", "-"), selected: f === get("weights_preset") }));
     }
     preset.addEventListener("change", () => setTrait("weights_preset", preset.value));
     const pval = h("span", { class: "dpa-pval", text: Number(get("weights_p")).toFixed(2) });
     const p = /** @type {HTMLInputElement} */ (h("input", { type: "range", min: 0, max: 1, step: 0.05, value: get("weights_p"),
-      class: "dpa-p", disabled: !live || busy || ["default", "custom"].includes(get("weights_preset")) }));
+      class: "dpa-p", title: why || "p of the sensitivity family",
+      disabled: !live || busy || ["default", "custom"].includes(get("weights_preset")) }));
     p.addEventListener("input", () => { pval.textContent = Number(p.value).toFixed(2); });
     p.addEventListener("change", () => setTrait("weights_p", Number(p.value)));
-    const method = /** @type {HTMLSelectElement} */ (h("select", { class: "dpa-method", disabled: !live || busy }));
+    const method = /** @type {HTMLSelectElement} */ (h("select", { class: "dpa-method", disabled: !live || busy, title: why || "attribution method" }));
     for (const m of get("_methods") || ["dpa"]) method.append(h("option", { value: m, text: m, selected: m === get("method") }));
     method.addEventListener("change", () => setTrait("method", method.value));
     const cmp = get("_comparison") || {};
@@ -474,10 +530,11 @@ function render({ model, el }) {
       h("label", {}, ["target ", tgt]), typed,
       h("label", {}, ["vs ", foil]),
       h("label", {}, ["weights ", preset]), h("label", { class: "dpa-slider" }, ["p ", p, pval]),
-      h("span", { class: "dpa-muted", title: "q, k, v, gate, up",
-        text: `μ = ${[w.query, w.key, w.value, w.gate, w.up].map((x) => Number(x).toFixed(2)).join(", ")}` }),
+      h("span", { class: "dpa-muted dpa-weights", title: "path weights μ of the attention (query, key, value) and MLP (gate, up) paths",
+        text: `μ: ${weightsText(w)}` }),
       h("label", {}, ["method ", method]), h("span", { class: "dpa-rho", text: rho }),
-      h("span", { class: "dpa-status", text: busy ? "computing…" : live ? "" : "static view (no model attached)" }),
+      h("span", { class: "dpa-status", text: busy ? "computing…" : "" }),
+      h("div", { class: "dpa-offline" + (kernel === "connecting" ? " dpa-connecting" : ""), role: "status", text: why, hidden: !why }),
       h("span", { class: "dpa-error", role: "alert",
         text: get("_error") ? `⚠ ${get("_error")} — the picture below is still the last result computed` : "" }),
     ]);
@@ -509,6 +566,13 @@ function render({ model, el }) {
     ]);
   }
 
+  /** Cell size and top margin of the head heatmap (the MLP bars share them, row for row). @param {Payload} data */
+  function gridSize(data) {
+    const cell = data.n_layers > 40 ? 8 : data.n_heads > 24 ? 9 : 14;
+    const gqa = data.n_kv_heads > 0 && data.n_kv_heads < data.n_heads && data.n_heads % data.n_kv_heads === 0;
+    return { cell, top: gqa ? 26 : 16 };
+  }
+
   /** Heads routing the selected token, as a set of "l:h". */
   function routedHeads() {
     const data = get("_data");
@@ -522,8 +586,8 @@ function render({ model, el }) {
     const cmp = get("_comparison") || {};
     const scores = cmp.level === "component" && cmp.head_scores ? cmp.head_scores : data.head_scores;
     const max = symmetricMax(scores.flat());
-    const cell = data.n_layers > 40 ? 8 : data.n_heads > 24 ? 9 : 14;
-    const lay = headLayout(data.n_layers, data.n_heads, data.n_kv_heads, { cell });
+    const { cell, top } = gridSize(data);
+    const lay = headLayout(data.n_layers, data.n_heads, data.n_kv_heads, { cell, top });
     const svg = h("svg", { class: "dpa-heatmap", width: lay.width, height: lay.height, role: "grid" });
     const locked = get("selected_head");
     const routed = routedHeads();
@@ -539,14 +603,24 @@ function render({ model, el }) {
       r.addEventListener("click", () => setTrait("selected_head", isSel ? null : [c.layer, c.head]));
       svg.append(r);
     }
-    const step = Math.max(1, Math.ceil(data.n_layers / 15));
-    for (let l = 0; l < data.n_layers; l += step) {
-      svg.append(h("text", { x: lay.colX(0) - 4, y: lay.rowY(l) + cell - 3, "text-anchor": "end", class: "dpa-axis", text: `L${l}` }));
+    // axes: layer numbers down the left, head numbers along the top, KV groups above them (GQA only)
+    for (const l of axisTicks(data.n_layers, cell + 1, 11)) {
+      svg.append(h("text", { x: lay.colX(0) - 4, y: lay.rowY(l) + cell / 2 + 3.5, "text-anchor": "end", class: "dpa-axis dpa-tick", text: `L${l}` }));
     }
-    for (let g = 0; g < data.n_heads / lay.groupSize; g++) {
-      svg.append(h("text", { x: lay.colX(g * lay.groupSize), y: 11, class: "dpa-axis", text: `kv${g}` }));
+    const digits = String(data.n_heads - 1).length;
+    for (const hd of axisTicks(data.n_heads, cell + 1, digits * 6 + 3)) {
+      svg.append(h("text", { x: lay.colX(hd) + cell / 2, y: top - 4, "text-anchor": "middle", class: "dpa-axis dpa-tick", text: hd }));
     }
-    const title = cmp.level === "component" ? `heads · ${cmp.method}` : "heads (layer × head, GQA groups)";
+    svg.append(h("text", { x: lay.colX(0) - 4, y: top - 4, "text-anchor": "end", class: "dpa-axis dpa-tick", text: "H" }));
+    const groups = data.n_heads / lay.groupSize;
+    if (lay.groupSize > 1) {
+      const pitch = lay.groupSize > 0 && groups > 1 ? lay.colX(lay.groupSize) - lay.colX(0) : 100;
+      for (const g of axisTicks(groups, pitch, String(groups - 1).length * 6 + 16)) {
+        svg.append(h("text", { x: lay.colX(g * lay.groupSize), y: 10, class: "dpa-axis dpa-tick", text: `kv${g}` },
+          [h("title", { text: `KV group ${g}: heads ${g * lay.groupSize}–${(g + 1) * lay.groupSize - 1} share keys and values` })]));
+      }
+    }
+    const title = cmp.level === "component" ? `heads · ${cmp.method}` : "heads (layer × head)";
     return h("section", { class: "dpa-panel" }, [
       h("div", { class: "dpa-panel-head" }, [h("span", { class: "dpa-caption", text: title }), legend(max, "")]),
       h("div", { class: "dpa-scroll", "data-scroll": "heads" }, [svg]),
@@ -557,8 +631,8 @@ function render({ model, el }) {
     const data = get("_data");
     const totals = data.mlp_totals;
     const max = symmetricMax(totals);
-    const cell = data.n_layers > 40 ? 8 : data.n_heads > 24 ? 9 : 14;
-    const lay = headLayout(data.n_layers, 1, 1, { cell, left: 0 });
+    const { cell, top } = gridSize(data);
+    const lay = headLayout(data.n_layers, 1, 1, { cell, left: 0, top });  // rows level with the head heatmap's
     const bw = 120;
     const svg = h("svg", { class: "dpa-bars", width: bw + 4, height: lay.height });
     svg.append(h("line", { x1: bw / 2, x2: bw / 2, y1: 0, y2: lay.height, class: "dpa-zero" }));
@@ -600,13 +674,16 @@ function render({ model, el }) {
   }
 
   /**
-   * The [query][key] edge grid on a canvas, first scrolled to the target's row.
+   * The [query][key] edge grid on a canvas, with query tokens down the left and key tokens along
+   * the top (sticky while the grid scrolls; thinned to one label every ~12 px, the target row always
+   * labelled), first scrolled to the target's row.
    * @param {number[][]} edges @param {string[]} tokens @param {string} key @param {number} targetRow
    */
   function edgeCanvas(edges, tokens, key, targetRow) {
     const n = edges.length;
     const cell = Math.max(1, Math.min(16, Math.floor(360 / Math.max(n, 1))));
-    const shown = n * Math.max(cell, 2); // at least 2 screen pixels a cell (pixelated), so one row stays visible
+    const px = Math.max(cell, 2); // at least 2 screen pixels a cell (pixelated), so one row stays visible
+    const shown = n * px;
     const canvas = /** @type {HTMLCanvasElement} */ (h("canvas", { class: "dpa-edges", width: n * cell, height: n * cell,
       style: `width:${shown}px;height:${shown}px` }));
     const ctx = canvas.getContext("2d");
@@ -622,8 +699,23 @@ function render({ model, el }) {
       const k = Math.floor((ev.clientX - r.left) / r.width * n), q = Math.floor((ev.clientY - r.top) / r.height * n);
       if (q >= 0 && q < n && k >= 0 && k <= q) setHover(`edge ${q} ${JSON.stringify(tokens[q])} ← ${k} ${JSON.stringify(tokens[k])}: ${formatScore(edges[q][k])}`);
     });
+    const ticks = axisTicks(n, px, 12, targetRow);
+    const label = (/** @type {number} */ i) => `${i} ${shortLabel(tokenLabel(tokens[i] ?? ""), 8)}`;
+    const side = Math.min(100, 8 + 6.1 * Math.max(3, ...ticks.map((i) => [...label(i)].length)));  // 10px monospace
+    const tick = (/** @type {number} */ i, /** @type {Record<string, any>} */ at) => h("text", {
+      ...at, class: "dpa-axis dpa-tick" + (i === targetRow ? " dpa-tick-target" : ""), text: label(i) },
+      [h("title", { text: `${i}: ${JSON.stringify(tokens[i])}` })]);
+    const queries = h("svg", { class: "dpa-edge-axis dpa-edge-queries", width: side, height: shown });
+    const keys = h("svg", { class: "dpa-edge-axis dpa-edge-keys", width: shown, height: side });
+    for (const i of ticks) {
+      const c = i * px + px / 2;
+      queries.append(tick(i, { x: side - 3, y: c + 3.5, "text-anchor": "end" }));
+      keys.append(tick(i, { x: c + 3.5, y: side - 3, transform: `rotate(-90 ${c + 3.5} ${side - 3})` }));
+    }
+    const grid = h("div", { class: "dpa-edge-grid", style: `grid-template-columns:${side}px ${shown}px;grid-template-rows:${side}px ${shown}px` }, [
+      h("div", { class: "dpa-edge-corner" }), keys, queries, canvas]);
     return h("div", {}, [h("div", { class: "dpa-muted", text: "edges: query (rows) ← key (columns)" }), legend(max, ""),
-      h("div", { class: "dpa-scroll dpa-edge-wrap", "data-scroll": key, "data-start": targetRow * Math.max(cell, 2) }, [canvas])]);
+      h("div", { class: "dpa-scroll dpa-edge-wrap", "data-scroll": key, "data-start": side + targetRow * px + px / 2 }, [grid])]);
   }
 
   /** @param {[string, number][] | null | undefined} pairs @param {string} label */
@@ -631,6 +723,14 @@ function render({ model, el }) {
     if (!pairs) return h("div", { class: "dpa-muted", text: `${label}: needs the model` });
     return h("div", { class: "dpa-vocab" }, [h("span", { class: "dpa-muted", text: `${label}: ` }),
       ...pairs.map(([t, v]) => h("code", { title: formatScore(v), text: tokenLabel(t) }))]);
+  }
+
+  /** What stands in for details not (yet) here: the kernel sends them on selection; a static page has none. */
+  function missing(/** @type {string} */ what) {
+    const text = kernel === "live" ? "loading…" : kernel === "connecting" ? "waiting for the kernel…" :
+      `details not exported for this ${what}: this static page only has those of the top heads and neurons ` +
+      `(and what was selected when it was saved); run the notebook to see them`;
+    return h("div", { class: "dpa-muted dpa-missing", text });
   }
 
   function detailView() {
@@ -641,7 +741,7 @@ function render({ model, el }) {
       const [l, hd] = s.head;
       const d = detail(`head:${l}:${hd}`);
       parts.push(h("div", { class: "dpa-detail-title", text: `head L${l}.H${hd} · ${formatScore(data.head_scores[l][hd])}` }));
-      if (!d) parts.push(h("div", { class: "dpa-muted", text: get("_live") ? "loading…" : "details not exported for this head" }));
+      if (!d) parts.push(missing("head"));
       else if (d.edges) parts.push(edgeCanvas(d.edges, data.tokens, `edges:${l}:${hd}`, data.target.position));
       else parts.push(h("div", { class: "dpa-muted", text: "edge scores need the model (or a result with edges=True)" }));
     }
@@ -649,7 +749,7 @@ function render({ model, el }) {
       const [l, n] = s.neuron;
       const d = detail(`neuron:${l}:${n}`);
       parts.push(h("div", { class: "dpa-detail-title", text: `neuron L${l}.N${n}` + (d ? ` · ${formatScore(d.score)}` : "") }));
-      if (!d) parts.push(h("div", { class: "dpa-muted", text: get("_live") ? "loading…" : "details not exported for this neuron" }));
+      if (!d) parts.push(missing("neuron"));
       else {
         parts.push(tokenList(d.promotes, "promotes"), tokenList(d.suppresses, "suppresses"));
         if (!d.by_pos) parts.push(h("div", { class: "dpa-muted", text: "per-position scores need the model" }));
@@ -682,7 +782,7 @@ function render({ model, el }) {
 
   function footerView() {
     const data = get("_data");
-    const live = get("_live") && data.target.kind !== "vector";
+    const live = canRecompute();
     const mode = /** @type {HTMLSelectElement} */ (h("select", { class: "dpa-verify-mode" }, [
       h("option", { value: "disrupt", text: "disrupt (ablate units)" }),
       h("option", { value: "recover", text: "recover (keep only units)" })]));
@@ -690,7 +790,7 @@ function render({ model, el }) {
       h("option", { value: "selection", text: "selected unit" }),
       h("option", { value: "top_tokens", text: `top-${get("top_k")} tokens` }),
       h("option", { value: "top_components", text: `top-${get("top_k")} heads + neurons` })]));
-    const go = h("button", { class: "dpa-verify", text: "Verify", disabled: !live || get("_busy") });
+    const go = h("button", { class: "dpa-verify", text: "Verify", disabled: !live || get("_busy"), title: reason() || "run the ablation in the kernel" });
     go.addEventListener("click", () => model.send({ action: "verify", mode: mode.value, units: units.value }));
     const v = get("_verify") || {};
     const result = v.p_before === undefined ? "" :
@@ -703,10 +803,12 @@ function render({ model, el }) {
     svgBtn.addEventListener("click", () => download("circuit.svg", svgNow(), "image/svg+xml"));
     const png = h("button", { class: "dpa-export-png", text: "PNG" });
     png.addEventListener("click", () => downloadPng(svgNow(), "circuit.png"));
+    mode.disabled = units.disabled = !live;
     return h("div", { class: "dpa-footer" }, [
-      h("span", { class: "dpa-muted", text: "Verify by ablation:" }), mode, units, go,
+      h("span", { class: "dpa-group" }, [h("span", { class: "dpa-muted", text: "Verify by ablation:" }), mode, units, go]),
       h("span", { class: "dpa-verify-result", text: result }),
-      h("span", { class: "dpa-spacer" }), h("span", { class: "dpa-muted", text: "Export:" }), json, svgBtn, png,
+      h("span", { class: "dpa-spacer" }),
+      h("span", { class: "dpa-group dpa-export" }, [h("span", { class: "dpa-muted", text: "Export:" }), json, svgBtn, png]),
     ]);
   }
 
@@ -744,8 +846,26 @@ function render({ model, el }) {
     "change:contrast", "change:method", "change:top_k"];
   selectionTraits.forEach((e) => model.on(e, onSelect));
   viewTraits.forEach((e) => model.on(e, redraw));
+  // Live only once the kernel answers: saved state (a book page) says _live = true with no kernel behind it.
+  const onMessage = (/** @type {any} */ msg) => {
+    if (!msg || msg.action !== "hello" || kernel === "live") return;
+    kernel = "live";
+    clearTimeout(timer);
+    redraw();
+  };
+  model.on("msg:custom", onMessage);
+  const timer = setTimeout(() => { if (kernel === "connecting") { kernel = "none"; redraw(); } }, timing.helloMs);
   redraw();
+  try {
+    model.send({ action: "hello" });  // a static page has no comm: nothing is sent and nothing answers
+  } catch (e) {
+    kernel = "none";
+    clearTimeout(timer);
+    redraw();
+  }
   return () => {
+    clearTimeout(timer);
+    model.off("msg:custom", onMessage);
     selectionTraits.forEach((e) => model.off(e, onSelect));
     viewTraits.forEach((e) => model.off(e, redraw));
   };

@@ -30,8 +30,12 @@ export function payload() {
   };
 }
 
-/** A fake anywidget model: get/set/on/off/save_changes/send, with change events on set. */
-export function fakeModel(traits) {
+/**
+ * A fake anywidget model: get/set/on/off/save_changes/send, with change events on set.
+ * kernel: true answers the view's {action: "hello"} at once, as CircuitWidget does in a kernel;
+ * false is a static page (nothing answers). emit(event, ...args) fires handlers ("msg:custom").
+ */
+export function fakeModel(traits, { kernel = true } = {}) {
   const state = { ...traits };
   const handlers = new Map();
   const model = {
@@ -50,7 +54,13 @@ export function fakeModel(traits) {
       handlers.set(event, (handlers.get(event) ?? []).filter((f) => f !== cb));
     },
     save_changes() { model.saves += 1; },
-    send(msg) { model.sent.push(msg); },
+    send(msg) {
+      model.sent.push(msg);
+      if (kernel && msg && msg.action === "hello") model.emit("msg:custom", { action: "hello", live: !!state._live });
+    },
+    emit(event, ...args) {
+      for (const cb of handlers.get(event) ?? []) cb(...args);
+    },
     listeners: () => [...handlers.values()].reduce((n, l) => n + l.length, 0),
   };
   return model;

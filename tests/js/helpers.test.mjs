@@ -3,7 +3,8 @@ import { test, describe } from "node:test";
 import assert from "node:assert/strict";
 import {
   DIVERGING, symmetricMax, divergingRgb, divergingColor, textColor, formatScore, topIndices, topHeads,
-  topNeurons, headLayout, wrapRows, tokenLabel, selectionPayload, escapeXml, viewSvg,
+  topNeurons, headLayout, wrapRows, tokenLabel, selectionPayload, escapeXml, viewSvg, axisTicks, shortLabel,
+  weightsText, offlineReason,
 } from "../../dpa_widgets/static/circuit.js";
 import { payload } from "./fixture.mjs";
 
@@ -124,6 +125,38 @@ describe("layout", () => {
     assert.equal(tokenLabel(" Mary"), "·Mary");
     assert.equal(tokenLabel("\n"), "↵");
     assert.equal(tokenLabel(""), "∅");
+  });
+});
+
+describe("labels", () => {
+  test("axisTicks labels every position when they fit, else every step-th, and always the target", () => {
+    assert.deepEqual(axisTicks(5, 16, 12), [0, 1, 2, 3, 4]);
+    assert.deepEqual(axisTicks(10, 4, 12), [0, 3, 6, 9]);
+    assert.deepEqual(axisTicks(10, 4, 12, 7), [0, 3, 7], "the target's close neighbours make way");
+    assert.deepEqual(axisTicks(10, 4, 12, 9), [0, 3, 6, 9]);
+    const long = axisTicks(300, 2, 12, 299);
+    assert.ok(long.includes(299) && long.length <= 51);
+    long.slice(1).forEach((t, i) => assert.ok((t - long[i]) * 2 >= 12, "no two labels closer than 12 px"));
+    assert.deepEqual(axisTicks(0, 10, 12), []);
+  });
+
+  test("shortLabel cuts long tokens with an ellipsis", () => {
+    assert.equal(shortLabel("·Mary", 8), "·Mary");
+    assert.equal(shortLabel("·internationalisation", 8), "·intern…");
+    assert.equal([...shortLabel("日本語のテキストです", 4)].length, 4);
+  });
+
+  test("weightsText names the five paths", () => {
+    assert.equal(weightsText({ query: 0.25, key: 0.25, value: 0.5, gate: 0.5, up: 0.5 }),
+      "query 0.25 · key 0.25 · value 0.50 · gate 0.50 · up 0.50");
+  });
+
+  test("offlineReason: connecting, static page, no model, vector target, or none", () => {
+    assert.match(offlineReason("connecting", true, "token"), /connecting/);
+    assert.match(offlineReason("none", true, "token"), /^static page: .*running kernel — open the notebook in JupyterLab/);
+    assert.match(offlineReason("live", false, "token"), /no model attached/);
+    assert.match(offlineReason("live", true, "vector"), /vector/);
+    assert.equal(offlineReason("live", true, "token"), "");
   });
 });
 

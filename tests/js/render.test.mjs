@@ -6,20 +6,40 @@ import { fakeModel, traits } from "./fixture.mjs";
 
 let window;
 let widget;
+let timing;
 
 before(async () => {
   window = new Window();
   globalThis.document = window.document;
   globalThis.window = window;
-  widget = (await import("../../dpa_widgets/static/circuit.js")).default;
+  const module = await import("../../dpa_widgets/static/circuit.js");
+  widget = module.default;
+  timing = module.timing;
 });
+
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+const KERNEL_CONTROLS = ["select.dpa-target", "input.dpa-typed", "input.dpa-contrast", "select.dpa-preset",
+  "input.dpa-p", "select.dpa-method", "button.dpa-verify"];
+
+/** A view on a static page: saved state that says _live = true, and nothing answering "hello". */
+async function mountStatic(overrides = {}) {
+  const saved = timing.helloMs;
+  timing.helloMs = 5;
+  try {
+    const mounted = mount(overrides, { kernel: false });
+    await sleep(30);
+    return mounted;
+  } finally {
+    timing.helloMs = saved;
+  }
+}
 
 after(async () => {
   await window.happyDOM.close();
 });
 
-function mount(overrides = {}) {
-  const model = fakeModel(traits(overrides));
+function mount(overrides = {}, options = {}) {
+  const model = fakeModel(traits(overrides), options);
   const el = document.createElement("div");
   document.body.append(el);
   const cleanup = widget.render({ model, el });
@@ -85,7 +105,7 @@ describe("render", () => {
     select.dispatchEvent(new window.Event("change"));
     assert.equal(model.get("target"), " the");
     el.querySelector("button.dpa-verify").dispatchEvent(new window.MouseEvent("click"));
-    assert.deepEqual(model.sent, [{ action: "verify", mode: "disrupt", units: "selection" }]);
+    assert.deepEqual(model.sent, [{ action: "hello" }, { action: "verify", mode: "disrupt", units: "selection" }]);
     const offline = mount({ _live: false });
     assert.equal(offline.el.querySelector(".dpa-target").disabled, true);
     assert.equal(offline.el.querySelector("button.dpa-verify").disabled, true);
@@ -97,6 +117,76 @@ describe("render", () => {
     model.set("_comparison", { method: "tokens:gradient", level: "input", token_scores: [0, 1, 2, 3], rho: 0.4 });
     assert.notDeepEqual(tokenColours(el), before);
     assert.match(el.querySelector(".dpa-rho").textContent, /ρ = 0\.40/);
+  });
+
+  test("the view says hello on render and is live only once the kernel answers", async () => {
+    const saved = timing.helloMs;
+    timing.helloMs = 5;
+    try {
+      const { model, el } = mount({}, { kernel: false });
+      assert.deepEqual(model.sent, [{ action: "hello" }]);
+      for (const sel of KERNEL_CONTROLS) assert.equal(el.querySelector(sel).disabled, true, `${sel} off while connecting`);
+      assert.match(el.querySelector(".dpa-offline").textContent, /connecting/);
+      await sleep(30);
+      assert.match(el.querySelector(".dpa-offline").textContent, /static page: changing the target, weights or method/);
+      model.emit("msg:custom", { action: "hello", live: true });  // a late answer: a busy kernel, not a static page
+      assert.equal(el.querySelector("select.dpa-target").disabled, false);
+      assert.equal(el.querySelector("button.dpa-verify").disabled, false);
+      assert.equal(el.querySelector(".dpa-offline").hidden, true);
+    } finally {
+      timing.helloMs = saved;
+    }
+  });
+
+  test("a static page with saved _live = true: kernel controls off with the visible reason", async () => {
+    const { el } = await mountStatic({ _live: true });
+    const reason = el.querySelector(".dpa-offline");
+    assert.equal(reason.hidden, false);
+    assert.match(reason.textContent, /static page: .*needs? a running kernel — open the notebook in JupyterLab/);
+    for (const sel of KERNEL_CONTROLS) {
+      const control = el.querySelector(sel);
+      assert.equal(control.disabled, true, `${sel} is off`);
+      assert.match(control.getAttribute("title"), /static page/, `${sel} says why`);
+    }
+    assert.equal(el.querySelector("button.dpa-export-svg").disabled, false, "exports still work");
+  });
+
+  test("a head or neuron whose details were not exported says so on a static page", async () => {
+    const { model, el } = await mountStatic();
+    el.querySelector('rect.dpa-head[data-layer="1"][data-head="2"]').dispatchEvent(new window.MouseEvent("click"));
+    assert.deepEqual(model.get("selected_head"), [1, 2], "selection still works offline");
+    assert.match(el.querySelector(".dpa-detail").textContent, /details not exported for this head/);
+    assert.doesNotMatch(el.querySelector(".dpa-detail").textContent, /loading/);
+    el.querySelector('.dpa-neuron[data-layer="1"][data-neuron="1"]').dispatchEvent(new window.MouseEvent("click"));
+    assert.match(el.querySelector(".dpa-detail").textContent, /details not exported for this neuron/);
+    const live = mount();
+    live.el.querySelector('rect.dpa-head[data-layer="1"][data-head="2"]').dispatchEvent(new window.MouseEvent("click"));
+    assert.match(live.el.querySelector(".dpa-detail").textContent, /loading…/, "with a kernel the details are on their way");
+  });
+
+  test("the edge grid labels its query rows and key columns with the tokens", () => {
+    const { model, el } = mount();
+    model.set("_details", { "head:0:1": { kind: "head", layer: 0, index: 1, score: -0.2,
+      edges: [[1], [0, 0], [0, 0, 0], [0, 0, -3, 0]], by_key: [1, 0, -3, 0] } });
+    model.set("selected_head", [0, 1]);
+    const label = (t) => t.childNodes[0].textContent;  // the text, less its <title> (the whole token)
+    const queries = [...el.querySelectorAll(".dpa-edge-queries text")].map(label);
+    const keys = [...el.querySelectorAll(".dpa-edge-keys text")].map(label);
+    assert.deepEqual(queries, ["0 <s>", "1 ·Mary", "2 ·and", "3 ·John"]);
+    assert.deepEqual(keys, queries);
+    assert.equal(label(el.querySelector(".dpa-edge-queries .dpa-tick-target")), "3 ·John", "the target row stands out");
+  });
+
+  test("the head heatmap numbers its layers, heads and KV groups", () => {
+    const { el } = mount();
+    const labels = [...el.querySelectorAll("svg.dpa-heatmap text")].map((t) => t.childNodes[0].textContent);
+    for (const l of ["L0", "L1", "0", "1", "2", "3", "kv0", "kv1"]) assert.ok(labels.includes(l), `${l} in ${labels}`);
+  });
+
+  test("the path weights are named", () => {
+    const { el } = mount();
+    assert.equal(el.querySelector(".dpa-weights").textContent,
+      "μ: query 0.25 · key 0.25 · value 0.50 · gate 0.50 · up 0.50");
   });
 
   test("cleanup removes every listener", () => {
