@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import anywidget
+import torch
 import traitlets as t
 
 import dpa
@@ -95,8 +96,13 @@ class CircuitWidget(anywidget.AnyWidget):
             raise dpa.InputError("result has no head or neuron scores (saved with top_neurons?); show a full DPA "
                                  "attribution")
         top_neurons = check_int("top_neurons", top_neurons, low=1)
+        bad = [n for n in ("token_scores", "head_scores", "neuron_scores", "edge_scores", "neuron_position_scores")
+               if getattr(result, n) is not None and not bool(torch.isfinite(getattr(result, n)).all())]
+        if bad:
+            raise dpa.NonFiniteError(f"result's {bad[0]} hold NaN or infinite values (read back from a file with "
+                                     "nulls?): there is nothing sound to show")
         if model is not None:
-            request.check_model(model)
+            live.check_fits(model, result)
             request.check_tokenizer(tokenizer)
         if model is None and any(k in kwargs for k in LIVE_TRAITS):
             raise dpa.InputError(f"{', '.join(k for k in LIVE_TRAITS if k in kwargs)} need model and tokenizer")
@@ -230,6 +236,8 @@ class CircuitWidget(anywidget.AnyWidget):
         methods = ["dpa", *live.baseline_methods()]
         if proposal["value"] not in methods:
             raise TraitValueError(f"method must be one of {', '.join(methods)}, got {proposal['value']!r}")
+        if proposal["value"] != "dpa" and self.result.target.kind == "vector":
+            raise TraitValueError("method: baselines attribute a token and cannot be compared with this vector target")
         return proposal["value"]
 
     # ------------------------------------------------------------------ kernel-side work

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ipywidgets.embed import dependency_state, embed_data
 
-from dpa import Attribution
+from dpa import Attribution, InputTypeError
 from dpa.result import write_text
 
 from .assets import ensure_assets
@@ -31,7 +31,7 @@ def _inline(source: str) -> str:
 
 
 def _json(data) -> str:
-    return json.dumps(data).replace("</", "<\\/")
+    return json.dumps(data, allow_nan=False).replace("</", "<\\/")  # strict: a bare NaN would break the page
 
 
 def page(widget: CircuitWidget, title: str = "dpa circuit inspector") -> str:
@@ -63,7 +63,12 @@ def save_html(widget_or_result: CircuitWidget | Attribution, path: str | Path, *
     elif isinstance(widget_or_result, CircuitWidget):
         widget = widget_or_result
     else:
-        raise TypeError(f"save_html takes a CircuitWidget or a dpa.Attribution, got {type(widget_or_result).__name__}")
+        raise InputTypeError(f"save_html takes a CircuitWidget or a dpa.Attribution, got "
+                             f"{type(widget_or_result).__name__}"
+                             + (" (a batch gives a list: pass one of its results)" if isinstance(widget_or_result, list)
+                                else ""))
+    if not isinstance(title, str):
+        raise InputTypeError(f"title must be a string, got {type(title).__name__}")
     path = Path(path)
     write_text(path, page(widget, title))  # atomic: a failure never leaves a truncated page
     return path

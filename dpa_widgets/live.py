@@ -11,6 +11,7 @@ from torch import nn
 
 import dpa
 from dpa import Attribution, PathWeights, request
+from dpa.checks import check_int
 from dpa.families import layer_modules
 from dpa.instrument import clean_logits
 
@@ -32,6 +33,25 @@ def predictions(model: nn.Module, tokenizer, token_ids: list[int], position: int
     top = probs.topk(min(k, probs.numel()))
     return [Prediction(tokenizer.decode([int(i)]) if tokenizer is not None else str(int(i)), float(p), int(i))
             for p, i in zip(top.values, top.indices)]
+
+
+def check_fits(model: nn.Module, result: Attribution) -> None:
+    """A live widget recomputes ``result`` on ``model``: refuse a result from another model (its sizes or
+    token ids do not fit), and one from a baseline (the live view recomputes DPA: it would be replaced)."""
+    spec = request.check_model(model)
+    if result.method != "dpa":
+        raise dpa.InputError(f"result is a {result.method!r} attribution; a widget with a model shows DPA and "
+                             "compares baselines with its method control: pass a dpa.attribute result (or leave "
+                             "out model and tokenizer to view this one as it is)")
+    layers, heads = result.head_scores.shape
+    d_mlp = None if result.neuron_scores is None else result.neuron_scores.shape[1]
+    theirs, ours = (layers, heads, d_mlp), (spec.n_layers, spec.n_heads, spec.d_mlp if d_mlp is not None else None)
+    if theirs != ours or any(not 0 <= i < spec.vocab_size for i in result.token_ids):
+        raise dpa.InputError(f"result does not fit this model: it has {layers} layers x {heads} heads"
+                             + (f" x {d_mlp} neurons" if d_mlp is not None else "") + f", the model {spec.n_layers} x "
+                             f"{spec.n_heads} x {spec.d_mlp}" + ("" if theirs != ours else
+                                                                 f" and a vocabulary of {spec.vocab_size}")
+                             + "; pass the model the result was computed on")
 
 
 def weights_for(preset: str, p: float) -> PathWeights:
@@ -59,6 +79,8 @@ def neuron_vocab(model: nn.Module, tokenizer, layer: int, neuron: int,
     through the unembedding (a logit-lens view; the final norm's 1/rms is left out).
     """
     spec = dpa.spec_for(model)
+    check_int("layer", layer, low=0, high=spec.n_layers - 1)
+    check_int("neuron", neuron, low=0, high=spec.d_mlp - 1)
     down = layer_modules(model, spec)[layer].neurons.weight[:, neuron]  # [d_model]
     gamma = spec.final_norm(model).weight
     unembed = spec.unembed(model).weight
@@ -97,6 +119,8 @@ def compare(model: nn.Module, tokenizer, result: Attribution, method: str) -> di
         raise dpa.InputError(f"unknown method {method!r}; choose one of dpa, {', '.join(methods)}")
     level, fn = methods[method]
     t = result.target
+    if t.kind == "vector":
+        raise dpa.TargetError("baselines attribute a token: they cannot be compared with this vector target")
     other = fn(model, tokenizer, list(result.token_ids), t.token_id, contrast=t.contrast_id, position=t.position)
     if level == "input":
         return {"method": method, "level": level, "token_scores": other.token_scores.double().tolist(),

@@ -182,6 +182,24 @@ class TestTraits:
         assert getattr(widget, name) == before or (before != before)  # unchanged (NaN-safe)
         assert widget._error == ""
 
+    def test_results_a_live_widget_cannot_show_truly_are_refused(self, model, result):
+        from dpa import baselines
+
+        with pytest.raises(dpa.InputError, match="'gradient' attribution"):  # it would be replaced by DPA
+            CircuitWidget(baselines.gradient(model, None, PROMPT, 3), model, None)
+        assert CircuitWidget(baselines.gradient(model, None, PROMPT, 3)).result.method == "gradient"  # no model: as is
+        with pytest.raises(dpa.InputError, match="does not fit this model: it has 3 layers x 4 heads"):
+            CircuitWidget(result, tiny_model("llama", num_hidden_layers=2), None)
+        broken = dpa.Attribution.from_dict({**result.to_dict(), "token_scores": [None] * len(result.tokens)})
+        with pytest.raises(dpa.NonFiniteError, match="token_scores"):
+            CircuitWidget(broken)
+        vector = dpa.attribute(model, None, PROMPT, target=torch.ones(model.config.hidden_size, dtype=torch.float64))
+        w = CircuitWidget(vector, model, None)
+        with pytest.raises(dpa.InputError, match="vector target"):
+            w.method = "tokens:gradient"
+        with pytest.raises(dpa.TargetError, match="vector target"):
+            live.compare(model, None, vector, "tokens:gradient")
+
     def test_verify_arguments_are_checked(self, widget):
         with pytest.raises(dpa.InputError, match="mode"):
             widget.verify(mode="break")
