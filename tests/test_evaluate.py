@@ -65,7 +65,7 @@ class TestAUC:
             auc([0.1, 0.2], [1.0], curve="recovery", unit="input")
         with pytest.raises(ValueError, match="mode"):
             auc([0.1], [1.0], curve="recovery", unit="input", mode="other")
-        with pytest.raises(ValueError, match="unknown curve"):
+        with pytest.raises(ValueError, match="curve must be one of"):
             auc([0.1], [1.0], curve="sideways", unit="input")
 
 

@@ -15,13 +15,14 @@ float32 or float64 model the two are the same numbers.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable, Mapping
 
 import torch
 from torch import Tensor, nn
 
 from .. import request as requests
 from ..checks import check_int
+from ..errors import InputError, InputTypeError
 from ..instrument import instrument
 from ..request import Request
 
@@ -35,35 +36,92 @@ def _probs(model: nn.Module, req: Request, hidden: Tensor, position: int, target
     return probs, probs if logits.dtype == wide else logits.softmax(-1)[:, target_id].to(wide)
 
 
+def _show(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _one_prompt(input_ids):
+    """``input_ids`` of one prompt as the request step takes it: [pos] (a list of ints, an integer tensor or
+    numpy array); a batch of one ([1 pos]) unwrapped; a batch of several, or no token ids at all, refused."""
+    if type(input_ids).__module__ == "numpy" and hasattr(input_ids, "dtype"):
+        input_ids = torch.as_tensor(input_ids)  # a float array stays float: refused by the request step
+    if isinstance(input_ids, (str, bytes)):
+        raise InputTypeError(f"input_ids must be token ids (a list of ints or an integer tensor [pos]); the "
+                             f"ablation helpers take no tokenizer, got the string {_show(input_ids)}")
+    if isinstance(input_ids, Tensor):
+        if input_ids.dim() == 2:
+            if input_ids.shape[0] != 1:
+                raise InputError(f"ablation takes one prompt (input_ids of shape [pos] or [1 pos]), got a batch "
+                                 f"of shape {tuple(input_ids.shape)}")
+            input_ids = input_ids[0]
+        return input_ids
+    if not isinstance(input_ids, (list, tuple)):
+        raise InputTypeError(f"input_ids must be token ids (a list of ints or an integer tensor [pos]), got "
+                             f"{type(input_ids).__name__}")
+    rows = [r for r in input_ids if isinstance(r, (list, tuple)) or (isinstance(r, Tensor) and r.dim() > 0)]
+    if rows and len(rows) == len(input_ids):  # a batch given as a list of prompts
+        if len(input_ids) != 1:
+            raise InputError(f"ablation takes one prompt (input_ids of shape [pos] or [1 pos]), got a list of "
+                             f"{len(input_ids)} prompts")
+        return input_ids[0]
+    return input_ids
+
+
 def _request(model: nn.Module, input_ids, target_position: int, target_id: int) -> Request:
-    """The one-prompt request of an ablation: ids [pos] or [1 pos], a position and a target id, checked."""
-    ids = torch.as_tensor(input_ids).long()
-    if ids.dim() == 2:
-        if ids.shape[0] != 1:
-            raise requests.InputError("ablation takes one prompt (input_ids of shape [pos] or [1 pos])")
-        ids = ids[0]
-    return requests.build(model, None, ids, target_id, position=target_position, batch=False)
+    """The one-prompt request of an ablation: ids [pos] or [1 pos], a position and a target id, checked by the
+    request step (integer ids in the vocabulary, a position in the prompt, a target id in the vocabulary)."""
+    ids = _one_prompt(input_ids)
+    try:
+        ids = requests.encode_prompt(None, ids)
+    except InputError as err:  # the request step's message, said of this argument
+        raise type(err)(f"input_ids: {err}") from None
+    if target_id is None or isinstance(target_id, Mapping):
+        raise InputTypeError(f"target_id must be one token id (an int), got {_show(target_id)}")
+    req = requests.build(model, None, ids, target_id, position=target_position, batch=False)
+    if req.targets[0].kind != "token" or req.targets[0].token_id is None:  # a vector target
+        raise InputTypeError(f"target_id must be one token id (an int), got {_show(target_id)}")
+    return req
 
 
 def _mask(name: str, mask, shape: tuple) -> Tensor:
-    """A keep mask of ``shape`` (None: any size; a pair: either size), finite; refused with its name."""
+    """A keep mask of ``shape`` (None: any number of rows, at least one; a pair: either size), holding
+    0 (ablate) and 1 (keep) only; refused with its name."""
     if not isinstance(mask, Tensor):
-        raise requests.InputTypeError(f"{name} must be a tensor, got {type(mask).__name__}")
+        raise InputTypeError(f"{name} must be a tensor, got {type(mask).__name__}")
     ok = mask.dim() == len(shape) and all(
         want is None or got in (want if isinstance(want, tuple) else (want,)) for got, want in zip(mask.shape, shape))
     if not ok:
         show = ", ".join("rows" if w is None else "|".join(map(str, w)) if isinstance(w, tuple) else str(w)
                          for w in shape)
-        raise requests.InputError(f"{name} has shape {tuple(mask.shape)}; it must be [{show}]")
+        raise InputError(f"{name} has shape {tuple(mask.shape)}; it must be [{show}]")
+    if shape[0] is None and mask.shape[0] == 0:
+        raise InputError(f"{name} has 0 rows; it needs at least one (one row per ablated copy of the prompt)")
+    if mask.is_complex():
+        raise InputTypeError(f"{name} must be a real or bool tensor (1 keep, 0 ablate), got {mask.dtype}")
     if mask.is_floating_point() and not torch.isfinite(mask).all():
-        raise requests.InputError(f"{name} holds NaN or infinite values")
+        raise InputError(f"{name} holds NaN or infinite values")
+    if mask.dtype != torch.bool and not ((mask == 0) | (mask == 1)).all():
+        raise InputError(f"{name} must hold 1 (keep) and 0 (ablate) only, got values such as "
+                         f"{mask[(mask != 0) & (mask != 1)][0].item()!r}")
     return mask
+
+
+def _units(name: str, units) -> list:
+    """An iterable of ablated units (positions, or tuples of indices) as a list; refused with its name."""
+    if isinstance(units, Tensor) and units.dim() == 0:
+        raise InputTypeError(f"{name} must be a list (an empty one for none), got a 0-d tensor {_show(units)}")
+    if isinstance(units, (str, bytes, Mapping)) or not isinstance(units, Iterable):
+        raise InputTypeError(f"{name} must be a list (an empty one for none), got {_show(units)}")
+    return list(units)
 
 
 def _unit(name: str, unit, sizes: tuple[int, ...]) -> tuple[int, ...]:
     """One ablated unit: len(sizes) ints, each in range (negative counts from the end, as in indexing)."""
+    if isinstance(unit, Tensor) and unit.dim() == 1:
+        unit = unit.tolist()
     if not isinstance(unit, (tuple, list)) or len(unit) != len(sizes):
-        raise requests.InputError(f"each {name} must be {len(sizes)} ints, got {unit!r}")
+        raise InputError(f"each {name} must be {len(sizes)} ints, got {unit!r}")
     return tuple(check_int(f"{name} {tuple(unit)!r}", i, low=-n, high=n - 1) % n for i, n in zip(unit, sizes))
 
 
@@ -96,8 +154,8 @@ def input_ablation_prob(model: nn.Module, input_ids, zero_positions: Iterable[in
     req = _request(model, input_ids, target_position, target_id)
     keep = torch.ones(1, req.n_tokens)
     t = req.n_tokens
-    zero = [check_int(f"zero position {p!r} (of a prompt of {t} tokens)", p, low=-t, high=t - 1)
-            for p in zero_positions]
+    zero = [check_int(f"zero_positions: position {p!r} (of a prompt of {t} tokens)", p, low=-t, high=t - 1)
+            for p in _units("zero_positions", zero_positions)]
     keep[0, zero] = 0
     return float(input_ablation_probs(model, req.input_ids[0], keep, target_position, target_id)[0])
 
@@ -113,7 +171,7 @@ def component_ablation_probs_both(model: nn.Module, input_ids, attn_keep: Tensor
     if neuron_keep is not None:
         neuron_keep = _mask("neuron_keep", neuron_keep, (None, spec.n_layers, (t, 1), spec.d_mlp))
     if attn_keep is not None and neuron_keep is not None and attn_keep.shape[0] != neuron_keep.shape[0]:
-        raise requests.InputError(f"attn_keep has {attn_keep.shape[0]} rows and neuron_keep {neuron_keep.shape[0]}: "
+        raise InputError(f"attn_keep has {attn_keep.shape[0]} rows and neuron_keep {neuron_keep.shape[0]}: "
                                   "the rows (one ablation each) must agree")
     rows = next((m.shape[0] for m in (attn_keep, neuron_keep) if m is not None), 1)
     to = lambda m: m.to(req.device)  # noqa: E731
@@ -142,11 +200,11 @@ def component_ablation_prob(model: nn.Module, input_ids, edges: Iterable[tuple[i
     spec, ids = req.spec, req.input_ids[0]
     t = len(ids)
     attn_keep = torch.ones(1, spec.n_layers, spec.n_heads, t, t, dtype=torch.bool)
-    for edge in edges:
+    for edge in _units("edges", edges):
         l, h, q, k = _unit("edge (layer, head, query, key)", edge, (spec.n_layers, spec.n_heads, t, t))
         attn_keep[0, l, h, q, k] = False
     neuron_keep = torch.ones(1, spec.n_layers, t, spec.d_mlp, dtype=torch.bool)
-    for unit in neurons:
+    for unit in _units("neurons", neurons):
         l, p, n = _unit("neuron (layer, position, neuron)", unit, (spec.n_layers, t, spec.d_mlp))
         neuron_keep[0, l, p, n] = False
     return float(component_ablation_probs(model, ids, attn_keep, neuron_keep, target_position, target_id)[0])

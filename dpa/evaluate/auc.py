@@ -14,7 +14,13 @@ two protocols measure the same curves, one pair of curves serves both.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Literal, Sequence
+
+from torch import Tensor
+
+from ..checks import check_choice, check_float
+from ..errors import InputError, InputTypeError, NonFiniteError
 
 Mode = Literal["paper", "clean"]
 ANCHORS = {
@@ -30,16 +36,42 @@ def trapezoid(x: Sequence[float], y: Sequence[float]) -> float:
     return sum((x1 - x0) * (y0 + y1) / 2 for x0, x1, y0, y1 in zip(x, x[1:], y, y[1:]))
 
 
+def _numbers(name: str, values) -> list[float]:
+    """A sequence of finite real numbers; NaN or infinity is a NonFiniteError naming the entry."""
+    if (isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Iterable)
+            or (isinstance(values, Tensor) and values.dim() != 1)):
+        raise InputTypeError(f"{name} must be a sequence of numbers, got {type(values).__name__}")
+    out = []
+    for i, v in enumerate(values):
+        try:
+            out.append(check_float(f"{name}[{i}]", v))
+        except InputTypeError:
+            raise
+        except InputError as err:  # with no bounds, check_float refuses only NaN and infinities
+            raise NonFiniteError(str(err)) from None
+    return out
+
+
 def auc(fractions: Sequence[float], values: Sequence[float], *, curve: Literal["disruption", "recovery"],
         unit: Literal["input", "component"], mode: Mode = "clean") -> float:
-    """AUC of one curve in ``mode`` (see the module docstring)."""
+    """AUC of one curve in ``mode`` (see the module docstring). ``fractions`` in [0, 1], one finite value each."""
+    return _auc(fractions, values, curve, unit, mode, "values")
+
+
+def _auc(fractions, values, curve: str, unit: str, mode: str, name: str) -> float:
+    """``auc``, its messages naming the curve's values ``name``."""
+    check_choice("curve", curve, ("disruption", "recovery"))
+    check_choice("unit", unit, ("input", "component"))
+    check_choice("mode", mode, ("paper", "clean"))
+    fractions, values = _numbers("fractions", fractions), _numbers(name, values)
     if len(fractions) != len(values):
-        raise ValueError(f"{len(fractions)} fractions but {len(values)} values")
-    if (unit, curve) not in ANCHORS:
-        raise ValueError(f"unknown curve {curve!r} or unit {unit!r}")
-    if mode not in ("paper", "clean"):
-        raise ValueError(f"mode must be 'paper' or 'clean', got {mode!r}")
-    points = list(zip(map(float, fractions), map(float, values)))
+        raise InputError(f"{name} has {len(values)} values for {len(fractions)} fractions (one value per fraction)")
+    if not fractions:
+        raise InputError("fractions is empty: a curve needs at least one point")
+    bad = next((i for i, f in enumerate(fractions) if not 0 <= f <= 1), None)
+    if bad is not None:
+        raise InputError(f"fractions[{bad}] must be in [0, 1], got {fractions[bad]}")
+    points = list(zip(fractions, values))
     if mode == "paper":
         points += ANCHORS[(unit, curve)]
     points.sort(key=lambda p: p[0])  # stable: an anchor at a grid fraction follows the grid point
@@ -52,11 +84,18 @@ def auc_summary(fractions: Sequence[float], disruption: Sequence[float], recover
     """{mode: {disruption, recovery, total}} for both modes. ``disruption`` and ``recovery`` are the
     clean protocol's curves; ``paper`` = (disruption, recovery) of the paper's protocol where they
     differ (default: the same curves)."""
-    curves = {"clean": (disruption, recovery), "paper": paper or (disruption, recovery)}
+    check_choice("unit", unit, ("input", "component"))
+    if paper is not None and (not isinstance(paper, (tuple, list)) or len(paper) != 2):
+        size = f" of {len(paper)}" if isinstance(paper, (tuple, list)) else ""
+        raise InputTypeError(f"paper must be a pair (disruption, recovery) of curves, or None, got "
+                             f"{type(paper).__name__}{size}")
+    curves = {"clean": ((disruption, "disruption"), (recovery, "recovery")),
+              "paper": ((disruption, "disruption"), (recovery, "recovery")) if paper is None
+              else ((paper[0], "paper[0]"), (paper[1], "paper[1]"))}
     out = {}
     for mode in ("paper", "clean"):
-        dis, rec = curves[mode]
-        d = auc(fractions, dis, curve="disruption", unit=unit, mode=mode)
-        r = auc(fractions, rec, curve="recovery", unit=unit, mode=mode)
+        (dis, dis_name), (rec, rec_name) = curves[mode]
+        d = _auc(fractions, dis, "disruption", unit, mode, dis_name)
+        r = _auc(fractions, rec, "recovery", unit, mode, rec_name)
         out[mode] = {"disruption": d, "recovery": r, "total": r - d}
     return out

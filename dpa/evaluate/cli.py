@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..errors import DPAError
+from ..errors import DPAError, InputError
 from ..models import ModelLoadError
 from ..weights import FAMILIES, PathWeights
 from .datasets import DATASETS, GENERATED, DataError
@@ -102,15 +102,15 @@ def _settings(args, **extra):
     from .runner import Settings
 
     if args.limit is not None and args.limit < 1:
-        raise ValueError("--limit must be at least 1")
+        raise InputError("--limit must be at least 1")
     if args.batch_size < 1:
-        raise ValueError("--batch-size must be at least 1")
+        raise InputError("--batch-size must be at least 1")
     if args.threads is not None and args.threads < 1:
-        raise ValueError("--threads must be at least 1")
+        raise InputError("--threads must be at least 1")
     if getattr(args, "steps", 1) < 1:
-        raise ValueError("--steps must be at least 1")
+        raise InputError("--steps must be at least 1")
     if args.n_generated < 1:
-        raise ValueError("--n-generated must be at least 1")
+        raise InputError("--n-generated must be at least 1")
     return Settings(dataset=args.dataset, unit=args.unit, limit=args.limit, component_units=args.component_units,
                     contrast=not args.no_contrast, seed=args.seed, batch_size=args.batch_size,
                     data_dir=args.data_dir, n_generated=args.n_generated, filter=args.filter, **extra)
@@ -151,12 +151,12 @@ def run_evaluate(args) -> int:
     if args.preset is not None:
         weights = PathWeights.preset(args.preset, 0.5 if args.p is None else args.p)
     elif args.p is not None:
-        raise ValueError("--p needs --preset")
+        raise InputError("--p needs --preset")
     else:
         weights = args.weights or PathWeights()
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     if not methods:
-        raise ValueError(f"--methods names no method ({args.methods!r}); give names, 'paper' or 'all'")
+        raise InputError(f"--methods names no method ({args.methods!r}); give names, 'paper' or 'all'")
     settings = _settings(args, methods=methods, weights=weights, steps=args.steps)
     resolve_methods(settings)  # unknown names fail before the model loads
     model, tokenizer = _load(args)
@@ -173,13 +173,13 @@ def run_sweep(args) -> int:
     families = [f.strip() for f in args.families.split(",") if f.strip()]
     unknown = [f for f in families if f not in FAMILIES]
     if unknown:
-        raise ValueError(f"unknown famil{'ies' if len(unknown) > 1 else 'y'} {', '.join(unknown)}; "
+        raise InputError(f"unknown famil{'ies' if len(unknown) > 1 else 'y'} {', '.join(unknown)}; "
                          f"choose from {', '.join(FAMILIES)}")
     if not families:
-        raise ValueError(f"--families names no family ({args.families!r}); choose from {', '.join(FAMILIES)}")
+        raise InputError(f"--families names no family ({args.families!r}); choose from {', '.join(FAMILIES)}")
     bad = [p for p in args.ps if not 0 <= p <= 1]
     if not args.ps or bad:
-        raise ValueError("--ps must be values in [0, 1]" + (f", got {', '.join(map(str, bad))}" if bad else ""))
+        raise InputError("--ps must be values in [0, 1]" + (f", got {', '.join(map(str, bad))}" if bad else ""))
     settings = _settings(args)  # bad options fail before the model loads
     model, tokenizer = _load(args)
     summary = sweep(model, tokenizer, settings, args.out, families=families, ps=args.ps,

@@ -33,12 +33,16 @@ set of forward passes gives both curves.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
+from ..checks import check_choice, check_float, check_int
+from ..errors import InputError, InputTypeError, NonFiniteError
+from ..request import check_model
 from ..result import Attribution
 from .ablation import component_ablation_probs_both, input_ablation_probs_both
 from .prompts import Sample
@@ -54,9 +58,65 @@ COMPONENT_GRID = tuple(math.exp(-17 + 1.8 * i) for i in range(10))  # exp(x), x 
 
 def fraction_grid(dataset: str, unit: Unit) -> tuple[float, ...]:
     """The paper's grid: component units exp(x); SQuAD/IMDb inputs sigmoid(x); others 0.1 ... 1."""
+    from .datasets import DATASETS, GENERATED
+
+    check_choice("dataset", dataset, DATASETS + GENERATED)
+    check_choice("unit", unit, ("input", "component"))
     if unit == "component":
         return COMPONENT_GRID
     return SIGMOID_GRID if dataset in ("squad_v2.0", "imdb") else KNOWN_GRID
+
+
+def check_fractions(fractions) -> tuple[float, ...]:
+    """The grid of a curve: at least one fraction, each a number in (0, 1] (k = ceil(f * n) ablates at least
+    one unit, so f = 0 would measure one unit, not none)."""
+    if (isinstance(fractions, (str, bytes, Mapping)) or not isinstance(fractions, Iterable)
+            or (isinstance(fractions, Tensor) and fractions.dim() != 1)):
+        raise InputTypeError(f"fractions must be a sequence of numbers in (0, 1] (e.g. fraction_grid(dataset, "
+                             f"unit)), got {type(fractions).__name__}")
+    out = tuple(check_float(f"fractions[{i}]", f) for i, f in enumerate(fractions))
+    if not out:
+        raise InputError("fractions is empty; give at least one fraction in (0, 1] (e.g. fraction_grid(dataset, "
+                         "unit))")
+    bad = next((i for i, f in enumerate(out) if not 0 < f <= 1), None)
+    if bad is not None:
+        raise InputError(f"fractions[{bad}] must be in (0, 1] (a fraction f ablates ceil(f * n) of the n units, at "
+                         f"least one), got {out[bad]}")
+    return out
+
+
+def _check_sample(sample) -> Sample:
+    if not isinstance(sample, Sample):
+        raise InputTypeError(f"sample must be a dpa.evaluate.Sample (see encode_example), got "
+                             f"{type(sample).__name__}")
+    if len(sample.context) != len(sample.input_ids):
+        raise InputError(f"sample {sample.id!r}: context has {len(sample.context)} entries for "
+                         f"{len(sample.input_ids)} tokens (one True / False per token)")
+    return sample
+
+
+def _check_attribution(attribution, sample: Sample) -> Attribution:
+    """The attribution must be of the sample: its prompt, its target position and its target token."""
+    if not isinstance(attribution, Attribution):
+        raise InputTypeError(f"attribution must be a dpa.Attribution, got {type(attribution).__name__}")
+    ids, want = list(attribution.token_ids), list(sample.input_ids)
+    if ids != want:
+        diff = next((i for i, (a, b) in enumerate(zip(ids, want)) if a != b), min(len(ids), len(want)))
+        raise InputError(f"attribution is of another prompt than sample {sample.id!r}: {len(ids)} tokens against "
+                         f"the sample's {len(want)}, first differing at position {diff}")
+    if attribution.target.position != sample.position:
+        raise InputError(f"attribution is of target position {attribution.target.position}; sample "
+                         f"{sample.id!r} is measured at position {sample.position}")
+    if attribution.target.token_id != sample.target_id:
+        raise InputError(f"attribution is of target token {attribution.target.token_id}; the target of sample "
+                         f"{sample.id!r} is token {sample.target_id}")
+    return attribution
+
+
+def _finite_scores(what: str, scores: Tensor) -> Tensor:
+    if not torch.isfinite(scores).all():
+        raise NonFiniteError(f"attribution's {what} hold NaN or infinite values: they cannot be ranked")
+    return scores
 
 
 def unit_count(f: float, n: int) -> int:
@@ -66,7 +126,7 @@ def unit_count(f: float, n: int) -> int:
 
 def rank(scores: Tensor, seed: int = 0) -> Tensor:
     """Indices of ``scores`` sorted by value, descending; ties in a seeded random order."""
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator().manual_seed(check_int("seed", seed))
     perm = torch.randperm(scores.numel(), generator=gen)
     order = torch.sort(scores.flatten().cpu().double()[perm], descending=True, stable=True).indices
     return perm[order]
@@ -93,6 +153,9 @@ def _curves(fractions, n: int, rows, index, probs: tuple[Tensor, Tensor]) -> Cur
     """Curves from the probabilities of [clean, *rows] in both softmax dtypes."""
     def one(p: Tensor) -> Curves:
         p_clean = float(p[0])
+        if not (math.isfinite(p_clean) and p_clean > 0):
+            raise NonFiniteError(f"p(target) of the clean prompt is {p_clean} (in the model's dtype): the curves, "
+                                 "100 * p_ablated / p_clean, are undefined")
 
         def value(mode: str, k: int) -> float:
             q = p_clean if (mode, k) == ("recovery", n) else float(p[1 + index[(mode, k)]])
@@ -112,10 +175,22 @@ def _chosen(order: Tensor, mode: str, k: int) -> Tensor:
 
 def input_curves(model: nn.Module, sample: Sample, attribution: Attribution, fractions, *, seed: int = 0,
                  batch_size: int = 16) -> Curves:
-    """Curves for token scores: context tokens' embeddings zeroed."""
-    positions = torch.tensor([i for i, c in enumerate(sample.context) if c])
+    """Curves for token scores: context tokens' embeddings zeroed. The attribution must be of the sample
+    (same prompt, target position and target token); ``fractions`` in (0, 1]."""
+    sample = _check_sample(sample)
+    _check_attribution(attribution, sample)
+    fractions = check_fractions(fractions)
+    seed = check_int("seed", seed)
+    scores = attribution.token_scores
+    if not isinstance(scores, Tensor) or tuple(scores.shape) != (sample.n_tokens,):
+        raise InputError(f"attribution's token_scores must be a tensor [{sample.n_tokens}] (one score per token), "
+                         f"got {tuple(scores.shape) if isinstance(scores, Tensor) else type(scores).__name__}")
+    _finite_scores("token_scores", scores)
+    positions = torch.tensor([i for i, c in enumerate(sample.context) if c], dtype=torch.long)
     n = len(positions)
-    order = positions[rank(attribution.token_scores[positions], seed)]
+    if n == 0:
+        raise InputError(f"sample {sample.id!r} has no context tokens: there are no units to ablate")
+    order = positions[rank(scores[positions], seed)]
     rows, index = _rows(fractions, n)
     keep = torch.ones(len(rows), sample.n_tokens)
     for r, (mode, k) in enumerate(rows):
@@ -157,14 +232,18 @@ def component_units(sample: Sample, n_layers: int, n_heads: int, d_mlp: int,
     ``protocol="paper"`` gives the paper's unit set for ``method`` (see the module docstring): fine
     edges over every (query, key) pair of context positions, and one kind only for a method in
     ``ONE_KIND``."""
-    if granularity not in GRANULARITIES:
-        raise ValueError(f"component units must be one of {', '.join(GRANULARITIES)}; got {granularity!r}")
-    if protocol not in ("clean", "paper"):
-        raise ValueError(f"protocol must be 'clean' or 'paper', got {protocol!r}")
+    sample = _check_sample(sample)
+    n_layers, n_heads, d_mlp = (check_int(name, v, low=1) for name, v in
+                                (("n_layers", n_layers), ("n_heads", n_heads), ("d_mlp", d_mlp)))
+    check_choice("granularity (component units)", granularity, GRANULARITIES)
+    check_choice("protocol", protocol, ("clean", "paper"))
+    if method is not None and not isinstance(method, str):
+        raise InputTypeError(f"method must be a method name (a str) or None, got {method!r}")
     kind = granularity if granularity in ("edges", "neurons") else None
     if protocol == "paper" and method in ONE_KIND:
         if kind is not None and kind != ONE_KIND[method]:
-            raise ValueError(f"{method} scores {ONE_KIND[method]} only; it has no {kind} to rank")
+            raise InputError(f"method {method} scores {ONE_KIND[method]} only; granularity {kind!r} leaves it no "
+                             f"{kind} to rank")
         kind = ONE_KIND[method]
     t = sample.n_tokens
     if granularity == "coarse":
@@ -189,22 +268,67 @@ def component_units(sample: Sample, n_layers: int, n_heads: int, d_mlp: int,
 
 def component_scores(attribution: Attribution, units: ComponentUnits) -> Tensor:
     """The attribution's scores of the units, edges (or heads) first: [n_units]."""
+    if not isinstance(attribution, Attribution):
+        raise InputTypeError(f"attribution must be a dpa.Attribution, got {type(attribution).__name__}")
+    _check_units(units)
     fine = units.attn_shape[-1] != 1
     attn = attribution.edge_scores if fine else attribution.head_scores
     neurons = attribution.neuron_position_scores if fine else attribution.neuron_scores
     if attn is None or neurons is None:
-        raise ValueError(f"method {attribution.method!r} gives no "
+        raise InputError(f"attribution: method {attribution.method!r} gives no "
                          f"{'edge / position-level neuron' if fine else 'head / neuron'} scores")
-    return torch.cat([attn.flatten()[units.attn_index], neurons.flatten()[units.neuron_index]]).float()
+    names = ("edge_scores", "neuron_position_scores") if fine else ("head_scores", "neuron_scores")
+    wants = ((units.attn_shape, units.neuron_shape) if fine
+             else (units.attn_shape[:2], (units.neuron_shape[0], units.neuron_shape[2])))
+    for name, got, want in zip(names, (attn, neurons), wants):
+        if tuple(got.shape) != tuple(want):
+            raise InputError(f"attribution's {name} have shape {tuple(got.shape)}; the units are of shape "
+                             f"{tuple(want)} (an attribution of another model or prompt?)")
+    scores = torch.cat([attn.flatten()[units.attn_index], neurons.flatten()[units.neuron_index]]).float()
+    return _finite_scores(" / ".join(names), scores)
+
+
+def _check_units(units) -> ComponentUnits:
+    """Units as ``component_units`` makes them: 4-d and 3-d shapes, integer indices within them."""
+    if not isinstance(units, ComponentUnits):
+        raise InputTypeError(f"units must be a ComponentUnits (see component_units), got {type(units).__name__}")
+    if len(units.attn_shape) != 4 or len(units.neuron_shape) != 3:
+        raise InputError(f"units have shapes {units.attn_shape} and {units.neuron_shape}; they must be "
+                         "[layer head query key] and [layer pos d_mlp] (see component_units)")
+    for name, index, shape in (("attn_index", units.attn_index, units.attn_shape),
+                               ("neuron_index", units.neuron_index, units.neuron_shape)):
+        if (not isinstance(index, Tensor) or index.dim() != 1 or index.is_floating_point() or index.is_complex()
+                or index.dtype == torch.bool):
+            raise InputTypeError(f"units.{name} must be a 1-D integer tensor, got "
+                                 f"{index.dtype if isinstance(index, Tensor) else type(index).__name__}")
+        if len(index) and not (0 <= int(index.min()) and int(index.max()) < math.prod(shape)):
+            raise InputError(f"units.{name} holds indices outside its mask of shape {shape}")
+    return units
 
 
 def component_curves(model: nn.Module, sample: Sample, attribution: Attribution, units: ComponentUnits, fractions,
                      *, seed: int = 0, batch_size: int = 8) -> Curves:
-    """Curves for component scores: attention probabilities and SiLU(s) zeroed."""
+    """Curves for component scores: attention probabilities and SiLU(s) zeroed. The attribution must be of
+    the sample, and the units of the sample and the model (``component_units``); ``fractions`` in (0, 1]."""
+    spec = check_model(model)
+    sample = _check_sample(sample)
+    _check_attribution(attribution, sample)
+    _check_units(units)
+    fractions = check_fractions(fractions)
+    seed = check_int("seed", seed)
+    batch_size = check_int("batch_size", batch_size, low=1)
+    t = sample.n_tokens
+    fine = units.attn_shape[-1] != 1
+    want = ((spec.n_layers, spec.n_heads, t if fine else 1, t if fine else 1),
+            (spec.n_layers, t if fine else 1, spec.d_mlp))
+    if (tuple(units.attn_shape), tuple(units.neuron_shape)) != want:
+        raise InputError(f"units are of shapes {tuple(units.attn_shape)} and {tuple(units.neuron_shape)}; for this "
+                         f"model and sample ({t} tokens) they must be {want[0]} and {want[1]} (build them with "
+                         "component_units(sample, n_layers, n_heads, d_mlp, ...))")
     order = rank(component_scores(attribution, units), seed)
     n, n_attn = units.n, len(units.attn_index)
     if n == 0:
-        raise ValueError("the sample has no component units (no context positions)")
+        raise InputError(f"units: sample {sample.id!r} has no component units (no context positions)")
     rows, index = _rows(fractions, n)
     plan = [None, *rows]  # first row: nothing ablated (p_clean through the same arithmetic)
     probs = []

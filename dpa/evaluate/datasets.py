@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .ioi import generate_ioi
-from ..errors import DPAError
+from ..errors import DPAError, InputError
 
 DATASETS = ("known_1000", "ioi", "squad_v2.0", "imdb")
 GENERATED = ("ioi_templates",)
@@ -71,8 +71,8 @@ def find_data_dir(data_dir: str | Path | None = None) -> Path:
 
 def load_records(name: str, data_dir: str | Path | None = None) -> list[dict]:
     """The raw records of one data file."""
-    if name not in FILES:
-        raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
+    if not isinstance(name, str) or name not in FILES:
+        raise InputError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
     path = find_data_dir(data_dir) / FILES[name]
     if not path.is_file():
         raise DataError(f"{path} does not exist; the folder must hold {FILES[name]}")
@@ -117,7 +117,7 @@ def _example(name: str, r: dict) -> Example:
     if name == "imdb":
         return Example(id=str(r.get("id", "")), answer=field("answer"), system=IMDB_SYSTEM,
                        user=f"Review: {field('text')}", prefill="Answer:")
-    raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS + GENERATED)}")
+    raise InputError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS + GENERATED)}")
 
 
 def _field(record: dict, key: str, name: str) -> str:
@@ -130,5 +130,7 @@ def _field(record: dict, key: str, name: str) -> str:
 def load_examples(name: str, data_dir: str | Path | None = None, *, seed: int = 0,
                   n_generated: int = 1000) -> list[Example]:
     """The examples of a dataset, in file order (``ioi_templates``: ``n_generated`` seeded prompts)."""
+    if not isinstance(name, str) or name not in DATASETS + GENERATED:
+        raise InputError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS + GENERATED)}")
     records = generate_ioi(n_generated, seed=seed) if name == "ioi_templates" else load_records(name, data_dir)
     return [_example(name, r) for r in records]

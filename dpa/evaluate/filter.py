@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from .. import request as requests
+from ..checks import check_bool, check_float, check_int
 from ..instrument import clean_logits
 from .prompts import Sample
 
@@ -30,6 +31,9 @@ def check(model: nn.Module, tokenizer, sample: Sample, *, max_tokens: int = 400,
           min_probability: float = 0.1, correct_only: bool = True) -> Verdict:
     """Run the clean prompt once and apply the filter. ``correct_only=False`` keeps only the length
     and context checks (for smoke runs on models that rarely get a dataset right)."""
+    max_tokens = check_int("max_tokens", max_tokens, low=1)
+    min_probability = check_float("min_probability", min_probability, low=0, high=1)
+    correct_only = check_bool("correct_only", correct_only)
     n = sample.n_tokens
     if n > max_tokens:
         return Verdict(False, f"longer than {max_tokens} tokens", float("nan"), n)

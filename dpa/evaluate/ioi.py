@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import random
 
+from ..checks import check_int
+
 TEMPLATES = (
     "When {A} and {B} went to the {place}, {S} gave a {thing} to",
     "After {A} and {B} went to the {place}, {S} gave a {thing} to",
@@ -29,9 +31,8 @@ THINGS = ("drink", "book", "ring", "kiss", "bone", "basketball", "computer", "ne
 
 def generate_ioi(n: int, *, seed: int = 0) -> list[dict]:
     """``n`` records like ``ioi.json``'s (case_id, prompt, answer) plus ``contrast`` (S) and ``order``."""
-    if n < 0:
-        raise ValueError(f"n must be non-negative, got {n}")
-    rng = random.Random(seed)
+    n = check_int("n", n, low=0)
+    rng = random.Random(check_int("seed", seed))
     records = []
     for i in range(n):
         io, s = rng.sample(NAMES, 2)

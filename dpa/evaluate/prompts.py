@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import InputError, InputTypeError, UnsupportedModelError
 from .datasets import Example
 
 
@@ -37,17 +38,22 @@ class Sample:
 
 def first_token(tokenizer, word: str) -> int:
     """The first token of " " + word."""
+    if not isinstance(word, str):
+        raise InputTypeError(f"word must be a string (an answer or contrast), got {type(word).__name__}")
+    if not word.strip():
+        raise InputError(f"word must be a non-empty string (an answer or contrast), got {word!r}")
     ids = tokenizer.encode(" " + word, add_special_tokens=False)
     if len(ids) > 1 and not tokenizer.decode(ids[:1]).strip():
         ids = ids[1:]
     if not ids:
-        raise ValueError(f"{word!r} tokenises to nothing")
+        raise InputError(f"word {word!r} tokenises to nothing")
     return ids[0]
 
 
 def _chat_text(tokenizer, ex: Example) -> str:
     if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("this dataset uses the chat template, but the tokenizer has none (use an instruct model)")
+        raise UnsupportedModelError("this dataset uses the chat template, but the tokenizer has none (use an "
+                                    "instruct model)")
     messages = [{"role": "system", "content": ex.system}, {"role": "user", "content": ex.user},
                 {"role": "assistant", "content": ex.prefill}]
     return tokenizer.apply_chat_template(messages, tokenize=False, continue_final_message=True)
@@ -63,7 +69,8 @@ def encode_example(tokenizer, ex: Example) -> Sample:
         text = _chat_text(tokenizer, ex)
         start = text.find(ex.user, text.find(ex.system) + len(ex.system))
         if start < 0:
-            raise ValueError("the chat template does not contain the user turn verbatim")
+            raise UnsupportedModelError("the tokenizer's chat template does not contain the user turn verbatim, so "
+                                        "the context tokens cannot be found")
         end = start + len(ex.user)
         enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         context = [a < end and b > start and b > a for a, b in enc["offset_mapping"]]

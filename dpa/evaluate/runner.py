@@ -14,9 +14,11 @@ import functools
 import inspect
 import json
 import math
+import os
 import platform
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
@@ -26,12 +28,14 @@ from torch import nn
 
 from ..families import spec_for
 from ..baselines import COMPONENT_METHODS, INPUT_METHODS
-from ..weights import PathWeights
+from ..checks import check_bool, check_choice, check_float, check_int
+from ..errors import InputError, InputTypeError
+from ..weights import FAMILIES, PathWeights
 from .auc import auc_summary
-from .curves import (ONE_KIND, ComponentUnits, Unit, component_curves, component_units, fraction_grid,
-                     input_curves)
+from .curves import (GRANULARITIES, ONE_KIND, ComponentUnits, Unit, component_curves, component_units,
+                     fraction_grid, input_curves)
 from ..result import write_text
-from .datasets import DataError, load_examples
+from .datasets import DATASETS, GENERATED, DataError, load_examples
 from .filter import Verdict, check
 from .prompts import encode_example
 
@@ -64,6 +68,36 @@ class Settings:
     data_dir: str | None = None
     n_generated: int = 1000  # ioi_templates
 
+    def __post_init__(self) -> None:
+        """Every field checked (and put in its canonical form) here, once, for the Python API and the CLI alike."""
+        fix = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (a frozen dataclass)
+        check_choice("dataset", self.dataset, DATASETS + GENERATED)
+        check_choice("unit", self.unit, ("input", "component"))
+        fix("methods", check_method_names(self.methods))
+        if self.limit is not None:
+            fix("limit", check_int("limit (valid samples to evaluate; None for all)", self.limit, low=1))
+        check_choice("component_units", self.component_units, GRANULARITIES)
+        if not isinstance(self.weights, PathWeights):
+            raise InputTypeError(f"weights must be a dpa.PathWeights (e.g. PathWeights(0, 0, 1, 0, 1) or "
+                                 f"PathWeights.parse('0,0,1,0,1')), got {type(self.weights).__name__}")
+        fix("contrast", check_bool("contrast", self.contrast))
+        fix("seed", check_int("seed", self.seed))
+        fix("steps", check_int("steps", self.steps, low=1))
+        fix("batch_size", check_int("batch_size", self.batch_size, low=1))
+        fix("max_tokens", check_int("max_tokens", self.max_tokens, low=1))
+        p = check_float("min_probability", self.min_probability)
+        if not 0 <= p < 1:
+            raise InputError(f"min_probability must be in [0, 1) (a sample is kept when p(target) > min_probability), "
+                             f"got {p}")
+        fix("min_probability", p)
+        check_choice("filter", self.filter, ("paper", "length"))
+        if self.data_dir is not None:
+            if not isinstance(self.data_dir, (str, os.PathLike)):
+                raise InputTypeError(f"data_dir must be a folder (a str or path) or None, got "
+                                     f"{type(self.data_dir).__name__}")
+            fix("data_dir", os.fspath(self.data_dir))
+        fix("n_generated", check_int("n_generated", self.n_generated, low=1))
+
     def identity(self) -> dict:
         keep = ("dataset", "unit", "component_units", "weights", "contrast", "seed", "steps", "max_tokens",
                 "min_probability", "filter", "n_generated")
@@ -71,9 +105,32 @@ class Settings:
         return {k: d[k] for k in keep}
 
 
+def check_method_names(methods) -> tuple[str, ...]:
+    """Method names as a tuple of non-empty strings (a list or tuple of them; () for the paper's table)."""
+    if isinstance(methods, str):
+        raise InputTypeError(f"methods must be a tuple of method names, e.g. ({methods!r},), not the string "
+                             f"{methods!r} (a string would be read letter by letter)")
+    if not isinstance(methods, (tuple, list)):
+        raise InputTypeError(f"methods must be a tuple of method names (or 'paper' / 'all' in it), got "
+                             f"{type(methods).__name__}")
+    bad = next((m for m in methods if not isinstance(m, str) or not m.strip()), None)
+    if bad is not None:
+        raise InputTypeError(f"methods must hold method names (non-empty strings), got {bad!r}")
+    return tuple(methods)
+
+
+def check_shard(shard) -> tuple[int, int]:
+    """``(k, n)``: this process measures the valid samples whose rank is k modulo n."""
+    if not isinstance(shard, (tuple, list)) or len(shard) != 2:
+        raise InputTypeError(f"shard must be a pair (k, n) of ints with 0 <= k < n, e.g. (0, 2), got {shard!r}")
+    k, n = check_int("shard's k", shard[0], low=0), check_int("shard's n", shard[1], low=1)
+    if k >= n:
+        raise InputError(f"shard must be (k, n) with 0 <= k < n, got ({k}, {n})")
+    return k, n
+
+
 def available_methods(unit: Unit) -> dict[str, Callable]:
-    if unit not in ("input", "component"):
-        raise ValueError(f"unit must be 'input' or 'component', got {unit!r}")
+    check_choice("unit", unit, ("input", "component"))
     return INPUT_METHODS if unit == "input" else COMPONENT_METHODS
 
 
@@ -87,7 +144,7 @@ def resolve_methods(settings: Settings) -> dict[str, Callable]:
         names = [n for n in names if n != "paper"] + list(PAPER_METHODS[settings.unit])
     unknown = [n for n in names if n not in registry]
     if unknown:
-        raise ValueError(f"unknown {settings.unit} method(s) {', '.join(unknown)}; choose from "
+        raise InputError(f"unknown {settings.unit} method(s) {', '.join(unknown)}; choose from "
                          f"{', '.join(registry)} (or 'paper', 'all')")
     pool = {"weights": settings.weights, "seed": settings.seed, "steps": settings.steps,
             "units": "coarse" if settings.component_units == "coarse" else "fine"}
@@ -153,7 +210,7 @@ def _check_folder(out: Path, identity: dict) -> None:
         diff = {k: (old.get(k), v) for k, v in identity.items() if old.get(k) != v}
         if diff:
             changes = "; ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in diff.items())
-            raise ValueError(f"{out} holds a run with other settings ({changes}); use a new --out folder")
+            raise InputError(f"{out} holds a run with other settings ({changes}); use a new --out folder")
     else:
         write_text(path, json.dumps(identity, indent=1) + "\n")
 
@@ -174,12 +231,13 @@ def evaluate(model: nn.Module, tokenizer, settings: Settings, out: str | Path, *
     """
     from tqdm.auto import tqdm
 
-    k_shard, n_shards = shard
-    if not (n_shards >= 1 and 0 <= k_shard < n_shards):
-        raise ValueError(f"shard must be k/n with 0 <= k < n, got {k_shard}/{n_shards}")
-    if settings.filter not in ("paper", "length"):
-        raise ValueError(f"filter must be 'paper' or 'length', got {settings.filter!r}")
-    methods = methods if methods is not None else resolve_methods(settings)
+    if not isinstance(settings, Settings):
+        raise InputTypeError(f"settings must be a dpa.evaluate.Settings, got {type(settings).__name__}")
+    k_shard, n_shards = check_shard(shard)
+    progress, figures = check_bool("progress", progress), check_bool("figures", figures)
+    if not isinstance(out, (str, os.PathLike)):
+        raise InputTypeError(f"out must be a folder (a str or path), got {type(out).__name__}")
+    methods = check_methods(methods) if methods is not None else resolve_methods(settings)
     _check_kinds(settings, methods)
     examples = load_examples(settings.dataset, settings.data_dir, seed=settings.seed,
                              n_generated=settings.n_generated)  # missing or malformed data: before any file
@@ -264,13 +322,29 @@ def _measure(model, tokenizer, settings: Settings, sample, index: int, name: str
             "paper_disruption": paper.disruption, "paper_recovery": paper.recovery}
 
 
+def check_methods(methods) -> dict[str, Callable]:
+    """``evaluate``'s ``methods`` override: a dict of method name -> attribution function."""
+    if not isinstance(methods, Mapping):
+        raise InputTypeError(f"methods must be a dict of method name -> attribution function, got "
+                             f"{type(methods).__name__}")
+    if not methods:
+        raise InputError("methods is empty: give at least one method name -> attribution function")
+    for name, fn in methods.items():
+        if not isinstance(name, str) or not name.strip():
+            raise InputTypeError(f"methods: each name must be a non-empty string, got {name!r}")
+        if not callable(fn):
+            raise InputTypeError(f"methods[{name!r}] must be an attribution function (model, tokenizer, prompt, "
+                                 f"target, ...) -> Attribution, got {type(fn).__name__}")
+    return dict(methods)
+
+
 def _check_kinds(settings: Settings, methods) -> None:
     """A method that scores one kind of component has nothing to rank among units of the other kind."""
     if settings.unit != "component" or settings.component_units not in ("edges", "neurons"):
         return
     wrong = [n for n in methods if ONE_KIND.get(n, settings.component_units) != settings.component_units]
     if wrong:
-        raise ValueError(f"{', '.join(wrong)} score(s) {ONE_KIND[wrong[0]]} only: nothing to rank among "
+        raise InputError(f"{', '.join(wrong)} score(s) {ONE_KIND[wrong[0]]} only: nothing to rank among "
                          f"--component-units {settings.component_units}")
 
 
@@ -375,6 +449,14 @@ def sweep_methods(settings: Settings, families, ps) -> tuple[dict[str, Callable]
     """DPA under each (family, p): methods named by their weights (shared points run once)."""
     from ..baselines import dpa_component, dpa_input
 
+    if isinstance(families, str) or not isinstance(families, (tuple, list)):
+        raise InputTypeError(f"families must be a list of family names ({', '.join(FAMILIES)}), got {families!r}")
+    unknown = [f for f in families if f not in FAMILIES]
+    if unknown or not families:
+        raise InputError(f"families must name one or more of {', '.join(FAMILIES)}, got {list(families)!r}")
+    if isinstance(ps, (str, bytes)) or not isinstance(ps, (tuple, list)) or not ps:
+        raise InputTypeError(f"ps must be a non-empty list of numbers in [0, 1], got {ps!r}")
+    ps = [check_float(f"ps[{i}]", p, low=0, high=1) for i, p in enumerate(ps)]
     base = dpa_input if settings.unit == "input" else dpa_component
     methods, points = {}, []
     for family in families:
@@ -389,6 +471,9 @@ def sweep_methods(settings: Settings, families, ps) -> tuple[dict[str, Callable]
 def sweep(model: nn.Module, tokenizer, settings: Settings, out: str | Path, *, families, ps,
           progress: bool = True, figures: bool = True, shard: tuple[int, int] = (0, 1)) -> dict:
     """The sensitivity analysis: total AUC of DPA over p for each path-weight family."""
+    if not isinstance(settings, Settings):
+        raise InputTypeError(f"settings must be a dpa.evaluate.Settings, got {type(settings).__name__}")
+    check_shard(shard)
     methods, points = sweep_methods(settings, families, ps)
     out = Path(out)
     results = evaluate(model, tokenizer, replace(settings, methods=tuple(methods)), out, methods=methods,
