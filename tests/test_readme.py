@@ -1,0 +1,112 @@
+"""Every code block of README.md runs, as written, on the default model (and its sample output is what the
+command prints). The two set-up commands are the ones CI itself runs: `.ci/test` starts with `.ci/install`
+and `.ci/run` is `.ci/test`; the test runs the attribution the first one ends with.
+
+The benchmark commands read their data from ``$DPA_DATA``; here that is one Known 1000 record the default
+model gets right, written by the test (a fresh clone has no ../shared/data), so they run in about a minute.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+BLOCK = re.compile(r"^```(\w+)\n(.*?)^```", re.S | re.M)
+# A Known 1000 record (known_id 6) that SmolLM2-135M-Instruct answers (p = 0.79), so the filter keeps it.
+KNOWN = [{"known_id": 6, "subject": "Catalonia", "attribute": "Europe", "template": "{} belongs to the continent of",
+          "prompt": "Catalonia belongs to the continent of", "relation_id": "P30"}]
+
+
+def blocks(kind: str | None = None) -> list[tuple[str, str]]:
+    found = [(m.group(1), m.group(2)) for m in BLOCK.finditer((ROOT / "README.md").read_text())]
+    return [(k, text) for k, text in found if kind is None or k == kind]
+
+
+def commands(text: str) -> list[str]:
+    """The command lines of a bash block, without trailing comments."""
+    out = []
+    for line in text.splitlines():
+        line = re.split(r"\s+#\s", line, maxsplit=1)[0].strip()
+        if line and not line.startswith("#"):
+            out.append(line)
+    return out
+
+
+def run_dpa(line: str, cwd: Path, env: dict) -> subprocess.CompletedProcess:
+    argv = shlex.split(line)
+    assert argv[:3] == ["python", "-m", "dpa"], f"README command does not run dpa: {line}"
+    proc = subprocess.run([sys.executable, *argv[1:]], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, f"{line}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory) -> dict:
+    data = tmp_path_factory.mktemp("data")
+    (data / "known_1000.json").write_text(json.dumps(KNOWN))
+    return {**os.environ, "DPA_DATA": str(data), "NO_COLOR": "1", "HF_HUB_OFFLINE": "1"}
+
+
+def test_the_blocks_are_the_ones_this_test_knows():
+    kinds = [k for k, _ in blocks()]
+    assert set(kinds) <= {"bash", "python", "text"}, kinds
+    assert kinds.count("bash") == 4 and kinds.count("text") == 1, kinds
+
+
+def test_the_two_setup_commands_are_what_ci_runs(env, tmp_path):
+    (_, install), (_, test) = blocks("bash")[:2]
+    first, = commands(install)
+    assert first.startswith("bash .ci/install && python -m dpa attribute ")
+    assert commands(test) == ["bash .ci/test"]
+    assert "bash .ci/test" in (ROOT / ".ci" / "run").read_text()
+    ci_test = (ROOT / ".ci" / "test").read_text()
+    assert re.search(r'^bash \.ci/install$', ci_test, re.M), "the test command installs first"
+    out = run_dpa(first.split(" && ", 1)[1], tmp_path, env).stdout
+    assert "predicted" in out and "top 10 components" in out
+
+
+def test_the_sample_output_is_what_the_command_prints(env, tmp_path):
+    """Every line of README's sample output (but the '...') appears, as printed, in the real output."""
+    (_, install), = blocks("bash")[:1]
+    command = commands(install)[0].split(" && ", 1)[1] + " --color never"
+    out = run_dpa(command, tmp_path, env).stdout.splitlines()
+    (_, sample), = blocks("text")
+    for line in sample.splitlines():
+        if line.strip() and line.strip() != "...":
+            assert line.rstrip() in [o.rstrip() for o in out], f"README shows {line!r}; the command prints:\n" + \
+                "\n".join(out)
+
+
+def test_python_blocks_run_in_order(tmp_path, monkeypatch):
+    """The python blocks, one after another in one namespace, as in a notebook."""
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {"__name__": "__readme__"}
+    for n, (_, code) in enumerate(blocks("python")):
+        exec(compile(code, f"README.md python block {n}", "exec"), namespace)  # noqa: S102
+    assert (tmp_path / "paris.json").is_file()
+    assert type(namespace["widget"]).__name__ == "CircuitWidget"
+    assert namespace["res"].tokens[0] == "The"
+
+
+@pytest.mark.parametrize("which", ["command line", "benchmark"])
+def test_bash_blocks_run(env, tmp_path, which):
+    _, text = blocks("bash")[2 if which == "command line" else 3]
+    for line in commands(text):
+        run_dpa(line, tmp_path, env)
+    if which == "command line":
+        assert (tmp_path / "paris.html").is_file() and (tmp_path / "paris.json").is_file()
+    else:
+        summary = json.loads((tmp_path / "runs" / "known-input" / "results.json").read_text())
+        assert summary["n_evaluated"] == 1, summary.get("n_evaluated")
+        assert (tmp_path / "runs" / "sweep" / "sweep.csv").is_file()
