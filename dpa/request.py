@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from .checks import check_int
 from .errors import InputError, InputTypeError, ModelStateError, TargetError
 from .families import ModelSpec, spec_for
-from .targets import TargetSpec, token_id
+from .targets import TargetSpec, token_id, token_text
 from .weights import PathWeights
 
 Prompt = str | Sequence[int] | Tensor
@@ -93,7 +93,7 @@ class Request:
     def decode(self, ids: list[int]) -> list[str]:
         if self.tokenizer is None:
             return [str(i) for i in ids]
-        return [self.tokenizer.decode([i]) for i in ids]
+        return [token_text(self.tokenizer, i) for i in ids]
 
     def special(self, ids: list[int]) -> list[bool]:
         special_ids = set(getattr(self.tokenizer, "all_special_ids", None) or [])

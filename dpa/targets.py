@@ -58,7 +58,7 @@ def token_id(tokenizer, token: str | int, vocab_size: int, *, multi_token: str =
         raise TargetError(f"{what} {token!r} is not in the tokenizer's vocabulary (it maps to the unknown token "
                           f"{tokenizer.unk_token!r}); pass a token the model knows, or its id")
     if len(ids) != 1:
-        pieces = [tokenizer.decode([i]) for i in ids]
+        pieces = [token_text(tokenizer, i) for i in ids]
         if multi_token == "first" and ids:
             return ids[0]
         others = [v for v, _ in single_token_spellings(tokenizer, token)] if token.strip() else []
@@ -68,6 +68,35 @@ def token_id(tokenizer, token: str | int, vocab_size: int, *, multi_token: str =
             + f"one of the pieces (e.g. {pieces[0]!r}), or attribute the first (multi_token='first' in Python, "
             "--first-token on the command line)")
     return ids[0]
+
+
+def _byte_alphabet() -> dict[str, int]:
+    """Byte-level BPE's printable stand-ins (GPT-2, Llama 3, SmolLM2, Qwen): the printable Latin-1 bytes
+    stand for themselves, the other 68 bytes for the characters from U+0100 on, in byte order."""
+    kept = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    table = {chr(b): b for b in kept}
+    others = [b for b in range(256) if b not in table.values()]
+    table.update({chr(0x100 + n): b for n, b in enumerate(others)})
+    return table
+
+
+BYTE_ALPHABET = _byte_alphabet()
+
+
+def token_text(tokenizer, token: int) -> str:
+    """How one token reads. A token holding part of a multi-byte character (an emoji, a CJK character
+    split across tokens) decodes alone to U+FFFD; it is shown as its bytes instead ('\\xf0\\x9f'), so
+    that two different pieces never look the same."""
+    text = tokenizer.decode([token])
+    if "\ufffd" not in text:
+        return text
+    raw = tokenizer.convert_ids_to_tokens(token)
+    if not isinstance(raw, str) or not raw:
+        return text
+    if all(c in BYTE_ALPHABET for c in raw):
+        data = bytes(BYTE_ALPHABET[c] for c in raw)
+        return "".join(chr(b) if 0x20 <= b < 0x7F else f"\\x{b:02x}" for b in data)
+    return raw  # e.g. SentencePiece's byte tokens, '<0xF0>'
 
 
 def target_direction(spec: TargetSpec, unembed: Tensor, probs: Tensor | None = None) -> Tensor:

@@ -12,6 +12,7 @@ from torch import nn
 import dpa
 from dpa import Attribution, PathWeights, request
 from dpa.checks import check_int
+from dpa.targets import token_text
 from dpa.families import layer_modules
 from dpa.instrument import clean_logits
 
@@ -31,7 +32,7 @@ def predictions(model: nn.Module, tokenizer, token_ids: list[int], position: int
     req = request.build(model, tokenizer, list(token_ids[: position + 1]), batch=False)
     probs = clean_logits(model, req)[0].float().softmax(-1)  # one position only
     top = probs.topk(min(k, probs.numel()))
-    return [Prediction(tokenizer.decode([int(i)]) if tokenizer is not None else str(int(i)), float(p), int(i))
+    return [Prediction(token_text(tokenizer, int(i)) if tokenizer is not None else str(int(i)), float(p), int(i))
             for p, i in zip(top.values, top.indices)]
 
 
@@ -85,7 +86,7 @@ def neuron_vocab(model: nn.Module, tokenizer, layer: int, neuron: int,
     gamma = spec.final_norm(model).weight
     unembed = spec.unembed(model).weight
     effect = (unembed.float() @ (down.float() * gamma.float()).to(unembed.device))  # [vocab]
-    name = (lambda i: tokenizer.decode([i])) if tokenizer is not None else str
+    name = (lambda i: token_text(tokenizer, i)) if tokenizer is not None else str
     up, down_ = effect.topk(k), (-effect).topk(k)
     return ([(name(int(i)), float(v)) for v, i in zip(up.values, up.indices)],
             [(name(int(i)), float(-v)) for v, i in zip(down_.values, down_.indices)])

@@ -79,3 +79,12 @@ class TestNewcomerHints:
         assert "logit units" in out and "query 0.25, key 0.25, value 0.5, gate 0.5, up 0.5" in out
         assert not re.search(r"\b(red|blue)\b", out)  # no colour printed, none named
         assert err == ""
+
+    def test_pieces_of_a_character_read_as_their_bytes(self, smollm):
+        """An emoji or CJK character split over byte-level tokens: each piece alone decodes to U+FFFD, so they
+        are shown as their bytes, and no two different pieces look the same."""
+        model, tok = smollm
+        res = dpa.attribute(model, tok, "I love 🦙 and 東京 café", target=" and")
+        assert "\ufffd" not in "".join(res.tokens)
+        assert res.tokens[2:5] == [" \\xf0\\x9f", "\\xa6", "\\x99"] and res.tokens[-1] == " café"
+        assert len(set(res.tokens)) == len(res.tokens)
