@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=int, default=10, metavar="K", help="components to list (default 10)")
     p.add_argument("--json", type=Path, metavar="FILE",
                    help="write the result as JSON (every score, rounded to float32; read back with "
-                        "dpa.Attribution.from_json)")
+                        "dpa.Attribution.from_json); '-' prints it instead of the report")
     p.add_argument("--json-full", action="store_true",
                    help="with --json: write the scores at the precision they were computed in (float64 models)")
     p.add_argument("--html", type=Path, metavar="FILE", help="write a standalone HTML report")
@@ -88,7 +88,13 @@ def run_attribute(args: argparse.Namespace, *, parser: argparse.ArgumentParser) 
         parser.error("--logprob takes no --contrast (log p already contrasts with every token)")
     if not args.prompt.strip():
         raise InputError("the prompt is empty")
+    if args.json is not None and args.html is not None and args.json.resolve() == args.html.resolve():
+        parser.error(f"--json and --html both write {args.json}: give two file names")
+    if args.html is not None and str(args.html) == "-":
+        parser.error("--html - : give a file name (the JSON can go to stdout with --json -)")
     for out in (args.json, args.html):
+        if out is not None and str(out) == "-":
+            continue
         if out is not None and not out.parent.is_dir():
             parser.error(f"cannot write {out}: no folder {out.parent}")
         if out is not None and out.is_dir():
@@ -116,10 +122,13 @@ def run_attribute(args: argparse.Namespace, *, parser: argparse.ArgumentParser) 
         res = dpa.attribute(model, tokenizer, args.prompt, args.target, contrast=args.contrast, kind=kind,
                             position=args.position, weights=weights, multi_token=multi_token)
     color = args.color == "always" or (args.color == "auto" and wants_color(sys.stdout))
-    sys.stdout.write(terminal_report(res, color=color, top=args.top))
+    if str(args.json) != "-":
+        sys.stdout.write(terminal_report(res, color=color, top=args.top))
     if res.target.hint:
         print(f"warning: {res.target.hint}", file=sys.stderr)
-    if args.json is not None:
+    if args.json is not None and str(args.json) == "-":  # the JSON alone on stdout, for a pipe
+        print(res.to_json(precision="full" if args.json_full else "float32"))
+    elif args.json is not None:
         res.to_json(str(args.json), precision="full" if args.json_full else "float32")
         print(f"wrote {args.json}")
     if args.html is not None:

@@ -186,6 +186,16 @@ class TestAttribute:
         assert "\n" not in short.read_text()  # one line, no indentation
 
 
+def test_json_to_stdout_and_one_file_for_two_outputs(capsys, tiny_dir, tmp_path):
+    code, out, _ = run(capsys, "attribute", PROMPT, "--model", str(tiny_dir), "--json", "-")
+    assert code == 0 and dpa.Attribution.from_json(out).tokens[1:] == ["the", "capital", "of", "france", "is"]
+    assert not Path("-").exists()
+    same = tmp_path / "r.out"
+    with pytest.raises(SystemExit):
+        main(["attribute", PROMPT, "--model", str(tiny_dir), "--json", str(same), "--html", str(same)])
+    assert "both write" in capsys.readouterr().err and not same.exists()
+
+
 def _must_not_run(*_a, **_k):
     raise AssertionError("a loader ran before the arguments were checked")
 

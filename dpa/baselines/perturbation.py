@@ -96,8 +96,9 @@ def activation_patching(model: nn.Module, tokenizer, prompt: Prompt, target=None
          else spec.n_layers * (spec.n_heads * t * (t + 1) // 2 + t * spec.d_mlp))
     if n > max_units:
         raise InputError(f"activation patching needs one forward pass per unit: this prompt has {n:,} {units} units "
-                         f"({t} tokens), more than max_units={max_units:,}. Use units='coarse' (heads and neurons), "
-                         "a shorter prompt, or raise max_units")
+                         f"({t} tokens), more than max_units={max_units:,}. "
+                         + ("Use units='coarse' (heads and neurons), a shorter prompt, or raise max_units"
+                            if units != "coarse" else "Raise max_units"))
     dtype = spec.embed(model).weight.dtype
     clean = _metric(model, req, 1, {}, {})[0]
     attn_scores = torch.zeros(spec.n_layers * spec.n_heads * (1 if units == "coarse" else t * t))
