@@ -121,10 +121,17 @@ def load_model(name: str | None = None, *, dtype: torch.dtype | None = None,
     return model, tokenizer
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
 def read_tokenizer_and_config(folder: str) -> tuple[object, object]:
     """The tokenizer and config of a resolved model (no weights): enough to check a request."""
     from transformers import AutoConfig, AutoTokenizer
 
+    local = Path(folder)
+    if local.is_dir() and not any((local / name).is_file() for name in TOKENIZER_FILES):
+        raise ModelLoadError(f"the folder {str(folder)!r} holds no tokenizer ({', '.join(TOKENIZER_FILES)}); save "
+                             "it beside the model with tokenizer.save_pretrained(folder)")
     try:
         return AutoTokenizer.from_pretrained(folder), AutoConfig.from_pretrained(folder)
     except Exception as err:  # noqa: BLE001  a missing tokenizer file, malformed JSON, ...: one message

@@ -860,6 +860,17 @@ def test_reports_of_a_result_saved_with_top_neurons(tiny):
     assert dpa.Attribution.from_json(back.to_json(top_neurons=3)).neuron_scores is None
 
 
+def test_a_folder_without_a_tokenizer_says_so(tmp_path):
+    from dpa.models import ModelLoadError
+
+    folder = save_tiny_model(tmp_path / "m")
+    for f in folder.iterdir():
+        if "token" in f.name:
+            f.unlink()
+    with pytest.raises(ModelLoadError, match="holds no tokenizer"):
+        dpa.load_model(str(folder), device="cpu")
+
+
 def test_a_truncated_checkpoint_is_one_load_error(tmp_path):
     from dpa.models import ModelLoadError
 
