@@ -1,6 +1,7 @@
 """Dual Path Attribution for SwiGLU language models (Llama, Mistral, Qwen2, Qwen3)."""
 
 from .attribute import attribute
+from .batch import attribute_file, read_results
 from .errors import (DPAError, InputError, InputTypeError, ModelStateError, NonFiniteError, TargetError,
                      TargetWarning, UnsupportedModelError)
 from .families import Family, ModelSpec, spec_for
@@ -9,7 +10,7 @@ from .weights import PathWeights
 
 __all__ = [
     "Attribution", "Component", "DPAError", "Family", "InputError", "InputTypeError", "ModelSpec", "ModelStateError",
-    "NonFiniteError", "PathWeights", "TargetError", "TargetInfo", "TargetWarning", "UnsupportedModelError", "attribute",
+    "NonFiniteError", "PathWeights", "TargetError", "TargetInfo", "TargetWarning", "UnsupportedModelError", "attribute", "attribute_file", "read_results",
     "load_model", "spec_for",
 ]
 __version__ = "0.1.0"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import sys
 from pathlib import Path
 
@@ -33,9 +34,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dpa", description="Dual Path Attribution for SwiGLU language models.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     p = commands.add_parser(
-        "attribute", help="attribute the next-token prediction of a prompt",
-        description="Attribute a target at the end of PROMPT to its tokens, attention heads and MLP neurons.")
-    p.add_argument("prompt", metavar="PROMPT")
+        "attribute", help="attribute the next-token prediction of a prompt (or of every prompt of a file)",
+        description="Attribute a target at the end of PROMPT to its tokens, attention heads and MLP neurons; or, "
+                    "with --prompts and --out, every prompt of a file (under torchrun, split over the processes).")
+    p.add_argument("prompt", metavar="PROMPT", nargs="?", help="the prompt (or give --prompts FILE)")
+    p.add_argument("--prompts", type=Path, metavar="FILE",
+                   help="a file of prompts: JSON lines {\"prompt\", \"target\", \"contrast\", \"position\", \"id\"} "
+                        "or one prompt a line; needs --out")
+    p.add_argument("--out", type=Path, metavar="DIR",
+                   help="with --prompts: the results folder (started again, the run resumes; read it back with "
+                        "dpa.read_results)")
+    p.add_argument("--batch-size", type=int, default=8, metavar="B",
+                   help="with --prompts: prompts per pass, grouped by length (default 8)")
+    p.add_argument("--quiet", action="store_true", help="with --prompts: no progress bar")
     p.add_argument("--target", metavar="TOKEN", help="the token to attribute (default: the model's prediction)")
     p.add_argument("--contrast", metavar="TOKEN", help="attribute logit(target) - logit(TOKEN)")
     p.add_argument("--model", metavar="NAME_OR_PATH",
@@ -84,6 +95,14 @@ def run_attribute(args: argparse.Namespace, *, parser: argparse.ArgumentParser) 
     weights = _path_weights(args, parser)
     if args.top < 1:
         parser.error("--top must be at least 1")
+    if (args.prompt is None) == (args.prompts is None):
+        parser.error("give a PROMPT or --prompts FILE (one of them)")
+    if args.prompts is not None:
+        return _run_file(args, parser, weights)
+    if args.out is not None or args.quiet:
+        parser.error("--out and --quiet go with --prompts FILE (for one prompt, use --json or --html)")
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+        raise InputError("torchrun splits a file of prompts over its processes: use --prompts FILE --out DIR")
     if args.logprob and args.contrast is not None:
         parser.error("--logprob takes no --contrast (log p already contrasts with every token)")
     if not args.prompt.strip():
@@ -134,6 +153,39 @@ def run_attribute(args: argparse.Namespace, *, parser: argparse.ArgumentParser) 
     if args.html is not None:
         write_text(args.html, html_report(res, top=args.top, prompt=args.prompt))
         print(f"wrote {args.html}")
+    return 0
+
+
+def _run_file(args: argparse.Namespace, parser: argparse.ArgumentParser, weights: PathWeights) -> int:
+    """``--prompts FILE --out DIR``: every prompt of the file, resumable; split over the ranks under torchrun."""
+    if args.out is None:
+        parser.error("--prompts needs --out DIR (the results folder)")
+    for flag, value in (("--json", args.json), ("--html", args.html), ("--position", args.position)):
+        if value is not None:
+            parser.error(f"{flag} is for one prompt; with --prompts, positions go in the records and the results "
+                         "in --out")
+    if args.batch_size < 1:
+        parser.error("--batch-size must be at least 1")
+    if not args.prompts.is_file():
+        raise InputError(f"no prompt file {str(args.prompts)!r}")
+    from . import batch, distributed, models
+
+    if args.device is not None:
+        models.check_device(args.device)
+    models.resolve(args.model)
+    with distributed.group() as group:
+        import dpa
+
+        model, tokenizer = dpa.load_model(args.model, device=distributed.device_for(group, args.device))
+        summary = batch.attribute_file(
+            model, tokenizer, args.prompts, args.out, target=args.target, contrast=args.contrast,
+            kind="logprob" if args.logprob else "logit", weights=weights,
+            multi_token="first" if args.first_token else "error", batch_size=args.batch_size, top=args.top,
+            progress=not args.quiet)
+        if group.main:
+            print(f"{summary['attributed']} of {summary['prompts']} prompts attributed into {args.out} "
+                  f"({summary['errors']} errors: {args.out / 'errors.jsonl'}); read them with "
+                  f"dpa.read_results({str(args.out)!r})")
     return 0
 
 

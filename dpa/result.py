@@ -265,6 +265,19 @@ def _decode(x):
     return math.nan if x is None else x
 
 
+def publish(tmp: str | Path, path: Path) -> None:
+    """Rename the finished temporary file ``tmp`` to ``path`` (atomic), with the mode of the file it replaces,
+    or the umask's for a new one (temporary files are made private)."""
+    try:
+        mode = path.stat().st_mode & 0o777
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
 def write_text(path, text: str) -> None:
     """Write ``text`` to ``path`` atomically: a temporary file beside it, then a rename, so a crash or a
     full disk never leaves a truncated file (nor destroys what was there). Errors name the path."""
@@ -276,14 +289,7 @@ def write_text(path, text: str) -> None:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:100]}.", suffix=".tmp", dir=path.parent or ".")
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
-        try:  # mkstemp makes the file private: give it the mode of the file it replaces, or the umask's
-            mode = path.stat().st_mode & 0o777
-        except FileNotFoundError:
-            umask = os.umask(0)
-            os.umask(umask)
-            mode = 0o666 & ~umask
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
+        publish(tmp, path)
     except OSError as err:
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)

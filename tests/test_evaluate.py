@@ -446,29 +446,6 @@ class TestRunner:
         with pytest.raises(ValueError, match="other settings"):
             evaluate(llama, tok, Settings(**{**settings.__dict__, "unit": "component"}), out, progress=False)
 
-    def test_shards_share_a_folder_and_add_up_to_the_whole_run(self, llama, tmp_path):
-        tok = word_tokenizer()
-        tiny_dataset(llama, tmp_path / "data", n=5)
-        settings = Settings(dataset="known_1000", unit="input", methods=("dpa", "random"), min_probability=0.0,
-                            data_dir=str(tmp_path / "data"))
-        whole = evaluate(llama, tok, settings, tmp_path / "whole", progress=False, figures=False)
-        out = tmp_path / "sharded"
-        first = evaluate(llama, tok, settings, out, progress=False, figures=False, shard=(0, 2))
-        # shard 0 of 2 measures valid samples 0, 2, 4 (dataset indices 0, 3, 5: index 1 is invalid)
-        assert first["methods"]["dpa"]["n_samples"] == 3
-        assert sorted({json.loads(x)["index"] for x in (out / "samples.jsonl").read_text().splitlines()}) == [0, 3, 5]
-        second = evaluate(llama, tok, settings, out, progress=False, figures=False, shard=(1, 2))
-        assert second["methods"]["dpa"]["n_samples"] == 5  # the last shard to end sees every sample
-        final = evaluate(llama, tok, settings, out, progress=False, figures=False)
-        assert len((out / "samples.jsonl").read_text().splitlines()) == 10  # nothing measured twice
-        for name in ("dpa", "random"):
-            a, b = final["methods"][name], whole["methods"][name]
-            assert a["n_samples"] == b["n_samples"] == 5
-            assert a["disruption"] == pytest.approx(b["disruption"]) and a["recovery"] == pytest.approx(b["recovery"])
-            assert a["auc"]["paper"]["total"] == pytest.approx(b["auc"]["paper"]["total"])
-        with pytest.raises(ValueError, match="shard"):
-            evaluate(llama, tok, settings, out, progress=False, shard=(2, 2))
-
     def test_component_run_and_sweep(self, llama, tmp_path):
         tok = word_tokenizer()
         tiny_dataset(llama, tmp_path / "data", n=2)
@@ -515,7 +492,8 @@ class TestRunner:
             path.write_text("".join(json.dumps({k: v for k, v in r.items() if not k.startswith("paper_")}) + "\n"
                                     for r in rows))
             again = evaluate(llama, tok, settings, out, progress=False, figures=False)
-            assert len(path.read_text().splitlines()) == len(rows) + remeasured
+            kept = [json.loads(x) for x in path.read_text().splitlines()]  # one row per sample (merged)
+            assert len(kept) == len(rows) and sum("paper_disruption" in r for r in kept) == remeasured
             for mode in ("paper", "clean"):
                 assert again["methods"]["dpa"]["auc"][mode] == pytest.approx(first["methods"]["dpa"]["auc"][mode])
 
@@ -543,10 +521,9 @@ class TestCLI:
         assert main(args + ["--limit", "0"]) == 2
         assert main(args + ["--threads", "0"]) == 2
         assert main(args + ["--steps", "0"]) == 2 and "--steps must be at least 1" in capsys.readouterr().err
-        for bad in ("2/2", "one/two"):
-            with pytest.raises(SystemExit) as info:
-                main(args + ["--shard", bad])
-            assert info.value.code == 2 and "K/N" in capsys.readouterr().err
+        with pytest.raises(SystemExit) as info:  # torchrun splits the work now; dpa keeps no scheme of its own
+            main(args + ["--shard", "0/2"])
+        assert info.value.code == 2 and "unrecognized arguments: --shard" in capsys.readouterr().err
         assert main(["sweep", "--dataset", "ioi", "--unit", "component", "--out", str(tmp_path),
                      "--families", "attention,colour"]) == 2
         assert "unknown family colour" in capsys.readouterr().err
@@ -579,6 +556,56 @@ class TestCLI:
         assert all(m["n_samples"] == 2 for m in results["methods"].values())
         for name in ("results.csv", "results.md", "curves.png", "auc.png", "samples.jsonl", "filter.jsonl"):
             assert (out / name).is_file()
+
+
+def test_two_gloo_processes_under_torchrun_give_one_process_results(tmp_path):
+    """``torchrun --nproc-per-node 2 -m dpa evaluate`` and ``... sweep``: rank 0 merges; the folder holds what one
+    process writes, row for row in the same order (equal to 1e-6), and the same tables."""
+    import os
+    import subprocess
+    import sys
+
+    import dpa
+    from tests.test_cli import save_tiny_model
+
+    folder = save_tiny_model(tmp_path / "model")
+    sharp = transformers.LlamaForCausalLM.from_pretrained(folder)
+    with torch.no_grad():
+        sharp.lm_head.weight.mul_(40)
+    sharp.save_pretrained(folder)
+    model, tok = dpa.load_model(str(folder), device="cpu", dtype=torch.float32)
+    records = []
+    for i, prompt in enumerate(["the capital of france is", "a big old city in", "the river of london is",
+                                "a new city in", "the small river of", "old london is a"]):
+        records.append({"known_id": i, "prompt": prompt,
+                        "attribute": tok.convert_ids_to_tokens(predicted(model, tok(prompt)["input_ids"]))})
+    write_data(tmp_path / "data", "known_1000", records)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for command, extra in (("evaluate", ["--methods", "dpa,random,gradient"]),
+                           ("sweep", ["--families", "attention", "--ps", "0,1"])):
+        args = [command, "--dataset", "known_1000", "--unit", "input", "--data-dir", str(tmp_path / "data"),
+                "--model", str(folder), "--quiet", "--no-figures", *extra]
+        one = subprocess.run([sys.executable, "-m", "dpa", *args, "--out", str(tmp_path / f"{command}-1")],
+                             capture_output=True, text=True, env=env, timeout=600)
+        assert one.returncode == 0, one.stderr[-2000:]
+        two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                              str(29600 + os.getpid() % 1000), "-m", "dpa", *args, "--out", str(tmp_path / f"{command}-2")],
+                             capture_output=True, text=True, env=env, timeout=600)
+        assert two.returncode == 0, two.stderr[-3000:]
+        a, b = (json.loads((tmp_path / f"{command}-{n}" / "results.json").read_text()) for n in (1, 2))
+        assert a["n_evaluated"] == b["n_evaluated"] == 6
+        rows_a, rows_b = ([json.loads(x) for x in (tmp_path / f"{command}-{n}" / "samples.jsonl").read_text().splitlines()]
+                          for n in (1, 2))
+        assert [(r["index"], r["method"]) for r in rows_a] == [(r["index"], r["method"]) for r in rows_b]
+        for x, y in zip(rows_a, rows_b):
+            for key in ("disruption", "recovery", "paper_disruption", "paper_recovery"):
+                assert x[key] == pytest.approx(y[key], rel=1e-6, abs=1e-6), (x["index"], x["method"], key)
+        assert not list((tmp_path / f"{command}-2").glob("samples.rank*.jsonl"))  # merged and removed
+        for name in a["methods"]:
+            assert a["methods"][name]["auc"]["paper"]["total"] == pytest.approx(
+                b["methods"][name]["auc"]["paper"]["total"], rel=1e-6, abs=1e-6)
+        if command == "sweep":
+            assert (tmp_path / "sweep-2" / "sweep.csv").read_text().count("\n") == 3
 
 
 def _data_or_skip() -> Path:

@@ -295,12 +295,6 @@ def test_settings_canonical_forms():
 
 
 RUNNER_BAD = {
-    "shard-backwards": (lambda m, s, o: evaluate(m, None, s, o, shard=(2, 1)), InputError, "shard"),
-    "shard-equal": (lambda m, s, o: evaluate(m, None, s, o, shard=(2, 2)), InputError, "shard"),
-    "shard-string": (lambda m, s, o: evaluate(m, None, s, o, shard="0/1"), InputTypeError, "shard"),
-    "shard-three": (lambda m, s, o: evaluate(m, None, s, o, shard=(0, 1, 2)), InputTypeError, "shard"),
-    "shard-floats": (lambda m, s, o: evaluate(m, None, s, o, shard=(0.0, 2.0)), InputTypeError, "shard"),
-    "shard-negative": (lambda m, s, o: evaluate(m, None, s, o, shard=(-1, 2)), InputError, "shard"),
     "methods-not-callable": (lambda m, s, o: evaluate(m, None, s, o, methods={"x": 5}), InputTypeError, "methods"),
     "methods-list": (lambda m, s, o: evaluate(m, None, s, o, methods=["dpa"]), InputTypeError, "methods"),
     "methods-empty": (lambda m, s, o: evaluate(m, None, s, o, methods={}), InputError, "methods"),
@@ -314,8 +308,6 @@ RUNNER_BAD = {
                              "families"),
     "sweep-p-above-one": (lambda m, s, o: sweep(m, None, s, o, families=["attention"], ps=[1.5]), InputError,
                           "ps[0]"),
-    "sweep-shard": (lambda m, s, o: sweep(m, None, s, o, families=["attention"], ps=[0.5], shard=(1, 1)),
-                    InputError, "shard"),
 }
 
 

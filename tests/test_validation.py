@@ -603,7 +603,7 @@ def test_corrupt_lines_on_resume_are_run_again(tmp_path):
     (tmp_path / "samples.jsonl").write_text("\n".join(
         ['{"index": 0, "meth', json.dumps(good), "[1, 2]", '"a string"', '{"index": "2", "method": "dpa"}',
          "null"]) + "\n")
-    assert Store(tmp_path, repair=False).samples == {(1, "dpa"): good}
+    assert Store(tmp_path).samples == {(1, "dpa"): good}
 
 
 def test_results_out_that_is_a_file_is_refused(tmp_path, tiny):
@@ -767,8 +767,8 @@ EVAL_BAD = {
     "out-is-a-file": (["evaluate", "--out", "FILE"], "is a file"),
     "device-gpu": (["evaluate", "--device", "gpu"], "device"),
     "no-such-model": (["evaluate", "--model", "/nonexistent/model"], "/nonexistent/model"),
-    "shard-backwards": (["evaluate", "--shard", "3/2"], "--shard"),
-    "shard-word": (["evaluate", "--shard", "half"], "--shard"),
+    "shard-removed": (["evaluate", "--shard", "0/2"], "unrecognized arguments: --shard"),  # torchrun instead
+    "sweep-shard-removed": (["sweep", "--shard", "1/2"], "unrecognized arguments: --shard"),
     "sweep-unknown-family": (["sweep", "--families", "attention,magic"], "magic"),
     "sweep-p-out-of-range": (["sweep", "--ps", "0.5,1.5"], "1.5"),
     "sweep-p-word": (["sweep", "--ps", "0.5,x"], "--ps"),

@@ -10,6 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from .. import distributed
 from ..errors import DPAError, InputError
 from ..models import ModelLoadError
 from ..weights import FAMILIES, PathWeights
@@ -30,16 +31,6 @@ def _floats(text: str) -> list[float]:
         return [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-
-
-def _shard(text: str) -> tuple[int, int]:
-    try:
-        k, n = (int(x) for x in text.split("/"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected K/N such as 0/2, got {text!r}") from None
-    if not (n >= 1 and 0 <= k < n):
-        raise argparse.ArgumentTypeError(f"expected K/N with 0 <= K < N, got {text!r}")
-    return k, n
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -66,9 +57,6 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--filter", choices=("paper", "length"), default="paper",
                    help="paper: keep samples the model gets right (argmax, p > 0.1, <= 400 tokens); "
                         "length: only the 400-token limit (smoke runs)")
-    p.add_argument("--shard", type=_shard, default=(0, 1), metavar="K/N",
-                   help="measure only every N-th valid sample, starting at the K-th (0-based): run N processes "
-                        "on the same --out, then once more without --shard for the complete results")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--no-figures", action="store_true", help="skip the matplotlib figures")
 
@@ -116,15 +104,15 @@ def _settings(args, **extra):
                     data_dir=args.data_dir, n_generated=args.n_generated, filter=args.filter, **extra)
 
 
-def _load(args):
+def _load(args, group):
     import torch
 
     import dpa
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    return dpa.load_model(args.model, device=args.device, dtype=getattr(torch, args.dtype))
-
+    return dpa.load_model(args.model, device=distributed.device_for(group, args.device),
+                          dtype=getattr(torch, args.dtype))
 
 def _report(path: Path) -> None:
     print((path / "results.md").read_text(), end="")
@@ -159,10 +147,11 @@ def run_evaluate(args) -> int:
         raise InputError(f"--methods names no method ({args.methods!r}); give names, 'paper' or 'all'")
     settings = _settings(args, methods=methods, weights=weights, steps=args.steps)
     resolve_methods(settings)  # unknown names fail before the model loads
-    model, tokenizer = _load(args)
-    evaluate(model, tokenizer, settings, args.out, progress=not args.quiet, figures=not args.no_figures,
-             shard=args.shard)
-    _report(args.out)
+    with distributed.group() as group:
+        model, tokenizer = _load(args, group)
+        evaluate(model, tokenizer, settings, args.out, progress=not args.quiet, figures=not args.no_figures)
+        if group.main:
+            _report(args.out)
     return 0
 
 
@@ -181,11 +170,13 @@ def run_sweep(args) -> int:
     if not args.ps or bad:
         raise InputError("--ps must be values in [0, 1]" + (f", got {', '.join(map(str, bad))}" if bad else ""))
     settings = _settings(args)  # bad options fail before the model loads
-    model, tokenizer = _load(args)
-    summary = sweep(model, tokenizer, settings, args.out, families=families, ps=args.ps,
-                    progress=not args.quiet, figures=not args.no_figures, shard=args.shard)
-    print((args.out / "sweep.csv").read_text(), end="")
-    print(f"wrote {args.out / 'sweep.json'}, sweep.csv and sweep.png ({summary['n_evaluated']} samples)")
+    with distributed.group() as group:
+        model, tokenizer = _load(args, group)
+        summary = sweep(model, tokenizer, settings, args.out, families=families, ps=args.ps,
+                        progress=not args.quiet, figures=not args.no_figures)
+        if group.main:
+            print((args.out / "sweep.csv").read_text(), end="")
+            print(f"wrote {args.out / 'sweep.json'}, sweep.csv and sweep.png ({summary['n_evaluated']} samples)")
     return 0
 
 

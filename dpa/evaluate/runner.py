@@ -26,6 +26,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from .. import distributed
 from ..families import spec_for
 from ..baselines import COMPONENT_METHODS, INPUT_METHODS
 from ..checks import check_bool, check_choice, check_float, check_int
@@ -119,16 +120,6 @@ def check_method_names(methods) -> tuple[str, ...]:
     return tuple(methods)
 
 
-def check_shard(shard) -> tuple[int, int]:
-    """``(k, n)``: this process measures the valid samples whose rank is k modulo n."""
-    if not isinstance(shard, (tuple, list)) or len(shard) != 2:
-        raise InputTypeError(f"shard must be a pair (k, n) of ints with 0 <= k < n, e.g. (0, 2), got {shard!r}")
-    k, n = check_int("shard's k", shard[0], low=0), check_int("shard's n", shard[1], low=1)
-    if k >= n:
-        raise InputError(f"shard must be (k, n) with 0 <= k < n, got ({k}, {n})")
-    return k, n
-
-
 def available_methods(unit: Unit) -> dict[str, Callable]:
     check_choice("unit", unit, ("input", "component"))
     return INPUT_METHODS if unit == "input" else COMPONENT_METHODS
@@ -157,22 +148,30 @@ def resolve_methods(settings: Settings) -> dict[str, Callable]:
 
 
 class Store:
-    """The run folder's JSON-lines files: filter verdicts and per-sample results."""
+    """The run folder's JSON-lines files: filter verdicts and per-sample results. Rank r of a torchrun appends to
+    its own part (``samples.rank<r>.jsonl``); rank 0 to ``samples.jsonl``, and it merges the parts at the end."""
 
-    def __init__(self, out: Path, repair: bool = True):
+    def __init__(self, out: Path, rank: int = 0):
         self.out = out
-        self.repair = repair  # False while other processes may be appending (shards)
-        self.verdicts: dict[int, dict] = {r["index"]: r for r in self._read("filter.jsonl")}
-        self.samples: dict[tuple[int, str], dict] = {(r["index"], r["method"]): r for r in self._read("samples.jsonl")}
+        self.rank = rank
+        self.verdicts: dict[int, dict] = {r["index"]: r for r in self._read_all("filter")}
+        self.samples: dict[tuple[int, str], dict] = {(r["index"], r["method"]): r for r in self._read_all("samples")}
 
-    def _read(self, name: str) -> list[dict]:
-        path = self.out / name
+    def _name(self, kind: str, rank: int | None = None) -> str:
+        rank = self.rank if rank is None else rank
+        return f"{kind}.jsonl" if rank == 0 else f"{kind}.rank{rank}.jsonl"
+
+    def _read_all(self, kind: str) -> list[dict]:
+        paths = sorted(self.out.glob(f"{kind}.rank*.jsonl"))
+        return [row for path in [self.out / f"{kind}.jsonl", *paths] for row in self._read(path)]
+
+    def _read(self, path: Path) -> list[dict]:
         if not path.exists():
             return []
         text = path.read_text(encoding="utf-8")
         if text and not text.endswith("\n"):  # cut short by an interruption: drop the partial line
             text = text[:text.rfind("\n") + 1]
-            if self.repair:
+            if path.name == self._name(path.name.split(".")[0]):  # this rank's own file only
                 path.write_text(text, encoding="utf-8")
         rows = []
         for line in text.splitlines():  # a corrupt line (or one that is not a record) is run again
@@ -181,21 +180,32 @@ class Store:
             except json.JSONDecodeError:
                 continue
             if isinstance(row, dict) and isinstance(row.get("index"), int) and (
-                    name != "samples.jsonl" or isinstance(row.get("method"), str)):
+                    not path.name.startswith("samples") or isinstance(row.get("method"), str)):
                 rows.append(row)
         return rows
 
-    def _append(self, name: str, row: dict) -> None:
-        with open(self.out / name, "a", encoding="utf-8") as fh:
+    def _append(self, kind: str, row: dict) -> None:
+        with open(self.out / self._name(kind), "a", encoding="utf-8") as fh:
             fh.write(json.dumps(row) + "\n")
 
-    def add_verdict(self, row: dict) -> None:
+    def add_verdict(self, row: dict, write: bool = True) -> None:
         self.verdicts[row["index"]] = row
-        self._append("filter.jsonl", row)
+        if write:
+            self._append("filter", row)
 
     def add_sample(self, row: dict) -> None:
         self.samples[(row["index"], row["method"])] = row
-        self._append("samples.jsonl", row)
+        self._append("samples", row)
+
+    def merge(self, order: list[int], methods: list[str]) -> None:
+        """Rank 0, once every rank is done: every part into ``samples.jsonl`` (atomically), in the order one
+        process writes it (samples in order, methods in order; rows of other runs after them), parts removed."""
+        rank = {(index, m): (i, j) for i, index in enumerate(order) for j, m in enumerate(methods)}
+        rows = sorted(self.samples.values(), key=lambda r: (*rank.get((r["index"], r["method"]), (len(order), 0)),
+                                                            r["index"], r["method"]))
+        write_text(self.out / "samples.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+        for part in self.out.glob("samples.rank*.jsonl"):
+            part.unlink()
 
 
 def _check_folder(out: Path, identity: dict) -> None:
@@ -221,19 +231,18 @@ def _sync(model: nn.Module) -> None:
 
 
 def evaluate(model: nn.Module, tokenizer, settings: Settings, out: str | Path, *,
-             methods: dict[str, Callable] | None = None, progress: bool = True, figures: bool = True,
-             shard: tuple[int, int] = (0, 1)) -> dict:
+             methods: dict[str, Callable] | None = None, progress: bool = True, figures: bool = True) -> dict:
     """Run the benchmark; returns (and writes) the results. ``methods`` overrides the registry.
 
-    ``shard=(k, n)`` measures only the valid samples whose rank among the valid ones is k modulo n,
-    so that n processes (one per core or GPU) can share one output folder; each writes the results
-    of every sample finished so far when it ends, and a last run without a shard summarises them all.
+    Under torchrun (an initialised torch.distributed process group) rank r of N measures the valid samples
+    r, r + N, ... and writes its own part; rank 0 merges the parts and writes the results once every rank is
+    done (``dpa.distributed``), so the folder is what one process would have written.
     """
     from tqdm.auto import tqdm
 
     if not isinstance(settings, Settings):
         raise InputTypeError(f"settings must be a dpa.evaluate.Settings, got {type(settings).__name__}")
-    k_shard, n_shards = check_shard(shard)
+    group = distributed.current()
     progress, figures = check_bool("progress", progress), check_bool("figures", figures)
     if not isinstance(out, (str, os.PathLike)):
         raise InputTypeError(f"out must be a folder (a str or path), got {type(out).__name__}")
@@ -250,41 +259,54 @@ def evaluate(model: nn.Module, tokenizer, settings: Settings, out: str | Path, *
         raise DataError(f"cannot create the output folder {out}: {err.strerror or err}") from None
     identity = {**settings.identity(), "weights": asdict(settings.weights),
                 "model": getattr(model.config, "_name_or_path", "")}
-    _check_folder(out, identity)
-    store = Store(out, repair=n_shards == 1)
+    if group.main:
+        _check_folder(out, identity)
+    group.barrier()
+    store = Store(out, rank=group.rank)
     fractions = fraction_grid(settings.dataset, settings.unit)
     spec = spec_for(model)
     total = min(settings.limit or len(examples), len(examples))
-    total = len(range(k_shard, total, n_shards))
+    total = len(range(group.rank, total, group.world))
     chosen: list[int] = []
     bar = tqdm(total=total, desc=f"{settings.dataset} {settings.unit}", unit="sample", disable=not progress)
-    for index, example in enumerate(examples):
-        if settings.limit is not None and len(chosen) >= settings.limit:
-            break
-        sample = encode_example(tokenizer, example)
-        if index not in store.verdicts:
-            v: Verdict = check(model, tokenizer, sample, max_tokens=settings.max_tokens,
-                               min_probability=settings.min_probability, correct_only=settings.filter == "paper")
-            store.add_verdict({"index": index, "id": example.id, **asdict(v)})
-        if not store.verdicts[index]["valid"]:
-            bar.set_postfix(checked=index + 1, valid=len(chosen))
-            continue
-        chosen.append(index)
-        if (len(chosen) - 1) % n_shards != k_shard:
-            continue
-        units = _sample_units(sample, spec, settings) if settings.unit == "component" else None
-        for name, fn in methods.items():
-            if (index, name) in store.samples and _complete(store.samples[(index, name)], settings, model):
+    failed = None
+    try:
+        for index, example in enumerate(examples):
+            if settings.limit is not None and len(chosen) >= settings.limit:
+                break
+            sample = encode_example(tokenizer, example)
+            if index not in store.verdicts:
+                v: Verdict = check(model, tokenizer, sample, max_tokens=settings.max_tokens,
+                                   min_probability=settings.min_probability, correct_only=settings.filter == "paper")
+                store.add_verdict({"index": index, "id": example.id, **asdict(v)}, write=group.main)
+            if not store.verdicts[index]["valid"]:
+                bar.set_postfix(checked=index + 1, valid=len(chosen))
                 continue
-            bar.set_postfix(checked=index + 1, valid=len(chosen), method=name)
-            store.add_sample(_measure(model, tokenizer, settings, sample, index, name, fn, units, fractions))
-        bar.update(1)
+            chosen.append(index)
+            if not group.mine(len(chosen) - 1):
+                continue
+            units = _sample_units(sample, spec, settings) if settings.unit == "component" else None
+            for name, fn in methods.items():
+                if (index, name) in store.samples and _complete(store.samples[(index, name)], settings, model):
+                    continue
+                bar.set_postfix(checked=index + 1, valid=len(chosen), method=name)
+                store.add_sample(_measure(model, tokenizer, settings, sample, index, name, fn, units, fractions))
+            bar.update(1)
+    except BaseException as err:  # noqa: BLE001  told to the other ranks, so that none waits for ever
+        failed = err
     bar.close()
-    if n_shards > 1:  # other processes may have finished samples meanwhile
-        store = Store(out, repair=False)
-    results = summarize(settings, methods, store, chosen, fractions, model, n_checked=len(store.verdicts))
-    write_results(results, out, figures=figures)
-    return results
+    if not group.all_ok(failed is None):
+        if failed is not None:
+            raise failed
+        raise InputError("another rank of this torchrun failed; see its message")
+    group.barrier()
+    if group.main:
+        store = Store(out)  # every rank's samples
+        store.merge(chosen, list(methods))
+        results = summarize(settings, methods, store, chosen, fractions, model, n_checked=len(store.verdicts))
+        write_results(results, out, figures=figures)
+    group.barrier()
+    return results if group.main else json.loads((out / "results.json").read_text(encoding="utf-8"))
 
 
 def _sample_units(sample, spec, settings: Settings) -> dict[str | None, tuple[ComponentUnits, ComponentUnits]]:
@@ -469,15 +491,16 @@ def sweep_methods(settings: Settings, families, ps) -> tuple[dict[str, Callable]
 
 
 def sweep(model: nn.Module, tokenizer, settings: Settings, out: str | Path, *, families, ps,
-          progress: bool = True, figures: bool = True, shard: tuple[int, int] = (0, 1)) -> dict:
+          progress: bool = True, figures: bool = True) -> dict:
     """The sensitivity analysis: total AUC of DPA over p for each path-weight family."""
     if not isinstance(settings, Settings):
         raise InputTypeError(f"settings must be a dpa.evaluate.Settings, got {type(settings).__name__}")
-    check_shard(shard)
     methods, points = sweep_methods(settings, families, ps)
     out = Path(out)
     results = evaluate(model, tokenizer, replace(settings, methods=tuple(methods)), out, methods=methods,
-                       progress=progress, figures=False, shard=shard)
+                       progress=progress, figures=False)
+    if not distributed.current().main:  # rank 0 writes the sweep's files
+        return json.loads((out / "results.json").read_text(encoding="utf-8"))
     for point in points:
         m = results["methods"].get(point["method"])
         point["auc"] = None if m is None else m["auc"]
