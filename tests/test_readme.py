@@ -33,9 +33,9 @@ def blocks(kind: str | None = None) -> list[tuple[str, str]]:
 
 
 def commands(text: str) -> list[str]:
-    """The command lines of a bash block, without trailing comments."""
+    """The command lines of a bash block (continuation lines joined), without trailing comments."""
     out = []
-    for line in text.splitlines():
+    for line in text.replace("\\\n", " ").splitlines():
         line = re.split(r"\s+#\s", line, maxsplit=1)[0].strip()
         if line and not line.startswith("#"):
             out.append(line)
@@ -43,10 +43,12 @@ def commands(text: str) -> list[str]:
 
 
 def run_dpa(line: str, cwd: Path, env: dict) -> subprocess.CompletedProcess:
-    argv = shlex.split(line)
-    assert argv[:3] == ["python", "-m", "dpa"], f"README command does not run dpa: {line}"
-    proc = subprocess.run([sys.executable, *argv[1:]], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=900)
+    """One README command line, run by bash as written, with this interpreter's python and torchrun first on
+    the PATH."""
+    assert shlex.split(line)[0] in ("python", "torchrun", "printf"), f"README command of an unknown kind: {line}"
+    path = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    proc = subprocess.run(["bash", "-c", line], cwd=cwd, env={**env, "PATH": path, "OMP_NUM_THREADS": "1"},
+                          capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, f"{line}\n{proc.stderr[-3000:]}"
     return proc
 
@@ -61,7 +63,7 @@ def env(tmp_path_factory) -> dict:
 def test_the_blocks_are_the_ones_this_test_knows():
     kinds = [k for k, _ in blocks()]
     assert set(kinds) <= {"bash", "python", "text"}, kinds
-    assert kinds.count("bash") == 4 and kinds.count("text") == 1, kinds
+    assert kinds.count("bash") == 5 and kinds.count("text") == 1, kinds
 
 
 def test_the_two_setup_commands_are_what_ci_runs(env, tmp_path):
@@ -88,8 +90,11 @@ def test_the_sample_output_is_what_the_command_prints(env, tmp_path):
                 "\n".join(out)
 
 
-def test_python_blocks_run_in_order(tmp_path, monkeypatch):
-    """The python blocks, one after another in one namespace, as in a notebook."""
+def test_python_blocks_run_in_order(env, tmp_path, monkeypatch):
+    """The python blocks, one after another in one namespace, as in a notebook (after the bash block that
+    makes the prompt file and its results, which one of them reads)."""
+    for line in commands(blocks("bash")[3][1]):
+        run_dpa(line, tmp_path, env)
     monkeypatch.chdir(tmp_path)
     namespace: dict = {"__name__": "__readme__"}
     for n, (_, code) in enumerate(blocks("python")):
@@ -97,11 +102,16 @@ def test_python_blocks_run_in_order(tmp_path, monkeypatch):
     assert (tmp_path / "paris.json").is_file()
     assert type(namespace["widget"]).__name__ == "CircuitWidget"
     assert namespace["res"].tokens[0] == "The"
+    assert len(namespace["results"]) == 2 and namespace["results"][1].target.contrast == " John"
+    errors = (tmp_path / "runs" / "prompts" / "errors.jsonl").read_text()
+    assert '"line": 3' in errors and "empty" in errors
+    assert (tmp_path / "runs" / "prompts" / "results.jsonl").read_text() == \
+        (tmp_path / "runs" / "prompts-2" / "results.jsonl").read_text()
 
 
 @pytest.mark.parametrize("which", ["command line", "benchmark"])
 def test_bash_blocks_run(env, tmp_path, which):
-    _, text = blocks("bash")[2 if which == "command line" else 3]
+    _, text = blocks("bash")[2 if which == "command line" else 4]
     for line in commands(text):
         run_dpa(line, tmp_path, env)
     if which == "command line":
