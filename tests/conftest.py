@@ -6,6 +6,9 @@ import pytest
 import torch
 import transformers
 
+# Filled by tests/test_book.py's ``built_book`` fixture: {"seconds": build time, "notebooks": {name: seconds}}.
+BOOK_BUILD = pytest.StashKey[dict]()
+
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 LAYOUTS = {"mha": 4, "gqa": 2, "mqa": 1}  # KV heads for 4 query heads
 
@@ -103,3 +106,24 @@ def edited_run(model, ids, attn=None, neurons=None):
                                      record={"neuron_inputs"}) as session:
         hidden = session.forward(input_ids=ids)
     return hidden, session.recording
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Speed is measured, not tested: print the book build's time and the slowest notebooks at the end of the run
+    (under ``-q`` too, where the build fixture's own print is captured), so that CI's log shows them."""
+    lines = []
+    build = config.stash.get(BOOK_BUILD, None)
+    if build:
+        slowest = sorted(build["notebooks"].items(), key=lambda item: -item[1])[:5]
+        lines.append(f"book built in {build['seconds']:.0f} s (jupyter-book build -W, every notebook executed); "
+                     "slowest: " + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in slowest))
+    runs = [r for key in ("passed", "failed") for r in terminalreporter.stats.get(key, [])
+            if getattr(r, "when", None) == "call" and r.nodeid.split("::")[0].endswith(".ipynb")]
+    if runs:
+        slowest = sorted(runs, key=lambda r: -r.duration)[:5]
+        lines.append(f"{len(runs)} notebooks under nbmake in {sum(r.duration for r in runs):.0f} s; slowest: "
+                     + ", ".join(f"{r.nodeid.split('::')[0].rsplit('/', 1)[-1]} {r.duration:.0f} s" for r in slowest))
+    if lines:
+        terminalreporter.write_sep("-", "book timings")
+        for line in lines:
+            terminalreporter.write_line(line)

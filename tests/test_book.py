@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from .browser_utils import browser  # noqa: F401 (fixture)
+from .conftest import BOOK_BUILD
 
 ROOT = Path(__file__).resolve().parents[1]
 BOOK = ROOT / "book"
@@ -74,8 +75,10 @@ class TestCommittedNotebooks:
 
 
 @pytest.fixture(scope="module")
-def built_book(tmp_path_factory) -> Path:
-    """Build the book once (executing every notebook) into a temporary folder; return its html/."""
+def built_book(tmp_path_factory, pytestconfig) -> Path:
+    """Build the book once (executing every notebook) into a temporary folder; return its html/.
+
+    The build time and each notebook's execution time go to the terminal summary (tests/conftest.py)."""
     if os.environ.get("DPA_BOOK_HTML"):
         return Path(os.environ["DPA_BOOK_HTML"])
     out = tmp_path_factory.mktemp("book")
@@ -85,8 +88,11 @@ def built_book(tmp_path_factory) -> Path:
     start = time.monotonic()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1500)
     log = proc.stdout + proc.stderr
+    seconds = time.monotonic() - start
+    executed = re.finditer(r"([\w.-]+)\.ipynb: Executed notebook in ([\d.]+) seconds", log)
+    pytestconfig.stash[BOOK_BUILD] = {"seconds": seconds, "notebooks": {m[1]: float(m[2]) for m in executed}}
     assert proc.returncode == 0, f"jupyter-book build failed ({proc.returncode}):\n{log[-6000:]}"
-    print(f"book built in {time.monotonic() - start:.0f} s")
+    print(f"book built in {seconds:.0f} s")
     return out / "_build" / "html"
 
 
@@ -115,9 +121,10 @@ class TestBuild:
         assert "cell_output" in html and "<img" in html  # printed numbers and the figure
 
 
-def open_offline(browser, page_file: Path):  # noqa: F811 (the fixture is passed in)
-    """A page from disk with every non-file request blocked; returns (page, blocked URLs, page errors)."""
-    page = browser.new_page()
+def open_offline(browser, page_file: Path, page=None):  # noqa: F811 (the fixture is passed in)
+    """A page from disk with every non-file request blocked (in ``page``, or a new one); returns (page, blocked
+    URLs)."""
+    page = page or browser.new_page()
     blocked: list[str] = []
 
     def route(r):
@@ -132,9 +139,39 @@ def open_offline(browser, page_file: Path):  # noqa: F811 (the fixture is passed
     return page, blocked
 
 
+def console_problems(page) -> list[str]:
+    """Collect the page's console errors and uncaught exceptions from now on (the list fills as they come)."""
+    problems: list[str] = []
+    page.on("console", lambda m: problems.append(f"console error: {m.text} ({m.location.get('url', '')})")
+            if m.type == "error" else None)
+    page.on("pageerror", lambda e: problems.append(f"uncaught: {e}"))
+    return problems
+
+
 @pytest.mark.slow
 @pytest.mark.browser
 class TestBuiltPagesInBrowser:
+    def test_pages_log_no_console_error(self, built_book, browser):  # noqa: F811
+        """Every page, opened from disk offline, loads without a console error or an uncaught exception: no
+        script declared twice (sphinx-thebe's THEBE_JS_URL), no theme-mode complaint, no asset that fails to load
+        (the html-manager's fonts on the widget page, which load once the widget has rendered)."""
+        found = {}
+        for name in ["index"] + toc_files():
+            page = browser.new_page()
+            problems = console_problems(page)
+            try:
+                page, blocked = open_offline(browser, built_book / f"{name}.html", page)
+                if name == f"book/{WIDGET_PAGE}":
+                    page.locator(".dpa-circuit").first.locator("rect.dpa-head").first.wait_for(timeout=60_000)
+                page.wait_for_load_state("networkidle")
+                page.wait_for_timeout(500)
+                assert not blocked, f"{name}: network requests: {blocked}"
+            finally:
+                page.close()
+            if problems:
+                found[name] = problems
+        assert not found, "\n".join(f"{name}: {p}" for name, problems in found.items() for p in problems)
+
     def test_equations_render_offline(self, built_book, browser):  # noqa: F811
         page, blocked = open_offline(browser, built_book / "book" / f"{EQUATION_PAGE}.html")
         try:

@@ -9,6 +9,11 @@ and from anywidget's Python package (its AMD module for the html-manager).
 
 The npm packages (``package.json`` at the repository root) are looked up in ``$DPA_NODE_MODULES`` or
 ``<repo>/node_modules``.
+
+It also drops inline scripts that a page would declare twice. Sphinx 7.4 adds an inline script registered
+after the builder started (sphinx-thebe's ``const THEBE_JS_URL = ...``, sphinx-togglebutton's selector) to every
+page twice, once with the file name None and once with ''; the second ``const`` is a SyntaxError in the
+browser's console on every page.
 """
 
 from __future__ import annotations
@@ -76,7 +81,24 @@ def copy_assets(app: Sphinx, exception: Exception | None) -> None:
             shutil.copy2(src, dest)
 
 
+def drop_duplicate_scripts(app: Sphinx, pagename: str, templatename: str, context: dict, doctree) -> None:
+    """Keep the first of scripts that differ only by a file name of None or '' (an inline script twice)."""
+    scripts = context.get("script_files")
+    if not isinstance(scripts, list):
+        return
+    seen, unique = set(), []
+    for script in scripts:
+        attributes = getattr(script, "attributes", {})
+        key = (getattr(script, "filename", script) or "", getattr(script, "priority", None),
+               tuple(sorted((k, str(v)) for k, v in attributes.items())))
+        if key not in seen:
+            seen.add(key)
+            unique.append(script)
+    scripts[:] = unique  # the builder restores its own list before the next page
+
+
 def setup(app: Sphinx) -> dict:
     app.connect("builder-inited", check_assets)
+    app.connect("html-page-context", drop_duplicate_scripts)
     app.connect("build-finished", copy_assets)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
