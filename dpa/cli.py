@@ -122,15 +122,15 @@ def run_attribute(args: argparse.Namespace, *, parser: argparse.ArgumentParser) 
 
     import dpa
     from . import models, request
-    from .families import check_config
+    from .families import check_family
     from .report import html_report, terminal_report, wants_color
     from .result import write_text
 
     if args.device is not None:
         models.check_device(args.device)
     folder = models.resolve(args.model)
-    tokenizer, config = models.read_tokenizer_and_config(folder)
-    check_config(config)
+    tokenizer, config = models.read_tokenizer_and_config(folder, quick=True)
+    check_family(config)  # the whole config is checked when the model loads
     kind = "logprob" if args.logprob else "logit"
     multi_token = "first" if args.first_token else "error"
     request.encode(tokenizer, request.sizes_of(config), args.prompt, args.target, contrast=args.contrast,

@@ -145,13 +145,20 @@ def _config_error(setting: str, value: object, why: str) -> UnsupportedModelErro
     return UnsupportedModelError(f"unsupported config setting {setting}={value!r}: {why}")
 
 
-def check_config(config) -> Family:
-    """The family of ``config``, or ``UnsupportedModelError`` for any setting dpa would attribute wrongly."""
+def check_family(config) -> Family:
+    """The family description of ``config``'s ``model_type``, or ``UnsupportedModelError`` naming it."""
     model_type = getattr(config, "model_type", None)
     family = FAMILIES.get(model_type)
     if family is None:
         raise UnsupportedModelError(
             f"unsupported architecture model_type={model_type!r}; dpa supports {', '.join(FAMILIES)} (SwiGLU decoders)")
+    return family
+
+
+def check_config(config) -> Family:
+    """The family of ``config``, or ``UnsupportedModelError`` for any setting dpa would attribute wrongly."""
+    family = check_family(config)
+    model_type = config.model_type
     unknown = sorted(set(config.to_dict()) - _default_keys(family.config_class) - METADATA_KEYS)
     if unknown:
         raise UnsupportedModelError(
