@@ -25,14 +25,14 @@ from .errors import UnsupportedModelError
 
 BRANCHES = ("query", "key", "value", "gate", "up")
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope")
-# Keys that carry no semantics for the forward pass (names, ids, bookkeeping).
+# Keys that carry no semantics for the forward pass, beyond those known by what they are (``_is_bookkeeping``:
+# private keys, token ids and strings, a GGUF's quantization_config): names, flags of the output, training.
 METADATA_KEYS = frozenset({
-    "_name_or_path", "architectures", "bos_token_id", "eos_token_id", "pad_token_id", "dtype", "torch_dtype",
-    "transformers_version", "use_cache", "output_attentions", "output_hidden_states", "return_dict",
-    "id2label", "label2id", "problem_type", "initializer_range", "chunk_size_feed_forward", "is_encoder_decoder",
-    "tie_word_embeddings", "attention_dropout", "max_position_embeddings", "model_type", "tokenizer_class",
-    "_attn_implementation_autoset", "use_bfloat16", "rope_scaling", "rope_theta", "max_window_layers",
-    "bos_token", "eos_token", "pad_token", "unk_token_id", "prefix", "task_specific_params", "finetuning_task",
+    "architectures", "dtype", "torch_dtype", "transformers_version", "use_cache", "output_attentions",
+    "output_hidden_states", "return_dict", "id2label", "label2id", "problem_type", "initializer_range",
+    "chunk_size_feed_forward", "is_encoder_decoder", "tie_word_embeddings", "attention_dropout",
+    "max_position_embeddings", "model_type", "tokenizer_class", "use_bfloat16", "rope_scaling", "rope_theta",
+    "max_window_layers", "prefix", "task_specific_params", "finetuning_task",
 })
 
 
@@ -159,7 +159,9 @@ def check_config(config) -> Family:
     """The family of ``config``, or ``UnsupportedModelError`` for any setting dpa would attribute wrongly."""
     family = check_family(config)
     model_type = config.model_type
-    unknown = sorted(set(config.to_dict()) - _default_keys(family.config_class) - METADATA_KEYS)
+    settings = config.to_dict()
+    unknown = sorted(k for k in set(settings) - _default_keys(family.config_class) - METADATA_KEYS
+                     if not _is_bookkeeping(k, settings[k]))
     if unknown:
         raise UnsupportedModelError(
             f"unsupported config setting(s) {', '.join(unknown)} for model_type={model_type!r}: dpa does not know "
@@ -182,6 +184,19 @@ def check_config(config) -> Family:
         if kind not in ("full_attention", "sliding_attention"):
             raise _config_error(f"layer_types[{i}]", kind, "only full and sliding attention are supported")
     return family
+
+
+def _is_bookkeeping(key: str, value) -> bool:
+    """A config key that says where the model came from rather than what its forward pass computes, known by
+    what it is: transformers' private keys (``_name_or_path``, ``_model_name_or_path`` of a GGUF, ...), token
+    ids and token strings, and the ``quantization_config`` of a GGUF file, whose weights transformers
+    dequantises on loading (``_check_modules`` then checks that every weight is a float tensor)."""
+    if key.startswith("_") or key.endswith(("_token_id", "_token_ids", "_token")):
+        return True
+    if key == "quantization_config":
+        method = value.get("quant_method") if isinstance(value, dict) else getattr(value, "quant_method", None)
+        return str(getattr(method, "value", method)).lower() == "gguf"
+    return False
 
 
 @functools.lru_cache(maxsize=None)
@@ -210,6 +225,10 @@ def _check_modules(model: nn.Module, family: Family) -> None:
                                     f"*ForCausalLM model ({err})") from None
     if getattr(unembed, "bias", None) is not None:
         raise UnsupportedModelError("unsupported module: lm_head has a bias")
+    for name, p in model.named_parameters():
+        if not p.is_floating_point():
+            raise UnsupportedModelError(f"unsupported module: {name} is quantized ({p.dtype}); load the model in a "
+                                        "float dtype")
     for i, layer in enumerate(layers):
         for branch, path in family.branches.items():
             proj = get(layer, path)

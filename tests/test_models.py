@@ -245,9 +245,17 @@ class TestConvertTinyGGUF:
                                                       dtype=torch.float32)
         ids = torch.tensor([tokenizer("ab a bc")["input_ids"]])
         torch.testing.assert_close(model(ids).logits, direct(ids).logits, rtol=0, atol=0)
-        # the attribution core accepts it
+        # the attribution core accepts it, and the model as transformers loads it from the GGUF too: its config's
+        # _model_name_or_path and quantization_config (gguf, dequantised on loading) change nothing it computes
         res = dpa.attribute(model, tokenizer, "ab a bc")
         assert len(res.tokens) == ids.shape[1]
+        assert {"_model_name_or_path", "quantization_config"} <= set(direct.config.to_dict())
+        other = dpa.attribute(direct.requires_grad_(False), tokenizer, "ab a bc")
+        for name in ("token_scores", "head_scores", "neuron_scores"):
+            torch.testing.assert_close(getattr(other, name), getattr(res, name), rtol=1e-5, atol=1e-6, msg=name)
+        direct.config.quantization_config = {"quant_method": "bitsandbytes", "load_in_8bit": True}
+        with pytest.raises(dpa.UnsupportedModelError, match="quantization_config"):
+            dpa.attribute(direct, tokenizer, "ab a bc")
 
     def test_second_load_reads_the_cache(self, cache, tiny_wheel, monkeypatch):
         first, _ = dpa.load_model(device="cpu")
