@@ -31,7 +31,7 @@ def _weights(text: str) -> PathWeights:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dpa", description="Dual Path Attribution for SwiGLU language models.")
+    parser = argparse.ArgumentParser(prog="dpa", description="Dual Path Attribution for open decoder language models.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     p = commands.add_parser(
         "attribute", help="attribute the next-token prediction of a prompt (or of every prompt of a file)",

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from .families import LayerModules, ModelSpec, get
 from .request import Request
 from .rules.attention import attention_mask, attention_output, attention_probs, heads
-from .rules.norm import rms_scale
+from .rules.norm import GAIN, rms_scale
 from .rules.rope import apply_rope
 
 
@@ -41,7 +41,7 @@ def attention_forward(spec: ModelSpec, request: Request, mods: LayerModules, ind
     def forward(hidden_states: Tensor, position_embeddings=None, *args, **kwargs) -> tuple[Tensor, Tensor]:
         x = hidden_states  # [batch pos d_model], normalised by the decoder layer
         b, t = x.shape[:2]
-        cos, sin = position_embeddings if position_embeddings is not None else recording.rope
+        cos, sin = position_embeddings if position_embeddings is not None else recording.rope[index]
         q = mods.branches["query"](x).view(b, t, spec.n_heads, -1)
         k = mods.branches["key"](x).view(b, t, spec.n_kv_heads, -1)
         v = mods.branches["value"](x)
@@ -81,16 +81,16 @@ def probs_from_recording(spec: ModelSpec, model: nn.Module, request: Request, re
     b, t = q.shape[:2]
     q, k = q.view(b, t, spec.n_heads, -1), k.view(b, t, spec.n_kv_heads, -1)
     if parts.head_norms:
-        q, k = (_head_norm(get(layer, n), x) for n, x in zip(parts.head_norms, (q, k)))
-    cos, sin = recording.rope
+        q, k = (_head_norm(get(layer, n), x, parts.norm_kind) for n, x in zip(parts.head_norms, (q, k)))
+    cos, sin = recording.rope[index]
     q, k = rotate(q.transpose(1, 2), cos, sin), rotate(k.transpose(1, 2), cos, sin)
     mask = attention_mask(request.mask, spec.sliding_windows[index])
     return attention_probs(q, k, scaling(spec, get(layer, parts.attention)), mask)
 
 
-def _head_norm(norm: nn.Module, x: Tensor) -> Tensor:
+def _head_norm(norm: nn.Module, x: Tensor, kind: str) -> Tensor:
     eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6))
-    return (x * rms_scale(x, eps)).to(x.dtype) * norm.weight.detach().to(x.device)
+    return (x * rms_scale(x, eps)).to(x.dtype) * GAIN[kind](norm.weight.detach().to(x.device))
 
 
 def edge_scores(spec: ModelSpec, model: nn.Module, request: Request, recording, lam: list[Tensor],

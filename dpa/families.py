@@ -41,7 +41,10 @@ class Family:
     """One ``model_type``: module paths (relative to the model, or to a decoder layer) and facts.
 
     norms          every norm inside a layer; its scale is frozen
-    norm_kind      their arithmetic (``rms``: weight * x / rms(x), HF's Llama RMSNorm; linearise.NORM_KINDS)
+    norm_kind      their arithmetic (``rms``: weight * x / rms(x), HF's Llama RMSNorm; ``rms_1p``: (1 + weight) * x /
+                   rms(x) in float32, Gemma's; linearise.NORM_KINDS), also the final norm's and the head norms'
+    activation_config  the config key that names the activation and the value this description linearises
+    fixed          config settings that must keep these values (soft-capping off, causal attention)
     block_inputs   the norm whose output feeds the attention block and nothing else, and the MLP's: the
                    block's common mu is applied in that norm's backward, where it costs nothing
     branches       the module whose *output* is each branch: mu scales the gradient entering it
@@ -75,6 +78,8 @@ class Family:
     mid: str = "post_attention_layernorm"
     biased_branches: tuple[str, ...] = ()  # branches whose projection may carry a bias
     slides_every_layer: bool = False  # a set ``sliding_window`` applies to all layers (Mistral)
+    activation_config: tuple[str, str] = ("hidden_act", "silu")  # the config key naming the activation, its value
+    fixed: tuple[tuple[str, object], ...] = ()  # config settings the description needs at these values
 
     def with_(self, **changes) -> Family:
         return replace(self, **changes)
@@ -88,7 +93,17 @@ QWEN2 = LLAMA.with_(model_type="qwen2", config_class="Qwen2Config",
 QWEN3 = LLAMA.with_(model_type="qwen3", config_class="Qwen3Config",
                     head_norms=("self_attn.q_norm", "self_attn.k_norm"))  # diff with Llama: q/k RMSNorm
 
-FAMILIES: dict[str, Family] = {f.model_type: f for f in (LLAMA, MISTRAL, QWEN2, QWEN3)}
+GEMMA3 = LLAMA.with_(  # diff with Llama: GeGLU (tanh GELU), (1 + gamma) norms, a norm before and after each
+    model_type="gemma3_text", config_class="Gemma3TextConfig",  # block, q/k norms, scaled embeddings, local
+    norms=("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",  # and global layers
+           "post_feedforward_layernorm"),
+    norm_kind="rms_1p", block_inputs=("input_layernorm", "pre_feedforward_layernorm"),
+    head_norms=("self_attn.q_norm", "self_attn.k_norm"), activation=("mlp.act_fn", "gelu_tanh"),
+    activation_config=("hidden_activation", "gelu_pytorch_tanh"), mid="pre_feedforward_layernorm",
+    fixed=(("attn_logit_softcapping", None), ("final_logit_softcapping", None),
+           ("use_bidirectional_attention", False)))
+
+FAMILIES: dict[str, Family] = {f.model_type: f for f in (LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA3)}
 
 
 @dataclass(frozen=True)
@@ -151,7 +166,7 @@ def check_family(config) -> Family:
     family = FAMILIES.get(model_type)
     if family is None:
         raise UnsupportedModelError(
-            f"unsupported architecture model_type={model_type!r}; dpa supports {', '.join(FAMILIES)} (SwiGLU decoders)")
+            f"unsupported architecture model_type={model_type!r}; dpa supports {', '.join(FAMILIES)}")
     return family
 
 
@@ -166,20 +181,27 @@ def check_config(config) -> Family:
         raise UnsupportedModelError(
             f"unsupported config setting(s) {', '.join(unknown)} for model_type={model_type!r}: dpa does not know "
             "what they change, so it refuses to attribute rather than risk a wrong answer")
-    if config.hidden_act != family.activation[1]:
-        raise _config_error("hidden_act", config.hidden_act, f"the {model_type} description linearises "
-                            f"{family.activation[1]} (the gate rule depends on the activation)")
+    key, want = family.activation_config
+    if getattr(config, key, None) != want:
+        raise _config_error(key, getattr(config, key, None), f"the {model_type} description linearises {want} "
+                            "(the gate rule depends on the activation)")
+    for key, want in family.fixed:
+        if getattr(config, key, want) != want:
+            raise _config_error(key, getattr(config, key), f"the {model_type} description needs {want!r} "
+                                "(soft-capping and bidirectional attention are not linearised)")
     if getattr(config, "mlp_bias", False):
         raise _config_error("mlp_bias", True, "MLP biases are inputs no token owns")
     if getattr(config, "pretraining_tp", 1) != 1:
         raise _config_error("pretraining_tp", config.pretraining_tp, "sliced projections are not supported")
     rope = dict(getattr(config, "rope_parameters", None) or {})
-    rope_type = rope.get("rope_type", "default")
-    if rope_type not in ROPE_TYPES:
-        raise _config_error("rope_type", rope_type, f"known RoPE types are {', '.join(ROPE_TYPES)}")
-    factor = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
-    if factor not in (None, 1, 1.0):
-        raise _config_error("partial_rotary_factor", factor, "partial rotary embeddings are not supported")
+    per_type = rope if rope and all(isinstance(v, dict) for v in rope.values()) else {"": rope}  # Gemma: by layer type
+    for rope in per_type.values():
+        rope_type = rope.get("rope_type", "default")
+        if rope_type not in ROPE_TYPES:
+            raise _config_error("rope_type", rope_type, f"known RoPE types are {', '.join(ROPE_TYPES)}")
+        factor = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
+        if factor not in (None, 1, 1.0):
+            raise _config_error("partial_rotary_factor", factor, "partial rotary embeddings are not supported")
     for i, kind in enumerate(getattr(config, "layer_types", None) or []):
         if kind not in ("full_attention", "sliding_attention"):
             raise _config_error(f"layer_types[{i}]", kind, "only full and sliding attention are supported")

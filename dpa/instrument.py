@@ -5,8 +5,8 @@ unchanged in the forward pass -- every value is the model's -- while the backwar
 the linearised copy:
 
 (a) every norm's scale is frozen: its backward is ``g * gamma * r`` with r = 1/rms(x) at its forward value;
-(b) the gated activation is linearised: SiLU(s) -> s * sigmoid(s) with sigmoid(s) frozen, so its
-    backward is ``g * sigmoid(s)``;
+(b) the gated activation is linearised: act(s) -> s * c(s) with c(s) frozen (SiLU: c = sigmoid; tanh GELU:
+    c = 0.5 (1 + tanh(...))), so its backward is ``g * c(s)``;
 (c) the gradient entering each branch (query, key, value, gate, up) is multiplied by its mu.
 
 Each change is an autograd Function whose forward returns the module's output untouched. Scores are
@@ -52,7 +52,8 @@ class Recording:
     """Tensors seen in the forward pass, by layer. ``resid[l]`` is layer l's input (``resid[n_layers]`` the
     final norm's), ``mid[l]`` the residual after attention, ``head_inputs[l]`` / ``neuron_inputs[l]`` the
     tapped inputs (with their graph, for gradients); ``branches[(name, l)]`` the branch outputs, detached;
-    ``probs[l]`` alpha from the explicit path (with its graph); ``rope`` the rotary (cos, sin)."""
+    ``probs[l]`` alpha from the explicit path (with its graph); ``rope[l]`` the rotary (cos, sin) layer l's
+    attention was given (per layer: Gemma's local and global layers rotate with different bases)."""
 
     resid: dict[int, Tensor] = field(default_factory=dict)
     mid: dict[int, Tensor] = field(default_factory=dict)
@@ -60,7 +61,7 @@ class Recording:
     neuron_inputs: dict[int, Tensor] = field(default_factory=dict)
     branches: dict[tuple[str, int], Tensor] = field(default_factory=dict)
     probs: dict[int, Tensor] = field(default_factory=dict)
-    rope: tuple[Tensor, Tensor] | None = None
+    rope: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)
 
 
 # --- one lock per model, and the model's state to restore ---
@@ -277,9 +278,10 @@ def instrument(model: nn.Module, request: Request, *, weights: PathWeights | Non
             override(spec.final_norm(model), freeze_norm(spec.final_norm(model), spec.parts.norm_kind))
         if "resid" in record:
             hook(spec.final_norm(model), keep_input(recording.resid, spec.n_layers), pre=True)
-        if "rope" in record or explicit or attn_keep is not None:
-            hook(spec.rotary(model), lambda m, a, out: setattr(recording, "rope", tuple(out)))
         for i, mods in enumerate(layers):
+            if "rope" in record or explicit or attn_keep is not None:
+                handles.append(mods.attention.register_forward_pre_hook(_keep_rope(recording.rope, i),
+                                                                        with_kwargs=True))
             if "resid" in record:
                 hook(mods.norms[0], keep_input(recording.resid, i), pre=True)
             if "mid" in record:
@@ -304,6 +306,15 @@ def instrument(model: nn.Module, request: Request, *, weights: PathWeights | Non
                 if _release_memory is not None and spec.device(model).type == "cpu":
                     hook(mods.layer, _trim, pre=True)
         yield session
+
+
+def _keep_rope(store: dict, i: int) -> Callable:
+    """A pre-hook keeping the (cos, sin) pair layer i's attention is called with."""
+    def pre(_module, args, kwargs):
+        pair = kwargs.get("position_embeddings", args[1] if len(args) > 1 else None)
+        if pair is not None:
+            store[i] = tuple(pair)
+    return pre
 
 
 def _keep_output(store: dict, key) -> Callable:

@@ -17,6 +17,8 @@ read the gradient unscaled.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -24,10 +26,17 @@ import torch
 from torch import Tensor, nn
 
 from .families import LayerModules, ModelSpec, norm_eps
-from .rules.norm import rms_scale
+from .rules.norm import GAIN, rms_scale
 
+def _gelu_tanh_ratio(s: Tensor) -> Tensor:
+    """GELU with the tanh approximation is s * 0.5 * (1 + tanh(sqrt(2/pi) * (s + 0.044715 s^3)))."""
+    return 0.5 * (1 + torch.tanh(math.sqrt(2 / math.pi) * (s + 0.044715 * s.pow(3))))
+
+
+# act(s) = s * ratio(s): the linearisation keeps the value and freezes ratio(s) (the control factor).
 ACTIVATION_RATIO: dict[str, Callable[[Tensor], Tensor]] = {
     "silu": torch.sigmoid,  # SiLU(s) = s * sigmoid(s)
+    "gelu_tanh": _gelu_tanh_ratio,  # Gemma's GeGLU
 }
 
 
@@ -176,8 +185,16 @@ def rms(x: Tensor, gamma: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     return gamma * (x32 * r).to(x.dtype), r
 
 
+def rms_1p(x: Tensor, gamma: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """HF's Gemma RMSNorm arithmetic: ((x32 * r) * (1 + weight32)).to(dtype), with r in float32."""
+    x32 = x.float()
+    r = rms_scale(x32, eps)
+    return ((x32 * r) * (1.0 + gamma.float())).type_as(x), r
+
+
 NORM_KINDS: dict[str, Callable[[Tensor, Tensor, float], tuple[Tensor, Tensor]]] = {
     "rms": rms,  # Llama, Mistral, Qwen2, Qwen3 (and Qwen3's q/k norms)
+    "rms_1p": rms_1p,  # Gemma 3 (every norm, q/k norms too)
 }
 _REPLICATES: dict[tuple, bool] = {}
 
@@ -203,7 +220,8 @@ def freeze_norm(norm: nn.Module, kind: str, factor: float = 1.0) -> Callable[[Te
     arithmetic = NORM_KINDS[kind]
     value = lambda x: arithmetic(x, gamma, eps)  # noqa: E731
     own = None if replicates(norm, value) else norm.forward
-    pull = gamma if factor == 1 else gamma * factor
+    gain = GAIN[kind](gamma)
+    pull = gain if factor == 1 else gain * factor
     return lambda x: FrozenNorm.apply(x, pull, value, own, eps)
 
 

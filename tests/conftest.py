@@ -9,7 +9,8 @@ import transformers
 # Filled by tests/test_book.py's ``built_book`` fixture: {"seconds": build time, "notebooks": {name: seconds}}.
 BOOK_BUILD = pytest.StashKey[dict]()
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3")  # the SwiGLU families the book's hand rules are written for
+ALL_FAMILIES = (*FAMILIES, "gemma3_text")  # every family dpa supports: the autograd suite (test_families_autograd)
 LAYOUTS = {"mha": 4, "gqa": 2, "mqa": 1}  # KV heads for 4 query heads
 
 _CONFIGS = {
@@ -17,12 +18,14 @@ _CONFIGS = {
     "mistral": transformers.MistralConfig,
     "qwen2": transformers.Qwen2Config,
     "qwen3": transformers.Qwen3Config,
+    "gemma3_text": transformers.Gemma3TextConfig,
 }
 _MODELS = {
     "llama": transformers.LlamaForCausalLM,
     "mistral": transformers.MistralForCausalLM,
     "qwen2": transformers.Qwen2ForCausalLM,
     "qwen3": transformers.Qwen3ForCausalLM,
+    "gemma3_text": transformers.Gemma3ForCausalLM,
 }
 
 
@@ -32,6 +35,14 @@ def _float64_rms_forward(original):
             return original(self, hidden_states)
         variance = hidden_states.pow(2).mean(-1, keepdim=True)
         return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
+    return forward
+
+
+def _float64_gemma_rms_forward(original):
+    def forward(self, x):
+        if x.dtype != torch.float64:
+            return original(self, x)
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * (1.0 + self.weight)
     return forward
 
 
@@ -48,9 +59,14 @@ def float64_norms():
 
     classes = [modeling_llama.LlamaRMSNorm, modeling_mistral.MistralRMSNorm, modeling_qwen2.Qwen2RMSNorm,
                modeling_qwen3.Qwen3RMSNorm]
+    from transformers.models.gemma3 import modeling_gemma3
+
     originals = [c.forward for c in classes]
     for c, f in zip(classes, originals):
         c.forward = _float64_rms_forward(f)
+    gemma = modeling_gemma3.Gemma3RMSNorm
+    classes, originals = classes + [gemma], originals + [gemma.forward]
+    gemma.forward = _float64_gemma_rms_forward(gemma.forward)
     yield
     for c, f in zip(classes, originals):
         c.forward = f
@@ -63,6 +79,9 @@ def tiny_config(family: str, kv_heads: int = 2, **overrides):
         kwargs["sliding_window"] = 5  # short enough to matter on the test prompts
     if family == "qwen2":
         kwargs.pop("head_dim")
+    if family == "gemma3_text":  # a local (sliding) layer between global ones, as in Gemma 3; 1/sqrt(6) scaling
+        kwargs.update(sliding_window=5, layer_types=["full_attention", "sliding_attention", "full_attention"],
+                      query_pre_attn_scalar=6, pad_token_id=0)
     kwargs.update(overrides)
     return _CONFIGS[family](**kwargs)
 

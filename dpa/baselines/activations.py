@@ -14,13 +14,14 @@ from torch.nn import functional as F
 
 from ..result import Attribution
 from .common import Prompt, prepare, result
-from .internals import forward_internals, head_values, probabilities
+from .internals import require_pre_norm_swiglu, forward_internals, head_values, probabilities
 
 
 def mlp_only(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contrast=None,
              position: int | None = None) -> Attribution:
     """Each position-level neuron scored by SiLU(s); attention edges score 0."""
     req = prepare(model, tokenizer, prompt, target, contrast, position)
+    require_pre_norm_swiglu(req.spec, "mlp_only")
     layers = forward_internals(model, req).layers
     neurons = torch.stack([F.silu(layer.gate[0]) for layer in layers])  # [layer pos d_mlp]
     spec = req.spec
@@ -32,6 +33,7 @@ def norm_only(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contr
               position: int | None = None) -> Attribution:
     """Each edge and position-level neuron scored by the L2 norm of its residual-stream write."""
     req = prepare(model, tokenizer, prompt, target, contrast, position)
+    require_pre_norm_swiglu(req.spec, "norm_only")
     layers = forward_internals(model, req).layers
     probs = probabilities(layers)  # [layer head query key]
     value_norms = torch.stack([head_values(layer).norm(dim=-1) for layer in layers])  # [layer head key]

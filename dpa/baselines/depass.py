@@ -31,7 +31,7 @@ from ..rules.norm import rms_scale
 from ..result import Attribution
 from ..checks import check_bool, check_choice, check_float
 from .common import Prompt, causal, prepare, result
-from .internals import Layer, forward_internals
+from .internals import require_pre_norm_swiglu, Layer, forward_internals
 
 _CHUNK = 2 ** 25  # elements per intermediate tensor
 _ROWS = 32  # positions per GLU chunk: smaller chunks skip more of the absent (future) parts
@@ -87,6 +87,7 @@ def depass(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contrast
     temperature = check_float("temperature", temperature, above=0.0)
     skip_first = check_bool("skip_first", skip_first)
     req = prepare(model, tokenizer, prompt, target, contrast, position)
+    require_pre_norm_swiglu(req.spec, "depass")
     cap = forward_internals(model, req)
     layers = cap.layers
     eps = req.spec.rms_eps

@@ -22,7 +22,7 @@ from torch.nn import functional as F
 
 from ..result import Attribution
 from .common import Prompt, prepare, result
-from .internals import Layer, forward_internals, head_values
+from .internals import require_pre_norm_swiglu, Layer, forward_internals, head_values
 
 _CHUNK = 2 ** 25  # elements per intermediate tensor
 _ROWS = 32  # query rows per attention chunk: smaller chunks skip more of the masked (future) keys
@@ -71,6 +71,7 @@ def neuron_weights(layer: Layer) -> Tensor:
 @torch.no_grad()
 def _flow(model: nn.Module, tokenizer, prompt: Prompt, target, contrast, position, components: bool):
     req = prepare(model, tokenizer, prompt, target, contrast, position)
+    require_pre_norm_swiglu(req.spec, "ifr")
     layers = forward_internals(model, req).layers
     t = req.n_tokens
     importance = torch.zeros(t, dtype=layers[0].resid_pre.dtype, device=req.device)

@@ -63,6 +63,21 @@ class Internals:
     resid_final: Tensor  # input of the final norm [1 pos d_model]
 
 
+PRE_NORM_SWIGLU = ("rms", "silu", 2)  # norm kind, activation, norms per layer: the structure written out below
+
+
+def require_pre_norm_swiglu(spec, method: str) -> None:
+    """The methods that recompute a layer from its weights (DePass, IFR, the activation-based ones) are written
+    for pre-norm SwiGLU layers with Llama's RMSNorm: refuse, by name, a family they would get wrong."""
+    parts = spec.parts
+    if (parts.norm_kind, parts.activation[1], len(parts.norms)) != PRE_NORM_SWIGLU:
+        from ..errors import UnsupportedModelError
+
+        raise UnsupportedModelError(f"{method} recomputes each layer from its weights and is written for pre-norm "
+                                    f"SwiGLU layers (llama, mistral, qwen2, qwen3), not for {spec.family} "
+                                    f"({parts.activation[1]}, {parts.norm_kind} norms, {len(parts.norms)} per layer)")
+
+
 @torch.no_grad()
 def forward_internals(model: nn.Module, req: Request) -> Internals:
     """Record every layer of one clean forward pass (and keep the clean logits in ``req``)."""

@@ -16,3 +16,11 @@ def rms_scale(x: Tensor, eps: float) -> Tensor:
 def apply_norm(x: Tensor, gamma: Tensor, scale: Tensor) -> Tensor:
     """The forward map gamma * r * x with the scale r given (frozen)."""
     return gamma * (x * scale)
+
+
+# The diagonal a frozen norm multiplies by, besides r, from its weight: gamma (Llama's RMSNorm) or 1 + gamma
+# (Gemma's, whose weights are stored as offsets from one).
+GAIN = {
+    "rms": lambda gamma: gamma,
+    "rms_1p": lambda gamma: 1 + gamma,
+}

@@ -1,0 +1,194 @@
+"""One suite over the table of every supported family (SwiGLU and GeGLU alike), against an autograd computation
+written here, independently of dpa: the linearised model is the HF model itself with its modules' forwards
+replaced for the test (norm scales detached, act(s) = s * ratio(s) with ratio detached, each branch's output
+passing mu of its gradient), and autograd's gradients give the scores.
+
+Checked on tiny float64 models of each family and head layout: the forward oracle (the instrumented forward's
+logits are the model's, bit for bit), each path alone and the default weights (token, head and neuron
+scores), completeness under conservative weights, and component sums (edges to heads).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import pytest
+import torch
+
+import dpa
+from dpa import request
+from dpa.families import layer_modules
+from dpa.instrument import instrument
+from dpa.linearise import Scores
+
+from .conftest import ALL_FAMILIES, LAYOUTS, random_ids, tiny_model
+
+TARGET = 5
+PATHS = {"query": (1, 0, 0, 0, 0), "key": (0, 1, 0, 0, 0), "value": (0, 0, 1, 0, 0), "gate": (0, 0, 0, 1, 0),
+         "up": (0, 0, 0, 0, 1), "default": (0.25, 0.25, 0.5, 0.5, 0.5)}
+# Written here from the definitions, not taken from dpa: the frozen factor of each activation and the
+# diagonal each norm multiplies by besides 1/rms.
+RATIO = {"silu": torch.sigmoid,
+         "gelu_tanh": lambda s: 0.5 * (1 + torch.tanh(math.sqrt(2 / math.pi) * (s + 0.044715 * s ** 3)))}
+GAIN = {"rms": lambda w: w, "rms_1p": lambda w: 1 + w}
+
+
+@pytest.fixture(scope="module", params=[(f, lay) for f in ALL_FAMILIES for lay in LAYOUTS],
+                ids=lambda p: f"{p[0]}-{p[1]}")
+def model(request):
+    family, layout = request.param
+    return tiny_model(family, LAYOUTS[layout])
+
+
+@contextlib.contextmanager
+def linearised(model, mu):
+    """The model's own modules with the three changes, as instance forwards (removed on exit)."""
+    spec = dpa.spec_for(model)
+    parts = spec.parts
+    changed = []
+
+    def set_forward(module, forward):
+        module.forward = forward
+        changed.append(module)
+
+    def frozen_norm(norm):
+        eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+        gain = GAIN[parts.norm_kind](norm.weight)
+        return lambda x: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps).detach() * gain
+
+    def scaled(module, m):
+        own = type(module).forward
+        return lambda x: (lambda out: m * out + (1 - m) * out.detach())(own(module, x))
+
+    ratio = RATIO[parts.activation[1]]
+    set_forward(spec.final_norm(model), frozen_norm(spec.final_norm(model)))
+    for mods in layer_modules(model, spec):
+        for norm in (*mods.norms, *mods.head_norms):
+            set_forward(norm, frozen_norm(norm))
+        set_forward(mods.activation, lambda s: s * ratio(s).detach())
+        for name, weight in zip(("query", "key", "value", "gate", "up"), mu):
+            set_forward(mods.branches[name], scaled(mods.branches[name], weight))
+    try:
+        yield
+    finally:
+        for module in changed:
+            del module.forward
+
+
+def autograd_scores(model, ids, mu, target=TARGET):
+    """Token, head and neuron scores of the linearised model by plain autograd."""
+    spec = dpa.spec_for(model)
+    emb = spec.embed(model)(ids[None]).detach().requires_grad_(True)
+    z, a = {}, {}
+
+    def keep(store, i):
+        def pre(_m, args):
+            args[0].retain_grad()
+            store[i] = args[0]
+        return pre
+
+    handles = []
+    for i, mods in enumerate(layer_modules(model, spec)):
+        handles += [mods.heads.register_forward_pre_hook(keep(z, i)),
+                    mods.neurons.register_forward_pre_hook(keep(a, i))]
+    try:
+        with torch.enable_grad(), linearised(model, mu):
+            logits = model(inputs_embeds=emb).logits
+            logits[0, -1, target].backward()
+    finally:
+        for h in handles:
+            h.remove()
+    heads = torch.stack([(z[i] * z[i].grad)[0].view(len(ids), spec.n_heads, -1).sum((0, 2))
+                         for i in range(spec.n_layers)])
+    neurons = torch.stack([(a[i] * a[i].grad)[0].sum(0) for i in range(spec.n_layers)])
+    return (emb * emb.grad)[0].sum(-1), heads, neurons
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+def test_each_path_alone_and_the_default_equal_autograd(model, path):
+    ids = random_ids(9)
+    res = dpa.attribute(model, None, ids, target=TARGET, weights=dpa.PathWeights(*PATHS[path]))
+    tokens, heads, neurons = autograd_scores(model, ids, PATHS[path])
+    torch.testing.assert_close(res.token_scores, tokens, rtol=1e-9, atol=1e-11)
+    torch.testing.assert_close(res.head_scores, heads, rtol=1e-9, atol=1e-11)
+    torch.testing.assert_close(res.neuron_scores, neurons, rtol=1e-9, atol=1e-11)
+
+
+def test_the_autograd_reference_can_fail(model):
+    """The check above is not vacuous: a wrong activation ratio or a wrong norm gain changes the scores."""
+    ids = random_ids(9)
+    res = dpa.attribute(model, None, ids, target=TARGET, weights=dpa.PathWeights(*PATHS["gate"]))
+    kind = dpa.spec_for(model).parts.activation[1]
+    other = "silu" if kind != "silu" else "gelu_tanh"
+    saved = RATIO[kind]
+    RATIO[kind] = RATIO[other]
+    try:
+        tokens, _, _ = autograd_scores(model, ids, PATHS["gate"])
+    finally:
+        RATIO[kind] = saved
+    assert not torch.allclose(res.token_scores, tokens, rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("gate", [0.0, 0.5, 1.0])
+def test_completeness_under_conservative_weights(model, gate):
+    ids = random_ids(10)
+    res = dpa.attribute(model, None, ids, target=TARGET, weights=dpa.PathWeights(0, 0, 1, gate, 1 - gate))
+    logit = model(ids[None]).logits[0, -1, TARGET].item()
+    assert res.target_logit == pytest.approx(logit, rel=1e-12, abs=1e-12)
+    total = float(res.token_scores.sum()) + res.bias_share
+    assert total == pytest.approx(logit, rel=1e-8, abs=1e-10)
+
+
+def test_the_instrumented_forward_is_the_models(model):
+    ids = random_ids(11)
+    plain = model(ids[None]).logits
+    req = request.build(model, None, ids, 3)
+    spec = req.spec
+    scores = Scores.empty(spec, 1, len(ids), torch.float64, req.device, False)
+    with instrument(model, req, weights=dpa.PathWeights(), scores=scores, lean=False) as session:
+        hidden = session.forward()
+    assert torch.equal(spec.unembed(model)(hidden), plain)
+
+
+def test_edges_sum_to_heads_and_positions_to_neurons(model):
+    ids = random_ids(9)
+    res = dpa.attribute(model, None, ids, target=TARGET, edges=True, neuron_positions=True)
+    torch.testing.assert_close(res.edge_scores.sum((2, 3)), res.head_scores, rtol=1e-9, atol=1e-11)
+    torch.testing.assert_close(res.neuron_position_scores.sum(1), res.neuron_scores, rtol=1e-9, atol=1e-11)
+
+
+def test_lean_equals_full(model):
+    ids = random_ids(9)
+    full = dpa.attribute(model, None, ids, target=TARGET, memory="full", edges=True)
+    lean = dpa.attribute(model, None, ids, target=TARGET, memory="lean", edges=True)
+    for name in ("token_scores", "head_scores", "neuron_scores", "edge_scores"):
+        torch.testing.assert_close(getattr(lean, name), getattr(full, name), rtol=1e-12, atol=1e-14)
+
+
+def test_the_explicit_attention_path_reproduces_the_model(model):
+    """dpa's readable recomputation of alpha (edges, ablations, verify) gives the model's logits, also for a
+    padded batch and for local (sliding) layers with their own rotary base."""
+    from dpa.instrument import logits_at
+
+    prompts = [random_ids(11, seed=1), random_ids(7, seed=2)]
+    req = request.build(model, None, prompts)
+    with torch.no_grad(), instrument(model, req, explicit=True) as session:
+        ours = logits_at(model, req, session.forward())
+    for b, p in enumerate(prompts):
+        torch.testing.assert_close(ours[b], model(p[None]).logits[0, -1], rtol=1e-10, atol=1e-10)
+
+
+def test_baselines_recomputing_swiglu_layers_refuse_other_families(model):
+    from dpa import baselines
+
+    spec = dpa.spec_for(model)
+    ids = random_ids(6)
+    for method in (baselines.ifr, baselines.depass, baselines.mlp_only, baselines.norm_only):
+        if spec.parts.activation[1] == "silu":
+            assert method(model, None, ids, TARGET).token_scores is not None
+        else:
+            with pytest.raises(dpa.UnsupportedModelError, match="pre-norm SwiGLU"):
+                method(model, None, ids, TARGET)
+    res = baselines.gradient(model, None, ids, TARGET)  # model-agnostic methods work on every family
+    assert torch.isfinite(res.token_scores).all()
