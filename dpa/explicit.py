@@ -47,7 +47,9 @@ def attention_forward(spec: ModelSpec, request: Request, mods: LayerModules, ind
         v = mods.branches["value"](x)
         if mods.head_norms:
             q, k = mods.head_norms[0](q), mods.head_norms[1](k)
-        q, k = rotate(q.transpose(1, 2), cos, sin), rotate(k.transpose(1, 2), cos, sin)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+        if spec.rotates(index):
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         key = (b, t, x.device)
         if key not in masks:
             masks[key] = attention_mask(_row_mask(request, b, t, x.device), spec.sliding_windows[index])
@@ -82,8 +84,10 @@ def probs_from_recording(spec: ModelSpec, model: nn.Module, request: Request, re
     q, k = q.view(b, t, spec.n_heads, -1), k.view(b, t, spec.n_kv_heads, -1)
     if parts.head_norms:
         q, k = (_head_norm(get(layer, n), x, parts.norm_kind) for n, x in zip(parts.head_norms, (q, k)))
-    cos, sin = recording.rope[index]
-    q, k = rotate(q.transpose(1, 2), cos, sin), rotate(k.transpose(1, 2), cos, sin)
+    q, k = q.transpose(1, 2), k.transpose(1, 2)
+    if spec.rotates(index):
+        cos, sin = recording.rope[index]
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
     mask = attention_mask(request.mask, spec.sliding_windows[index])
     return attention_probs(q, k, scaling(spec, get(layer, parts.attention)), mask)
 

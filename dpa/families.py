@@ -80,6 +80,7 @@ class Family:
     slides_every_layer: bool = False  # a set ``sliding_window`` applies to all layers (Mistral)
     activation_config: tuple[str, str] = ("hidden_act", "silu")  # the config key naming the activation, its value
     fixed: tuple[tuple[str, object], ...] = ()  # config settings the description needs at these values
+    rope_layers: str | None = None  # config key listing, per layer, 1 where RoPE is applied (SmolLM3's NoPE layers)
 
     def with_(self, **changes) -> Family:
         return replace(self, **changes)
@@ -103,7 +104,10 @@ GEMMA3 = LLAMA.with_(  # diff with Llama: GeGLU (tanh GELU), (1 + gamma) norms, 
     fixed=(("attn_logit_softcapping", None), ("final_logit_softcapping", None),
            ("use_bidirectional_attention", False)))
 
-FAMILIES: dict[str, Family] = {f.model_type: f for f in (LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA3)}
+SMOLLM3 = LLAMA.with_(model_type="smollm3", config_class="SmolLM3Config",
+                      rope_layers="no_rope_layers")  # diff with Llama: some layers without RoPE (NoPE)
+
+FAMILIES: dict[str, Family] = {f.model_type: f for f in (LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA3, SMOLLM3)}
 
 
 @dataclass(frozen=True)
@@ -124,6 +128,10 @@ class ModelSpec:
     qkv_bias: bool
     qk_norm: bool
     sliding_windows: tuple[int | None, ...]  # per layer
+    rotary_layers: tuple[bool, ...] = ()  # per layer: whether the layer rotates q and k (empty: every layer)
+
+    def rotates(self, index: int) -> bool:
+        return not self.rotary_layers or self.rotary_layers[index]
 
     # Module access by the description's paths: the only place module names are read.
     def layers(self, model: nn.Module) -> nn.ModuleList:
@@ -228,9 +236,20 @@ def _default_keys(config_class: str) -> frozenset[str]:
     return frozenset(getattr(transformers, config_class)().to_dict())
 
 
+def _rotary_layers(config, family: Family) -> tuple[bool, ...]:
+    if family.rope_layers is None:
+        return ()
+    flags = list(getattr(config, family.rope_layers))
+    if len(flags) != config.num_hidden_layers or any(f not in (0, 1, True, False) for f in flags):
+        raise _config_error(family.rope_layers, flags, f"expected {config.num_hidden_layers} flags of 0 or 1")
+    return tuple(bool(f) for f in flags)
+
+
 def _sliding_windows(config, family: Family) -> tuple[int | None, ...]:
     n = config.num_hidden_layers
     window = getattr(config, "sliding_window", None)
+    if getattr(config, "use_sliding_window", True) is False:  # Qwen2, SmolLM3: the layer types alone do not slide
+        return (None,) * n
     if family.slides_every_layer:
         return (window,) * n
     types = getattr(config, "layer_types", None) or ["full_attention"] * n
@@ -298,6 +317,7 @@ def _spec_for(model: nn.Module, config) -> ModelSpec:
         vocab_size=config.vocab_size, max_positions=config.max_position_embeddings,
         qkv_bias=query.bias is not None, qk_norm=family.head_norms is not None,
         sliding_windows=_sliding_windows(config, family),
+        rotary_layers=_rotary_layers(config, family),
     )
 
 
