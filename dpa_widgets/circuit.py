@@ -128,8 +128,9 @@ class CircuitWidget(anywidget.AnyWidget):
         self._computed = self._settings()
         for name, value in selection.items():  # validated against the data now on view
             setattr(self, name, value)
-        if model is not None:
-            self._methods = ["dpa", *live.baseline_methods()]
+        if model is not None:  # the baselines that handle this model's family
+            spec = dpa.spec_for(model)
+            self._methods = ["dpa", *live.baseline_methods(spec)]
         self.on_msg(self._on_message)
         self.observe(self._on_settings, names=list(LIVE_TRAITS[:4]))
         self.observe(self._on_method, names=["method"])
@@ -233,7 +234,7 @@ class CircuitWidget(anywidget.AnyWidget):
 
     @t.validate("method")
     def _valid_method(self, proposal):
-        methods = ["dpa", *live.baseline_methods()]
+        methods = ["dpa", *live.baseline_methods(None if self.model is None else dpa.spec_for(self.model))]
         if proposal["value"] not in methods:
             raise TraitValueError(f"method must be one of {', '.join(methods)}, got {proposal['value']!r}")
         if proposal["value"] != "dpa" and self.result.target.kind == "vector":

@@ -93,10 +93,11 @@ def neuron_vocab(model: nn.Module, tokenizer, layer: int, neuron: int,
             [(name(int(i)), float(-v)) for v, i in zip(down_.values, down_.indices)])
 
 
-def baseline_methods() -> dict[str, tuple[str, Any]]:
+def baseline_methods(spec=None) -> dict[str, tuple[str, Any]]:
     """Baselines from ``dpa.baselines`` by widget name: "tokens:<name>" for input methods and
-    "components:<name>" for component methods (the two families share some names). Empty when
-    ``dpa.baselines`` is not installed; DPA itself is left out (it is the reference)."""
+    "components:<name>" for component methods (the two families share some names); with ``spec``, only
+    those that handle its family. Empty when ``dpa.baselines`` is not installed; DPA itself is left out
+    (it is the reference)."""
     try:
         from dpa import baselines
     except ImportError:
@@ -105,7 +106,7 @@ def baseline_methods() -> dict[str, tuple[str, Any]]:
     tables = (("input", "tokens", "INPUT_METHODS"), ("component", "components", "COMPONENT_METHODS"))
     for level, prefix, table in tables:
         for name, fn in getattr(baselines, table, {}).items():
-            if name != "dpa":
+            if name != "dpa" and (spec is None or baselines.supports(fn, spec)):
                 out[f"{prefix}:{name}"] = (level, fn)
     return out
 

@@ -44,9 +44,25 @@ COMPONENT_METHODS = {
     "activation_patching": activation_patching,
 }
 
+# Methods that recompute each layer from its weights, written for pre-norm SwiGLU layers (they refuse other
+# families by name; see internals.require_pre_norm_swiglu).
+PRE_NORM_SWIGLU_ONLY = frozenset({depass, ifr, component_ifr, mlp_only, norm_only})
+
+
+def supports(method, spec) -> bool:
+    """Whether ``method`` (a function of ``INPUT_METHODS`` / ``COMPONENT_METHODS``, or a partial of one) handles
+    the family of ``spec``."""
+    from .internals import PRE_NORM_SWIGLU
+
+    fn = getattr(method, "func", method)
+    parts = spec.parts
+    return fn not in PRE_NORM_SWIGLU_ONLY or (parts.norm_kind, parts.activation[1], len(parts.norms)) == PRE_NORM_SWIGLU
+
+
 __all__ = [
-    "COMPONENT_METHODS", "INPUT_METHODS", "activation_patching", "atp", "attention_rollout", "attn_only",
+    "COMPONENT_METHODS", "INPUT_METHODS", "PRE_NORM_SWIGLU_ONLY", "activation_patching", "atp", "attention_rollout", "attn_only",
     "component_gradient", "component_ifr", "depass", "dpa_component", "dpa_input", "dpa_mid", "gradient", "ifr",
     "input_x_gradient", "integrated_gradients", "last_layer_attention", "mean_attention", "mlp_only", "norm_only",
+    "supports",
     "occlusion", "random_component", "random_input",
 ]

@@ -30,7 +30,7 @@ from .. import distributed
 from ..families import spec_for
 from ..baselines import COMPONENT_METHODS, INPUT_METHODS
 from ..checks import check_bool, check_choice, check_float, check_int
-from ..errors import InputError, InputTypeError
+from ..errors import InputError, InputTypeError, UnsupportedModelError
 from ..weights import FAMILIES, PathWeights
 from .auc import auc_summary
 from .curves import (GRANULARITIES, ONE_KIND, ComponentUnits, Unit, component_curves, component_units,
@@ -248,6 +248,14 @@ def evaluate(model: nn.Module, tokenizer, settings: Settings, out: str | Path, *
         raise InputTypeError(f"out must be a folder (a str or path), got {type(out).__name__}")
     methods = check_methods(methods) if methods is not None else resolve_methods(settings)
     _check_kinds(settings, methods)
+    from ..baselines import supports
+
+    spec = spec_for(model)
+    unsupported = [name for name, fn in methods.items() if not supports(fn, spec)]
+    if unsupported:
+        raise UnsupportedModelError(f"method(s) {', '.join(unsupported)} recompute layers from their weights and are "
+                                    f"written for pre-norm SwiGLU families, not {spec.family}; leave them out "
+                                    "(--methods)")
     examples = load_examples(settings.dataset, settings.data_dir, seed=settings.seed,
                              n_generated=settings.n_generated)  # missing or malformed data: before any file
     out = Path(out)
