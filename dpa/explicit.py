@@ -42,10 +42,12 @@ def attention_forward(spec: ModelSpec, request: Request, mods: LayerModules, ind
         x = hidden_states  # [batch pos d_model], normalised by the decoder layer
         b, t = x.shape[:2]
         cos, sin = position_embeddings if position_embeddings is not None else recording.rope[index]
-        q = mods.branches["query"](x).view(b, t, spec.n_heads, -1)
-        k = mods.branches["key"](x).view(b, t, spec.n_kv_heads, -1)
+        q, k = mods.branches["query"](x), mods.branches["key"](x)
         v = mods.branches["value"](x)
-        if mods.head_norms:
+        if mods.head_norms and spec.parts.head_norms_over != "head":  # OLMo 2: over the whole projection
+            q, k = mods.head_norms[0](q), mods.head_norms[1](k)
+        q, k = q.view(b, t, spec.n_heads, -1), k.view(b, t, spec.n_kv_heads, -1)
+        if mods.head_norms and spec.parts.head_norms_over == "head":
             q, k = mods.head_norms[0](q), mods.head_norms[1](k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         if spec.rotates(index):
@@ -81,8 +83,10 @@ def probs_from_recording(spec: ModelSpec, model: nn.Module, request: Request, re
     device = request.device
     q, k = recording.branches[("query", index)].to(device), recording.branches[("key", index)].to(device)
     b, t = q.shape[:2]
+    if parts.head_norms and parts.head_norms_over != "head":
+        q, k = (_head_norm(get(layer, n), x, parts.norm_kind) for n, x in zip(parts.head_norms, (q, k)))
     q, k = q.view(b, t, spec.n_heads, -1), k.view(b, t, spec.n_kv_heads, -1)
-    if parts.head_norms:
+    if parts.head_norms and parts.head_norms_over == "head":
         q, k = (_head_norm(get(layer, n), x, parts.norm_kind) for n, x in zip(parts.head_norms, (q, k)))
     q, k = q.transpose(1, 2), k.transpose(1, 2)
     if spec.rotates(index):

@@ -53,7 +53,8 @@ class Family:
     neurons        the down projection, whose input a = act(s) * u is what a neuron writes; its score
                    a . grad_a is read on the up branch as u . grad_u (equal: grad_u = grad_a * act(s)),
                    where u is already kept for the backward, so the tap costs no memory
-    mid            the norm whose input is the residual stream after attention (t_mid)
+    mid            a module whose input is the residual stream after attention (t_mid): the norm before the
+                   MLP, or the MLP itself where there is none
     """
 
     model_type: str
@@ -67,8 +68,9 @@ class Family:
     mlp: str = "mlp"
     norms: tuple[str, ...] = ("input_layernorm", "post_attention_layernorm")
     norm_kind: str = "rms"
-    block_inputs: tuple[str, str] = ("input_layernorm", "post_attention_layernorm")
+    block_inputs: tuple[str, ...] = ("input_layernorm", "post_attention_layernorm")  # () without pre-norms (OLMo 2)
     head_norms: tuple[str, str] | None = None  # (query, key) RMSNorm over d_head before RoPE
+    head_norms_over: str = "head"  # what the q/k norms normalise: each head ("head") or the whole projection
     branches: dict[str, str] = field(default_factory=lambda: {
         "query": "self_attn.q_proj", "key": "self_attn.k_proj", "value": "self_attn.v_proj",
         "gate": "mlp.gate_proj", "up": "mlp.up_proj"})
@@ -104,10 +106,15 @@ GEMMA3 = LLAMA.with_(  # diff with Llama: GeGLU (tanh GELU), (1 + gamma) norms, 
     fixed=(("attn_logit_softcapping", None), ("final_logit_softcapping", None),
            ("use_bidirectional_attention", False)))
 
+OLMO2 = LLAMA.with_(  # diff with Llama: norms after each block instead of before (the blocks read the residual
+    model_type="olmo2", config_class="Olmo2Config",  # stream itself), and q/k norms over the whole projection
+    norms=("post_attention_layernorm", "post_feedforward_layernorm"), block_inputs=(),
+    head_norms=("self_attn.q_norm", "self_attn.k_norm"), head_norms_over="projection", mid="mlp")
+
 SMOLLM3 = LLAMA.with_(model_type="smollm3", config_class="SmolLM3Config",
                       rope_layers="no_rope_layers")  # diff with Llama: some layers without RoPE (NoPE)
 
-FAMILIES: dict[str, Family] = {f.model_type: f for f in (LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA3, SMOLLM3)}
+FAMILIES: dict[str, Family] = {f.model_type: f for f in (LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA3, SMOLLM3, OLMO2)}
 
 
 @dataclass(frozen=True)
@@ -336,7 +343,7 @@ class LayerModules:
     layer: nn.Module
     attention: nn.Module
     norms: tuple[nn.Module, ...]
-    block_inputs: tuple[nn.Module, nn.Module]
+    block_inputs: tuple[nn.Module, ...]
     head_norms: tuple[nn.Module, ...]
     branches: dict[str, nn.Module]
     activation: nn.Module

@@ -283,7 +283,8 @@ def instrument(model: nn.Module, request: Request, *, weights: PathWeights | Non
                 handles.append(mods.attention.register_forward_pre_hook(_keep_rope(recording.rope, i),
                                                                         with_kwargs=True))
             if "resid" in record:
-                hook(mods.norms[0], keep_input(recording.resid, i), pre=True)
+                handles.append(mods.layer.register_forward_pre_hook(_keep_layer_input(recording.resid, i),
+                                                                    with_kwargs=True))
             if "mid" in record:
                 hook(mods.mid, keep_input(recording.mid, i), pre=True)
             if weights is not None:
@@ -306,6 +307,13 @@ def instrument(model: nn.Module, request: Request, *, weights: PathWeights | Non
                 if _release_memory is not None and spec.device(model).type == "cpu":
                     hook(mods.layer, _trim, pre=True)
         yield session
+
+
+def _keep_layer_input(store: dict, i: int) -> Callable:
+    """A pre-hook keeping the residual stream entering decoder layer i."""
+    def pre(_module, args, kwargs):
+        store[i] = args[0] if args else kwargs["hidden_states"]
+    return pre
 
 
 def _keep_rope(store: dict, i: int) -> Callable:

@@ -245,11 +245,14 @@ def _factor(mu: float, common: float) -> float | None:
 
 def linearise_layer(session, i: int, mods: LayerModules, hook, override) -> None:
     spec, mu, scores, rec = session.spec, session.weights, session.scores, session.recording
-    attn_common = _common(mu.query, mu.key, mu.value)
-    mlp_common = _common(mu.gate, mu.up)
+    # Each block's common factor rides on the norm that feeds it; without such norms (OLMo 2's blocks read the
+    # residual stream itself) every branch carries its own mu.
+    attn_common = _common(mu.query, mu.key, mu.value) if mods.block_inputs else 1.0
+    mlp_common = _common(mu.gate, mu.up) if mods.block_inputs else 1.0
     kind = spec.parts.norm_kind
     for norm in mods.norms:  # a block's common factor rides on its input norm's backward
-        factor = attn_common if norm is mods.block_inputs[0] else mlp_common if norm is mods.block_inputs[1] else 1.0
+        factor = (attn_common if mods.block_inputs and norm is mods.block_inputs[0] else
+                  mlp_common if mods.block_inputs and norm is mods.block_inputs[1] else 1.0)
         override(norm, freeze_norm(norm, kind, factor))
     for norm in mods.head_norms:
         override(norm, freeze_norm(norm, kind))

@@ -10,7 +10,7 @@ import transformers
 BOOK_BUILD = pytest.StashKey[dict]()
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")  # the SwiGLU families the book's hand rules are written for
-ALL_FAMILIES = (*FAMILIES, "gemma3_text", "smollm3")  # every family dpa supports: the autograd suite (test_families_autograd)
+ALL_FAMILIES = (*FAMILIES, "gemma3_text", "smollm3", "olmo2")  # every family dpa supports: the autograd suite (test_families_autograd)
 LAYOUTS = {"mha": 4, "gqa": 2, "mqa": 1}  # KV heads for 4 query heads
 
 _CONFIGS = {
@@ -20,6 +20,7 @@ _CONFIGS = {
     "qwen3": transformers.Qwen3Config,
     "gemma3_text": transformers.Gemma3TextConfig,
     "smollm3": transformers.SmolLM3Config,
+    "olmo2": transformers.Olmo2Config,
 }
 _MODELS = {
     "llama": transformers.LlamaForCausalLM,
@@ -28,6 +29,7 @@ _MODELS = {
     "qwen3": transformers.Qwen3ForCausalLM,
     "gemma3_text": transformers.Gemma3ForCausalLM,
     "smollm3": transformers.SmolLM3ForCausalLM,
+    "olmo2": transformers.Olmo2ForCausalLM,
 }
 
 
@@ -58,10 +60,11 @@ def float64_norms():
     from transformers.models.mistral import modeling_mistral
     from transformers.models.qwen2 import modeling_qwen2
     from transformers.models.qwen3 import modeling_qwen3
+    from transformers.models.olmo2 import modeling_olmo2
     from transformers.models.smollm3 import modeling_smollm3
 
     classes = [modeling_llama.LlamaRMSNorm, modeling_mistral.MistralRMSNorm, modeling_qwen2.Qwen2RMSNorm,
-               modeling_qwen3.Qwen3RMSNorm, modeling_smollm3.SmolLM3RMSNorm]
+               modeling_qwen3.Qwen3RMSNorm, modeling_smollm3.SmolLM3RMSNorm, modeling_olmo2.Olmo2RMSNorm]
     from transformers.models.gemma3 import modeling_gemma3
 
     originals = [c.forward for c in classes]
@@ -85,6 +88,9 @@ def tiny_config(family: str, kv_heads: int = 2, **overrides):
     if family == "smollm3":  # the middle layer without RoPE (NoPE), as every fourth in SmolLM3
         kwargs.update(no_rope_layers=[1, 0, 1], pad_token_id=0, bos_token_id=1, eos_token_id=2)
         kwargs.pop("head_dim")  # SmolLM3 derives it (32 / 4 = 8, as for the others)
+    if family == "olmo2":  # derives head_dim (32 / 4 = 8)
+        kwargs.pop("head_dim")
+        kwargs.update(pad_token_id=0, bos_token_id=1, eos_token_id=2)
     if family == "gemma3_text":  # a local (sliding) layer between global ones, as in Gemma 3; 1/sqrt(6) scaling
         kwargs.update(sliding_window=5, layer_types=["full_attention", "sliding_attention", "full_attention"],
                       query_pre_attn_scalar=6, pad_token_id=0)

@@ -52,11 +52,9 @@ PRE_NORM_SWIGLU_ONLY = frozenset({depass, ifr, component_ifr, mlp_only, norm_onl
 def supports(method, spec) -> bool:
     """Whether ``method`` (a function of ``INPUT_METHODS`` / ``COMPONENT_METHODS``, or a partial of one) handles
     the family of ``spec``."""
-    from .internals import PRE_NORM_SWIGLU
+    from .internals import is_pre_norm_swiglu
 
-    fn = getattr(method, "func", method)
-    parts = spec.parts
-    return fn not in PRE_NORM_SWIGLU_ONLY or (parts.norm_kind, parts.activation[1], len(parts.norms)) == PRE_NORM_SWIGLU
+    return getattr(method, "func", method) not in PRE_NORM_SWIGLU_ONLY or is_pre_norm_swiglu(spec.parts)
 
 
 __all__ = [

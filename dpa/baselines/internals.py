@@ -66,11 +66,17 @@ class Internals:
 PRE_NORM_SWIGLU = ("rms", "silu", 2)  # norm kind, activation, norms per layer: the structure written out below
 
 
+def is_pre_norm_swiglu(parts) -> bool:
+    """Llama's layer layout: one RMSNorm before each block and none after, SiLU-gated MLP."""
+    return ((parts.norm_kind, parts.activation[1], len(parts.norms)) == PRE_NORM_SWIGLU
+            and tuple(parts.block_inputs) == tuple(parts.norms))
+
+
 def require_pre_norm_swiglu(spec, method: str) -> None:
     """The methods that recompute a layer from its weights (DePass, IFR, the activation-based ones) are written
     for pre-norm SwiGLU layers with Llama's RMSNorm: refuse, by name, a family they would get wrong."""
     parts = spec.parts
-    if (parts.norm_kind, parts.activation[1], len(parts.norms)) != PRE_NORM_SWIGLU:
+    if not is_pre_norm_swiglu(parts):
         from ..errors import UnsupportedModelError
 
         raise UnsupportedModelError(f"{method} recomputes each layer from its weights and is written for pre-norm "
@@ -89,7 +95,7 @@ def forward_internals(model: nn.Module, req: Request) -> Internals:
         probs = [probs_from_recording(spec, model, req, rec, i) for i in range(spec.n_layers)]
     layers = []
     for i, mods in enumerate(layer_modules(model, spec)):
-        w = LayerWeights(attn_norm=mods.norms[0].weight, mlp_norm=mods.mid.weight, v=mods.branches["value"].weight,
+        w = LayerWeights(attn_norm=mods.norms[0].weight, mlp_norm=getattr(mods.mid, "weight", None), v=mods.branches["value"].weight,
                          o=mods.heads.weight, gate=mods.branches["gate"].weight, up=mods.branches["up"].weight,
                          down=mods.neurons.weight, n_heads=spec.n_heads, n_kv_heads=spec.n_kv_heads)
         layers.append(Layer(weights=w, probs=probs[i], v=heads(rec.branches[("value", i)], spec.n_kv_heads),
