@@ -35,14 +35,13 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 
 from . import distributed, request
 from .attribute import attribute
 from .checks import check_bool, check_choice, check_int
 from .errors import DPAError, InputError, InputTypeError
-from .result import Attribution, publish, write_text
+from .result import Attribution, check_run_config, publish, run_folder, write_text
 from .weights import PathWeights
 
 TENSORS = ("token_scores", "head_scores", "neuron_scores")
@@ -164,14 +163,16 @@ def attribute_file(model: nn.Module, tokenizer, prompts: str | os.PathLike, out:
         raise InputError("attribute_file reads text prompts: it needs the tokenizer")
     records, errors = read_prompts(prompts)
     n_prompts = len(records) + len(errors)  # every non-blank line
-    out = _folder(out)
+    if not isinstance(out, (str, os.PathLike)):
+        raise InputTypeError(f"out must be a folder (a str or path), got {type(out).__name__}")
+    out = run_folder(out)
     group = distributed.current()
     identity = {"format": FORMAT, "prompts_sha256": _sha256(Path(prompts)),
                 "model": getattr(model.config, "_name_or_path", ""), "target": opts.target,
                 "contrast": opts.contrast, "kind": opts.kind, "weights": asdict(opts.weights),
                 "multi_token": opts.multi_token, "batch_size": opts.batch_size, "top": opts.top}
     if group.main:
-        _check_config(out, identity)
+        check_run_config(out, identity)
         (out / "scores").mkdir(exist_ok=True)
         for stale in (out / "scores").glob(".batch-*.tmp"):  # left by a killed run; no rank writes yet
             stale.unlink()
@@ -225,35 +226,6 @@ def _shard_name(b: int) -> str:
 
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _folder(out) -> Path:
-    if not isinstance(out, (str, os.PathLike)):
-        raise InputTypeError(f"out must be a folder (a str or path), got {type(out).__name__}")
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise InputError(f"out {str(out)!r} is a file; the results go into a folder (give a new folder name)")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise InputError(f"cannot create the output folder {str(out)!r}: {err.strerror or err}") from None
-    return out
-
-
-def _check_config(out: Path, identity: dict) -> None:
-    path = out / "config.json"
-    if path.exists():
-        try:
-            old = json.loads(path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise InputError(f"{path} is not a run's config (not valid JSON); use a new --out folder") from None
-        diff = {k: (old.get(k), v) for k, v in identity.items() if not isinstance(old, dict) or old.get(k) != v}
-        if diff:
-            changes = "; ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in diff.items())
-            raise InputError(f"{out} holds a run with other settings or another prompt file ({changes}); use a new "
-                             "--out folder")
-    else:
-        write_text(path, json.dumps(identity, indent=1) + "\n")
 
 
 def _attribute_batch(model, tokenizer, batch: list[Record], opts: Options) -> tuple[list[tuple[Record, Attribution]],

@@ -265,6 +265,38 @@ def _decode(x):
     return math.nan if x is None else x
 
 
+def run_folder(out: str | os.PathLike, error: type[Exception] = InputError) -> Path:
+    """The output folder of a run (``dpa evaluate``, ``dpa attribute --prompts``), made if missing; a file of that
+    name, or a folder that cannot be made, raises ``error``."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise error(f"--out {out} is a file; the results go into a folder (give a new folder name)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise error(f"cannot create the output folder {out}: {err.strerror or err}") from None
+    return out
+
+
+def check_run_config(out: Path, identity: dict, error: type[Exception] = InputError) -> None:
+    """A run's settings in ``out/config.json``: written by the first run; a later run with other settings is
+    refused (``InputError`` naming what differs), an unreadable config raises ``error``."""
+    path = out / "config.json"
+    if not path.exists():
+        write_text(path, json.dumps(identity, indent=1) + "\n")
+        return
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise error(f"{path} is not a run's config (not valid JSON); use a new --out folder") from None
+    if not isinstance(old, dict):
+        raise error(f"{path} is not a run's config; use a new --out folder")
+    diff = {k: (old.get(k), v) for k, v in identity.items() if old.get(k) != v}
+    if diff:
+        changes = "; ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in diff.items())
+        raise InputError(f"{out} holds a run with other settings ({changes}); use a new --out folder")
+
+
 def publish(tmp: str | Path, path: Path) -> None:
     """Rename the finished temporary file ``tmp`` to ``path`` (atomic), with the mode of the file it replaces,
     or the umask's for a new one (temporary files are made private)."""

@@ -35,7 +35,7 @@ from ..weights import FAMILIES, PathWeights
 from .auc import auc_summary
 from .curves import (GRANULARITIES, ONE_KIND, ComponentUnits, Unit, component_curves, component_units,
                      fraction_grid, input_curves)
-from ..result import write_text
+from ..result import check_run_config, run_folder, write_text
 from .datasets import DATASETS, GENERATED, DataError, load_examples
 from .filter import Verdict, check
 from .prompts import encode_example
@@ -208,23 +208,6 @@ class Store:
             part.unlink()
 
 
-def _check_folder(out: Path, identity: dict) -> None:
-    path = out / "config.json"
-    if path.exists():
-        try:
-            old = json.loads(path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise DataError(f"{path} is not a run's config (not valid JSON); use a new --out folder") from None
-        if not isinstance(old, dict):
-            raise DataError(f"{path} is not a run's config; use a new --out folder")
-        diff = {k: (old.get(k), v) for k, v in identity.items() if old.get(k) != v}
-        if diff:
-            changes = "; ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in diff.items())
-            raise InputError(f"{out} holds a run with other settings ({changes}); use a new --out folder")
-    else:
-        write_text(path, json.dumps(identity, indent=1) + "\n")
-
-
 def _sync(model: nn.Module) -> None:
     if model.lm_head.weight.device.type == "cuda":
         torch.cuda.synchronize()
@@ -258,21 +241,14 @@ def evaluate(model: nn.Module, tokenizer, settings: Settings, out: str | Path, *
                                     "(--methods)")
     examples = load_examples(settings.dataset, settings.data_dir, seed=settings.seed,
                              n_generated=settings.n_generated)  # missing or malformed data: before any file
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise DataError(f"--out {out} is a file; the results go into a folder (give a new folder name)")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise DataError(f"cannot create the output folder {out}: {err.strerror or err}") from None
+    out = run_folder(out, DataError)
     identity = {**settings.identity(), "weights": asdict(settings.weights),
                 "model": getattr(model.config, "_name_or_path", "")}
     if group.main:
-        _check_folder(out, identity)
+        check_run_config(out, identity, DataError)
     group.barrier()
     store = Store(out, rank=group.rank)
     fractions = fraction_grid(settings.dataset, settings.unit)
-    spec = spec_for(model)
     total = min(settings.limit or len(examples), len(examples))
     total = len(range(group.rank, total, group.world))
     chosen: list[int] = []
