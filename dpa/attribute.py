@@ -20,9 +20,9 @@ from torch import Tensor, nn
 
 from . import request as requests
 from .checks import check_bool, check_choice
-from .errors import NonFiniteError, TargetWarning
+from .errors import NonFiniteError, TargetWarning, UnsupportedModelError
 from .explicit import edge_scores
-from .families import ModelSpec, layer_modules
+from .families import ModelSpec, layer_modules, weight_rows
 from .instrument import instrument
 from .linearise import Scores
 from .request import Prompt, Request
@@ -63,6 +63,10 @@ def attribute(model: nn.Module, tokenizer, prompt: Prompt | list[Prompt], target
     req = requests.build(model, tokenizer, prompt, target, contrast=contrast, kind=kind, position=position,
                          weights=weights, padding_side=padding_side, multi_token=multi_token)
     spec = req.spec
+    if neuron_target == "mid" and spec.parallel:
+        raise UnsupportedModelError(f"neuron_target='mid' needs the residual stream between attention and the MLP; "
+                                    f"{spec.family} runs them in parallel (use_parallel_residual), so there is none: "
+                                    "use neuron_target='output'")
     dtype = torch.float64 if spec.embed(model).weight.dtype == torch.float64 else torch.float32
     lean = plan_memory(model, spec, req.batch, req.n_tokens, memory)
     probabilities = probabilities or kind == "logprob" or any(t.kind != "vector" and t.token_id is None
@@ -85,6 +89,7 @@ class Run:
     probs: Tensor | None  # [batch vocab] next-token probabilities at the target positions
     edges: Tensor | None  # [batch layer head query key]
     effective_targets: Tensor | None  # [batch layer+1 pos d_model]
+    capped: Tensor | None = None  # [batch] the value after the final soft-cap (Gemma 2), where there is one
 
 
 def _run(model: nn.Module, req: Request, dtype: torch.dtype, *, lean: bool, edges: bool, neuron_positions: bool,
@@ -111,10 +116,14 @@ def _run(model: nn.Module, req: Request, dtype: torch.dtype, *, lean: bool, edge
             if not finite(logits):
                 raise NonFiniteError("non-finite logits (NaN or inf): the unembedding overflows on this input")
             req.resolve(logits)
-            probs = logits.float().softmax(-1)
-        u = torch.stack([target_direction(t, unembed.detach().to(dtype), None if probs is None else probs[b])
+            probs = softcap(logits, spec.final_softcap).float().softmax(-1)  # the model's own distribution
+        capped = spec.final_softcap is not None
+        u = torch.stack([target_direction(t, unembed.detach().to(dtype), None if probs is None else probs[b],
+                                          (logits[b], spec.final_softcap) if capped and probs is not None else None)
                          for b, t in enumerate(req.targets)])
         values = (final.to(dtype) * u).sum(-1)  # [batch]
+        after_cap = _after_cap(req, final.detach().to(dtype), unembed.detach().to(dtype), values.detach(),
+                               spec.final_softcap) if capped else None
         rec = session.recording
         extra: list[Tensor] = []
         if effective_targets:
@@ -130,7 +139,7 @@ def _run(model: nn.Module, req: Request, dtype: torch.dtype, *, lean: bool, edge
             grads = grads[spec.n_layers + 1:]
         if neuron_target == "mid":  # against t_mid instead of the taps' t^(l): replaces their parts
             for i, mods in enumerate(layer_modules(model, spec)):
-                lam = grads[i].to(dtype) @ mods.neurons.weight.detach().to(dtype)  # t_mid W_D  [batch pos d_mlp]
+                lam = grads[i].to(dtype) @ weight_rows(mods.neurons).detach().to(dtype)  # t_mid W_D  [batch pos d_mlp]
                 scores.parts[("neuron_positions", i)] = [rec.neuron_inputs[i].detach().to(dtype) * lam]
             grads = grads[spec.n_layers:]
         scores.settle()
@@ -140,7 +149,28 @@ def _run(model: nn.Module, req: Request, dtype: torch.dtype, *, lean: bool, edge
     if bad:
         raise NonFiniteError(f"the {bad[0]} scores are not finite (NaN or inf): the path weights "
                              f"{req.weights.as_tuple()} or the target overflow in {dtype}")
-    return Run(scores=scores, values=values.detach(), probs=probs, edges=edge, effective_targets=targets)
+    return Run(scores=scores, values=values.detach(), probs=probs, edges=edge, effective_targets=targets,
+               capped=after_cap)
+
+
+def _after_cap(req: Request, final: Tensor, unembed: Tensor, values: Tensor, cap: float) -> Tensor:
+    """The attributed value after the final soft-cap [batch]: cap(z_y), cap(z_y) - cap(z_y') for a contrast,
+    the value itself for a log-probability (whose direction already has the cap linearised), NaN for a vector."""
+    out = []
+    for b, t in enumerate(req.targets):
+        if t.kind in ("logprob",):
+            out.append(values[b])
+        elif t.kind == "vector":
+            out.append(values.new_tensor(float("nan")))
+        else:
+            z = softcap(final[b] @ unembed[t.token_id], cap)
+            out.append(z - softcap(final[b] @ unembed[t.contrast_id], cap) if t.kind == "contrast" else z)
+    return torch.stack(out)
+
+
+def softcap(logits: Tensor, cap: float | None) -> Tensor:
+    """cap * tanh(logits / cap), the final soft-capping of Gemma 2 (identity without a cap)."""
+    return logits if cap is None else torch.tanh(logits / cap) * cap
 
 
 def finite(t: Tensor) -> bool:
@@ -220,9 +250,11 @@ def _result(model: nn.Module, req: Request, run: Run, b: int, neuron_target: str
         probability=float(probs[t.token_id]) if known else None,
         logprob=float(probs[t.token_id].clamp_min(1e-45).log()) if known else None,
         hint=" ".join(h for h in hints if h) or None,
+        capped_logit=None if run.capped is None or t.kind == "vector" else float(run.capped[b]),
     )
     s = run.scores
     token_scores = s.tokens[b].cpu()[real]
+    positions = None if s.position_scores is None else s.position_scores[b].cpu()[real]
     value = float(run.values[b])
     keep = slice(int(real[0]), int(real[0]) + len(real))
     pick = lambda x, *index: None if x is None else x[(b, *index)].cpu()  # noqa: E731
@@ -230,7 +262,9 @@ def _result(model: nn.Module, req: Request, run: Run, b: int, neuron_target: str
         tokens=req.decode(ids), token_ids=ids, token_scores=token_scores,
         head_scores=s.heads[b].cpu(), neuron_scores=s.neurons[b].cpu(),
         target_logit=value, target=info, weights=req.weights,
-        completeness_gap=float(token_scores.sum()) - value, bias_share=float(s.bias[b]),
+        completeness_gap=(float(token_scores.sum()) + float(s.bias[b]) - value
+                          + (0.0 if positions is None else float(positions.sum()))),
+        bias_share=float(s.bias[b]), position_scores=positions,
         n_kv_heads=req.spec.n_kv_heads, special=req.special(ids),
         top_predictions=[] if top is None else [(name(int(i)), float(p)) for p, i in zip(top.values, top.indices)],
         model_name=getattr(model.config, "_name_or_path", "") or req.spec.family, neuron_target=neuron_target,

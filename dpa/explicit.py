@@ -28,8 +28,11 @@ def scaling(spec: ModelSpec, attn: nn.Module) -> float:
 
 
 def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """RoPE on x [batch head pos d_head] with the rotary module's cos/sin [batch pos d_head]."""
-    return apply_rope(x, cos[:, None].to(x.dtype), sin[:, None].to(x.dtype))
+    """RoPE on x [batch head pos d_head] with the rotary module's cos/sin [batch pos d_rot]: the first d_rot
+    features of each head rotate, the rest pass (partial rotary, GPT-NeoX; d_rot = d_head elsewhere)."""
+    d_rot = cos.shape[-1]
+    turned = apply_rope(x[..., :d_rot], cos[:, None].to(x.dtype), sin[:, None].to(x.dtype))
+    return turned if d_rot == x.shape[-1] else torch.cat([turned, x[..., d_rot:]], dim=-1)
 
 
 def attention_forward(spec: ModelSpec, request: Request, mods: LayerModules, index: int, keep: Tensor | None,
@@ -41,9 +44,11 @@ def attention_forward(spec: ModelSpec, request: Request, mods: LayerModules, ind
     def forward(hidden_states: Tensor, position_embeddings=None, *args, **kwargs) -> tuple[Tensor, Tensor]:
         x = hidden_states  # [batch pos d_model], normalised by the decoder layer
         b, t = x.shape[:2]
-        cos, sin = position_embeddings if position_embeddings is not None else recording.rope[index]
-        q, k = mods.branches["query"](x), mods.branches["key"](x)
-        v = mods.branches["value"](x)
+        if mods.branches["query"] is mods.branches["value"]:  # one fused projection: called once, sliced
+            out = mods.branches["query"](x)
+            q, k, v = (mods.output(name, out) for name in ("query", "key", "value"))
+        else:
+            q, k, v = (mods.project(name, x) for name in ("query", "key", "value"))
         if mods.head_norms and spec.parts.head_norms_over != "head":  # OLMo 2: over the whole projection
             q, k = mods.head_norms[0](q), mods.head_norms[1](k)
         q, k = q.view(b, t, spec.n_heads, -1), k.view(b, t, spec.n_kv_heads, -1)
@@ -51,11 +56,12 @@ def attention_forward(spec: ModelSpec, request: Request, mods: LayerModules, ind
             q, k = mods.head_norms[0](q), mods.head_norms[1](k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         if spec.rotates(index):
+            cos, sin = position_embeddings if position_embeddings is not None else recording.rope[index]
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         key = (b, t, x.device)
         if key not in masks:
             masks[key] = attention_mask(_row_mask(request, b, t, x.device), spec.sliding_windows[index])
-        probs = attention_probs(q, k, scaling(spec, mods.attention), masks[key])
+        probs = attention_probs(q, k, scaling(spec, mods.attention), masks[key], spec.attn_softcap)
         if keep is not None:
             probs = probs * keep.to(probs.dtype)
         recording.probs[index] = probs
@@ -93,7 +99,7 @@ def probs_from_recording(spec: ModelSpec, model: nn.Module, request: Request, re
         cos, sin = recording.rope[index]
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
     mask = attention_mask(request.mask, spec.sliding_windows[index])
-    return attention_probs(q, k, scaling(spec, get(layer, parts.attention)), mask)
+    return attention_probs(q, k, scaling(spec, get(layer, parts.attention)), mask, spec.attn_softcap)
 
 
 def _head_norm(norm: nn.Module, x: Tensor, kind: str) -> Tensor:

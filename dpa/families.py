@@ -24,6 +24,10 @@ from torch import nn
 from .errors import UnsupportedModelError
 
 BRANCHES = ("query", "key", "value", "gate", "up")
+# How a fused projection lays out the branches it holds, along its output features:
+# "blocks": one after the other ([q | k | v], Phi-3 and GPT-2; [gate | up], Phi-3);
+# "per_head": per head, each head's [q | k | v] in turn (GPT-NeoX).
+LAYOUTS = ("blocks", "per_head")
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope")
 # Keys that carry no semantics for the forward pass, beyond those known by what they are (``_is_bookkeeping``:
 # private keys, token ids and strings, a GGUF's quantization_config): names, flags of the output, training.
@@ -42,13 +46,15 @@ class Family:
 
     norms          every norm inside a layer; its scale is frozen
     norm_kind      their arithmetic (``rms``: weight * x / rms(x), HF's Llama RMSNorm; ``rms_1p``: (1 + weight) * x /
-                   rms(x) in float32, Gemma's; linearise.NORM_KINDS), also the final norm's and the head norms'
+                   rms(x) in float32, Gemma's; ``layer``: LayerNorm, weight * (x - mean) / std + bias;
+                   linearise.NORM_KINDS), also the final norm's and the head norms'
     activation_config  the config key that names the activation and the value this description linearises
     fixed          config settings that must keep these values (soft-capping off, causal attention)
     block_inputs   the norm whose output feeds the attention block and nothing else, and the MLP's: the
                    block's common mu is applied in that norm's backward, where it costs nothing
     branches       the module whose *output* is each branch: mu scales the gradient entering it
-    activation     the gated activation module and its kind (``silu``: SiLU(s) -> s * sigmoid(s))
+    activation     the activation module; its kind (``silu``: SiLU(s) -> s * sigmoid(s)) is read from the config
+                   through ``activation_config``
     heads          tap: the input of this module (o_proj), split per head, dotted with its gradient
     neurons        the down projection, whose input a = act(s) * u is what a neuron writes; its score
                    a . grad_a is read on the up branch as u . grad_u (equal: grad_u = grad_a * act(s)),
@@ -63,7 +69,6 @@ class Family:
     embed: str = "model.embed_tokens"
     final_norm: str = "model.norm"
     unembed: str = "lm_head"
-    rotary: str = "model.rotary_emb"
     attention: str = "self_attn"
     mlp: str = "mlp"
     norms: tuple[str, ...] = ("input_layernorm", "post_attention_layernorm")
@@ -74,15 +79,24 @@ class Family:
     branches: dict[str, str] = field(default_factory=lambda: {
         "query": "self_attn.q_proj", "key": "self_attn.k_proj", "value": "self_attn.v_proj",
         "gate": "mlp.gate_proj", "up": "mlp.up_proj"})
-    activation: tuple[str, str] = ("mlp.act_fn", "silu")
+    activation: str = "mlp.act_fn"
     heads: str = "self_attn.o_proj"
     neurons: str = "mlp.down_proj"
     mid: str = "post_attention_layernorm"
     biased_branches: tuple[str, ...] = ()  # branches whose projection may carry a bias
+    biases: bool = False  # every projection and norm may carry a bias (GPT-2, GPT-NeoX): each is in the bias share
     slides_every_layer: bool = False  # a set ``sliding_window`` applies to all layers (Mistral)
-    activation_config: tuple[str, str] = ("hidden_act", "silu")  # the config key naming the activation, its value
+    activation_config: tuple[str, tuple[tuple[str, str], ...]] = ("hidden_act", (("silu", "silu"),))
+    # ^ the config key naming the activation, and each value this description linearises -> its kind
     fixed: tuple[tuple[str, object], ...] = ()  # config settings the description needs at these values
     rope_layers: str | None = None  # config key listing, per layer, 1 where RoPE is applied (SmolLM3's NoPE layers)
+    fused: tuple[tuple[str, str], ...] = ()  # (module path, layout): projections holding several branches
+    gated: bool = True  # False: the MLP is act(W1 x) (GPT-2), one branch s; gate and up are the same path on it
+    positions: str | None = None  # learned position embeddings (GPT-2's wpe): their share is reported apart
+    softcap: tuple[str, str] | None = None  # config keys of the attention scores' and the final logits' soft-caps
+    parallel: str | None = None  # config key: attention and MLP both read the layer's input (GPT-NeoX)
+    rotary: str | None = "model.rotary_emb"
+    partial_rotary: bool = False  # the model's attention rotates only part of each head (partial_rotary_factor)
 
     def with_(self, **changes) -> Family:
         return replace(self, **changes)
@@ -101,10 +115,13 @@ GEMMA3 = LLAMA.with_(  # diff with Llama: GeGLU (tanh GELU), (1 + gamma) norms, 
     norms=("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",  # and global layers
            "post_feedforward_layernorm"),
     norm_kind="rms_1p", block_inputs=("input_layernorm", "pre_feedforward_layernorm"),
-    head_norms=("self_attn.q_norm", "self_attn.k_norm"), activation=("mlp.act_fn", "gelu_tanh"),
-    activation_config=("hidden_activation", "gelu_pytorch_tanh"), mid="pre_feedforward_layernorm",
-    fixed=(("attn_logit_softcapping", None), ("final_logit_softcapping", None),
-           ("use_bidirectional_attention", False)))
+    head_norms=("self_attn.q_norm", "self_attn.k_norm"),
+    activation_config=("hidden_activation", (("gelu_pytorch_tanh", "gelu_tanh"), ("gelu", "gelu"))),
+    mid="pre_feedforward_layernorm", softcap=("attn_logit_softcapping", "final_logit_softcapping"),
+    fixed=(("use_bidirectional_attention", False),))
+
+GEMMA2 = GEMMA3.with_(model_type="gemma2", config_class="Gemma2Config",  # diff with Gemma 3: no q/k norms;
+                      head_norms=None)  # its soft-caps are on by default (attention 50, final logits 30)
 
 OLMO2 = LLAMA.with_(  # diff with Llama: norms after each block instead of before (the blocks read the residual
     model_type="olmo2", config_class="Olmo2Config",  # stream itself), and q/k norms over the whole projection
@@ -114,7 +131,37 @@ OLMO2 = LLAMA.with_(  # diff with Llama: norms after each block instead of befor
 SMOLLM3 = LLAMA.with_(model_type="smollm3", config_class="SmolLM3Config",
                       rope_layers="no_rope_layers")  # diff with Llama: some layers without RoPE (NoPE)
 
-FAMILIES: dict[str, Family] = {f.model_type: f for f in (LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA3, SMOLLM3, OLMO2)}
+PHI3 = LLAMA.with_(  # diff with Llama: q/k/v in one projection and gate/up in another (sliced by the model)
+    model_type="phi3", config_class="Phi3Config",
+    branches={"query": "self_attn.qkv_proj", "key": "self_attn.qkv_proj", "value": "self_attn.qkv_proj",
+              "gate": "mlp.gate_up_proj", "up": "mlp.gate_up_proj"},
+    fused=(("self_attn.qkv_proj", "blocks"), ("mlp.gate_up_proj", "blocks")), activation="mlp.activation_fn",
+    partial_rotary=True)
+
+_GELU = (("gelu", "gelu"), ("gelu_new", "gelu_tanh"), ("gelu_pytorch_tanh", "gelu_tanh"))
+
+GPT2 = Family(  # LayerNorm with biases, learned positions, one fused q/k/v projection (Conv1D), a GELU MLP
+    model_type="gpt2", config_class="GPT2Config", layers="transformer.h", embed="transformer.wte",
+    final_norm="transformer.ln_f", rotary=None, attention="attn", norms=("ln_1", "ln_2"), norm_kind="layer",
+    block_inputs=("ln_1", "ln_2"),
+    branches={"query": "attn.c_attn", "key": "attn.c_attn", "value": "attn.c_attn", "gate": "mlp.c_fc",
+              "up": "mlp.c_fc"},
+    fused=(("attn.c_attn", "blocks"),), activation="mlp.act", heads="attn.c_proj", neurons="mlp.c_proj",
+    mid="ln_2", biases=True, gated=False, positions="transformer.wpe",
+    activation_config=("activation_function", _GELU), fixed=(("add_cross_attention", False),))
+
+GPT_NEOX = Family(  # Pythia: LayerNorm with biases, q/k/v fused per head, partial RoPE, parallel residuals
+    model_type="gpt_neox", config_class="GPTNeoXConfig", layers="gpt_neox.layers", embed="gpt_neox.embed_in",
+    final_norm="gpt_neox.final_layer_norm", rotary="gpt_neox.rotary_emb",
+    attention="attention", norm_kind="layer",
+    branches={"query": "attention.query_key_value", "key": "attention.query_key_value",
+              "value": "attention.query_key_value", "gate": "mlp.dense_h_to_4h", "up": "mlp.dense_h_to_4h"},
+    fused=(("attention.query_key_value", "per_head"),), activation="mlp.act", heads="attention.dense",
+    neurons="mlp.dense_4h_to_h", biases=True, gated=False, parallel="use_parallel_residual", partial_rotary=True,
+    activation_config=("hidden_act", _GELU))
+
+FAMILIES: dict[str, Family] = {f.model_type: f for f in (LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA2, GEMMA3, OLMO2, PHI3,
+                                                          SMOLLM3, GPT2, GPT_NEOX)}
 
 
 @dataclass(frozen=True)
@@ -136,9 +183,28 @@ class ModelSpec:
     qk_norm: bool
     sliding_windows: tuple[int | None, ...]  # per layer
     rotary_layers: tuple[bool, ...] = ()  # per layer: whether the layer rotates q and k (empty: every layer)
+    activation: str = "silu"  # the kind of the MLP's activation (linearise.ACTIVATION_RATIO)
+    attn_softcap: float | None = None  # c in c * tanh(score / c) on the attention scores (Gemma 2)
+    final_softcap: float | None = None  # c on the final logits: dpa attributes the pre-cap logit
+    parallel: bool = False  # attention and MLP read the same residual stream (GPT-NeoX's parallel residual)
 
     def rotates(self, index: int) -> bool:
-        return not self.rotary_layers or self.rotary_layers[index]
+        return self.parts.rotary is not None and (not self.rotary_layers or self.rotary_layers[index])
+
+    def columns(self, name: str) -> slice | torch.Tensor | None:
+        """Which output features of its projection a branch is: None where the projection is the branch's
+        alone, else a slice (``blocks``) or an index (``per_head``) into the fused projection's output."""
+        path = self.parts.branches[name]
+        layout = dict(self.parts.fused).get(path)
+        if layout is None:
+            return None
+        if name in ("gate", "up"):
+            return slice(0, self.d_mlp) if name == "gate" else slice(self.d_mlp, 2 * self.d_mlp)
+        q, kv = self.n_heads * self.d_head, self.n_kv_heads * self.d_head
+        if layout == "blocks":
+            return {"query": slice(0, q), "key": slice(q, q + kv), "value": slice(q + kv, q + 2 * kv)}[name]
+        offset = ("query", "key", "value").index(name) * self.d_head  # per_head: [q k v] of head 0, head 1, ...
+        return (torch.arange(self.n_heads)[:, None] * 3 * self.d_head + offset + torch.arange(self.d_head)).flatten()
 
     # Module access by the description's paths: the only place module names are read.
     def layers(self, model: nn.Module) -> nn.ModuleList:
@@ -153,8 +219,9 @@ class ModelSpec:
     def unembed(self, model: nn.Module) -> nn.Module:
         return get(model, self.parts.unembed)
 
-    def rotary(self, model: nn.Module) -> nn.Module:
-        return get(model, self.parts.rotary)
+    def positions(self, model: nn.Module) -> nn.Module | None:
+        """The learned position embeddings, where the model has them (GPT-2)."""
+        return get(model, self.parts.positions) if self.parts.positions else None
 
     def base(self, model: nn.Module) -> nn.Module:
         """The decoder stack (``model.model``): called with ids or embeddings, returns hidden states."""
@@ -196,14 +263,11 @@ def check_config(config) -> Family:
         raise UnsupportedModelError(
             f"unsupported config setting(s) {', '.join(unknown)} for model_type={model_type!r}: dpa does not know "
             "what they change, so it refuses to attribute rather than risk a wrong answer")
-    key, want = family.activation_config
-    if getattr(config, key, None) != want:
-        raise _config_error(key, getattr(config, key, None), f"the {model_type} description linearises {want} "
-                            "(the gate rule depends on the activation)")
+    activation_kind(config, family)
     for key, want in family.fixed:
-        if getattr(config, key, want) != want:
+        if (getattr(config, key, want) or None) != (want or None):  # False, None and 0 all mean "off"
             raise _config_error(key, getattr(config, key), f"the {model_type} description needs {want!r} "
-                                "(soft-capping and bidirectional attention are not linearised)")
+                                "(bidirectional attention and cross-attention are not linearised)")
     if getattr(config, "mlp_bias", False):
         raise _config_error("mlp_bias", True, "MLP biases are inputs no token owns")
     if getattr(config, "pretraining_tp", 1) != 1:
@@ -215,12 +279,25 @@ def check_config(config) -> Family:
         if rope_type not in ROPE_TYPES:
             raise _config_error("rope_type", rope_type, f"known RoPE types are {', '.join(ROPE_TYPES)}")
         factor = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
-        if factor not in (None, 1, 1.0):
-            raise _config_error("partial_rotary_factor", factor, "partial rotary embeddings are not supported")
+        if factor not in (None, 1, 1.0) and not family.partial_rotary:
+            raise _config_error("partial_rotary_factor", factor, f"the {model_type} description rotates whole "
+                                "heads (partial rotary embeddings are known for phi3 and gpt_neox)")
     for i, kind in enumerate(getattr(config, "layer_types", None) or []):
         if kind not in ("full_attention", "sliding_attention"):
             raise _config_error(f"layer_types[{i}]", kind, "only full and sliding attention are supported")
     return family
+
+
+def activation_kind(config, family: Family) -> str:
+    """The kind of the MLP's activation (``silu``, ``gelu``, ``gelu_tanh``) named by the config, or
+    ``UnsupportedModelError``: the gate rule depends on it."""
+    key, known = family.activation_config
+    value = getattr(config, key, None)
+    kinds = dict(known)
+    if value not in kinds:
+        raise _config_error(key, value, f"the {family.model_type} description linearises "
+                            f"{', '.join(kinds)} (the gate rule depends on the activation)")
+    return kinds[value]
 
 
 def _is_bookkeeping(key: str, value) -> bool:
@@ -263,11 +340,27 @@ def _sliding_windows(config, family: Family) -> tuple[int | None, ...]:
     return tuple(window if t == "sliding_attention" else None for t in types)
 
 
+def is_projection(module: nn.Module) -> bool:
+    """nn.Linear, or GPT-2's Conv1D (the same map with its weight stored [in, out])."""
+    return isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"
+
+
+def weight_rows(module: nn.Module) -> torch.Tensor:
+    """A projection's weight as [out, in] (nn.Linear's layout) whatever its class."""
+    return module.weight if isinstance(module, nn.Linear) else module.weight.T
+
+
+def in_features(module: nn.Module) -> int:
+    return weight_rows(module).shape[1]
+
+
 def _check_modules(model: nn.Module, family: Family) -> None:
     try:
         layers = get(model, family.layers)
         get(model, family.embed), get(model, family.final_norm)
         unembed = get(model, family.unembed)
+        if family.positions:
+            get(model, family.positions)
     except AttributeError as err:
         raise UnsupportedModelError(f"{type(model).__name__} does not have the modules of a {family.model_type} "
                                     f"*ForCausalLM model ({err})") from None
@@ -277,19 +370,25 @@ def _check_modules(model: nn.Module, family: Family) -> None:
         if not p.is_floating_point():
             raise UnsupportedModelError(f"unsupported module: {name} is quantized ({p.dtype}); load the model in a "
                                         "float dtype")
+    layer_norm = family.norm_kind == "layer"
     for i, layer in enumerate(layers):
         for branch, path in family.branches.items():
             proj = get(layer, path)
-            if not isinstance(proj, nn.Linear):
+            if not is_projection(proj):
                 raise UnsupportedModelError(f"unsupported module: layers[{i}].{path} is not a plain Linear (MoE?)")
-            if not proj.weight.is_floating_point():
-                raise UnsupportedModelError(f"unsupported module: layers[{i}].{path} is quantized; load in float")
-            if proj.bias is not None and branch not in family.biased_branches:
+            if proj.bias is not None and not family.biases and branch not in family.biased_branches:
                 what = "attention_bias=True" if branch in ("query", "key", "value") else "an MLP bias"
                 raise UnsupportedModelError(f"unsupported config setting {what} (layers[{i}].{path} has a bias)")
         for path in (family.heads, family.neurons):
-            if getattr(get(layer, path), "bias", None) is not None:
+            if not is_projection(get(layer, path)):
+                raise UnsupportedModelError(f"unsupported module: layers[{i}].{path} is not a plain Linear")
+            if getattr(get(layer, path), "bias", None) is not None and not family.biases:
                 raise UnsupportedModelError(f"unsupported module: layers[{i}].{path} has a bias (attention_bias?)")
+        for path in family.norms:
+            norm = get(layer, path)
+            if layer_norm != isinstance(norm, nn.LayerNorm) or (layer_norm and norm.weight is None):
+                raise UnsupportedModelError(f"unsupported module: layers[{i}].{path} is a {type(norm).__name__}, "
+                                            f"not the {family.norm_kind} norm of the {family.model_type} description")
 
 
 _SPECS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -314,18 +413,31 @@ def spec_for(model: nn.Module) -> ModelSpec:
 def _spec_for(model: nn.Module, config) -> ModelSpec:
     family = check_config(config)
     _check_modules(model, family)
-    query = get(get(model, family.layers)[0], family.branches["query"])
+    first = get(model, family.layers)[0]
     n_heads = config.num_attention_heads
-    return ModelSpec(
+    d_head = in_features(get(first, family.heads)) // n_heads  # the output projection reads every head
+    n_kv_heads = getattr(config, "num_key_value_heads", None) or n_heads
+    d_mlp = in_features(get(first, family.neurons))
+    spec = ModelSpec(
         family=family.model_type, parts=family,
-        n_layers=config.num_hidden_layers, d_model=config.hidden_size, d_mlp=config.intermediate_size,
-        n_heads=n_heads, n_kv_heads=config.num_key_value_heads or n_heads,
-        d_head=query.out_features // n_heads, rms_eps=config.rms_norm_eps,
+        n_layers=config.num_hidden_layers, d_model=config.hidden_size, d_mlp=d_mlp,
+        n_heads=n_heads, n_kv_heads=n_kv_heads, d_head=d_head, rms_eps=norm_eps(get(model, family.final_norm)),
         vocab_size=config.vocab_size, max_positions=config.max_position_embeddings,
-        qkv_bias=query.bias is not None, qk_norm=family.head_norms is not None,
+        qkv_bias=get(first, family.branches["query"]).bias is not None, qk_norm=family.head_norms is not None,
         sliding_windows=_sliding_windows(config, family),
-        rotary_layers=_rotary_layers(config, family),
+        rotary_layers=_rotary_layers(config, family), activation=activation_kind(config, family),
+        attn_softcap=getattr(config, family.softcap[0], None) if family.softcap else None,
+        final_softcap=getattr(config, family.softcap[1], None) if family.softcap else None,
+        parallel=bool(getattr(config, family.parallel, False)) if family.parallel else False,
     )
+    for path, layout in family.fused:  # the fused projection holds exactly its branches' features
+        names = [n for n, p in family.branches.items() if p == path]
+        want = sum(spec.n_heads * d_head if n == "query" else spec.n_kv_heads * d_head if n in ("key", "value")
+                   else d_mlp for n in names)
+        if weight_rows(get(first, path)).shape[0] != want or layout not in LAYOUTS:
+            raise UnsupportedModelError(f"unsupported module: {path} has {weight_rows(get(first, path)).shape[0]} "
+                                        f"outputs, not the {want} of {', '.join(names)} ({layout})")
+    return spec
 
 
 def norm_eps(norm: nn.Module) -> float:
@@ -350,6 +462,29 @@ class LayerModules:
     heads: nn.Module
     neurons: nn.Module
     mid: nn.Module
+    columns: dict[str, slice | torch.Tensor | None] = field(default_factory=dict)  # ModelSpec.columns
+
+    def output(self, name: str, out: torch.Tensor) -> torch.Tensor:
+        """Branch ``name``'s part of its projection's output ``out`` (all of it unless fused)."""
+        cols = self.columns.get(name)
+        if cols is None:
+            return out
+        return out[..., cols] if isinstance(cols, slice) else out.index_select(-1, cols.to(out.device))
+
+    def project(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        """Branch ``name`` of the input ``x``: its projection's own forward, sliced where fused."""
+        return self.output(name, self.branches[name](x))
+
+    def weight(self, name: str) -> torch.Tensor:
+        """Branch ``name``'s weight [out, in] (its rows of a fused projection)."""
+        w = weight_rows(self.branches[name])
+        cols = self.columns.get(name)
+        return w if cols is None else w[cols] if isinstance(cols, slice) else w.index_select(0, cols.to(w.device))
+
+    def bias(self, name: str) -> torch.Tensor | None:
+        b = getattr(self.branches[name], "bias", None)
+        cols = self.columns.get(name)
+        return b if b is None or cols is None else b[cols] if isinstance(cols, slice) else b[cols.to(b.device)]
 
 
 _MODULES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -366,7 +501,8 @@ def layer_modules(model: nn.Module, spec: ModelSpec) -> list[LayerModules]:
         block_inputs=tuple(get(layer, n) for n in p.block_inputs),
         head_norms=tuple(get(layer, n) for n in (p.head_norms or ())),
         branches={name: get(layer, path) for name, path in p.branches.items()},
-        activation=get(layer, p.activation[0]), heads=get(layer, p.heads), neurons=get(layer, p.neurons),
-        mid=get(layer, p.mid)) for layer in spec.layers(model)]
+        activation=get(layer, p.activation), heads=get(layer, p.heads), neurons=get(layer, p.neurons),
+        mid=get(layer, p.mid), columns={name: spec.columns(name) for name in p.branches})
+        for layer in spec.layers(model)]
     _MODULES[model] = (spec, out)
     return out

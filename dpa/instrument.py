@@ -274,8 +274,12 @@ def instrument(model: nn.Module, request: Request, *, weights: PathWeights | Non
         if scores is not None:
             wrap(override, spec.embed(model), post=lambda out: Tap.apply(
                 out, session.anchor, torch.linalg.vecdot, scores.sink("tokens"), 1))
+            if spec.positions(model) is not None:  # learned positions (GPT-2): their share, per position
+                wrap(override, spec.positions(model), post=lambda out: Tap.apply(
+                    out, session.anchor, torch.linalg.vecdot, scores.sink("positions"), 1))
         if weights is not None:  # the layers' norms: linearise_layer
-            override(spec.final_norm(model), freeze_norm(spec.final_norm(model), spec.parts.norm_kind))
+            override(spec.final_norm(model), freeze_norm(spec.final_norm(model), spec.parts.norm_kind, 1.0,
+                                                         scores.sink("bias") if scores is not None else None))
         if "resid" in record:
             hook(spec.final_norm(model), keep_input(recording.resid, spec.n_layers), pre=True)
         for i, mods in enumerate(layers):
@@ -339,13 +343,17 @@ def _mask_input(keep: Tensor) -> Callable:
 
 def logits_at(model: nn.Module, request: Request, hidden: Tensor, positions: Tensor | int | None = None) -> Tensor:
     """Next-token logits [rows vocab] from a last hidden state [rows pos d_model] at the target
-    positions (one per row, or ``positions``), in float32 or better: only those rows are unembedded."""
+    positions (one per row, or ``positions``), in float32 or better: only those rows are unembedded.
+    They are the model's own, after its final soft-cap where it has one (Gemma 2)."""
     rows = torch.arange(hidden.shape[0], device=hidden.device)
     pos = request.positions if positions is None else positions
     if isinstance(pos, Tensor) and pos.numel() == 1:
         pos = int(pos)
     final = hidden[:, pos] if isinstance(pos, int) else hidden[rows, pos]
     logits = request.spec.unembed(model)(final)
+    cap = request.spec.final_softcap
+    if cap is not None:  # the model's own logits: Gemma 2 soft-caps them
+        logits = torch.tanh(logits / cap) * cap
     return logits.to(torch.promote_types(logits.dtype, torch.float32))
 
 

@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from .families import LayerModules, ModelSpec, norm_eps
+from .families import LayerModules, ModelSpec, norm_eps, weight_rows
 from .rules.norm import GAIN, rms_scale
 
 def _gelu_tanh_ratio(s: Tensor) -> Tensor:
@@ -33,37 +33,52 @@ def _gelu_tanh_ratio(s: Tensor) -> Tensor:
     return 0.5 * (1 + torch.tanh(math.sqrt(2 / math.pi) * (s + 0.044715 * s.pow(3))))
 
 
+def _gelu_ratio(s: Tensor) -> Tensor:
+    """The exact GELU is s * Phi(s), Phi the standard normal CDF."""
+    return 0.5 * (1 + torch.erf(s * math.sqrt(0.5)))
+
+
 # act(s) = s * ratio(s): the linearisation keeps the value and freezes ratio(s) (the control factor).
 ACTIVATION_RATIO: dict[str, Callable[[Tensor], Tensor]] = {
     "silu": torch.sigmoid,  # SiLU(s) = s * sigmoid(s)
-    "gelu_tanh": _gelu_tanh_ratio,  # Gemma's GeGLU
+    "gelu_tanh": _gelu_tanh_ratio,  # Gemma's GeGLU, GPT-2's gelu_new
+    "gelu": _gelu_ratio,  # GPT-NeoX
 }
 
 
 # --- the three changes and the taps, as autograd Functions (forward: identity on the model's value) ---
 
 class FrozenNorm(torch.autograd.Function):
-    """Value: the norm's output. Backward: the frozen diagonal map, g * gamma * r (times a block's mu:
-    ``pull``, free here). It replaces the norm's forward: one Function, no hook, no graph of the norm.
+    """Value: the norm's output. Backward: the frozen linear map, g * gamma * r (times a block's mu:
+    ``pull``, free here), and for a LayerNorm the mean-centring after it (a linear map too). It replaces
+    the norm's forward: one Function, no hook, no graph of the norm.
 
     ``value(x) -> (out, r)`` is the kind's arithmetic (``NORM_KINDS``), used where it gives the module's
     own output bit for bit (``replicates``), so r comes for free; otherwise ``own``, the module's own
     forward, gives the value and r is computed beside it. Either way r is in float32, or float64 for a
-    float64 model (HF's RMSNorm rounds to float32 there; the backward keeps float64)."""
+    float64 model (HF's RMSNorm rounds to float32 there; the backward keeps float64). A LayerNorm's
+    bias beta is an input no token owns: ``sink`` receives beta . (the gradient at the output, times the
+    block's mu)."""
 
     @staticmethod
-    def forward(ctx, x, pull, value, own, eps):
+    def forward(ctx, x, pull, value, own, eps, centre, bias, sink):
         out, r = value(x) if own is None else (own(x), None)
         wide = torch.promote_types(x.dtype, torch.float32)
         if r is None or r.dtype != wide:
-            r = rms_scale(x, eps)  # in float32 or wider
-        ctx.save_for_backward(pull, r)
+            r = rms_scale(x - x.mean(-1, keepdim=True) if centre else x, eps)  # in float32 or wider
+        ctx.save_for_backward(pull, r, bias)
+        ctx.centre, ctx.sink = centre, sink
         return out
 
     @staticmethod
     def backward(ctx, g):
-        pull, r = ctx.saved_tensors
-        return (g * pull).mul_(r.to(g.dtype)), None, None, None, None
+        pull, r, bias = ctx.saved_tensors
+        if bias is not None and ctx.sink is not None:
+            ctx.sink(g.flatten(1, -2).sum(1) @ bias.to(g.dtype))  # bias: beta times the block's mu
+        out = (g * pull).mul_(r.to(g.dtype))
+        if ctx.centre:
+            out = out - out.mean(-1, keepdim=True)
+        return out, None, None, None, None, None, None, None
 
 
 class LinearisedActivation(torch.autograd.Function):
@@ -84,7 +99,8 @@ class LinearisedActivation(torch.autograd.Function):
 
 
 class Branch(torch.autograd.Function):
-    """Value: x. Backward: g * factor; with a bias, writes bias . (gradient entering the branch)."""
+    """Value: x. Backward: g * factor (a float, or one per output feature where a fused projection holds
+    several branches); with a bias, writes bias . (gradient entering the branch)."""
 
     @staticmethod
     def forward(ctx, x, factor, bias, sink):
@@ -94,7 +110,7 @@ class Branch(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        g = g if ctx.factor == 1 else g * ctx.factor
+        g = g if _is_one(ctx.factor) else g * ctx.factor
         (bias,) = ctx.saved_tensors
         if bias is not None:
             ctx.sink(g.flatten(1, -2).sum(1) @ bias.to(g.dtype))
@@ -120,9 +136,14 @@ class Tap(torch.autograd.Function):
         if ctx.sink is not None:
             wide = torch.promote_types(x.dtype, torch.float32)
             ctx.sink(ctx.reduce(x.to(wide), g.to(wide)))
-        if ctx.factor == 0:
+        if not isinstance(ctx.factor, Tensor) and ctx.factor == 0:
             return None, None, None, None, None
-        return (g if ctx.factor == 1 else g * ctx.factor), None, None, None, None
+        return (g if _is_one(ctx.factor) else g * ctx.factor), None, None, None, None
+
+
+def _is_one(factor) -> bool:
+    """A factor of one (a float), not a per-feature factor (a tensor: the branches of a fused projection)."""
+    return not isinstance(factor, Tensor) and factor == 1
 
 
 @dataclass
@@ -145,6 +166,7 @@ class Scores:
     neurons: Tensor | None = None
     neuron_positions: Tensor | None = None
     bias: Tensor | None = None
+    position_scores: Tensor | None = None  # [batch pos] learned position embeddings' scores (GPT-2), else None
 
     @classmethod
     def empty(cls, spec: ModelSpec, batch: int, pos: int, dtype: torch.dtype, device, positions: bool) -> Scores:
@@ -171,6 +193,7 @@ class Scores:
 
         self.tokens = total("tokens", None, (b, t))
         self.bias = total("bias", None, (b,))
+        self.position_scores = total("positions", None, (b, t)) if ("positions", None) in self.parts else None
         kinds = ["heads", "neuron_positions" if self.positions else "neurons"]
         for kind in kinds:
             setattr(self, kind, torch.stack([total(kind, i, sizes[kind]) for i in range(spec.n_layers)], dim=1))
@@ -192,9 +215,15 @@ def rms_1p(x: Tensor, gamma: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     return ((x32 * r) * (1.0 + gamma.float())).type_as(x), r
 
 
-NORM_KINDS: dict[str, Callable[[Tensor, Tensor, float], tuple[Tensor, Tensor]]] = {
+def layer(x: Tensor, gamma: Tensor, eps: float, beta: Tensor | None = None) -> tuple[Tensor, None]:
+    """LayerNorm, torch's own kernel (what nn.LayerNorm runs); r = 1/std is computed beside it."""
+    return torch.nn.functional.layer_norm(x, gamma.shape, gamma, beta, eps), None
+
+
+NORM_KINDS: dict[str, Callable[..., tuple[Tensor, Tensor | None]]] = {
     "rms": rms,  # Llama, Mistral, Qwen2, Qwen3 (and Qwen3's q/k norms)
-    "rms_1p": rms_1p,  # Gemma 3 (every norm, q/k norms too)
+    "rms_1p": rms_1p,  # Gemma 2 and 3 (every norm, q/k norms too)
+    "layer": layer,  # GPT-2, GPT-NeoX: mean-centring (linear), 1/std frozen, the bias beta in the bias share
 }
 _REPLICATES: dict[tuple, bool] = {}
 
@@ -213,16 +242,21 @@ def replicates(norm: nn.Module, value: Callable[[Tensor], tuple[Tensor, Tensor]]
     return _REPLICATES[key]
 
 
-def freeze_norm(norm: nn.Module, kind: str, factor: float = 1.0) -> Callable[[Tensor], Tensor]:
+def freeze_norm(norm: nn.Module, kind: str, factor: float = 1.0,
+                sink: Callable | None = None) -> Callable[[Tensor], Tensor]:
     """The forward that replaces ``norm``'s inside the context: the same value, the frozen backward
-    (times ``factor``)."""
+    (times ``factor``); a LayerNorm's bias share goes to ``sink``."""
     gamma, eps = norm.weight.detach(), norm_eps(norm)
+    beta = getattr(norm, "bias", None)
+    beta = None if beta is None else beta.detach()
     arithmetic = NORM_KINDS[kind]
-    value = lambda x: arithmetic(x, gamma, eps)  # noqa: E731
+    value = (lambda x: arithmetic(x, gamma, eps)) if beta is None else (lambda x: arithmetic(x, gamma, eps, beta))
     own = None if replicates(norm, value) else norm.forward
     gain = GAIN[kind](gamma)
     pull = gain if factor == 1 else gain * factor
-    return lambda x: FrozenNorm.apply(x, pull, value, own, eps)
+    share = None if beta is None else beta * factor
+    centre = kind == "layer"
+    return lambda x: FrozenNorm.apply(x, pull, value, own, eps, centre, share, sink)
 
 
 def keep_input(store: dict, key) -> Callable:
@@ -245,32 +279,45 @@ def _factor(mu: float, common: float) -> float | None:
 
 def linearise_layer(session, i: int, mods: LayerModules, hook, override) -> None:
     spec, mu, scores, rec = session.spec, session.weights, session.scores, session.recording
+    gated = spec.parts.gated
     # Each block's common factor rides on the norm that feeds it; without such norms (OLMo 2's blocks read the
-    # residual stream itself) every branch carries its own mu.
+    # residual stream itself) every branch carries its own mu. A non-gated MLP (GPT-2) has one branch, s, which
+    # the gate and up paths both reach: its factor is mu_gate + mu_up.
     attn_common = _common(mu.query, mu.key, mu.value) if mods.block_inputs else 1.0
-    mlp_common = _common(mu.gate, mu.up) if mods.block_inputs else 1.0
+    mlp_total = mu.gate + mu.up
+    mlp_common = (_common(mu.gate, mu.up) if gated else (mlp_total or 1.0)) if mods.block_inputs else 1.0
     kind = spec.parts.norm_kind
+    bias_sink = scores.sink("bias") if scores is not None else None
     for norm in mods.norms:  # a block's common factor rides on its input norm's backward
         factor = (attn_common if mods.block_inputs and norm is mods.block_inputs[0] else
                   mlp_common if mods.block_inputs and norm is mods.block_inputs[1] else 1.0)
-        override(norm, freeze_norm(norm, kind, factor))
+        override(norm, freeze_norm(norm, kind, factor, bias_sink))
     for norm in mods.head_norms:
         override(norm, freeze_norm(norm, kind))
-    bias_sink = scores.sink("bias") if scores is not None else None
 
-    def share(v: Tensor) -> None:  # a bias's share; the gradient a branch sees lacks the common factor
-        if bias_sink is not None:
-            bias_sink(v if attn_common == 1 else v * attn_common)
+    def share(common: float) -> Callable[[Tensor], None]:  # a bias's share: the branch's gradient lacks `common`
+        return lambda v: bias_sink(v if common == 1 else v * common) if bias_sink is not None else None
 
     store = rec.branches if "branches" in session.record else None
-    for name in ("query", "key", "value"):
-        module, factor = mods.branches[name], _factor(getattr(mu, name), attn_common)
-        if factor != 1 or store is not None or getattr(module, "bias", None) is not None:
-            wrap(override, module, post=_branch(module, factor, share, store, (name, i)))
-    gate_factor = _factor(mu.gate, mlp_common)
-    up_factor = mu.up / mlp_common  # 0: the up branch is cut at its tap; 1 (mu_up is the common factor): no op
-    ratio = ACTIVATION_RATIO[spec.parts.activation[1]]
-
+    projections: dict[nn.Module, list[str]] = {}
+    for name in ("query", "key", "value") + (("gate", "up") if gated else ("up",)):
+        projections.setdefault(mods.branches[name], []).append(name)
+    factors = {name: _factor(getattr(mu, name), attn_common) for name in ("query", "key", "value")}
+    gate_factor = _factor(mu.gate, mlp_common) if gated else _factor(mlp_total, mlp_common)
+    factors["gate"] = 1.0  # the gate's mu is applied in the activation's backward
+    factors["up"] = mu.up / mlp_common if gated else 1.0  # 0: cut at the neuron tap
+    n_heads = spec.n_heads
+    if scores is None:
+        reduce, neuron_sink = None, None
+    elif scores.positions:  # the per-neuron sums are taken from these afterwards
+        reduce, neuron_sink = torch.mul, scores.sink("neuron_positions", i)
+    else:
+        reduce, neuron_sink = (lambda x, g: (x * g).sum(1)), scores.sink("neurons", i)
+    for module, names in projections.items():
+        common = attn_common if names[0] in ("query", "key", "value") else mlp_common
+        wrap(override, module, post=_projection(mods, names, factors, share(common), store, i, session.anchor,
+                                                reduce if gated else None, neuron_sink if gated else None))
+    ratio = ACTIVATION_RATIO[spec.activation]
     own = mods.activation.forward  # the module's own forward gives the value
 
     def act(s):
@@ -278,11 +325,14 @@ def linearise_layer(session, i: int, mods: LayerModules, hook, override) -> None
             store[("gate", i)] = s.detach()
         if gate_factor is None:
             with torch.no_grad():
-                return own(s)
-        return LinearisedActivation.apply(s, own, ratio, gate_factor)
+                a = own(s)
+        else:
+            a = LinearisedActivation.apply(s, own, ratio, gate_factor)
+        if not gated:  # the neuron tap: a . grad_a on the activation's output
+            a = Tap.apply(a, session.anchor, reduce, neuron_sink, 1)
+        return a
 
     override(mods.activation, act)
-    n_heads = spec.n_heads
     head_sink = scores.sink("heads", i) if scores is not None else None
 
     def heads(x):
@@ -293,22 +343,51 @@ def linearise_layer(session, i: int, mods: LayerModules, hook, override) -> None
             rec.head_inputs[i] = y
         return y
 
-    if scores is None:
-        reduce, neuron_sink = None, None
-    elif scores.positions:  # the per-neuron sums are taken from these afterwards
-        reduce, neuron_sink = torch.mul, scores.sink("neuron_positions", i)
-    else:
-        reduce, neuron_sink = (lambda x, g: (x * g).sum(1)), scores.sink("neurons", i)
-
-    def up(out):  # the neuron tap (see Family.neurons); it carries mu_up / mlp_common
-        if store is not None:
-            store[("up", i)] = out.detach()
-        return Tap.apply(out, session.anchor, reduce, neuron_sink, up_factor)
-
-    wrap(override, mods.heads, pre=heads)
-    wrap(override, mods.branches["up"], post=up)
+    out_bias = lambda module: (lambda out: Branch.apply(out, 1.0, module.bias.detach(), share(1.0)))  # noqa: E731
+    wrap(override, mods.heads, pre=heads, post=out_bias(mods.heads) if mods.heads.bias is not None else None)
+    if mods.neurons.bias is not None:
+        wrap(override, mods.neurons, post=out_bias(mods.neurons))
     if "neuron_inputs" in session.record:
         hook(mods.neurons, keep_input(rec.neuron_inputs, i), pre=True)
+
+
+def _projection(mods: LayerModules, names: list[str], factors: dict, share: Callable, store: dict | None, i: int,
+                anchor: Tensor, reduce: Callable | None, neuron_sink: Callable | None) -> Callable:
+    """The post-forward of a projection holding the branches ``names`` (one, or several where fused): record
+    each branch's output, scale the gradient entering each by its factor (None: cut), take the bias share,
+    and for the up branch of a gated MLP the neuron tap u . grad_u, which carries mu_up."""
+    module = mods.branches[names[0]]
+    bias = module.bias.detach() if getattr(module, "bias", None) is not None else None
+    up = names[-1] == "up" and reduce is not None
+    fused = len(names) > 1
+    if fused:  # one factor per output feature; the up branch's tap reads its columns only
+        width = weight_rows(module).shape[0]
+        vector = torch.zeros(width, dtype=module.weight.dtype, device=module.weight.device)
+        for name in names:
+            cols = mods.columns[name]
+            vector[cols if isinstance(cols, slice) else cols.to(vector.device)] = factors[name] or 0.0
+        factor: float | Tensor | None = vector
+        if up:
+            cols = mods.columns["up"]
+            pick = (lambda x: x[..., cols]) if isinstance(cols, slice) else (lambda x: x.index_select(-1, cols.to(x.device)))
+            reduce = (lambda r: lambda x, g: r(pick(x), pick(g)))(reduce)
+    else:
+        factor = factors[names[0]]
+
+    def post(out):
+        if store is not None:
+            for name in names:
+                store[(name, i)] = mods.output(name, out).detach()
+        if factor is None:
+            return out.detach()
+        if up and not fused:  # the tap passes g * mu_up / common on; no bias here (checked)
+            return Tap.apply(out, anchor, reduce, neuron_sink, factor)
+        if up:  # fused gate/up: the tap first in the backward (it reads the unscaled gradient)
+            return Tap.apply(out, anchor, reduce, neuron_sink, factor)
+        if _is_one(factor) and bias is None:
+            return out
+        return Branch.apply(out, factor, bias, share)
+    return post
 
 
 def wrap(override: Callable, module: nn.Module, *, pre: Callable | None = None, post: Callable | None = None) -> None:
@@ -322,16 +401,3 @@ def wrap(override: Callable, module: nn.Module, *, pre: Callable | None = None, 
         override(module, lambda x, *a, **k: own(pre(x), *a, **k))
     else:
         override(module, lambda *a, **k: post(own(*a, **k)))
-
-
-def _branch(module: nn.Module, factor: float | None, share: Callable, store: dict | None, key) -> Callable:
-    def post(out):
-        if store is not None:
-            store[key] = out.detach()
-        if factor is None:
-            return out.detach()
-        bias = module.bias.detach() if getattr(module, "bias", None) is not None else None
-        if factor == 1 and bias is None:
-            return out
-        return Branch.apply(out, factor, bias, share)
-    return post

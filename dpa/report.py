@@ -98,10 +98,16 @@ def describe_weights(res: Attribution) -> str:
 
 def completeness_lines(res: Attribution) -> list[str]:
     total = float(res.token_scores.sum())
-    lines = [f"sum of token scores {total:.4f} = target {res.target_logit:.4f} + gap {res.completeness_gap:+.3g} "
-             "(logit units)"]
+    shares = " + position and bias shares" if res.position_scores is not None else " + bias share" if res.bias_share else ""
+    lines = [f"sum of token scores {total:.4f}{shares} = target {res.target_logit:.4f} + gap "
+             f"{res.completeness_gap:+.3g} (logit units)"]
+    if res.position_scores is not None:
+        lines.append(f"position share (learned position embeddings) {res.position_share:+.4f}")
     if res.bias_share:
-        lines.append(f"bias share (value biases no token owns) {res.bias_share:+.4f}")
+        lines.append(f"bias share (biases no token owns) {res.bias_share:+.4f}")
+    if res.target.capped_logit is not None:
+        lines.append(f"the model soft-caps its logits: target {res.target_logit:.4f} before the cap, "
+                     f"{res.target.capped_logit:.4f} after (dpa attributes the pre-cap value, linear in the residual)")
     if not res.weights.conservative:
         lines.append("  (a gap is expected: only q=k=0, v=1, gate+up=1 conserves the target exactly)")
     if not res.weights.constrained:

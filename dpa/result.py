@@ -38,6 +38,7 @@ class TargetInfo:
     probability: float | None = None  # p(token) at the position
     logprob: float | None = None
     hint: str | None = None  # a likelier spelling of the target or contrast string, when there is one
+    capped_logit: float | None = None  # the target after the model's final soft-cap (Gemma 2); None without one
 
 
 @dataclass
@@ -46,9 +47,12 @@ class Attribution:
 
     ``target_logit`` is the value of the attributed linear target at the forward pass:
     the logit (token), the logit difference (contrast), ``logit_y - E_p[logit]`` (logprob)
-    or ``u . norm(x)`` (vector). ``completeness_gap = sum(token_scores) - target_logit``;
-    on bias-free models it is zero for conservative weights (value path only, gate + up = 1).
-    ``bias_share`` is the part no token owns (Qwen2's value biases).
+    or ``u . norm(x)`` (vector). ``completeness_gap = sum(token_scores) + position_share + bias_share -
+    target_logit``, what no input accounts for: zero for conservative weights (value path only, gate + up = 1).
+    ``bias_share`` is the part no token owns (projection and LayerNorm biases: Qwen2, GPT-2, GPT-NeoX);
+    ``position_scores`` the learned position embeddings' part per position (GPT-2), apart from the tokens':
+    On a model with a final soft-cap (Gemma 2) ``target_logit`` is the pre-cap logit (linear in the
+    residual) and ``target.capped_logit`` the model's own.
     """
 
     tokens: list[str]
@@ -70,6 +74,12 @@ class Attribution:
     edge_scores: Tensor | None = None  # [layer, head, query, key]
     neuron_position_scores: Tensor | None = None  # [layer, pos, d_mlp]
     effective_targets: Tensor | None = None  # [layer + 1, pos, d_model]; 0 = embeddings
+    position_scores: Tensor | None = None  # [pos] learned position embeddings' share (GPT-2); None without them
+
+    @property
+    def position_share(self) -> float:
+        """The learned position embeddings' part of the target (0 for models with rotary positions)."""
+        return 0.0 if self.position_scores is None else float(self.position_scores.sum())
 
     @property
     def caveats(self) -> list[str]:
@@ -171,7 +181,7 @@ class Attribution:
             raise InputError("not an Attribution dict: score_dtype is not a floating-point dtype")
         try:
             for name in ("token_scores", "head_scores", "neuron_scores", "edge_scores", "neuron_position_scores",
-                         "effective_targets"):
+                         "effective_targets", "position_scores"):
                 if data.get(name) is not None:
                     data[name] = torch.tensor(_decode(data[name]), dtype=dtype)
             data["target"] = TargetInfo(**data["target"])
@@ -208,7 +218,7 @@ class Attribution:
                 return f"neuron_scores must be [{layers} layers, d_mlp], got {tuple(self.neuron_scores.shape)}"
             d_mlp = self.neuron_scores.shape[1]
         expect = {"edge_scores": (layers, heads, n, n), "neuron_position_scores": (layers, n, d_mlp),
-                  "effective_targets": (layers + 1, n, None)}
+                  "effective_targets": (layers + 1, n, None), "position_scores": (n,)}
         for name, shape in expect.items():
             t = getattr(self, name)
             if t is not None and (t.dim() != len(shape) or any(w is not None and w != g

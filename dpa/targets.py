@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+import torch
 from torch import Tensor
 
 from .errors import TargetError
@@ -99,15 +100,27 @@ def token_text(tokenizer, token: int) -> str:
     return raw  # e.g. SentencePiece's byte tokens, '<0xF0>'
 
 
-def target_direction(spec: TargetSpec, unembed: Tensor, probs: Tensor | None = None) -> Tensor:
-    """u for one sample: [d_model], in unembed's dtype. ``probs`` [vocab] for logprob."""
+def target_direction(spec: TargetSpec, unembed: Tensor, probs: Tensor | None = None,
+                     capped: tuple[Tensor, float] | None = None) -> Tensor:
+    """u for one sample: [d_model], in unembed's dtype. ``probs`` [vocab] for logprob.
+
+    ``capped``: (pre-cap logits [vocab], c) of a model whose final logits are soft-capped, c tanh(z / c)
+    (Gemma 2). A token or contrast target is then the pre-cap logit, linear in the residual (the capped one
+    is reported beside it). A log-probability's direction linearises the cap as the activations are:
+    c tanh(z / c) = z * rho(z) with rho frozen, so u . x = capped z_y - E_p[capped z]."""
     if spec.kind == "vector":
         return spec.vector.to(unembed)
     u = unembed[spec.token_id].clone()
     if spec.kind == "contrast":
         u = u - unembed[spec.contrast_id]
     elif spec.kind == "logprob":
-        u = u - probs.to(unembed) @ unembed
+        if capped is None:
+            u = u - probs.to(unembed) @ unembed
+        else:
+            z, c = capped
+            z = z.to(unembed)
+            rho = torch.where(z == 0, torch.ones_like(z), torch.tanh(z / c) * c / z)
+            u = u * rho[spec.token_id] - (probs.to(unembed) * rho) @ unembed
     return u
 
 

@@ -10,7 +10,9 @@ import transformers
 BOOK_BUILD = pytest.StashKey[dict]()
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")  # the SwiGLU families the book's hand rules are written for
-ALL_FAMILIES = (*FAMILIES, "gemma3_text", "smollm3", "olmo2")  # every family dpa supports: the autograd suite (test_families_autograd)
+ALL_FAMILIES = (*FAMILIES, "gemma2", "gemma3_text", "smollm3", "olmo2", "phi3",  # every family dpa supports:
+                "gpt2", "gpt_neox")  # the autograd suite (test_families_autograd)
+MHA_ONLY = ("gpt2", "gpt_neox")  # families whose configs have no KV-head setting
 LAYOUTS = {"mha": 4, "gqa": 2, "mqa": 1}  # KV heads for 4 query heads
 
 _CONFIGS = {
@@ -21,6 +23,10 @@ _CONFIGS = {
     "gemma3_text": transformers.Gemma3TextConfig,
     "smollm3": transformers.SmolLM3Config,
     "olmo2": transformers.Olmo2Config,
+    "gemma2": transformers.Gemma2Config,
+    "phi3": transformers.Phi3Config,
+    "gpt2": transformers.GPT2Config,
+    "gpt_neox": transformers.GPTNeoXConfig,
 }
 _MODELS = {
     "llama": transformers.LlamaForCausalLM,
@@ -30,6 +36,10 @@ _MODELS = {
     "gemma3_text": transformers.Gemma3ForCausalLM,
     "smollm3": transformers.SmolLM3ForCausalLM,
     "olmo2": transformers.Olmo2ForCausalLM,
+    "gemma2": transformers.Gemma2ForCausalLM,
+    "phi3": transformers.Phi3ForCausalLM,
+    "gpt2": transformers.GPT2LMHeadModel,
+    "gpt_neox": transformers.GPTNeoXForCausalLM,
 }
 
 
@@ -66,16 +76,41 @@ def float64_norms():
     classes = [modeling_llama.LlamaRMSNorm, modeling_mistral.MistralRMSNorm, modeling_qwen2.Qwen2RMSNorm,
                modeling_qwen3.Qwen3RMSNorm, modeling_smollm3.SmolLM3RMSNorm, modeling_olmo2.Olmo2RMSNorm]
     from transformers.models.gemma3 import modeling_gemma3
+    from transformers.models.gemma2 import modeling_gemma2
+    from transformers.models.phi3 import modeling_phi3
+
+    classes.append(modeling_phi3.Phi3RMSNorm)
 
     originals = [c.forward for c in classes]
     for c, f in zip(classes, originals):
         c.forward = _float64_rms_forward(f)
-    gemma = modeling_gemma3.Gemma3RMSNorm
-    classes, originals = classes + [gemma], originals + [gemma.forward]
-    gemma.forward = _float64_gemma_rms_forward(gemma.forward)
+    for gemma in (modeling_gemma3.Gemma3RMSNorm, modeling_gemma2.Gemma2RMSNorm):
+        classes, originals = classes + [gemma], originals + [gemma.forward]
+        gemma.forward = _float64_gemma_rms_forward(gemma.forward)
+    eager = modeling_gemma2.eager_attention_forward  # Gemma 2's softmax, too, rounds to float32
+    modeling_gemma2.eager_attention_forward = _float64_eager(eager)
     yield
+    modeling_gemma2.eager_attention_forward = eager
     for c, f in zip(classes, originals):
         c.forward = f
+
+
+def _float64_eager(original):
+    """HF's eager attention (scores, soft-cap, mask, softmax) with the softmax kept in float64."""
+    def forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, softcap=None, **kwargs):
+        if query.dtype != torch.float64:
+            return original(module, query, key, value, attention_mask, dropout, scaling, softcap, **kwargs)
+        from transformers.models.gemma2.modeling_gemma2 import repeat_kv
+
+        groups = module.num_key_value_groups
+        scores = query @ repeat_kv(key, groups).transpose(2, 3) * scaling
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
+        if attention_mask is not None:
+            scores = scores + attention_mask
+        weights = scores.softmax(-1)
+        return (weights @ repeat_kv(value, groups)).transpose(1, 2).contiguous(), weights
+    return forward
 
 
 def tiny_config(family: str, kv_heads: int = 2, **overrides):
@@ -91,9 +126,22 @@ def tiny_config(family: str, kv_heads: int = 2, **overrides):
     if family == "olmo2":  # derives head_dim (32 / 4 = 8)
         kwargs.pop("head_dim")
         kwargs.update(pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    if family == "gemma3_text":  # a local (sliding) layer between global ones, as in Gemma 3; 1/sqrt(6) scaling
+    if family in ("gemma3_text", "gemma2"):  # a local (sliding) layer between global ones; 1/sqrt(6) scaling
         kwargs.update(sliding_window=5, layer_types=["full_attention", "sliding_attention", "full_attention"],
                       query_pre_attn_scalar=6, pad_token_id=0)
+    if family == "gemma2":  # soft-caps small enough to matter on tiny random weights
+        kwargs.update(attn_logit_softcapping=1.5, final_logit_softcapping=2.0, bos_token_id=1, eos_token_id=2)
+    if family == "phi3":  # derives head_dim; a rotary half of each head (partial_rotary_factor, as Phi-4-mini)
+        kwargs.pop("head_dim")
+        kwargs.update(pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})
+    if family == "gpt2":
+        kwargs = dict(vocab_size=96, n_embd=32, n_inner=48, n_layer=3, n_head=4, n_positions=64,
+                      bos_token_id=1, eos_token_id=2, layer_norm_epsilon=1e-2)
+    if family == "gpt_neox":  # partial rotary (a quarter of each head, Pythia's), parallel residuals
+        kwargs.pop("head_dim"), kwargs.pop("num_key_value_heads"), kwargs.pop("rms_norm_eps")
+        kwargs.update(layer_norm_eps=1e-2, bos_token_id=1, eos_token_id=2,
+                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25})
     kwargs.update(overrides)
     return _CONFIGS[family](**kwargs)
 

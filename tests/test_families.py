@@ -30,9 +30,9 @@ def unsupported(family="llama", **overrides):
 
 class TestRejects:
     def test_other_architecture(self):
-        cfg = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=32)
-        with pytest.raises(UnsupportedModelError, match="model_type='gpt2'"):
-            dpa.spec_for(transformers.GPT2LMHeadModel(cfg))
+        cfg = transformers.BloomConfig(n_layer=1, hidden_size=16, n_head=2, vocab_size=32)
+        with pytest.raises(UnsupportedModelError, match="model_type='bloom'"):
+            dpa.spec_for(transformers.BloomForCausalLM(cfg))
 
     def test_moe_architecture(self):
         cfg = transformers.Qwen2MoeConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,

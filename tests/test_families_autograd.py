@@ -22,7 +22,7 @@ from dpa.families import layer_modules
 from dpa.instrument import instrument
 from dpa.linearise import Scores
 
-from .conftest import ALL_FAMILIES, LAYOUTS, random_ids, tiny_model
+from .conftest import ALL_FAMILIES, LAYOUTS, MHA_ONLY, random_ids, tiny_model
 
 TARGET = 5
 PATHS = {"query": (1, 0, 0, 0, 0), "key": (0, 1, 0, 0, 0), "value": (0, 0, 1, 0, 0), "gate": (0, 0, 0, 1, 0),
@@ -30,15 +30,24 @@ PATHS = {"query": (1, 0, 0, 0, 0), "key": (0, 1, 0, 0, 0), "value": (0, 0, 1, 0,
 # Written here from the definitions, not taken from dpa: the frozen factor of each activation and the
 # diagonal each norm multiplies by besides 1/rms.
 RATIO = {"silu": torch.sigmoid,
-         "gelu_tanh": lambda s: 0.5 * (1 + torch.tanh(math.sqrt(2 / math.pi) * (s + 0.044715 * s ** 3)))}
-GAIN = {"rms": lambda w: w, "rms_1p": lambda w: 1 + w}
+         "gelu_tanh": lambda s: 0.5 * (1 + torch.tanh(math.sqrt(2 / math.pi) * (s + 0.044715 * s ** 3))),
+         "gelu": lambda s: 0.5 * (1 + torch.erf(s / math.sqrt(2)))}
+GAIN = {"rms": lambda w: w, "rms_1p": lambda w: 1 + w, "layer": lambda w: w}
 
 
-@pytest.fixture(scope="module", params=[(f, lay) for f in ALL_FAMILIES for lay in LAYOUTS],
-                ids=lambda p: f"{p[0]}-{p[1]}")
+@pytest.fixture(scope="module", params=[(f, lay) for f in ALL_FAMILIES for lay in LAYOUTS
+                                        if lay == "mha" or f not in MHA_ONLY], ids=lambda p: f"{p[0]}-{p[1]}")
 def model(request):
     family, layout = request.param
     return tiny_model(family, LAYOUTS[layout])
+
+
+def pre_cap_logits(model, ids=None, inputs_embeds=None):
+    """The logits before any final soft-cap (what dpa attributes): the decoder stack, then the unembedding."""
+    spec = dpa.spec_for(model)
+    if ids is not None:
+        ids = ids[None]
+    return spec.unembed(model)(spec.base(model)(input_ids=ids, inputs_embeds=inputs_embeds).last_hidden_state)
 
 
 @contextlib.contextmanager
@@ -55,20 +64,34 @@ def linearised(model, mu):
     def frozen_norm(norm):
         eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
         gain = GAIN[parts.norm_kind](norm.weight)
+        if parts.norm_kind == "layer":  # (x - mean) / std with std detached, times gamma, plus beta
+            return lambda x: ((x - x.mean(-1, keepdim=True)) * torch.rsqrt(x.var(-1, unbiased=False, keepdim=True)
+                                                                           + eps).detach() * gain + norm.bias)
         return lambda x: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps).detach() * gain
 
-    def scaled(module, m):
+    def scaled(module, m):  # m: one weight, or one per output feature (a fused projection)
         own = type(module).forward
         return lambda x: (lambda out: m * out + (1 - m) * out.detach())(own(module, x))
 
-    ratio = RATIO[parts.activation[1]]
+    ratio = RATIO[spec.activation]
     set_forward(spec.final_norm(model), frozen_norm(spec.final_norm(model)))
+    names = ("query", "key", "value", "gate", "up")
+    weight = dict(zip(names, mu))
+    if not parts.gated:  # one branch s = W1 x: the gate and up paths both reach it
+        weight = {**weight, "gate": weight["gate"] + weight["up"], "up": weight["gate"] + weight["up"]}
     for mods in layer_modules(model, spec):
         for norm in (*mods.norms, *mods.head_norms):
             set_forward(norm, frozen_norm(norm))
         set_forward(mods.activation, lambda s: s * ratio(s).detach())
-        for name, weight in zip(("query", "key", "value", "gate", "up"), mu):
-            set_forward(mods.branches[name], scaled(mods.branches[name], weight))
+        for module in {id(m): m for m in mods.branches.values()}.values():
+            held = [n for n in names if mods.branches[n] is module]
+            if len(held) == 1 or not parts.gated and held == ["gate", "up"]:
+                set_forward(module, scaled(module, weight[held[0]]))
+                continue
+            m = torch.zeros(sum(mods.weight(n).shape[0] for n in held), dtype=torch.float64)
+            for n in held:  # written here from the layout, not with dpa's column index
+                m[_columns(spec, n)] = weight[n]
+            set_forward(module, scaled(module, m))
     try:
         yield
     finally:
@@ -76,11 +99,24 @@ def linearised(model, mu):
             del module.forward
 
 
+def _columns(spec, name):
+    """The output features of a fused projection that are branch ``name``, from HF's modeling code: Phi-3
+    and GPT-2 concatenate [q | k | v] and [gate | up]; GPT-NeoX interleaves [q k v] per head."""
+    dh, h, kv = spec.d_head, spec.n_heads, spec.n_kv_heads
+    if name in ("gate", "up"):
+        return slice(0, spec.d_mlp) if name == "gate" else slice(spec.d_mlp, 2 * spec.d_mlp)
+    if spec.family == "gpt_neox":
+        i = ("query", "key", "value").index(name)
+        return [head * 3 * dh + i * dh + d for head in range(h) for d in range(dh)]
+    start = {"query": 0, "key": h * dh, "value": (h + kv) * dh}[name]
+    return slice(start, start + (h if name == "query" else kv) * dh)
+
+
 def autograd_scores(model, ids, mu, target=TARGET):
-    """Token, head and neuron scores of the linearised model by plain autograd."""
+    """Token, head, neuron (and learned position) scores of the linearised model by plain autograd."""
     spec = dpa.spec_for(model)
     emb = spec.embed(model)(ids[None]).detach().requires_grad_(True)
-    z, a = {}, {}
+    z, a, pos = {}, {}, {}
 
     def keep(store, i):
         def pre(_m, args):
@@ -88,13 +124,19 @@ def autograd_scores(model, ids, mu, target=TARGET):
             store[i] = args[0]
         return pre
 
+    def keep_out(_m, _args, out):  # the position embeddings as a leaf of their own
+        pos[0] = out.detach().requires_grad_(True)
+        return pos[0]
+
     handles = []
     for i, mods in enumerate(layer_modules(model, spec)):
         handles += [mods.heads.register_forward_pre_hook(keep(z, i)),
                     mods.neurons.register_forward_pre_hook(keep(a, i))]
+    if spec.positions(model) is not None:
+        handles.append(spec.positions(model).register_forward_hook(keep_out))
     try:
         with torch.enable_grad(), linearised(model, mu):
-            logits = model(inputs_embeds=emb).logits
+            logits = pre_cap_logits(model, inputs_embeds=emb)
             logits[0, -1, target].backward()
     finally:
         for h in handles:
@@ -102,15 +144,18 @@ def autograd_scores(model, ids, mu, target=TARGET):
     heads = torch.stack([(z[i] * z[i].grad)[0].view(len(ids), spec.n_heads, -1).sum((0, 2))
                          for i in range(spec.n_layers)])
     neurons = torch.stack([(a[i] * a[i].grad)[0].sum(0) for i in range(spec.n_layers)])
-    return (emb * emb.grad)[0].sum(-1), heads, neurons
+    positions = (pos[0] * pos[0].grad).sum(-1).reshape(-1) if pos else None
+    return (emb * emb.grad)[0].sum(-1), heads, neurons, positions
 
 
 @pytest.mark.parametrize("path", list(PATHS))
 def test_each_path_alone_and_the_default_equal_autograd(model, path):
     ids = random_ids(9)
     res = dpa.attribute(model, None, ids, target=TARGET, weights=dpa.PathWeights(*PATHS[path]))
-    tokens, heads, neurons = autograd_scores(model, ids, PATHS[path])
+    tokens, heads, neurons, positions = autograd_scores(model, ids, PATHS[path])
     torch.testing.assert_close(res.token_scores, tokens, rtol=1e-9, atol=1e-11)
+    if positions is not None or res.position_scores is not None:
+        torch.testing.assert_close(res.position_scores, positions, rtol=1e-9, atol=1e-11)
     torch.testing.assert_close(res.head_scores, heads, rtol=1e-9, atol=1e-11)
     torch.testing.assert_close(res.neuron_scores, neurons, rtol=1e-9, atol=1e-11)
 
@@ -119,12 +164,12 @@ def test_the_autograd_reference_can_fail(model):
     """The check above is not vacuous: a wrong activation ratio or a wrong norm gain changes the scores."""
     ids = random_ids(9)
     res = dpa.attribute(model, None, ids, target=TARGET, weights=dpa.PathWeights(*PATHS["gate"]))
-    kind = dpa.spec_for(model).parts.activation[1]
+    kind = dpa.spec_for(model).activation
     other = "silu" if kind != "silu" else "gelu_tanh"
     saved = RATIO[kind]
     RATIO[kind] = RATIO[other]
     try:
-        tokens, _, _ = autograd_scores(model, ids, PATHS["gate"])
+        tokens, _, _, _ = autograd_scores(model, ids, PATHS["gate"])
     finally:
         RATIO[kind] = saved
     assert not torch.allclose(res.token_scores, tokens, rtol=1e-6, atol=1e-8)
@@ -134,10 +179,17 @@ def test_the_autograd_reference_can_fail(model):
 def test_completeness_under_conservative_weights(model, gate):
     ids = random_ids(10)
     res = dpa.attribute(model, None, ids, target=TARGET, weights=dpa.PathWeights(0, 0, 1, gate, 1 - gate))
-    logit = model(ids[None]).logits[0, -1, TARGET].item()
+    logit = pre_cap_logits(model, ids)[0, -1, TARGET].item()
     assert res.target_logit == pytest.approx(logit, rel=1e-12, abs=1e-12)
-    total = float(res.token_scores.sum()) + res.bias_share
+    total = float(res.token_scores.sum()) + res.position_share + res.bias_share
     assert total == pytest.approx(logit, rel=1e-8, abs=1e-10)
+    capped = model(ids[None]).logits[0, -1, TARGET].item()  # the model's own logit, after any final soft-cap
+    if dpa.spec_for(model).final_softcap is None:
+        assert res.target.capped_logit is None and capped == pytest.approx(logit, rel=1e-12)
+    else:
+        cap = dpa.spec_for(model).final_softcap
+        assert res.target.capped_logit == pytest.approx(capped, rel=1e-12, abs=1e-14)
+        assert capped == pytest.approx(math.tanh(logit / cap) * cap, rel=1e-12, abs=1e-14)
 
 
 def test_the_instrumented_forward_is_the_models(model):
@@ -148,7 +200,10 @@ def test_the_instrumented_forward_is_the_models(model):
     scores = Scores.empty(spec, 1, len(ids), torch.float64, req.device, False)
     with instrument(model, req, weights=dpa.PathWeights(), scores=scores, lean=False) as session:
         hidden = session.forward()
-    assert torch.equal(spec.unembed(model)(hidden), plain)
+    assert torch.equal(spec.unembed(model)(hidden), pre_cap_logits(model, ids))
+    cap = spec.final_softcap  # and the model's own logits are the pre-cap ones, soft-capped
+    torch.testing.assert_close(plain, spec.unembed(model)(hidden) if cap is None else
+                               torch.tanh(spec.unembed(model)(hidden) / cap) * cap, rtol=1e-13, atol=1e-13)
 
 
 def test_edges_sum_to_heads_and_positions_to_neurons(model):

@@ -68,8 +68,9 @@ PRE_NORM_SWIGLU = ("rms", "silu", 2)  # norm kind, activation, norms per layer: 
 
 def is_pre_norm_swiglu(parts) -> bool:
     """Llama's layer layout: one RMSNorm before each block and none after, SiLU-gated MLP."""
-    return ((parts.norm_kind, parts.activation[1], len(parts.norms)) == PRE_NORM_SWIGLU
-            and tuple(parts.block_inputs) == tuple(parts.norms))
+    kinds = {kind for _, kind in parts.activation_config[1]}
+    return ((parts.norm_kind, *kinds, len(parts.norms)) == PRE_NORM_SWIGLU and parts.gated and not parts.fused
+            and not parts.biases and tuple(parts.block_inputs) == tuple(parts.norms))
 
 
 def require_pre_norm_swiglu(spec, method: str) -> None:
@@ -81,7 +82,7 @@ def require_pre_norm_swiglu(spec, method: str) -> None:
 
         raise UnsupportedModelError(f"{method} recomputes each layer from its weights and is written for pre-norm "
                                     f"SwiGLU layers (llama, mistral, qwen2, qwen3), not for {spec.family} "
-                                    f"({parts.activation[1]}, {parts.norm_kind} norms, {len(parts.norms)} per layer)")
+                                    f"({spec.activation}, {parts.norm_kind} norms, {len(parts.norms)} per layer)")
 
 
 @torch.no_grad()

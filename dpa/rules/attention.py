@@ -36,13 +36,16 @@ def attention_mask(mask: Tensor, window: int | None) -> Tensor:
     return allowed[None, None] & mask[:, None, None, :] & mask[:, None, :, None]
 
 
-def attention_probs(q: Tensor, k: Tensor, scaling: float, mask: Tensor) -> Tensor:
+def attention_probs(q: Tensor, k: Tensor, scaling: float, mask: Tensor, softcap: float | None = None) -> Tensor:
     """softmax(q k^T * scale) over keys: q [batch head query d_head], k [batch kv_head key d_head],
-    mask [batch 1|head query key] (True = may attend) -> [batch head query key], 0 where masked."""
+    mask [batch 1|head query key] (True = may attend) -> [batch head query key], 0 where masked.
+    softcap: the scores become c tanh(score / c) first (Gemma 2)."""
     b, h, tq, dh = q.shape
     kv = k.shape[1]
     qg = q.reshape(b, kv, h // kv, tq, dh)  # [batch kv_head group query d_head]
     scores = torch.einsum("bkgid,bkjd->bkgij", qg, k).reshape(b, h, tq, k.shape[2]) * scaling
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     scores = scores.masked_fill(~mask, float("-inf"))
     return torch.softmax(scores, dim=-1).nan_to_num(0.0)  # fully masked rows (padding) -> 0
 

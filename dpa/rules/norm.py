@@ -23,4 +23,5 @@ def apply_norm(x: Tensor, gamma: Tensor, scale: Tensor) -> Tensor:
 GAIN = {
     "rms": lambda gamma: gamma,
     "rms_1p": lambda gamma: 1 + gamma,
+    "layer": lambda gamma: gamma,  # LayerNorm: gamma after the mean-centring
 }
