@@ -63,6 +63,9 @@ def attribute(model: nn.Module, tokenizer, prompt: Prompt | list[Prompt], target
     req = requests.build(model, tokenizer, prompt, target, contrast=contrast, kind=kind, position=position,
                          weights=weights, padding_side=padding_side, multi_token=multi_token)
     spec = req.spec
+    if neuron_target == "mid" and spec.n_experts:
+        raise UnsupportedModelError(f"neuron_target='mid' reads each neuron's down projection; {spec.family}'s "
+                                    "neurons are inside its experts: use neuron_target='output'")
     if neuron_target == "mid" and spec.parallel:
         raise UnsupportedModelError(f"neuron_target='mid' needs the residual stream between attention and the MLP; "
                                     f"{spec.family} runs them in parallel (use_parallel_residual), so there is none: "
@@ -264,7 +267,8 @@ def _result(model: nn.Module, req: Request, run: Run, b: int, neuron_target: str
         target_logit=value, target=info, weights=req.weights,
         completeness_gap=(float(token_scores.sum()) + float(s.bias[b]) - value
                           + (0.0 if positions is None else float(positions.sum()))),
-        bias_share=float(s.bias[b]), position_scores=positions,
+        bias_share=float(s.bias[b]), position_scores=positions, expert_scores=pick(s.experts),
+        expert_position_scores=pick(s.expert_positions, slice(None), keep) if neuron_positions else None,
         n_kv_heads=req.spec.n_kv_heads, special=req.special(ids),
         top_predictions=[] if top is None else [(name(int(i)), float(p)) for p, i in zip(top.values, top.indices)],
         model_name=getattr(model.config, "_name_or_path", "") or req.spec.family, neuron_target=neuron_target,

@@ -169,7 +169,7 @@ def attribute_file(model: nn.Module, tokenizer, prompts: str | os.PathLike, out:
     group = distributed.current()
     identity = {"format": FORMAT, "prompts_sha256": _sha256(Path(prompts)),
                 "model": getattr(model.config, "_name_or_path", ""), "target": opts.target,
-                "contrast": opts.contrast, "kind": opts.kind, "weights": asdict(opts.weights),
+                "contrast": opts.contrast, "kind": opts.kind, "weights": opts.weights.to_dict(),
                 "multi_token": opts.multi_token, "batch_size": opts.batch_size, "top": opts.top}
     if group.main:
         check_run_config(out, identity)

@@ -37,7 +37,20 @@ METADATA_KEYS = frozenset({
     "chunk_size_feed_forward", "is_encoder_decoder", "tie_word_embeddings", "attention_dropout",
     "max_position_embeddings", "model_type", "tokenizer_class", "use_bfloat16", "rope_scaling", "rope_theta",
     "max_window_layers", "prefix", "task_specific_params", "finetuning_task",
+    "head_dim",  # not metadata, but dpa reads each head's size from the projections' shapes (ModelSpec.d_head)
 })
+
+
+@dataclass(frozen=True)
+class Experts:
+    """A mixture-of-experts block, relative to a decoder layer: the router (whose forward returns logits,
+    top-k weights and top-k indices), the experts module (3-D weights, transformers' fused layout), and a
+    shared expert with its sigmoid gate where the model has one (Qwen2-MoE)."""
+
+    router: str = "mlp.gate"
+    experts: str = "mlp.experts"
+    shared: str | None = None
+    shared_gate: str | None = None
 
 
 @dataclass(frozen=True)
@@ -81,7 +94,7 @@ class Family:
         "gate": "mlp.gate_proj", "up": "mlp.up_proj"})
     activation: str = "mlp.act_fn"
     heads: str = "self_attn.o_proj"
-    neurons: str = "mlp.down_proj"
+    neurons: str | None = "mlp.down_proj"
     mid: str = "post_attention_layernorm"
     biased_branches: tuple[str, ...] = ()  # branches whose projection may carry a bias
     biases: bool = False  # every projection and norm may carry a bias (GPT-2, GPT-NeoX): each is in the bias share
@@ -97,6 +110,7 @@ class Family:
     parallel: str | None = None  # config key: attention and MLP both read the layer's input (GPT-NeoX)
     rotary: str | None = "model.rotary_emb"
     partial_rotary: bool = False  # the model's attention rotates only part of each head (partial_rotary_factor)
+    moe: Experts | None = None  # a mixture of experts in place of the MLP (then no gate/up branches, no neurons path)
 
     def with_(self, **changes) -> Family:
         return replace(self, **changes)
@@ -160,8 +174,24 @@ GPT_NEOX = Family(  # Pythia: LayerNorm with biases, q/k/v fused per head, parti
     neurons="mlp.dense_4h_to_h", biases=True, gated=False, parallel="use_parallel_residual", partial_rotary=True,
     activation_config=("hidden_act", _GELU))
 
+_MOE_BRANCHES = {"query": "self_attn.q_proj", "key": "self_attn.k_proj", "value": "self_attn.v_proj"}
+MIXTRAL = MISTRAL.with_(  # diff with Mistral: a mixture of experts in place of the MLP
+    model_type="mixtral", config_class="MixtralConfig", branches=_MOE_BRANCHES, activation="mlp.experts.act_fn",
+    neurons=None, moe=Experts())
+QWEN3_MOE = QWEN3.with_(model_type="qwen3_moe", config_class="Qwen3MoeConfig", branches=_MOE_BRANCHES,
+                        activation="mlp.experts.act_fn", neurons=None, moe=Experts(),
+                        fixed=(("mlp_only_layers", []), ("decoder_sparse_step", 1)))  # every layer sparse
+QWEN2_MOE = QWEN3_MOE.with_(model_type="qwen2_moe", config_class="Qwen2MoeConfig", head_norms=None,
+                            biased_branches=("query", "key", "value"),
+                            moe=Experts(shared="mlp.shared_expert", shared_gate="mlp.shared_expert_gate"))
+OLMOE = OLMO2.with_(  # pre-norms as Llama (not OLMo 2's post-norms), q/k norms over the projection, experts
+    model_type="olmoe", config_class="OlmoeConfig", norms=LLAMA.norms, block_inputs=LLAMA.block_inputs,
+    mid=LLAMA.mid, branches=_MOE_BRANCHES, activation="mlp.experts.act_fn", neurons=None, moe=Experts(),
+    fixed=(("clip_qkv", None),))
+
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA2, GEMMA3, OLMO2, PHI3,
-                                                          SMOLLM3, GPT2, GPT_NEOX)}
+                                                          SMOLLM3, GPT2, GPT_NEOX, MIXTRAL, QWEN2_MOE,
+                                                          QWEN3_MOE, OLMOE)}
 
 
 @dataclass(frozen=True)
@@ -187,6 +217,14 @@ class ModelSpec:
     attn_softcap: float | None = None  # c in c * tanh(score / c) on the attention scores (Gemma 2)
     final_softcap: float | None = None  # c on the final logits: dpa attributes the pre-cap logit
     parallel: bool = False  # attention and MLP read the same residual stream (GPT-NeoX's parallel residual)
+    n_experts: int = 0  # routed experts per layer (0: a dense MLP)
+    d_expert: int = 0  # neurons per routed expert
+    d_shared: int = 0  # neurons of the shared expert (Qwen2-MoE), 0 without one
+
+    @property
+    def expert_slots(self) -> int:
+        """Expert scores per layer: the routed experts, then the shared expert where there is one."""
+        return self.n_experts + (1 if self.d_shared else 0)
 
     def rotates(self, index: int) -> bool:
         return self.parts.rotary is not None and (not self.rotary_layers or self.rotary_layers[index])
@@ -354,6 +392,32 @@ def in_features(module: nn.Module) -> int:
     return weight_rows(module).shape[1]
 
 
+EXPERT_LAYOUT = {"has_gate": True, "has_bias": False, "has_post_expert_norm": False}  # what dpa's experts read
+
+
+def check_experts(layer: nn.Module, family: Family, i: int) -> None:
+    """The experts dpa attributes must be exactly the ones it reads: transformers' fused layout (3-D
+    ``gate_up_proj`` and ``down_proj``, the flags ``use_experts_implementation`` sets), nothing else. A
+    layout or a parameter dpa does not read is refused by name: never a partial attribution."""
+    moe = family.moe
+    try:
+        experts, router = get(layer, moe.experts), get(layer, moe.router)
+    except AttributeError as err:
+        raise UnsupportedModelError(f"layers[{i}] has no mixture-of-experts block where the {family.model_type} "
+                                    f"description expects one ({err}; mlp_only_layers?)") from None
+    names = {n for n, _ in experts.named_parameters()}
+    for flag, want in EXPERT_LAYOUT.items():
+        if getattr(experts, flag, None) != want:
+            raise UnsupportedModelError(f"unsupported experts in layers[{i}]: {type(experts).__name__}.{flag} is "
+                                        f"{getattr(experts, flag, None)!r} (dpa reads experts with {flag}={want})")
+    if names != {"gate_up_proj", "down_proj"} or experts.gate_up_proj.dim() != 3:
+        raise UnsupportedModelError(f"unsupported experts in layers[{i}]: parameters {sorted(names)}; dpa reads "
+                                    "exactly gate_up_proj and down_proj [expert, out, in], so it would miss the others")
+    if {n for n, _ in router.named_parameters()} != {"weight"}:
+        raise UnsupportedModelError(f"unsupported router in layers[{i}]: parameters "
+                                    f"{sorted(n for n, _ in router.named_parameters())} (dpa knows a bias-free router)")
+
+
 def _check_modules(model: nn.Module, family: Family) -> None:
     try:
         layers = get(model, family.layers)
@@ -379,7 +443,11 @@ def _check_modules(model: nn.Module, family: Family) -> None:
             if proj.bias is not None and not family.biases and branch not in family.biased_branches:
                 what = "attention_bias=True" if branch in ("query", "key", "value") else "an MLP bias"
                 raise UnsupportedModelError(f"unsupported config setting {what} (layers[{i}].{path} has a bias)")
+        if family.moe is not None:
+            check_experts(layer, family, i)
         for path in (family.heads, family.neurons):
+            if path is None:  # a mixture of experts: check_experts
+                continue
             if not is_projection(get(layer, path)):
                 raise UnsupportedModelError(f"unsupported module: layers[{i}].{path} is not a plain Linear")
             if getattr(get(layer, path), "bias", None) is not None and not family.biases:
@@ -417,7 +485,16 @@ def _spec_for(model: nn.Module, config) -> ModelSpec:
     n_heads = config.num_attention_heads
     d_head = in_features(get(first, family.heads)) // n_heads  # the output projection reads every head
     n_kv_heads = getattr(config, "num_key_value_heads", None) or n_heads
-    d_mlp = in_features(get(first, family.neurons))
+    n_experts = d_expert = d_shared = 0
+    if family.moe is not None:
+        experts = get(first, family.moe.experts)
+        down = experts.down_proj  # [expert d_model d_expert], or [expert d_expert d_model] transposed
+        n_experts, d_expert = down.shape[0], down.shape[1 if getattr(experts, "is_transposed", False) else 2]
+        if family.moe.shared:
+            d_shared = in_features(get(first, family.moe.shared + ".down_proj"))
+        d_mlp = n_experts * d_expert + d_shared
+    else:
+        d_mlp = in_features(get(first, family.neurons))
     spec = ModelSpec(
         family=family.model_type, parts=family,
         n_layers=config.num_hidden_layers, d_model=config.hidden_size, d_mlp=d_mlp,
@@ -429,6 +506,7 @@ def _spec_for(model: nn.Module, config) -> ModelSpec:
         attn_softcap=getattr(config, family.softcap[0], None) if family.softcap else None,
         final_softcap=getattr(config, family.softcap[1], None) if family.softcap else None,
         parallel=bool(getattr(config, family.parallel, False)) if family.parallel else False,
+        n_experts=n_experts, d_expert=d_expert, d_shared=d_shared,
     )
     for path, layout in family.fused:  # the fused projection holds exactly its branches' features
         names = [n for n, p in family.branches.items() if p == path]
@@ -460,9 +538,13 @@ class LayerModules:
     branches: dict[str, nn.Module]
     activation: nn.Module
     heads: nn.Module
-    neurons: nn.Module
+    neurons: nn.Module | None  # None for a mixture of experts (its neurons are inside ``experts``)
     mid: nn.Module
     columns: dict[str, slice | torch.Tensor | None] = field(default_factory=dict)  # ModelSpec.columns
+    router: nn.Module | None = None
+    experts: nn.Module | None = None
+    shared: nn.Module | None = None  # the shared expert (a GLU MLP) and its gate
+    shared_gate: nn.Module | None = None
 
     def output(self, name: str, out: torch.Tensor) -> torch.Tensor:
         """Branch ``name``'s part of its projection's output ``out`` (all of it unless fused)."""
@@ -487,6 +569,18 @@ class LayerModules:
         return b if b is None or cols is None else b[cols] if isinstance(cols, slice) else b[cols.to(b.device)]
 
 
+def neuron_direction(mods: LayerModules, spec: ModelSpec, neuron: int) -> torch.Tensor:
+    """What one MLP neuron writes per unit of activation [d_model]: its down-projection column. On a mixture of
+    experts neuron e * d_expert + j is neuron j of routed expert e, then the shared expert's follow."""
+    if mods.experts is None:
+        return weight_rows(mods.neurons)[:, neuron]
+    expert, j = divmod(neuron, spec.d_expert)
+    if expert < spec.n_experts:
+        down = mods.experts.down_proj[expert]  # [d_model d_expert], or [d_expert d_model] transposed
+        return down[j] if getattr(mods.experts, "is_transposed", False) else down[:, j]
+    return weight_rows(mods.shared.down_proj)[:, neuron - spec.n_experts * spec.d_expert]
+
+
 _MODULES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -501,8 +595,13 @@ def layer_modules(model: nn.Module, spec: ModelSpec) -> list[LayerModules]:
         block_inputs=tuple(get(layer, n) for n in p.block_inputs),
         head_norms=tuple(get(layer, n) for n in (p.head_norms or ())),
         branches={name: get(layer, path) for name, path in p.branches.items()},
-        activation=get(layer, p.activation), heads=get(layer, p.heads), neurons=get(layer, p.neurons),
-        mid=get(layer, p.mid), columns={name: spec.columns(name) for name in p.branches})
+        activation=get(layer, p.activation), heads=get(layer, p.heads),
+        neurons=get(layer, p.neurons) if p.neurons else None, mid=get(layer, p.mid),
+        columns={name: spec.columns(name) for name in p.branches},
+        **({} if p.moe is None else dict(
+            router=get(layer, p.moe.router), experts=get(layer, p.moe.experts),
+            shared=get(layer, p.moe.shared) if p.moe.shared else None,
+            shared_gate=get(layer, p.moe.shared_gate) if p.moe.shared_gate else None)))
         for layer in spec.layers(model)]
     _MODULES[model] = (spec, out)
     return out

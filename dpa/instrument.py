@@ -40,7 +40,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from .errors import ModelStateError
-from .families import layer_modules
+from .families import check_experts, layer_modules
 from .linearise import Scores, Tap, freeze_norm, keep_input, linearise_layer, wrap
 from .request import Request
 from .weights import PathWeights
@@ -258,6 +258,11 @@ def instrument(model: nn.Module, request: Request, *, weights: PathWeights | Non
     if scores is not None and weights is None:
         raise ValueError("score taps need path weights (the linearised model)")
     spec = request.spec
+    if weights is not None:  # a mixture of experts' router and expert weights filled in (balanced) where unset
+        weights = weights.for_model(spec.n_experts > 0, spec.family)
+    if spec.n_experts:  # on every call: the experts dpa runs must be all there is (a parameter added since is refused)
+        for i, layer in enumerate(spec.layers(model)):
+            check_experts(layer, spec.parts, i)
     recording = Recording()
     with ExitStack() as stack:
         stack.enter_context(exclusive(model))
@@ -294,13 +299,14 @@ def instrument(model: nn.Module, request: Request, *, weights: PathWeights | Non
             if weights is not None:
                 linearise_layer(session, i, mods, hook, override)
             else:
-                if "branches" in record:
+                if "branches" in record:  # each branch's part of its (possibly fused) projection's output
                     for name, module in mods.branches.items():
-                        hook(module, _keep_output(recording.branches, (name, i)))
+                        hook(module, _keep_output(recording.branches, (name, i), functools.partial(mods.output, name)))
                 if "neuron_inputs" in record:
-                    hook(mods.neurons, keep_input(recording.neuron_inputs, i), pre=True)
+                    hook(_neurons(mods, spec, "recording neuron inputs"), keep_input(recording.neuron_inputs, i),
+                         pre=True)
             if neuron_keep and neuron_keep.get(i) is not None:
-                hook(mods.neurons, _mask_input(neuron_keep[i]), pre=True)
+                hook(_neurons(mods, spec, "ablating neurons"), _mask_input(neuron_keep[i]), pre=True)
             if explicit or attn_keep is not None:
                 from .explicit import attention_forward
 
@@ -329,10 +335,20 @@ def _keep_rope(store: dict, i: int) -> Callable:
     return pre
 
 
-def _keep_output(store: dict, key) -> Callable:
+def _keep_output(store: dict, key, part: Callable = lambda out: out) -> Callable:
     def post(_module, _args, out):
-        store[key] = out.detach()
+        store[key] = part(out).detach()
     return post
+
+
+def _neurons(mods, spec, what: str):
+    """The module whose input is the MLP's neurons; a mixture of experts has none (they are inside its experts)."""
+    if mods.neurons is None:
+        from .errors import UnsupportedModelError
+
+        raise UnsupportedModelError(f"{what} is not supported on a mixture of experts ({spec.family}) yet: its neurons "
+                                    "are inside the experts; the DPA scores themselves (dpa.attribute) are")
+    return mods.neurons
 
 
 def _mask_input(keep: Tensor) -> Callable:

@@ -167,6 +167,8 @@ class Scores:
     neuron_positions: Tensor | None = None
     bias: Tensor | None = None
     position_scores: Tensor | None = None  # [batch pos] learned position embeddings' scores (GPT-2), else None
+    experts: Tensor | None = None  # [batch layer slot] expert scores (mixture of experts), else None
+    expert_positions: Tensor | None = None  # [batch layer pos slot]
 
     @classmethod
     def empty(cls, spec: ModelSpec, batch: int, pos: int, dtype: torch.dtype, device, positions: bool) -> Scores:
@@ -175,6 +177,12 @@ class Scores:
     def sink(self, kind: str, layer: int | None = None) -> Callable[[Tensor], None]:
         parts = self.parts.setdefault((kind, layer), [])
         return parts.append
+
+    def buffer(self, kind: str, layer: int, shape: tuple[int, ...]) -> Tensor:
+        """A zero tensor the taps of one layer add into in place (the experts: many small parts)."""
+        out = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.parts[(kind, layer)] = [out]
+        return out
 
     def settle(self) -> None:
         """Turn the parts the backward appended into the score tensors."""
@@ -199,6 +207,10 @@ class Scores:
             setattr(self, kind, torch.stack([total(kind, i, sizes[kind]) for i in range(spec.n_layers)], dim=1))
         if self.positions:
             self.neurons = self.neuron_positions.sum(2)
+        if spec.n_experts:  # [batch layer pos slot] and their sums over positions
+            self.expert_positions = torch.stack([total("expert_positions", i, (b, t, spec.expert_slots))
+                                                 for i in range(spec.n_layers)], dim=1)
+            self.experts = self.expert_positions.sum(2)
 
 
 def rms(x: Tensor, gamma: Tensor, eps: float) -> tuple[Tensor, Tensor]:
@@ -285,7 +297,9 @@ def linearise_layer(session, i: int, mods: LayerModules, hook, override) -> None
     # the gate and up paths both reach: its factor is mu_gate + mu_up.
     attn_common = _common(mu.query, mu.key, mu.value) if mods.block_inputs else 1.0
     mlp_total = mu.gate + mu.up
-    mlp_common = (_common(mu.gate, mu.up) if gated else (mlp_total or 1.0)) if mods.block_inputs else 1.0
+    moe = mods.experts is not None  # a mixture of experts: the router and the experts carry the block's mu
+    mlp_common = ((_common(mu.router, mu.expert) if moe else _common(mu.gate, mu.up) if gated else (mlp_total or 1.0))
+                  if mods.block_inputs else 1.0)
     kind = spec.parts.norm_kind
     bias_sink = scores.sink("bias") if scores is not None else None
     for norm in mods.norms:  # a block's common factor rides on its input norm's backward
@@ -300,7 +314,7 @@ def linearise_layer(session, i: int, mods: LayerModules, hook, override) -> None
 
     store = rec.branches if "branches" in session.record else None
     projections: dict[nn.Module, list[str]] = {}
-    for name in ("query", "key", "value") + (("gate", "up") if gated else ("up",)):
+    for name in ("query", "key", "value") + (() if moe else ("gate", "up") if gated else ("up",)):
         projections.setdefault(mods.branches[name], []).append(name)
     factors = {name: _factor(getattr(mu, name), attn_common) for name in ("query", "key", "value")}
     gate_factor = _factor(mu.gate, mlp_common) if gated else _factor(mlp_total, mlp_common)
@@ -317,6 +331,23 @@ def linearise_layer(session, i: int, mods: LayerModules, hook, override) -> None
         common = attn_common if names[0] in ("query", "key", "value") else mlp_common
         wrap(override, module, post=_projection(mods, names, factors, share(common), store, i, session.anchor,
                                                 reduce if gated else None, neuron_sink if gated else None))
+    head_sink = scores.sink("heads", i) if scores is not None else None
+
+    def heads(x):
+        b, t, _ = x.shape
+        reduce = lambda x, g: (x * g).view(b, t, n_heads, -1).sum((1, 3))  # noqa: E731
+        y = Tap.apply(x, session.anchor, reduce, head_sink, 1)
+        if "head_inputs" in session.record:
+            rec.head_inputs[i] = y
+        return y
+
+    out_bias = lambda module: (lambda out: Branch.apply(out, 1.0, module.bias.detach(), share(1.0)))  # noqa: E731
+    wrap(override, mods.heads, pre=heads, post=out_bias(mods.heads) if mods.heads.bias is not None else None)
+    if moe:
+        from .experts import linearise_experts
+
+        linearise_experts(session, i, mods, override, mlp_common)
+        return
     ratio = ACTIVATION_RATIO[spec.activation]
     own = mods.activation.forward  # the module's own forward gives the value
 
@@ -333,18 +364,6 @@ def linearise_layer(session, i: int, mods: LayerModules, hook, override) -> None
         return a
 
     override(mods.activation, act)
-    head_sink = scores.sink("heads", i) if scores is not None else None
-
-    def heads(x):
-        b, t, _ = x.shape
-        reduce = lambda x, g: (x * g).view(b, t, n_heads, -1).sum((1, 3))  # noqa: E731
-        y = Tap.apply(x, session.anchor, reduce, head_sink, 1)
-        if "head_inputs" in session.record:
-            rec.head_inputs[i] = y
-        return y
-
-    out_bias = lambda module: (lambda out: Branch.apply(out, 1.0, module.bias.detach(), share(1.0)))  # noqa: E731
-    wrap(override, mods.heads, pre=heads, post=out_bias(mods.heads) if mods.heads.bias is not None else None)
     if mods.neurons.bias is not None:
         wrap(override, mods.neurons, post=out_bias(mods.neurons))
     if "neuron_inputs" in session.record:

@@ -261,6 +261,7 @@ def build(model: nn.Module, tokenizer, prompt: Prompt | list[Prompt], target=Non
     weights = PathWeights() if weights is None else weights
     if not isinstance(weights, PathWeights):
         raise InputError(f"weights must be a dpa.PathWeights, got {type(weights).__name__}")
+    weights = weights.for_model(spec.n_experts > 0, spec.family)
     enc = encode(tokenizer, spec, prompt, target, contrast=contrast, kind=kind, position=position,
                  padding_side=padding_side, multi_token=multi_token, batch=batch)
     device = spec.device(model)

@@ -75,6 +75,8 @@ class Attribution:
     neuron_position_scores: Tensor | None = None  # [layer, pos, d_mlp]
     effective_targets: Tensor | None = None  # [layer + 1, pos, d_model]; 0 = embeddings
     position_scores: Tensor | None = None  # [pos] learned position embeddings' share (GPT-2); None without them
+    expert_scores: Tensor | None = None  # [layer, expert] mixture of experts: routed experts, then a shared one
+    expert_position_scores: Tensor | None = None  # [layer, pos, expert] (with neuron_positions=True)
 
     @property
     def position_share(self) -> float:
@@ -100,14 +102,19 @@ class Attribution:
     def n_layers(self) -> int:
         return self.head_scores.shape[0]
 
-    def top_components(self, k: int = 10, kinds: tuple[str, ...] = ("head", "neuron")) -> dict[str, list[Component]]:
-        """The k most positive and k most negative heads and neurons, ranked jointly."""
+    def top_components(self, k: int = 10, kinds: tuple[str, ...] | None = None) -> dict[str, list[Component]]:
+        """The k most positive and k most negative heads, neurons (and experts, on a mixture-of-experts model),
+        ranked jointly. ``kinds``: which of "head", "neuron", "expert" (default: all the result has)."""
         k = check_int("k", k, low=0)
+        if kinds is None:
+            kinds = ("head", "neuron") + (("expert",) if self.expert_scores is not None else ())
         if isinstance(kinds, str) or not isinstance(kinds, (tuple, list, set, frozenset)):
-            raise InputTypeError(f"kinds must be a tuple of 'head' and/or 'neuron', got {kinds!r}")
-        unknown = [x for x in kinds if x not in ("head", "neuron")]
+            raise InputTypeError(f"kinds must be a tuple of 'head', 'neuron' and/or 'expert', got {kinds!r}")
+        unknown = [x for x in kinds if x not in ("head", "neuron", "expert")]
         if unknown:
-            raise InputError(f"kinds must hold 'head' and/or 'neuron', got {unknown[0]!r}")
+            raise InputError(f"kinds must hold 'head', 'neuron' and/or 'expert', got {unknown[0]!r}")
+        if "expert" in kinds and self.expert_scores is None:
+            raise InputError("this result has no expert scores (the model has no mixture of experts)")
         if "neuron" in kinds and self.neuron_scores is None:
             raise InputError("this result keeps only some neurons per layer (saved with top_neurons=...), so the "
                              "top neurons overall are not known: use kinds=('head',), or save without top_neurons")
@@ -116,6 +123,8 @@ class Attribution:
             parts.append(("head", self.head_scores))
         if "neuron" in kinds:
             parts.append(("neuron", self.neuron_scores))
+        if "expert" in kinds:
+            parts.append(("expert", self.expert_scores))
         items: list[Component] = []
         for kind, scores in parts:
             flat = scores.detach().double().flatten()
@@ -140,7 +149,9 @@ class Attribution:
             value = getattr(self, f.name)
             if isinstance(value, Tensor):
                 value = _encode(_as_list(value, short))
-            elif isinstance(value, (TargetInfo, PathWeights)):
+            elif isinstance(value, PathWeights):
+                value = value.to_dict()
+            elif isinstance(value, TargetInfo):
                 value = asdict(value)
             out[f.name] = value
         out["score_dtype"] = "float32" if short else str(self.token_scores.dtype).removeprefix("torch.")
@@ -181,7 +192,7 @@ class Attribution:
             raise InputError("not an Attribution dict: score_dtype is not a floating-point dtype")
         try:
             for name in ("token_scores", "head_scores", "neuron_scores", "edge_scores", "neuron_position_scores",
-                         "effective_targets", "position_scores"):
+                         "effective_targets", "position_scores", "expert_scores", "expert_position_scores"):
                 if data.get(name) is not None:
                     data[name] = torch.tensor(_decode(data[name]), dtype=dtype)
             data["target"] = TargetInfo(**data["target"])
@@ -218,7 +229,9 @@ class Attribution:
                 return f"neuron_scores must be [{layers} layers, d_mlp], got {tuple(self.neuron_scores.shape)}"
             d_mlp = self.neuron_scores.shape[1]
         expect = {"edge_scores": (layers, heads, n, n), "neuron_position_scores": (layers, n, d_mlp),
-                  "effective_targets": (layers + 1, n, None), "position_scores": (n,)}
+                  "effective_targets": (layers + 1, n, None), "position_scores": (n,),
+                  "expert_scores": (layers, None),
+                  "expert_position_scores": (layers, n, None if self.expert_scores is None else self.expert_scores.shape[1])}
         for name, shape in expect.items():
             t = getattr(self, name)
             if t is not None and (t.dim() != len(shape) or any(w is not None and w != g

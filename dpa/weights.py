@@ -18,7 +18,8 @@ FAMILIES: tuple[Family, ...] = ("control_content", "attention", "query_key", "ml
 
 @dataclass(frozen=True)
 class PathWeights:
-    """Multipliers for the five paths: attention query, key, value; GLU gate, up.
+    """Multipliers for the five paths: attention query, key, value; GLU gate, up (and on a mixture-of-experts
+    model the router and the experts).
 
     The paper constrains ``query + key + value = 1`` and ``gate + up = 1``; other
     values are allowed, and ``constrained`` says whether completeness can hold.
@@ -30,32 +31,67 @@ class PathWeights:
     value: float = 0.5
     gate: float = 0.5
     up: float = 0.5
+    router: float | None = None  # mixture of experts: the router (control) and the experts (content); None on a
+    expert: float | None = None  # model without experts, and the balanced 0.5 / 0.5 on one (``for_model``)
 
     def __post_init__(self) -> None:
         for f in fields(self):  # numbers as plain floats: numpy scalars and 0-d tensors accepted
-            object.__setattr__(self, f.name, check_float(f"path weight {f.name}", getattr(self, f.name)))
+            value = getattr(self, f.name)
+            if value is not None or f.name not in ("router", "expert"):
+                object.__setattr__(self, f.name, check_float(f"path weight {f.name}", value))
+        if (self.router is None) != (self.expert is None):
+            raise InputError("give the router and expert weights together (router=..., expert=...), or neither")
+
+    @property
+    def moe(self) -> bool:
+        """Whether the router and expert weights are set (a mixture-of-experts model's)."""
+        return self.router is not None
 
     @property
     def constrained(self) -> bool:
-        """True when mu_q + mu_k + mu_v = 1 and mu_gate + mu_up = 1 (the paper's constraint)."""
-        return abs(self.query + self.key + self.value - 1) < 1e-9 and abs(self.gate + self.up - 1) < 1e-9
+        """True when mu_q + mu_k + mu_v = 1, mu_gate + mu_up = 1 (the paper's constraint) and, with experts,
+        mu_router + mu_expert = 1."""
+        return (abs(self.query + self.key + self.value - 1) < 1e-9 and abs(self.gate + self.up - 1) < 1e-9
+                and (not self.moe or abs(self.router + self.expert - 1) < 1e-9))
 
     @property
     def conservative(self) -> bool:
-        """True when the sum of token scores must equal the target (value path only, GLU summing to 1)."""
-        return self.query == 0 and self.key == 0 and self.value == 1 and abs(self.gate + self.up - 1) < 1e-9
+        """True when the sum of token scores must equal the target (value path only, GLU summing to 1, with
+        experts the experts' path only)."""
+        return (self.query == 0 and self.key == 0 and self.value == 1 and abs(self.gate + self.up - 1) < 1e-9
+                and (not self.moe or (self.router == 0 and self.expert == 1)))
 
-    def as_tuple(self) -> tuple[float, float, float, float, float]:
-        return (self.query, self.key, self.value, self.gate, self.up)
+    def as_tuple(self) -> tuple[float, ...]:
+        """(q, k, v, gate, up), and router, expert where set."""
+        five = (self.query, self.key, self.value, self.gate, self.up)
+        return five + ((self.router, self.expert) if self.moe else ())
+
+    def to_dict(self) -> dict[str, float]:
+        """The weights by name; router and expert only where set (so a dense model's records read as before)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+    def for_model(self, has_experts: bool, family: str = "this model") -> PathWeights:
+        """These weights for a model with or without experts: the balanced router 0.5 / expert 0.5 filled in on
+        one with experts; router and expert weights on one without are an error."""
+        from dataclasses import replace
+
+        if has_experts:
+            return self if self.moe else replace(self, router=0.5, expert=0.5)
+        if self.moe:
+            raise InputError(f"router and expert path weights are for mixture-of-experts models; {family} has no "
+                             "router (leave them out)")
+        return self
 
     @classmethod
     def parse(cls, text: str) -> PathWeights:
-        """From ``"q,k,v,gate,up"``, e.g. ``"0.25,0.25,0.5,0.5,0.5"``."""
+        """From ``"q,k,v,gate,up"``, e.g. ``"0.25,0.25,0.5,0.5,0.5"``, or with experts
+        ``"q,k,v,gate,up,router,expert"``."""
         if not isinstance(text, str):
             raise InputTypeError(f"path weights must be a string 'q,k,v,gate,up', got {text!r}")
         parts = [p.strip() for p in text.split(",")]
-        if len(parts) != 5:
-            raise InputError(f"expected five comma-separated weights q,k,v,gate,up, got {text!r}")
+        if len(parts) not in (5, 7):
+            raise InputError(f"expected five comma-separated weights q,k,v,gate,up (or seven, with router,expert), "
+                             f"got {text!r}")
         if not all(NUMBER.fullmatch(p) for p in parts):
             raise InputError(f"path weights {text!r} are not five numbers q,k,v,gate,up (e.g. 0.25,0.25,0.5,0.5,0.5)")
         return cls(*(float(p) for p in parts))

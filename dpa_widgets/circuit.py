@@ -1,4 +1,4 @@
-"""``CircuitWidget``: a two-way JupyterLab view of one attribution (heads, neurons, tokens).
+"""``CircuitWidget``: a two-way JupyterLab view of one attribution (heads, neurons, experts, tokens).
 
 Traits are snake_case on both sides (static/circuit.js has the matching ``@typedef Model``).
 Underscored traits carry data only the view reads; the plain ones are the user-facing,
@@ -27,10 +27,11 @@ from . import live, payload, verify
 STATIC = Path(__file__).parent / "static"
 PRESETS = ("default", "custom", "control_content", "attention", "query_key", "mlp")  # custom: the result's own
 # Keyword arguments the constructor takes besides result, model and tokenizer.
-USER_TRAITS = ("selected_head", "selected_neuron", "selected_token", "target", "contrast", "weights_preset",
-               "weights_p", "method", "top_k")
+USER_TRAITS = ("selected_head", "selected_neuron", "selected_expert", "selected_token", "target", "contrast",
+               "weights_preset", "weights_p", "method", "top_k")
+SELECTION_TRAITS = ("selected_head", "selected_neuron", "selected_expert", "selected_token")
 LIVE_TRAITS = ("target", "contrast", "weights_preset", "weights_p", "method")
-STATIC_DETAILS = 8  # heads and neurons whose details are sent up front (and kept by save_html)
+STATIC_DETAILS = 8  # heads, neurons (and experts) whose details are sent up front (and kept by save_html)
 EDGE_BUDGET = 120_000  # at most this many edge cells sent up front
 
 
@@ -66,6 +67,9 @@ class CircuitWidget(anywidget.AnyWidget):
                            help="The locked head as [layer, head], or None.").tag(sync=True)
     selected_neuron = t.List(t.Int(), default_value=None, allow_none=True, minlen=2, maxlen=2,
                              help="The locked neuron as [layer, neuron], or None.").tag(sync=True)
+    selected_expert = t.List(t.Int(), default_value=None, allow_none=True, minlen=2, maxlen=2,
+                             help="The locked expert as [layer, slot] (mixture of experts: the routed experts, "
+                                  "then the shared one), or None.").tag(sync=True)
     selected_token = t.Int(None, allow_none=True, help="The locked token position, or None.").tag(sync=True)
     selection = t.Dict(help="The current selection with its scores, as the view exports it.").tag(sync=True)
     target = t.Unicode("", help="The target token ('' = the model's own prediction).").tag(sync=True)
@@ -96,7 +100,8 @@ class CircuitWidget(anywidget.AnyWidget):
             raise dpa.InputError("result has no head or neuron scores (saved with top_neurons?); show a full DPA "
                                  "attribution")
         top_neurons = check_int("top_neurons", top_neurons, low=1)
-        bad = [n for n in ("token_scores", "head_scores", "neuron_scores", "edge_scores", "neuron_position_scores")
+        bad = [n for n in ("token_scores", "head_scores", "neuron_scores", "edge_scores", "neuron_position_scores",
+                           "expert_scores", "expert_position_scores")
                if getattr(result, n) is not None and not bool(torch.isfinite(getattr(result, n)).all())]
         if bad:
             raise dpa.NonFiniteError(f"result's {bad[0]} hold NaN or infinite values (read back from a file with "
@@ -107,13 +112,18 @@ class CircuitWidget(anywidget.AnyWidget):
         if model is None and any(k in kwargs for k in LIVE_TRAITS):
             raise dpa.InputError(f"{', '.join(k for k in LIVE_TRAITS if k in kwargs)} need model and tokenizer")
         self.model, self.tokenizer, self.top_neurons = model, tokenizer, top_neurons
+        spec = None if model is None else dpa.spec_for(model)
+        # (routed experts, neurons per expert) from the model; without it the payload reads them off the result
+        self._experts = (spec.n_experts, spec.d_expert) if spec is not None and spec.n_experts else None
         # Path weights that are neither the defaults nor a preset stay the result's own ("custom") through
         # every recompute (a new target, contrast or method) until another preset is chosen.
-        self._custom = None if result.weights == dpa.PathWeights() else result.weights
+        # (the defaults on a mixture of experts fill in the balanced router and expert weights: not custom)
+        defaults = (dpa.PathWeights(), dpa.PathWeights().for_model(True))
+        self._custom = None if result.weights in defaults else result.weights
         self._predictions: list[live.Prediction] = []
         self._computed: tuple | None = None
         live_kwargs = {k: kwargs.pop(k) for k in LIVE_TRAITS if k in kwargs}
-        selection = {k: kwargs.pop(k) for k in ("selected_head", "selected_neuron", "selected_token") if k in kwargs}
+        selection = {k: kwargs.pop(k) for k in SELECTION_TRAITS if k in kwargs}
         if self._custom is not None:
             kwargs.setdefault("weights_preset", "custom")
         super().__init__(
@@ -128,13 +138,13 @@ class CircuitWidget(anywidget.AnyWidget):
         self._computed = self._settings()
         for name, value in selection.items():  # validated against the data now on view
             setattr(self, name, value)
-        if model is not None:  # the baselines that handle this model's family
-            spec = dpa.spec_for(model)
+        self._add_selected_details()  # (the observer that sends them on selection is not on yet)
+        if spec is not None:  # the baselines that handle this model's family
             self._methods = ["dpa", *live.baseline_methods(spec)]
         self.on_msg(self._on_message)
         self.observe(self._on_settings, names=list(LIVE_TRAITS[:4]))
         self.observe(self._on_method, names=["method"])
-        self.observe(self._on_select, names=["selected_head", "selected_neuron"])
+        self.observe(self._on_select, names=["selected_head", "selected_neuron", "selected_expert"])
         if live_kwargs:
             with self.hold_trait_notifications():
                 for name, value in live_kwargs.items():
@@ -152,12 +162,15 @@ class CircuitWidget(anywidget.AnyWidget):
                                                  result.target.position)
         preds = [(p.token, p.probability) for p in self._predictions] or None
         with self.hold_trait_notifications():
-            self._data = payload.view_payload(result, top_neurons=self.top_neurons, predictions=preds)
+            self._data = payload.view_payload(result, top_neurons=self.top_neurons, predictions=preds,
+                                              experts=self._experts)
             details = {}
             for layer, head in payload.top_heads(result, self._static_heads(result)):
                 details[payload.detail_key("head", layer, head)] = payload.head_detail(result, layer, head)
             for layer, neuron in payload.top_neurons(result, STATIC_DETAILS):
                 details[payload.detail_key("neuron", layer, neuron)] = self._neuron_detail(layer, neuron)
+            for layer, slot in payload.top_experts(result, STATIC_DETAILS):
+                details[payload.detail_key("expert", layer, slot)] = payload.expert_detail(result, layer, slot)
             self._details = details
             self._verify = {}
         self._add_selected_details()
@@ -180,6 +193,10 @@ class CircuitWidget(anywidget.AnyWidget):
             key = payload.detail_key("neuron", *self.selected_neuron)
             if key not in details:
                 details[key] = self._neuron_detail(*self.selected_neuron)
+        if self.selected_expert is not None and self.result.expert_scores is not None:
+            key = payload.detail_key("expert", *self.selected_expert)
+            if key not in details:
+                details[key] = payload.expert_detail(self.result, *self.selected_expert)
         if len(details) != len(self._details):
             self._details = details
 
@@ -196,6 +213,13 @@ class CircuitWidget(anywidget.AnyWidget):
     @t.validate("selected_neuron")
     def _valid_neuron(self, proposal):
         return self._in_range(proposal["value"], self._data.get("n_layers", 0), self._data.get("d_mlp", 0), "neuron")
+
+    @t.validate("selected_expert")
+    def _valid_expert(self, proposal):
+        value, slots = proposal["value"], len(self._data.get("expert_names", []))
+        if value is not None and self._data and not slots:
+            raise TraitValueError(f"selected_expert {list(value)}: this model has no mixture of experts")
+        return self._in_range(value, self._data.get("n_layers", 0), slots, "expert")
 
     @staticmethod
     def _in_range(value, n_layers: int, width: int, what: str):
@@ -322,11 +346,15 @@ class CircuitWidget(anywidget.AnyWidget):
         """Ablate units and measure the target probability (also shown in the view).
 
         mode: "disrupt" ablates the units, "recover" ablates everything else.
-        units: "selection" (the selected head, neuron or token), "top_tokens" or
+        units: "selection" (the selected head, neuron or token; not an expert), "top_tokens" or
         "top_components" (the ``top_k`` highest-scoring ones by DPA).
         """
         if self.model is None:
             raise dpa.InputError("verification runs the model: pass model and tokenizer to the widget")
+        if (units == "selection" and self.selected_expert is not None and self.selected_head is None
+                and self.selected_neuron is None and self.selected_token is None):
+            raise dpa.InputError("verification cannot ablate a whole expert yet: select a head, neuron or token "
+                                 "(one of the expert's neurons, say)")
         out = verify.run(self.model, self.result, mode=mode, units=units, k=self.top_k,
                          head=self.selected_head, neuron=self.selected_neuron, token=self.selected_token)
         self._verify = out

@@ -12,7 +12,7 @@ from torch import nn
 import dpa
 from dpa import Attribution, PathWeights, request
 from dpa.checks import check_int
-from dpa.families import layer_modules, weight_rows
+from dpa.families import layer_modules, neuron_direction
 from dpa.rules.norm import GAIN
 from dpa.targets import token_text
 from dpa.instrument import clean_logits
@@ -83,7 +83,7 @@ def neuron_vocab(model: nn.Module, tokenizer, layer: int, neuron: int,
     spec = dpa.spec_for(model)
     check_int("layer", layer, low=0, high=spec.n_layers - 1)
     check_int("neuron", neuron, low=0, high=spec.d_mlp - 1)
-    down = weight_rows(layer_modules(model, spec)[layer].neurons)[:, neuron]  # [d_model]
+    down = neuron_direction(layer_modules(model, spec)[layer], spec, neuron)  # [d_model]
     gamma = GAIN[spec.parts.norm_kind](spec.final_norm(model).weight)  # the final norm's diagonal
     unembed = spec.unembed(model).weight
     effect = (unembed.float() @ (down.float() * gamma.float()).to(unembed.device))  # [vocab]

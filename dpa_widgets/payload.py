@@ -3,6 +3,12 @@
 Only what the view needs is sent: head scores in full, per-layer MLP totals, the top
 neurons of each layer (not all d_mlp of them), and per-head or per-neuron details on
 demand. Floats are rounded to a few significant digits to keep long prompts light.
+
+On a mixture-of-experts model (``result.expert_scores`` set) the payload also carries the
+expert scores in full ([layer][slot]: the routed experts, then the shared expert where there is
+one), the slot names, and ``n_experts`` / ``d_expert`` so that the view can name neuron n of a
+layer as neuron n % d_expert of expert n // d_expert; expert details (per-position scores) come
+on demand as head and neuron details do. A dense result's payload has none of these keys.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dpa import Attribution
+from dpa import Attribution, InputError
 
 DIGITS = 5
 
@@ -28,15 +34,60 @@ def rounded(x: Tensor | float | None, digits: int = DIGITS) -> Any:
     return float(f"{float(x):.{digits}g}")
 
 
+def expert_layout(result: Attribution,
+                  experts: tuple[int, int | None] | None = None) -> tuple[int, int | None] | None:
+    """(routed experts, neurons per routed expert or None) of a mixture-of-experts result; None if dense.
+
+    ``experts`` (from ``dpa.spec_for(model)``: ``(spec.n_experts, spec.d_expert)``) is used as given when
+    it fits the result. Without it the layout is read off the result's shapes: ``slots`` expert columns and
+    ``d_mlp`` neurons per layer. Routed experts alone share d_mlp evenly (Mixtral, OLMoE, Qwen3-MoE); when
+    slots does not divide d_mlp the last slot is a shared expert (Qwen2-MoE, whose shared expert is wider),
+    and the routed experts' width is then unknown (None: the view names neurons by layer only). A shared
+    expert exactly as wide as a routed one cannot be told from one more routed expert: pass ``experts``.
+    """
+    if result.expert_scores is None:
+        return None
+    slots, d_mlp = result.expert_scores.shape[1], result.neuron_scores.shape[1]
+    if experts is not None:
+        n, d = int(experts[0]), None if experts[1] is None else int(experts[1])
+        shared = n == slots - 1
+        if n not in (slots, slots - 1) or (d is not None and (d < 1 or (n * d < d_mlp) != shared or n * d > d_mlp)):
+            raise InputError(f"experts {experts} do not fit this result: {slots} expert slots and {d_mlp} neurons "
+                             "per layer")
+        return n, d
+    if d_mlp % slots == 0:
+        return slots, d_mlp // slots
+    return slots - 1, None
+
+
+def expert_names(n_experts: int, slots: int) -> list[str]:
+    """The slots' names: "E0" .. "E{n-1}" for the routed experts, then "shared" (the shared expert)."""
+    return [f"E{e}" for e in range(n_experts)] + ["shared"] * (slots - n_experts)
+
+
+def weights_dict(w) -> dict[str, float]:
+    """The path weights by name: the five paths, and the router and experts' where set (a mixture of experts)."""
+    out = {"query": w.query, "key": w.key, "value": w.value, "gate": w.gate, "up": w.up}
+    for name in ("router", "expert"):
+        if getattr(w, name, None) is not None:
+            out[name] = getattr(w, name)
+    return out
+
+
 def view_payload(result: Attribution, *, top_neurons: int = 32, routes: int = 8,
-                 predictions: list[tuple[str, float]] | None = None) -> dict[str, Any]:
-    """The ``_data`` trait: everything the main view draws, for one attribution."""
+                 predictions: list[tuple[str, float]] | None = None,
+                 experts: tuple[int, int | None] | None = None) -> dict[str, Any]:
+    """The ``_data`` trait: everything the main view draws, for one attribution.
+
+    ``experts``: (routed experts, neurons per routed expert) of a mixture-of-experts model, when the
+    model is at hand (see ``expert_layout``); unused for a dense result.
+    """
     n_layers, n_heads = result.head_scores.shape
     neurons = result.neuron_scores.detach().double()
     k = min(top_neurons, neurons.shape[1])
     index = neurons.abs().topk(k, dim=1).indices  # [layer k]
     target = result.target
-    return {
+    data = {
         "tokens": list(result.tokens),
         "token_scores": rounded(result.token_scores),
         "special": list(result.special) if result.special is not None else [False] * len(result.tokens),
@@ -45,8 +96,7 @@ def view_payload(result: Attribution, *, top_neurons: int = 32, routes: int = 8,
         "target_logit": rounded(result.target_logit),
         "completeness_gap": rounded(result.completeness_gap),
         "caveats": result.caveats,
-        "weights": {"query": result.weights.query, "key": result.weights.key, "value": result.weights.value,
-                    "gate": result.weights.gate, "up": result.weights.up},
+        "weights": weights_dict(result.weights),
         "method": result.method,
         "model_name": result.model_name,
         "n_layers": n_layers,
@@ -59,14 +109,26 @@ def view_payload(result: Attribution, *, top_neurons: int = 32, routes: int = 8,
         "top_predictions": [[t, rounded(p)] for t, p in (predictions or result.top_predictions)],
         "token_routes": token_routes(result, routes),
     }
+    layout = expert_layout(result, experts)
+    if layout is not None:
+        n_experts, d_expert = layout
+        data.update({
+            "n_experts": n_experts,
+            "d_expert": d_expert,
+            "expert_names": expert_names(n_experts, result.expert_scores.shape[1]),
+            "expert_scores": rounded(result.expert_scores),
+        })
+    return data
 
 
 def token_routes(result: Attribution, k: int = 8) -> list[dict[str, list]] | None:
-    """Per position, the k heads and k neurons that carry the most of that token's score.
+    """Per position, the k heads and k neurons (and k experts, on a mixture of experts) that carry the
+    most of that token's score.
 
     A head's share of key position j is the sum of its edge scores over queries (the part of
-    its contribution read from j); a neuron's share at j is its position-level score. None
-    when the result has no edge or neuron-position scores.
+    its contribution read from j); a neuron's (an expert's) share at j is its position-level score.
+    None when the result has no edge or neuron-position scores. "experts" ([layer, slot, score]) only
+    when the result has expert-position scores.
     """
     if result.edge_scores is None or result.neuron_position_scores is None:
         return None
@@ -79,10 +141,19 @@ def token_routes(result: Attribution, k: int = 8) -> list[dict[str, list]] | Non
     hi = heads.abs().topk(min(k, heads.shape[1]), dim=1).indices  # [pos k]
     ni = neurons.abs().topk(min(k, neurons.shape[1]), dim=1).indices
     hv, nv = rounded(heads.gather(1, hi)), rounded(neurons.gather(1, ni))
-    return [{
+    out = [{
         "heads": [[i // n_heads, i % n_heads, v] for i, v in zip(hi[j].tolist(), hv[j])],
         "neurons": [[i // d_mlp, i % d_mlp, v] for i, v in zip(ni[j].tolist(), nv[j])],
     } for j in range(n_pos)]
+    if result.expert_position_scores is not None:
+        epos = result.expert_position_scores.detach().double()  # [layer pos slot]
+        slots = epos.shape[2]
+        experts = epos.permute(1, 0, 2).reshape(n_pos, -1)  # [pos layer*slot]
+        ei = experts.abs().topk(min(k, experts.shape[1]), dim=1).indices
+        ev = rounded(experts.gather(1, ei))
+        for j, route in enumerate(out):
+            route["experts"] = [[i // slots, i % slots, v] for i, v in zip(ei[j].tolist(), ev[j])]
+    return out
 
 
 def head_detail(result: Attribution, layer: int, head: int) -> dict[str, Any]:
@@ -110,6 +181,19 @@ def neuron_detail(result: Attribution, layer: int, neuron: int,
     }
 
 
+def expert_detail(result: Attribution, layer: int, slot: int) -> dict[str, Any]:
+    """One expert (slot: a routed expert, or the shared one last): its score and, when the result has
+    them, its per-position scores."""
+    if result.expert_scores is None:
+        raise IndexError("this result has no expert scores (the model has no mixture of experts)")
+    _check_index(result.expert_scores, layer, slot, "expert")
+    epos = result.expert_position_scores
+    return {
+        "kind": "expert", "layer": layer, "index": slot, "score": rounded(result.expert_scores[layer, slot]),
+        "by_pos": None if epos is None else rounded(epos[layer, :, slot]),
+    }
+
+
 def detail_key(kind: str, layer: int, index: int) -> str:
     return f"{kind}:{layer}:{index}"
 
@@ -131,6 +215,15 @@ def top_neurons(result: Attribution, k: int) -> list[tuple[int, int]]:
     """The k neurons with the largest |score| over all layers as (layer, neuron)."""
     flat = result.neuron_scores.detach().double().flatten()
     width = result.neuron_scores.shape[1]
+    return [(i // width, i % width) for i in flat.abs().topk(min(k, flat.numel())).indices.tolist()]
+
+
+def top_experts(result: Attribution, k: int) -> list[tuple[int, int]]:
+    """The k experts with the largest |score| as (layer, slot); [] for a dense result."""
+    if result.expert_scores is None:
+        return []
+    flat = result.expert_scores.detach().double().flatten()
+    width = result.expert_scores.shape[1]
     return [(i // width, i % width) for i in flat.abs().topk(min(k, flat.numel())).indices.tolist()]
 
 

@@ -13,6 +13,8 @@ FAMILIES = ("llama", "mistral", "qwen2", "qwen3")  # the SwiGLU families the boo
 ALL_FAMILIES = (*FAMILIES, "gemma2", "gemma3_text", "smollm3", "olmo2", "phi3",  # every family dpa supports:
                 "gpt2", "gpt_neox")  # the autograd suite (test_families_autograd)
 MHA_ONLY = ("gpt2", "gpt_neox")  # families whose configs have no KV-head setting
+MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
+ALL_FAMILIES = (*ALL_FAMILIES, *MOE_FAMILIES)
 LAYOUTS = {"mha": 4, "gqa": 2, "mqa": 1}  # KV heads for 4 query heads
 
 _CONFIGS = {
@@ -27,6 +29,10 @@ _CONFIGS = {
     "phi3": transformers.Phi3Config,
     "gpt2": transformers.GPT2Config,
     "gpt_neox": transformers.GPTNeoXConfig,
+    "mixtral": transformers.MixtralConfig,
+    "qwen2_moe": transformers.Qwen2MoeConfig,
+    "qwen3_moe": transformers.Qwen3MoeConfig,
+    "olmoe": transformers.OlmoeConfig,
 }
 _MODELS = {
     "llama": transformers.LlamaForCausalLM,
@@ -40,6 +46,10 @@ _MODELS = {
     "phi3": transformers.Phi3ForCausalLM,
     "gpt2": transformers.GPT2LMHeadModel,
     "gpt_neox": transformers.GPTNeoXForCausalLM,
+    "mixtral": transformers.MixtralForCausalLM,
+    "qwen2_moe": transformers.Qwen2MoeForCausalLM,
+    "qwen3_moe": transformers.Qwen3MoeForCausalLM,
+    "olmoe": transformers.OlmoeForCausalLM,
 }
 
 
@@ -87,12 +97,40 @@ def float64_norms():
     for gemma in (modeling_gemma3.Gemma3RMSNorm, modeling_gemma2.Gemma2RMSNorm):
         classes, originals = classes + [gemma], originals + [gemma.forward]
         gemma.forward = _float64_gemma_rms_forward(gemma.forward)
+    from transformers.models.mixtral import modeling_mixtral
+    from transformers.models.olmoe import modeling_olmoe
+    from transformers.models.qwen2_moe import modeling_qwen2_moe
+    from transformers.models.qwen3_moe import modeling_qwen3_moe
+
+    moe_norms = [modeling_mixtral.MixtralRMSNorm, modeling_qwen2_moe.Qwen2MoeRMSNorm,
+                 modeling_qwen3_moe.Qwen3MoeRMSNorm, modeling_olmoe.OlmoeRMSNorm]
+    classes, originals = classes + moe_norms, originals + [c.forward for c in moe_norms]
+    for c in moe_norms:
+        c.forward = _float64_rms_forward(c.forward)
+    routers = [modeling_mixtral.MixtralTopKRouter, modeling_qwen2_moe.Qwen2MoeTopKRouter,
+               modeling_qwen3_moe.Qwen3MoeTopKRouter, modeling_olmoe.OlmoeTopKRouter]
+    classes, originals = classes + routers, originals + [r.forward for r in routers]
+    for r in routers:  # the routers' softmax rounds to float32 too
+        r.forward = _float64_router(r.forward)
     eager = modeling_gemma2.eager_attention_forward  # Gemma 2's softmax, too, rounds to float32
     modeling_gemma2.eager_attention_forward = _float64_eager(eager)
     yield
     modeling_gemma2.eager_attention_forward = eager
     for c, f in zip(classes, originals):
         c.forward = f
+
+
+def _float64_router(original):
+    """HF's top-k routers (softmax, top k, renormalised where the router says so) with float64 kept."""
+    def forward(self, hidden_states):
+        if hidden_states.dtype != torch.float64:
+            return original(self, hidden_states)
+        logits = torch.nn.functional.linear(hidden_states.reshape(-1, self.hidden_dim), self.weight)
+        top, index = torch.topk(logits.softmax(-1), self.top_k, dim=-1)
+        if getattr(self, "norm_topk_prob", True):  # Mixtral always renormalises
+            top = top / top.sum(-1, keepdim=True)
+        return logits, top, index
+    return forward
 
 
 def _float64_eager(original):
@@ -135,6 +173,19 @@ def tiny_config(family: str, kv_heads: int = 2, **overrides):
         kwargs.pop("head_dim")
         kwargs.update(pad_token_id=0, bos_token_id=1, eos_token_id=2,
                       rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})
+    if family in MOE_FAMILIES:  # four experts, two per token; Qwen2-MoE's shared expert; both router kinds
+        kwargs.update(num_experts_per_tok=2, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+        kwargs["num_local_experts" if family == "mixtral" else "num_experts"] = 4
+        if family != "mixtral":
+            kwargs.update(norm_topk_prob=family == "qwen3_moe")
+        if family in ("qwen2_moe", "qwen3_moe"):
+            kwargs.update(moe_intermediate_size=12)
+        if family == "qwen2_moe":
+            kwargs.update(shared_expert_intermediate_size=16)
+            kwargs.pop("head_dim")
+        if family == "olmoe":
+            kwargs.pop("head_dim")
+            kwargs.update(intermediate_size=12)
     if family == "gpt2":
         kwargs = dict(vocab_size=96, n_embd=32, n_inner=48, n_layer=3, n_head=4, n_positions=64,
                       bos_token_id=1, eos_token_id=2, layer_norm_epsilon=1e-2)
@@ -149,7 +200,10 @@ def tiny_config(family: str, kv_heads: int = 2, **overrides):
 def tiny_model(family: str, kv_heads: int = 2, seed: int = 0, **overrides):
     """A float64 model with every parameter random (norm gammas and biases too, so they are tested)."""
     torch.manual_seed(seed)
-    model = _MODELS[family](tiny_config(family, kv_heads, **overrides)).double().eval()
+    config = tiny_config(family, kv_heads, **overrides)
+    if family in MOE_FAMILIES:  # transformers' default, grouped_mm, has no float64 kernel
+        config._experts_implementation = "eager"
+    model = _MODELS[family](config).double().eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):

@@ -34,11 +34,14 @@ class TestRejects:
         with pytest.raises(UnsupportedModelError, match="model_type='bloom'"):
             dpa.spec_for(transformers.BloomForCausalLM(cfg))
 
-    def test_moe_architecture(self):
-        cfg = transformers.Qwen2MoeConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                                          num_key_value_heads=2, vocab_size=32)
-        with pytest.raises(UnsupportedModelError, match="qwen2_moe"):
+    def test_moe_settings_and_families_not_described(self):
+        cfg = transformers.Qwen2MoeConfig(hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                          num_key_value_heads=2, vocab_size=32, mlp_only_layers=[0])
+        with pytest.raises(UnsupportedModelError, match="mlp_only_layers"):  # dense layers among sparse ones
             check_config(cfg)
+        with pytest.raises(UnsupportedModelError, match="model_type='gpt_oss'"):
+            check_config(transformers.GptOssConfig(num_hidden_layers=1, hidden_size=16, num_attention_heads=2,
+                                                   num_key_value_heads=1, head_dim=8, vocab_size=32))
 
     @pytest.mark.parametrize("setting,value", [("hidden_act", "gelu"), ("mlp_bias", True), ("pretraining_tp", 2)])
     def test_settings(self, setting, value):

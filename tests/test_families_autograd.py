@@ -22,11 +22,22 @@ from dpa.families import layer_modules
 from dpa.instrument import instrument
 from dpa.linearise import Scores
 
-from .conftest import ALL_FAMILIES, LAYOUTS, MHA_ONLY, random_ids, tiny_model
+from .conftest import ALL_FAMILIES, LAYOUTS, MHA_ONLY, MOE_FAMILIES, random_ids, tiny_model
 
 TARGET = 5
 PATHS = {"query": (1, 0, 0, 0, 0), "key": (0, 1, 0, 0, 0), "value": (0, 0, 1, 0, 0), "gate": (0, 0, 0, 1, 0),
-         "up": (0, 0, 0, 0, 1), "default": (0.25, 0.25, 0.5, 0.5, 0.5)}
+         "up": (0, 0, 0, 0, 1), "default": (0.25, 0.25, 0.5, 0.5, 0.5),
+         "router": (0, 0, 0, 0, 0, 1, 0), "expert": (0, 0, 0, 0.5, 0.5, 0, 1)}  # the last two: experts only
+
+
+def path_weights(model, path):
+    """PATHS[path] for this model: on a mixture of experts the GLU paths run through the experts (router 0,
+    expert 1) and the default is balanced (0.5, 0.5); ``None`` where the path does not exist."""
+    mu = PATHS[path]
+    moe = dpa.spec_for(model).n_experts > 0
+    if len(mu) == 7:
+        return mu if moe else None
+    return mu + ((0.5, 0.5) if path == "default" else (0, 1)) if moe else mu
 # Written here from the definitions, not taken from dpa: the frozen factor of each activation and the
 # diagonal each norm multiplies by besides 1/rms.
 RATIO = {"silu": torch.sigmoid,
@@ -51,8 +62,10 @@ def pre_cap_logits(model, ids=None, inputs_embeds=None):
 
 
 @contextlib.contextmanager
-def linearised(model, mu):
-    """The model's own modules with the three changes, as instance forwards (removed on exit)."""
+def linearised(model, mu, moe=None):
+    """The model's own modules with the three changes, as instance forwards (removed on exit). ``moe``
+    collects, per sparse layer, the tensors whose gradients give the expert and expert-neuron scores."""
+    moe = {} if moe is None else moe
     spec = dpa.spec_for(model)
     parts = spec.parts
     changed = []
@@ -75,16 +88,22 @@ def linearised(model, mu):
 
     ratio = RATIO[spec.activation]
     set_forward(spec.final_norm(model), frozen_norm(spec.final_norm(model)))
-    names = ("query", "key", "value", "gate", "up")
+    names = ("query", "key", "value", "gate", "up", "router", "expert")
     weight = dict(zip(names, mu))
     if not parts.gated:  # one branch s = W1 x: the gate and up paths both reach it
         weight = {**weight, "gate": weight["gate"] + weight["up"], "up": weight["gate"] + weight["up"]}
     for mods in layer_modules(model, spec):
         for norm in (*mods.norms, *mods.head_norms):
             set_forward(norm, frozen_norm(norm))
-        set_forward(mods.activation, lambda s: s * ratio(s).detach())
+        if mods.experts is not None:
+            set_forward(mods.experts, _experts(mods, weight, ratio, moe.setdefault(len(moe), {})))
+            if mods.shared is not None:
+                set_forward(mods.shared, _shared(mods.shared, weight, ratio, moe[len(moe) - 1]))
+                set_forward(mods.shared_gate, scaled(mods.shared_gate, weight["router"]))
+        else:
+            set_forward(mods.activation, lambda s: s * ratio(s).detach())
         for module in {id(m): m for m in mods.branches.values()}.values():
-            held = [n for n in names if mods.branches[n] is module]
+            held = [n for n in names if mods.branches.get(n) is module]
             if len(held) == 1 or not parts.gated and held == ["gate", "up"]:
                 set_forward(module, scaled(module, weight[held[0]]))
                 continue
@@ -97,6 +116,60 @@ def linearised(model, mu):
     finally:
         for module in changed:
             del module.forward
+
+
+def _scale(x, m):
+    """Identity forward, m times the gradient backward."""
+    return m * x + (1 - m) * x.detach()
+
+
+def _experts(mods, weight, ratio, keep):
+    """HF's eager experts loop, written here, with the experts' input scaled by mu_expert, the routing weights
+    by mu_router, each expert a linearised GLU (gate and up scaled by their mu)."""
+    experts = mods.experts
+
+    def forward(hidden, index, routing):
+        hidden = _scale(hidden, weight["expert"])
+        keep["routing"], keep["index"] = _scale(routing, weight["router"]), index
+        keep["routing"].retain_grad()
+        out = torch.zeros_like(hidden)
+        for e in range(experts.gate_up_proj.shape[0]):
+            rows, slot = torch.where(index == e)
+            gate, up = torch.nn.functional.linear(hidden[rows], experts.gate_up_proj[e]).chunk(2, dim=-1)
+            gate, up = _scale(gate, weight["gate"]), _scale(up, weight["up"])
+            a = gate * ratio(gate).detach() * up
+            a.retain_grad()
+            keep[e] = (rows, a)
+            y = torch.nn.functional.linear(a, experts.down_proj[e]) * keep["routing"][rows, slot, None]
+            out = out.index_add(0, rows, y)
+        return out
+    return forward
+
+
+def _shared(shared, weight, ratio, keep):
+    def forward(x):
+        x = _scale(x, weight["expert"])
+        gate, up = _scale(shared.gate_proj(x), weight["gate"]), _scale(shared.up_proj(x), weight["up"])
+        keep["shared_a"] = gate * ratio(gate).detach() * up
+        keep["shared_a"].retain_grad()
+        keep["shared_y"] = shared.down_proj(keep["shared_a"])
+        keep["shared_y"].retain_grad()
+        return keep["shared_y"]
+    return forward
+
+
+def _moe_scores(spec, keep, n_tokens):
+    """Expert scores [slot] and neuron scores [d_mlp] of one sparse layer from the kept tensors' gradients."""
+    experts = torch.zeros(spec.expert_slots, dtype=torch.float64)
+    experts.index_add_(0, keep["index"].flatten(), (keep["routing"] * keep["routing"].grad).flatten())
+    neurons = torch.zeros(spec.d_mlp, dtype=torch.float64)
+    for e in range(spec.n_experts):
+        rows, a = keep[e]
+        neurons[e * spec.d_expert:(e + 1) * spec.d_expert] = (a * a.grad).sum(0)
+    if "shared_y" in keep:
+        experts[-1] = (keep["shared_y"] * keep["shared_y"].grad).sum()
+        neurons[spec.n_experts * spec.d_expert:] = (keep["shared_a"] * keep["shared_a"].grad).sum(0)
+    return experts, neurons
 
 
 def _columns(spec, name):
@@ -128,14 +201,15 @@ def autograd_scores(model, ids, mu, target=TARGET):
         pos[0] = out.detach().requires_grad_(True)
         return pos[0]
 
-    handles = []
+    handles, moe = [], {}
     for i, mods in enumerate(layer_modules(model, spec)):
-        handles += [mods.heads.register_forward_pre_hook(keep(z, i)),
-                    mods.neurons.register_forward_pre_hook(keep(a, i))]
+        handles.append(mods.heads.register_forward_pre_hook(keep(z, i)))
+        if mods.neurons is not None:
+            handles.append(mods.neurons.register_forward_pre_hook(keep(a, i)))
     if spec.positions(model) is not None:
         handles.append(spec.positions(model).register_forward_hook(keep_out))
     try:
-        with torch.enable_grad(), linearised(model, mu):
+        with torch.enable_grad(), linearised(model, mu, moe):
             logits = pre_cap_logits(model, inputs_embeds=emb)
             logits[0, -1, target].backward()
     finally:
@@ -143,17 +217,26 @@ def autograd_scores(model, ids, mu, target=TARGET):
             h.remove()
     heads = torch.stack([(z[i] * z[i].grad)[0].view(len(ids), spec.n_heads, -1).sum((0, 2))
                          for i in range(spec.n_layers)])
-    neurons = torch.stack([(a[i] * a[i].grad)[0].sum(0) for i in range(spec.n_layers)])
+    if moe:
+        experts, neurons = (torch.stack(x) for x in zip(*(_moe_scores(spec, moe[i], len(ids))
+                                                          for i in range(spec.n_layers))))
+    else:
+        experts, neurons = None, torch.stack([(a[i] * a[i].grad)[0].sum(0) for i in range(spec.n_layers)])
     positions = (pos[0] * pos[0].grad).sum(-1).reshape(-1) if pos else None
-    return (emb * emb.grad)[0].sum(-1), heads, neurons, positions
+    return (emb * emb.grad)[0].sum(-1), heads, neurons, positions, experts
 
 
 @pytest.mark.parametrize("path", list(PATHS))
 def test_each_path_alone_and_the_default_equal_autograd(model, path):
     ids = random_ids(9)
-    res = dpa.attribute(model, None, ids, target=TARGET, weights=dpa.PathWeights(*PATHS[path]))
-    tokens, heads, neurons, positions = autograd_scores(model, ids, PATHS[path])
+    mu = path_weights(model, path)
+    if mu is None:
+        pytest.skip("the model has no router")
+    res = dpa.attribute(model, None, ids, target=TARGET, weights=dpa.PathWeights(*mu))
+    tokens, heads, neurons, positions, experts = autograd_scores(model, ids, mu)
     torch.testing.assert_close(res.token_scores, tokens, rtol=1e-9, atol=1e-11)
+    if experts is not None or res.expert_scores is not None:
+        torch.testing.assert_close(res.expert_scores, experts, rtol=1e-9, atol=1e-11)
     if positions is not None or res.position_scores is not None:
         torch.testing.assert_close(res.position_scores, positions, rtol=1e-9, atol=1e-11)
     torch.testing.assert_close(res.head_scores, heads, rtol=1e-9, atol=1e-11)
@@ -163,13 +246,13 @@ def test_each_path_alone_and_the_default_equal_autograd(model, path):
 def test_the_autograd_reference_can_fail(model):
     """The check above is not vacuous: a wrong activation ratio or a wrong norm gain changes the scores."""
     ids = random_ids(9)
-    res = dpa.attribute(model, None, ids, target=TARGET, weights=dpa.PathWeights(*PATHS["gate"]))
+    res = dpa.attribute(model, None, ids, target=TARGET, weights=dpa.PathWeights(*path_weights(model, "gate")))
     kind = dpa.spec_for(model).activation
     other = "silu" if kind != "silu" else "gelu_tanh"
     saved = RATIO[kind]
     RATIO[kind] = RATIO[other]
     try:
-        tokens, _, _, _ = autograd_scores(model, ids, PATHS["gate"])
+        tokens, *_ = autograd_scores(model, ids, path_weights(model, "gate"))
     finally:
         RATIO[kind] = saved
     assert not torch.allclose(res.token_scores, tokens, rtol=1e-6, atol=1e-8)
@@ -178,7 +261,9 @@ def test_the_autograd_reference_can_fail(model):
 @pytest.mark.parametrize("gate", [0.0, 0.5, 1.0])
 def test_completeness_under_conservative_weights(model, gate):
     ids = random_ids(10)
-    res = dpa.attribute(model, None, ids, target=TARGET, weights=dpa.PathWeights(0, 0, 1, gate, 1 - gate))
+    moe = (0, 1) if dpa.spec_for(model).n_experts else ()  # router 0, experts 1
+    res = dpa.attribute(model, None, ids, target=TARGET, weights=dpa.PathWeights(0, 0, 1, gate, 1 - gate, *moe))
+    assert res.weights.conservative
     logit = pre_cap_logits(model, ids)[0, -1, TARGET].item()
     assert res.target_logit == pytest.approx(logit, rel=1e-12, abs=1e-12)
     total = float(res.token_scores.sum()) + res.position_share + res.bias_share
@@ -269,3 +354,49 @@ def test_the_widget_and_the_runner_offer_only_baselines_that_handle_the_family(m
         assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
     for fn in baselines.PRE_NORM_SWIGLU_ONLY:
         assert baselines.supports(fn, spec) == swiglu
+
+
+# --- mixture of experts: transformers' implementations, and experts dpa would not see ---
+
+@pytest.mark.parametrize("family", MOE_FAMILIES)
+@pytest.mark.parametrize("implementation", ["eager", "batched_mm", "grouped_mm"])
+def test_experts_values_are_the_models_whichever_implementation_it_runs(family, implementation):
+    """dpa runs the experts from their weights; on a float32 model set to each of transformers' expert
+    implementations the attributed logit is the model's own and the scores conserve it."""
+    model = tiny_model(family, 2).float()
+    model.config._experts_implementation = implementation
+    ids = random_ids(12)
+    logit = pre_cap_logits(model, ids)[0, -1, TARGET].item()
+    res = dpa.attribute(model, None, ids, target=TARGET, weights=dpa.PathWeights(0, 0, 1, 0.5, 0.5, 0, 1))
+    assert res.target_logit == pytest.approx(logit, rel=1e-5, abs=1e-6)
+    assert abs(res.completeness_gap) < 1e-5 * max(1.0, abs(logit))
+    torch.testing.assert_close(res.expert_scores.sum(1), res.neuron_scores.sum(1), rtol=1e-4, atol=1e-6)
+    assert model.config._experts_implementation == implementation  # left as it was
+
+
+@pytest.mark.parametrize("family", MOE_FAMILIES)
+def test_experts_dpa_does_not_read_are_refused_by_name(family):
+    model = tiny_model(family, 2)
+    experts = layer_modules(model, dpa.spec_for(model))[1].experts
+    experts.register_parameter("scale", torch.nn.Parameter(torch.ones(4, dtype=torch.float64)))
+    with pytest.raises(dpa.UnsupportedModelError, match=r"layers\[1\].*'scale'"):
+        dpa.attribute(model, None, random_ids(5), target=TARGET)
+    del experts.scale
+    experts.has_bias = True
+    with pytest.raises(dpa.UnsupportedModelError, match="has_bias"):
+        dpa.attribute(model, None, random_ids(5), target=TARGET)
+
+
+def test_router_weights_are_for_models_with_experts():
+    model = tiny_model("llama", 2)
+    with pytest.raises(dpa.InputError, match="no router"):
+        dpa.attribute(model, None, random_ids(5), target=TARGET, weights=dpa.PathWeights(router=0.5, expert=0.5))
+    with pytest.raises(dpa.InputError, match="together"):
+        dpa.PathWeights(router=0.5)
+    res = dpa.attribute(tiny_model("mixtral", 2), None, random_ids(5), target=TARGET)
+    assert (res.weights.router, res.weights.expert) == (0.5, 0.5)  # the balanced default, recorded
+    assert dpa.PathWeights.parse("0,0,1,0.5,0.5,0,1").conservative
+    top = res.top_components(3)
+    assert {c.kind for c in top["positive"] + top["negative"]} <= {"head", "neuron", "expert"}
+    assert any(c.kind == "expert" for c in res.top_components(50, kinds=("expert",))["positive"]
+               + res.top_components(50, kinds=("expert",))["negative"])

@@ -110,6 +110,107 @@ class TestPayload:
             payload.spearman(a, a[:3])
 
 
+# The keys of a dense result's payload: a mixture of experts adds its own, a dense model none (nor nulls).
+DENSE_KEYS = {"tokens", "token_scores", "special", "target", "target_logit", "completeness_gap", "caveats", "weights",
+              "method", "model_name", "n_layers", "n_heads", "n_kv_heads", "d_mlp", "head_scores", "mlp_totals",
+              "neurons", "top_predictions", "token_routes"}
+EXPERT_KEYS = {"n_experts", "d_expert", "expert_names", "expert_scores"}
+
+
+@pytest.fixture(scope="module", params=["qwen2_moe", "mixtral"])
+def moe(request):
+    """A tiny mixture-of-experts model (4 experts, 2 per token; Qwen2-MoE with a shared expert) and its result."""
+    model = tiny_model(request.param, 2)
+    return model, dpa.attribute(model, None, PROMPT, edges=True, neuron_positions=True)
+
+
+class TestExpertPayload:
+    def test_dense_payload_is_unchanged(self, result):
+        data = payload.view_payload(result)
+        assert set(data) == DENSE_KEYS
+        assert all(set(route) == {"heads", "neurons"} for route in data["token_routes"])
+        assert payload.expert_layout(result) is None and payload.top_experts(result, 3) == []
+        with pytest.raises(IndexError, match="no expert scores"):
+            payload.expert_detail(result, 0, 0)
+
+    def test_expert_scores_names_and_layout(self, moe):
+        model, res = moe
+        spec = dpa.spec_for(model)
+        data = payload.view_payload(res, experts=(spec.n_experts, spec.d_expert))
+        assert set(data) == DENSE_KEYS | EXPERT_KEYS
+        json.dumps(data, allow_nan=False)
+        shared = spec.d_shared > 0
+        assert data["n_experts"] == 4 and data["d_expert"] == spec.d_expert
+        assert data["expert_names"] == ["E0", "E1", "E2", "E3"] + (["shared"] if shared else [])
+        close(data["expert_scores"], res.expert_scores)
+        assert data["d_mlp"] == 4 * spec.d_expert + spec.d_shared
+
+    def test_layout_read_off_the_result(self, moe):
+        model, res = moe
+        spec = dpa.spec_for(model)
+        # routed experts only share d_mlp evenly; Qwen2-MoE's wider shared expert does not divide it
+        expected = (4, None) if spec.d_shared else (4, spec.d_expert)
+        assert payload.expert_layout(res) == expected
+        assert payload.view_payload(res)["d_expert"] == expected[1]
+        with pytest.raises(dpa.InputError, match="do not fit"):
+            payload.expert_layout(res, (2, spec.d_expert))  # 4 or 5 slots: 4 experts (and a shared one)
+        with pytest.raises(dpa.InputError, match="do not fit"):
+            payload.expert_layout(res, (4, spec.d_expert + (4 if spec.d_shared else 1)))  # no room for the shared
+
+    def test_routes_and_details_carry_the_experts(self, moe):
+        _, res = moe
+        routes = payload.token_routes(res, k=3)
+        epos = res.expert_position_scores  # [layer pos slot]
+        slots = epos.shape[2]
+        for j, route in enumerate(routes):
+            best = epos[:, j].abs().flatten().topk(3).indices.tolist()
+            assert [l * slots + e for l, e, _ in route["experts"]] == best
+            for l, e, v in route["experts"]:
+                close([v], [epos[l, j, e]])
+        detail = payload.expert_detail(res, 1, slots - 1)
+        assert detail["kind"] == "expert" and detail["index"] == slots - 1
+        close([detail["score"]], [res.expert_scores[1, -1]])
+        close(detail["by_pos"], epos[1, :, -1])
+        with pytest.raises(IndexError, match="outside"):
+            payload.expert_detail(res, 0, slots)
+        plain = dpa.attribute(moe[0], None, PROMPT)
+        assert payload.expert_detail(plain, 0, 0)["by_pos"] is None
+
+    def test_widget_shows_the_experts(self, moe):
+        model, res = moe
+        spec = dpa.spec_for(model)
+        w = CircuitWidget(res, model, None)
+        assert w._data["d_expert"] == spec.d_expert and w._data["n_experts"] == 4
+        # the defaults (balanced router / experts filled in) are not the result's "custom" weights
+        assert w.weights_preset == "default" and "custom" not in w._presets
+        assert (w._data["weights"]["router"], w._data["weights"]["expert"]) == (0.5, 0.5)
+        for layer, slot in payload.top_experts(res, 8):
+            assert f"expert:{layer}:{slot}" in w._details
+        layer, slot = next((l, e) for l in range(3) for e in range(spec.expert_slots)
+                           if f"expert:{l}:{e}" not in w._details)
+        w.selected_expert = [layer, slot]  # not sent up front: sent on selection
+        close(w._details[f"expert:{layer}:{slot}"]["by_pos"], res.expert_position_scores[layer, :, slot])
+        with pytest.raises(dpa.InputError, match="selected_expert"):
+            w.selected_expert = [0, spec.expert_slots]
+        with pytest.raises(dpa.InputError, match="whole expert"):
+            w.verify("disrupt", "selection")
+        w.weights_preset = "attention"  # a recompute keeps the experts on view, and the selection
+        assert w._error == "" and w._data["weights"]["query"] == pytest.approx(0.25)
+        assert set(w._data) == DENSE_KEYS | EXPERT_KEYS and f"expert:{layer}:{slot}" in w._details
+        static = CircuitWidget(res, selected_expert=[2, 1])  # no model: the layout read off the result
+        assert static.selected_expert == [2, 1] and "expert:2:1" in static._details
+        assert static._data["d_expert"] == (None if spec.d_shared else spec.d_expert)
+
+    def test_save_html_carries_the_experts(self, moe, tmp_path):
+        model, res = moe
+        w = CircuitWidget(res, model, None, selected_expert=[1, 0])
+        text = save_html(w, tmp_path / "moe.html").read_text()
+        state = json.loads(re.search(r'widget-state\+json">(.*?)</script>', text, re.S).group(1).replace("<\\/", "</"))
+        model_state = state["state"][w.model_id]["state"]
+        assert model_state["selected_expert"] == [1, 0] and "expert:1:0" in model_state["_details"]
+        assert len(model_state["_data"]["expert_scores"]) == 3
+
+
 class TestTraits:
     def test_state_is_json_and_carries_the_module(self, widget):
         state = widget.get_state()
@@ -117,7 +218,8 @@ class TestTraits:
         assert "export default" in state["_esm"] and "@typedef Model" in state["_esm"]
         assert ".dpa-circuit" in state["_css"]
         assert json.loads(text)["_data"]["tokens"] == widget.result.tokens
-        for name in ("selected_head", "selected_neuron", "selected_token", "selection", "target", "contrast",
+        for name in ("selected_head", "selected_neuron", "selected_expert", "selected_token", "selection", "target",
+                     "contrast",
                      "weights_preset", "weights_p", "method", "top_k", "_data", "_details", "_live"):
             assert name in state, name
 
@@ -160,6 +262,7 @@ class TestTraits:
         ("selected_head", [0], dpa.InputTypeError), ("selected_head", "0,1", dpa.InputTypeError),
         ("selected_head", [0.5, 1], dpa.InputTypeError), ("selected_neuron", [0, 48], dpa.InputError),
         ("selected_neuron", [3, 0], dpa.InputError), ("selected_neuron", [1, 2, 3], dpa.InputTypeError),
+        ("selected_expert", [0, 0], dpa.InputError), ("selected_expert", [0], dpa.InputTypeError),
         ("selected_token", 7, dpa.InputError), ("selected_token", -1, dpa.InputError),
         ("selected_token", "2", dpa.InputTypeError), ("selected_token", 2.5, dpa.InputTypeError),
         ("target", 5, dpa.InputTypeError), ("target", None, dpa.InputTypeError),

@@ -241,3 +241,109 @@ def test_saved_live_state_is_static_without_a_kernel(browser, tmp_path, tiny, mo
         assert not blocked, f"the page asked the network for {blocked}"
     finally:
         page.close()
+
+
+# ---------------------------------------------------------------- mixture of experts
+
+MOE_SLOTS = 5  # the tiny Qwen2-MoE: 4 routed experts and the shared one
+HOVER = re.compile(r"^expert L\d\.(E\d|shared): [−+]?\d")
+MOE_NEURON = re.compile(r"^L\d\.(E\d|S)\.N\d+$")
+
+
+@pytest.fixture(scope="module")
+def tiny_moe():
+    model = tiny_model("qwen2_moe", 2)
+    result = dpa.attribute(model, None, random_ids(9).tolist(), edges=True, neuron_positions=True)
+    return model, result
+
+
+def assert_experts_panel(widget_el, result) -> None:
+    """The layer x expert heatmap: one cell per layer and slot, the shared column marked, named neurons."""
+    panel = widget_el.locator(".dpa-experts-panel")
+    panel.locator("rect.dpa-expert").nth(3 * MOE_SLOTS - 1).wait_for(timeout=30_000)
+    assert panel.locator("rect.dpa-expert").count() == 3 * MOE_SLOTS
+    assert panel.locator("rect.dpa-expert.dpa-shared").count() == 3
+    assert "experts (layer × expert)" in panel.locator(".dpa-caption").inner_text()
+    assert panel.locator(".dpa-legend").is_visible()
+    labels = widget_el.locator(".dpa-neuron span:nth-child(2)").all_inner_texts()
+    assert labels and all(MOE_NEURON.match(t) for t in labels), labels
+    layer, slot = 1, MOE_SLOTS - 1  # the shared expert of the middle layer: routed at every position
+    panel.locator(f'rect.dpa-expert[data-layer="{layer}"][data-expert="{slot}"]').hover()
+    hover = widget_el.locator(".dpa-hover").inner_text()
+    assert hover.startswith(f"expert L{layer}.shared: ") and HOVER.match(hover), hover
+    value = float(hover.split(": ")[1].replace("−", "-"))
+    assert value == pytest.approx(float(result.expert_scores[layer, slot]), rel=2e-2, abs=1e-3)
+
+
+@pytest.mark.parametrize("width", [1400, 700])
+def test_moe_save_html_shows_the_experts(browser, tmp_path, tiny_moe, width):  # noqa: F811
+    """A mixture of experts on a static page: the experts panel, its hover text, an expert's details."""
+    model, result = tiny_moe
+    widget = CircuitWidget(result, model, None)
+    path = save_html(widget, tmp_path / "moe.html")
+    page, blocked, errors = open_offline(browser, path, width)
+    try:
+        widget_el = page.locator(".dpa-circuit")
+        assert_experts_panel(widget_el, result)
+        assert_static_controls(widget_el)
+        top_layer, top_slot = map(int, divmod(int(result.expert_scores.abs().argmax()), MOE_SLOTS))
+        widget_el.locator(f'rect.dpa-expert[data-layer="{top_layer}"][data-expert="{top_slot}"]').click()
+        widget_el.locator(f'rect.dpa-expert.dpa-locked[data-layer="{top_layer}"][data-expert="{top_slot}"]').wait_for()
+        detail = widget_el.locator(".dpa-detail")
+        detail.locator(".dpa-expert-title").wait_for(timeout=5_000)
+        assert detail.locator(".dpa-expert-positions code").count() >= 1, "its per-position scores (exported)"
+        assert "tokens coloured by expert" in widget_el.locator(".dpa-tokens-panel .dpa-caption").inner_text()
+        page.screenshot(path=str(shots(tmp_path) / f"save-html-moe-{width}.png"), full_page=True)
+        if width < 1000:
+            assert_holds_together(page, widget_el)
+        assert not errors, errors
+        assert not blocked, f"the page asked the network for {blocked}"
+    finally:
+        page.close()
+
+
+MOE_SETUP = f"""\
+import sys
+sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})  # the repository: tests.conftest
+import dpa
+from dpa_widgets import CircuitWidget
+from tests.conftest import random_ids, tiny_model
+model = tiny_model("qwen2_moe", 2)
+result = dpa.attribute(model, None, random_ids(9).tolist(), edges=True, neuron_positions=True)
+w = CircuitWidget(result, model, None)
+w"""
+NOT_SENT = ('print("NOT_SENT", next((l, e) for l in range(3) for e in range(5) if f"expert:{l}:{e}" not in w._details '
+            'and e < 4))')
+SHOW_EXPERT = ('print("EXPERT", w.selected_expert, w.selection.get("expert", {}).get("name"), '
+               '"expert:{}:{}".format(*w.selected_expert) in w._details)')
+
+
+def test_jupyterlab_moe_experts_panel(lab, browser, tmp_path):  # noqa: F811
+    """The tiny Qwen2-MoE in a kernel: the experts panel renders, and an expert clicked in the view is read
+    back in Python, its per-position details sent by the kernel."""
+    write_notebook(lab.root / "moe.ipynb", [MOE_SETUP, NOT_SENT, SHOW_EXPERT])
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        open_notebook(page, lab, "moe.ipynb")
+        out = run_cell(page, 0)
+        assert "Error" not in out, out
+        widget_el = page.locator(".dpa-circuit")
+        page.wait_for_function("() => !document.querySelector('.dpa-circuit select.dpa-target').disabled",
+                               timeout=30_000)  # the kernel answered the view's hello: live
+        out = run_cell(page, 1)
+        layer, slot = map(int, re.search(r"NOT_SENT \((\d+), (\d+)\)", out).groups())  # a routed expert not sent yet
+        widget_el.locator(f'rect.dpa-expert[data-layer="{layer}"][data-expert="{slot}"]').wait_for(timeout=30_000)
+        assert widget_el.locator("rect.dpa-expert").count() == 3 * MOE_SLOTS
+        widget_el.locator(f'rect.dpa-expert[data-layer="{layer}"][data-expert="{slot}"]').click()
+        detail = widget_el.locator(".dpa-detail")
+        detail.get_by_text(f"expert L{layer}.E{slot}").wait_for(timeout=10_000)
+        page.wait_for_function("() => !document.querySelector('.dpa-circuit .dpa-detail .dpa-missing')",
+                               timeout=30_000)  # the details came from the kernel
+        assert detail.locator(".dpa-expert-positions").count() == 1
+        out = run_cell(page, 2)
+        assert f"EXPERT [{layer}, {slot}] E{slot} True" in out, out
+        widget_el.locator(f'rect.dpa-expert[data-layer="1"][data-expert="{MOE_SLOTS - 1}"]').hover()
+        assert widget_el.locator(".dpa-hover").inner_text().startswith("expert L1.shared: ")
+        widget_el.screenshot(path=str(shots(tmp_path) / "lab-moe-expert-selected.png"))
+    finally:
+        page.close()

@@ -70,7 +70,7 @@ def is_pre_norm_swiglu(parts) -> bool:
     """Llama's layer layout: one RMSNorm before each block and none after, SiLU-gated MLP."""
     kinds = {kind for _, kind in parts.activation_config[1]}
     return ((parts.norm_kind, *kinds, len(parts.norms)) == PRE_NORM_SWIGLU and parts.gated and not parts.fused
-            and not parts.biases and tuple(parts.block_inputs) == tuple(parts.norms))
+            and not parts.biases and parts.moe is None and tuple(parts.block_inputs) == tuple(parts.norms))
 
 
 def require_pre_norm_swiglu(spec, method: str) -> None:

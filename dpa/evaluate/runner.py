@@ -495,7 +495,7 @@ def sweep(model: nn.Module, tokenizer, settings: Settings, out: str | Path, *, f
     for pt in points:
         if pt["auc"] is None:
             continue
-        w = ",".join(f"{x:g}" for x in pt["weights"].values())
+        w = ",".join(f"{x:g}" for x in pt["weights"].values() if x is not None)
         lines.append(f"{pt['family']},{pt['p']:g},{w},{pt['auc']['paper']['total']:.6g},"
                      f"{pt['auc']['clean']['total']:.6g}")
     write_text(out / "sweep.csv", "\n".join(lines) + "\n")

@@ -6,7 +6,8 @@
  *
  * @typedef Model  The widget's traits, snake_case on both sides (dpa_widgets/circuit.py).
  * @property {Payload} _data                  the attribution as the view draws it
- * @property {Record<string, Detail>} _details  head / neuron details by key ("head:L:H", "neuron:L:N")
+ * @property {Record<string, Detail>} _details  head / neuron / expert details by key ("head:L:H", "neuron:L:N",
+ *   "expert:L:S")
  * @property {boolean} _live                  a model is attached: the controls recompute in the kernel. Saved
  *   state keeps it true (a book page), so the view trusts it only once a kernel answered its "hello"
  *   message (see Kernel below): with no answer the page is static and the controls stay off.
@@ -17,6 +18,7 @@
  * @property {Verification} _verify           the last ablation check ({} = none yet)
  * @property {number[] | null} selected_head  [layer, head]
  * @property {number[] | null} selected_neuron [layer, neuron]
+ * @property {number[] | null} selected_expert [layer, slot] (mixture of experts; null on a dense model)
  * @property {number | null} selected_token   a position
  * @property {Record<string, any>} selection  the selection as JSON (written by this view)
  * @property {string} target                  target token ("" = the model's prediction)
@@ -40,7 +42,7 @@
  * @property {number} target_logit
  * @property {number} completeness_gap
  * @property {string[]} [caveats]             what dpa cannot vouch for (Attribution.caveats)
- * @property {Record<string, number>} weights
+ * @property {Record<string, number>} weights  query, key, value, gate, up (and router, expert on a mixture of experts)
  * @property {string} method
  * @property {string} model_name
  * @property {number} n_layers
@@ -52,19 +54,25 @@
  * @property {{index: number[][], score: number[][]}} neurons  top neurons per layer by |score|
  * @property {[string, number][]} top_predictions
  * @property {Route[] | null} token_routes    per position: the components that route the token
+ * @property {number} [n_experts]             mixture of experts only (absent on a dense model): routed experts
+ * @property {number | null} [d_expert]       ... neurons per routed expert: neuron n of a layer is neuron
+ *   n % d_expert of expert n // d_expert, the shared expert's after n_experts * d_expert (null: not known)
+ * @property {string[]} [expert_names]        ... one per slot: "E0" .. "E{n-1}", then "shared" if there is one
+ * @property {number[][]} [expert_scores]     ... [layer][slot]
  *
  * @typedef Route
  * @property {[number, number, number][]} heads    [layer, head, score of edges with this key]
  * @property {[number, number, number][]} neurons  [layer, neuron, score at this position]
+ * @property {[number, number, number][]} [experts] [layer, slot, score at this position] (mixture of experts)
  *
  * @typedef Detail
- * @property {"head" | "neuron"} kind
+ * @property {"head" | "neuron" | "expert"} kind
  * @property {number} layer
  * @property {number} index
  * @property {number} score
  * @property {number[][] | null} [edges]      head: [query][key] edge scores
  * @property {number[] | null} [by_key]       head: per key position (sum over queries)
- * @property {number[] | null} [by_pos]       neuron: per position
+ * @property {number[] | null} [by_pos]       neuron or expert: per position
  * @property {[string, number][] | null} [promotes]    neuron: tokens its output direction raises
  * @property {[string, number][] | null} [suppresses]
  *
@@ -188,6 +196,73 @@ export function topNeurons(neurons, k, layer = null) {
   return topIndices(all.map((c) => c.score), k).map((i) => all[i]);
 }
 
+// ---------------------------------------------------------------- mixture of experts
+
+/** The payload has expert scores (a mixture-of-experts model). @param {Payload} data */
+export function hasExperts(data) {
+  return Array.isArray(data.expert_scores) && data.expert_scores.length > 0 && data.expert_scores[0].length > 0;
+}
+
+/** A slot's name: "E2", or "shared" for the shared expert. @param {Payload} data @param {number} slot */
+export function expertName(data, slot) {
+  return data.expert_names?.[slot] ?? (slot < (data.n_experts ?? Infinity) ? `E${slot}` : "shared");
+}
+
+/** An expert as shown: "L3.E2", "L3.shared". @param {Payload} data @param {number} layer @param {number} slot */
+export function expertLabel(data, layer, slot) {
+  return `L${layer}.${expertName(data, slot)}`;
+}
+
+/**
+ * Where neuron ``neuron`` of a layer sits: {expert, index} with expert a routed expert's number or
+ * "shared", index the neuron within it; null on a dense model, or when the experts' width is not known.
+ * @param {Payload} data @param {number} neuron
+ * @returns {{expert: number | "shared", index: number} | null}
+ */
+export function neuronInExpert(data, neuron) {
+  const n = data.n_experts, d = data.d_expert;
+  if (!hasExperts(data) || !n || !d) return null;
+  const e = Math.floor(neuron / d);
+  return e < n ? { expert: e, index: neuron % d } : { expert: "shared", index: neuron - n * d };
+}
+
+/**
+ * A neuron as shown: "L3.N101" on a dense model, "L3.E2.N5" (neuron 5 of expert 2) or "L3.S.N5" (of the
+ * shared expert) on a mixture of experts.
+ * @param {Payload} data @param {number} layer @param {number} neuron
+ */
+export function neuronLabel(data, layer, neuron) {
+  const at = neuronInExpert(data, neuron);
+  if (!at) return `L${layer}.N${neuron}`;
+  return `L${layer}.${at.expert === "shared" ? "S" : `E${at.expert}`}.N${at.index}`;
+}
+
+/**
+ * The k experts with the largest |score|: [{layer, slot, score}].
+ * @param {number[][]} scores [layer][slot]
+ * @param {number} k
+ */
+export function topExperts(scores, k) {
+  return topHeads(scores, k).map((c) => ({ layer: c.layer, slot: c.head, score: c.score }));
+}
+
+/**
+ * The neurons of one expert among the layer's top neurons the payload has, by |score|: [{neuron, index, score}]
+ * (index: within the expert). [] when the experts' width is not known.
+ * @param {Payload} data @param {number} layer @param {number} slot
+ */
+export function expertNeurons(data, layer, slot) {
+  const names = data.expert_names ?? [];
+  const want = names[slot] === "shared" ? "shared" : slot;
+  /** @type {{neuron: number, index: number, score: number}[]} */
+  const out = [];
+  (data.neurons.index[layer] ?? []).forEach((n, j) => {
+    const at = neuronInExpert(data, n);
+    if (at && at.expert === want) out.push({ neuron: n, index: at.index, score: data.neurons.score[layer][j] });
+  });
+  return topIndices(out.map((c) => c.score), out.length).map((i) => out[i]);
+}
+
 // ---------------------------------------------------------------- layout
 
 /**
@@ -212,6 +287,30 @@ export function headLayout(nLayers, nHeads, nKv, opts = {}) {
     height: y(nLayers - 1) + cell + 2,
     rowY: y, colX: x,
     group: (/** @type {number} */ h) => Math.floor(h / groupSize),
+  };
+}
+
+/**
+ * Cell positions of the layer x expert heatmap: the routed experts side by side, then the shared expert
+ * (when there is one) after a wider gap. Layer 0 is the top row, as in the head heatmap.
+ * @param {number} nLayers
+ * @param {number} nSlots  routed experts, then the shared one
+ * @param {number} nRouted
+ * @param {{cell?: number, gap?: number, sharedGap?: number, left?: number, top?: number}} [opts]
+ */
+export function expertLayout(nLayers, nSlots, nRouted, opts = {}) {
+  const { cell = 14, gap = 1, sharedGap = 5, left = 30, top = 16 } = opts;
+  const x = (/** @type {number} */ s) => left + s * (cell + gap) + (s >= nRouted ? sharedGap : 0);
+  const y = (/** @type {number} */ l) => top + l * (cell + gap);
+  const cells = [];
+  for (let l = 0; l < nLayers; l++) {
+    for (let s = 0; s < nSlots; s++) cells.push({ layer: l, slot: s, shared: s >= nRouted, x: x(s), y: y(l) });
+  }
+  return {
+    cells, cell,
+    width: (nSlots > 0 ? x(nSlots - 1) + cell : left) + 2,
+    height: (nLayers > 0 ? y(nLayers - 1) + cell : top) + 2,
+    rowY: y, colX: x,
   };
 }
 
@@ -261,9 +360,13 @@ export function axisTicks(n, pitch, minGap, keep = null) {
   return out.sort((a, b) => a - b);
 }
 
-/** The five path weights, named: "query 0.25 · key 0.25 · value 0.50 · gate 0.50 · up 0.50". */
+/**
+ * The path weights, named: "query 0.25 · key 0.25 · value 0.50 · gate 0.50 · up 0.50", then
+ * " · router 0.50 · expert 0.50" on a mixture of experts (where the payload has them).
+ */
 export function weightsText(/** @type {Record<string, number>} */ w) {
-  return ["query", "key", "value", "gate", "up"].map((k) => `${k} ${Number(w[k]).toFixed(2)}`).join(" · ");
+  return ["query", "key", "value", "gate", "up", "router", "expert"].filter((k, i) => i < 5 || typeof w[k] === "number")
+    .map((k) => `${k} ${Number(w[k]).toFixed(2)}`).join(" · ");
 }
 
 /** Mutable so that tests can shorten it: how long the view waits for the kernel's answer. */
@@ -286,7 +389,7 @@ export function offlineReason(kernel, hasModel, kind) {
 /**
  * What is selected, with its scores, as plain JSON (the ``selection`` trait and the download).
  * @param {Payload} data
- * @param {{head: number[]|null, neuron: number[]|null, token: number|null}} sel
+ * @param {{head: number[]|null, neuron: number[]|null, expert?: number[]|null, token: number|null}} sel
  */
 export function selectionPayload(data, sel) {
   /** @type {Record<string, any>} */
@@ -300,6 +403,12 @@ export function selectionPayload(data, sel) {
     const [l, n] = sel.neuron;
     const j = data.neurons.index[l]?.indexOf(n) ?? -1;
     out.neuron = { layer: l, neuron: n, score: j >= 0 ? data.neurons.score[l][j] : null };
+    const at = neuronInExpert(data, n);
+    if (at) Object.assign(out.neuron, { expert: at.expert, index_in_expert: at.index, label: neuronLabel(data, l, n) });
+  }
+  if (sel.expert && hasExperts(data)) {
+    const [l, e] = sel.expert;
+    out.expert = { layer: l, slot: e, name: expertName(data, e), score: data.expert_scores?.[l]?.[e] ?? null };
   }
   if (sel.token !== null && sel.token !== undefined && sel.token < data.tokens.length) {
     const p = sel.token;
@@ -315,7 +424,8 @@ export function escapeXml(s) {
 }
 
 /**
- * A standalone SVG of the view: token strip, head heatmap, MLP totals, legend (light colours).
+ * A standalone SVG of the view: token strip, head heatmap, MLP totals (and the expert heatmap below the heads,
+ * on a mixture of experts), legend (light colours).
  * @param {Payload} data
  * @param {{tokenScores?: number[], heads?: number[][], head?: number[]|null, caption?: string}} [opts]
  */
@@ -349,13 +459,32 @@ export function viewSvg(data, opts = {}) {
   for (let l = 0; l < data.n_layers; l += Math.max(1, Math.ceil(data.n_layers / 10))) {
     parts.push(`<text x="${lay.colX(0) - 4}" y="${lay.rowY(l) + 9}" text-anchor="end">L${l}</text>`);
   }
-  const bx = lay.width + 60, bw = 200, mMax = symmetricMax(data.mlp_totals);
+  // the bars clear the heads caption ("heads (max |score| …)", ~170 px) on narrow models too
+  const bx = Math.max(lay.width + 60, lay.colX(0) + 190), bw = 200, mMax = symmetricMax(data.mlp_totals);
   data.mlp_totals.forEach((v, l) => {
     const w = Math.abs(v) / mMax * bw / 2;
     parts.push(`<rect x="${(v >= 0 ? bx + bw / 2 : bx + bw / 2 - w).toFixed(1)}" y="${lay.rowY(l)}" width="${w.toFixed(1)}" ` +
       `height="10" fill="${divergingColor(v, mMax)}" stroke="#888" stroke-width="0.3"/>`);
   });
-  const height = Math.max(lay.height, hTop + 20) + 20;
+  let bottom = Math.max(lay.height, hTop + 20);
+  if (hasExperts(data) && data.expert_scores) {
+    const slots = data.expert_scores[0].length;
+    const eTop = lay.height + 34;
+    const ecell = Math.max(3, Math.min(10, Math.floor((width - 60) / slots) - 1));
+    const el = expertLayout(data.n_layers, slots, data.n_experts ?? slots, { cell: ecell, left: 40, top: eTop });
+    const eMax = symmetricMax(data.expert_scores.flat());
+    for (const c of el.cells) {
+      parts.push(`<rect x="${c.x}" y="${c.y}" width="${ecell}" height="${ecell}" ` +
+        `fill="${divergingColor(data.expert_scores[c.layer][c.slot], eMax)}"/>`);
+    }
+    for (let l = 0; l < data.n_layers; l += Math.max(1, Math.ceil(data.n_layers / 10))) {
+      parts.push(`<text x="${el.colX(0) - 4}" y="${el.rowY(l) + ecell - 1}" text-anchor="end">L${l}</text>`);
+    }
+    parts.push(`<text x="${el.colX(0)}" y="${eTop - 6}" fill="#555">experts: layer × ` +
+      `${data.n_experts ?? slots} routed${slots > (data.n_experts ?? slots) ? " + shared" : ""} (max |score| ${formatScore(eMax)})</text>`);
+    bottom = el.height;
+  }
+  const height = bottom + 20;
   const t = data.target;
   const title = `${data.model_name || "model"} · target ${JSON.stringify(t.token)}` +
     (t.contrast ? ` vs ${JSON.stringify(t.contrast)}` : "") + ` · ${data.method}`;
@@ -453,7 +582,8 @@ function render({ model, el }) {
     model.set(name, value);
     model.save_changes();
   };
-  const sel = () => ({ head: get("selected_head"), neuron: get("selected_neuron"), token: get("selected_token") });
+  const sel = () => ({ head: get("selected_head"), neuron: get("selected_neuron"), expert: get("selected_expert") ?? null,
+    token: get("selected_token") });
   const writeSelection = () => setTrait("selection", selectionPayload(get("_data"), sel()));
   const detail = (/** @type {string} */ key) => /** @type {Detail | undefined} */ ((get("_details") || {})[key]);
 
@@ -467,7 +597,11 @@ function render({ model, el }) {
     }
     if (s.neuron) {
       const d = detail(`neuron:${s.neuron[0]}:${s.neuron[1]}`);
-      if (d && d.by_pos) return { scores: d.by_pos, caption: `tokens coloured by neuron L${s.neuron[0]}.N${s.neuron[1]} (its contribution at each position)` };
+      if (d && d.by_pos) return { scores: d.by_pos, caption: `tokens coloured by neuron ${neuronLabel(data, s.neuron[0], s.neuron[1])} (its contribution at each position)` };
+    }
+    if (s.expert) {
+      const d = detail(`expert:${s.expert[0]}:${s.expert[1]}`);
+      if (d && d.by_pos) return { scores: d.by_pos, caption: `tokens coloured by expert ${expertLabel(data, s.expert[0], s.expert[1])} (its contribution at each position)` };
     }
     const cmp = get("_comparison") || {};
     if (cmp.level === "input" && cmp.token_scores) return { scores: cmp.token_scores, caption: `input scores · ${cmp.method}` };
@@ -530,7 +664,8 @@ function render({ model, el }) {
       h("label", {}, ["target ", tgt]), typed,
       h("label", {}, ["vs ", foil]),
       h("label", {}, ["weights ", preset]), h("label", { class: "dpa-slider" }, ["p ", p, pval]),
-      h("span", { class: "dpa-muted dpa-weights", title: "path weights μ of the attention (query, key, value) and MLP (gate, up) paths",
+      h("span", { class: "dpa-muted dpa-weights", title: "path weights μ of the attention (query, key, value) and MLP (gate, up) paths" +
+        ("router" in w ? ", and of the router (control) and the experts (content)" : ""),
         text: `μ: ${weightsText(w)}` }),
       h("label", {}, ["method ", method]), h("span", { class: "dpa-rho", text: rho }),
       h("span", { class: "dpa-status", text: busy ? "computing…" : "" }),
@@ -627,6 +762,55 @@ function render({ model, el }) {
     ]);
   }
 
+  /** The layer x expert heatmap (mixture of experts only): rows level with the head heatmap's layers. */
+  function expertsView() {
+    const data = get("_data");
+    const scores = /** @type {number[][]} */ (data.expert_scores);
+    const slots = scores[0].length;
+    const nRouted = Math.min(data.n_experts ?? slots, slots);
+    const max = symmetricMax(scores.flat());
+    const { cell, top } = gridSize(data);
+    const lay = expertLayout(data.n_layers, slots, nRouted, { cell, top });
+    const svg = h("svg", { class: "dpa-experts", width: lay.width, height: lay.height, role: "grid" });
+    const locked = get("selected_expert");
+    const t = get("selected_token");
+    const r = t !== null && data.token_routes ? data.token_routes[t] : null;
+    const routed = new Set(r && r.experts ? r.experts.map(([l, e]) => `${l}:${e}`) : []);
+    for (const c of lay.cells) {
+      const v = scores[c.layer][c.slot];
+      const isSel = locked && locked[0] === c.layer && locked[1] === c.slot;
+      const name = expertLabel(data, c.layer, c.slot);
+      const rect = h("rect", {
+        x: c.x, y: c.y, width: cell, height: cell, fill: divergingColor(v, max),
+        class: "dpa-expert" + (c.shared ? " dpa-shared" : "") + (isSel ? " dpa-locked" : "") +
+          (routed.has(`${c.layer}:${c.slot}`) ? " dpa-routed" : ""),
+        "data-layer": c.layer, "data-expert": c.slot,
+      }, [h("title", { text: `${name}${c.shared ? " (shared expert)" : ""}: ${formatScore(v)}` })]);
+      rect.addEventListener("mouseenter", () => setHover(`expert ${name}: ${formatScore(v)}`));
+      rect.addEventListener("click", () => setTrait("selected_expert", isSel ? null : [c.layer, c.slot]));
+      svg.append(rect);
+    }
+    // axes: layer numbers down the left, expert numbers along the top, "S" over the shared expert
+    for (const l of axisTicks(data.n_layers, cell + 1, 11)) {
+      svg.append(h("text", { x: lay.colX(0) - 4, y: lay.rowY(l) + cell / 2 + 3.5, "text-anchor": "end", class: "dpa-axis dpa-tick", text: `L${l}` }));
+    }
+    const digits = String(Math.max(nRouted - 1, 0)).length;
+    for (const e of axisTicks(nRouted, cell + 1, digits * 6 + 3)) {
+      svg.append(h("text", { x: lay.colX(e) + cell / 2, y: top - 4, "text-anchor": "middle", class: "dpa-axis dpa-tick", text: e }));
+    }
+    for (let e = nRouted; e < slots; e++) {
+      svg.append(h("text", { x: lay.colX(e) + cell / 2, y: top - 4, "text-anchor": "middle", class: "dpa-axis dpa-tick", text: "S" },
+        [h("title", { text: "the shared expert (every token goes through it)" })]));
+    }
+    svg.append(h("text", { x: lay.colX(0) - 4, y: top - 4, "text-anchor": "end", class: "dpa-axis dpa-tick", text: "E" }));
+    const cmp = get("_comparison") || {};
+    const title = "experts (layer × expert)" + (cmp.level === "component" ? " · dpa" : "");
+    return h("section", { class: "dpa-panel dpa-experts-panel" }, [
+      h("div", { class: "dpa-panel-head" }, [h("span", { class: "dpa-caption", text: title }), legend(max, "")]),
+      h("div", { class: "dpa-scroll", "data-scroll": "experts" }, [svg]),
+    ]);
+  }
+
   function neuronsView() {
     const data = get("_data");
     const totals = data.mlp_totals;
@@ -656,9 +840,10 @@ function render({ model, el }) {
       const li = h("li", { class: "dpa-neuron" + (isSel ? " dpa-locked" : "") + (routedN.has(`${c.layer}:${c.neuron}`) ? " dpa-routed" : ""),
         "data-layer": c.layer, "data-neuron": c.neuron }, [
         h("span", { class: "dpa-swatch", style: `background:${divergingColor(c.score, nMax)}` }),
-        h("span", { text: `L${c.layer}.N${c.neuron}` }), h("span", { class: "dpa-num", text: formatScore(c.score) }),
+        h("span", { text: neuronLabel(data, c.layer, c.neuron) }), h("span", { class: "dpa-num", text: formatScore(c.score) }),
       ]);
-      li.addEventListener("mouseenter", () => setHover(`neuron L${c.layer}.N${c.neuron}: ${formatScore(c.score)}`));
+      if (neuronInExpert(data, c.neuron)) li.setAttribute("title", `neuron ${c.neuron} of layer ${c.layer}`);
+      li.addEventListener("mouseenter", () => setHover(`neuron ${neuronLabel(data, c.layer, c.neuron)}: ${formatScore(c.score)}`));
       li.addEventListener("click", () => setTrait("selected_neuron", isSel ? null : [c.layer, c.neuron]));
       list.append(li);
     }
@@ -728,7 +913,8 @@ function render({ model, el }) {
   /** What stands in for details not (yet) here: the kernel sends them on selection; a static page has none. */
   function missing(/** @type {string} */ what) {
     const text = kernel === "live" ? "loading…" : kernel === "connecting" ? "waiting for the kernel…" :
-      `details not exported for this ${what}: this static page only has those of the top heads and neurons ` +
+      `details not exported for this ${what}: this static page only has those of the top heads and neurons` +
+      `${hasExperts(get("_data")) ? " (and experts)" : ""} ` +
       `(and what was selected when it was saved); run the notebook to see them`;
     return h("div", { class: "dpa-muted dpa-missing", text });
   }
@@ -748,11 +934,38 @@ function render({ model, el }) {
     if (s.neuron) {
       const [l, n] = s.neuron;
       const d = detail(`neuron:${l}:${n}`);
-      parts.push(h("div", { class: "dpa-detail-title", text: `neuron L${l}.N${n}` + (d ? ` · ${formatScore(d.score)}` : "") }));
+      parts.push(h("div", { class: "dpa-detail-title", text: `neuron ${neuronLabel(data, l, n)}` + (d ? ` · ${formatScore(d.score)}` : "") }));
+      if (neuronInExpert(data, n)) parts.push(h("div", { class: "dpa-muted", text: `neuron ${n} of layer ${l}'s experts, in order` }));
       if (!d) parts.push(missing("neuron"));
       else {
         parts.push(tokenList(d.promotes, "promotes"), tokenList(d.suppresses, "suppresses"));
         if (!d.by_pos) parts.push(h("div", { class: "dpa-muted", text: "per-position scores need the model" }));
+      }
+    }
+    if (s.expert && hasExperts(data)) {
+      const [l, e] = s.expert;
+      const d = detail(`expert:${l}:${e}`);
+      const shared = expertName(data, e) === "shared";
+      const score = data.expert_scores?.[l]?.[e];
+      parts.push(h("div", { class: "dpa-detail-title dpa-expert-title",
+        text: `expert ${expertLabel(data, l, e)}${shared ? " (shared)" : ""} · ${formatScore(score ?? NaN)}` }));
+      if (!d) parts.push(missing("expert"));
+      else if (!d.by_pos) parts.push(h("div", { class: "dpa-muted", text: "per-position scores need the model (or a result with neuron_positions=True)" }));
+      else {
+        const byPos = d.by_pos;
+        const at = topIndices(byPos, 8).filter((p) => byPos[p] !== 0);
+        parts.push(h("div", { class: "dpa-vocab dpa-expert-positions" }, [h("span", { class: "dpa-muted", text: "at positions: " }),
+          ...(at.length ? at.map((p) => h("code", { title: JSON.stringify(data.tokens[p]), text: `${p} ${tokenLabel(data.tokens[p] ?? "")} ${formatScore(byPos[p])}` }))
+            : [h("span", { class: "dpa-muted", text: "not routed at any position" })])]));
+      }
+      const inside = expertNeurons(data, l, e).slice(0, 8);
+      if (inside.length) {
+        parts.push(h("div", { class: "dpa-vocab" }, [h("span", { class: "dpa-muted", text: "its top neurons: " }),
+          ...inside.map((c) => {
+            const chip = h("code", { class: "dpa-pick", text: `${neuronLabel(data, l, c.neuron)} ${formatScore(c.score)}` });
+            chip.addEventListener("click", () => setTrait("selected_neuron", [l, c.neuron]));
+            return chip;
+          })]));
       }
     }
     if (s.token !== null && s.token < data.tokens.length) {
@@ -764,17 +977,29 @@ function render({ model, el }) {
         parts.push(h("div", { class: "dpa-vocab" }, [h("span", { class: "dpa-muted", text: "heads reading it: " }),
           ...r.heads.map(([l, hd, v]) => h("code", { text: `L${l}.H${hd} ${formatScore(v)}` }))]));
         parts.push(h("div", { class: "dpa-vocab" }, [h("span", { class: "dpa-muted", text: "neurons at it: " }),
-          ...r.neurons.map(([l, n, v]) => h("code", { text: `L${l}.N${n} ${formatScore(v)}` }))]));
+          ...r.neurons.map(([l, n, v]) => h("code", { text: `${neuronLabel(data, l, n)} ${formatScore(v)}` }))]));
+        if (r.experts) {
+          parts.push(h("div", { class: "dpa-vocab" }, [h("span", { class: "dpa-muted", text: "experts at it: " }),
+            ...r.experts.map(([l, e, v]) => h("code", { text: `${expertLabel(data, l, e)} ${formatScore(v)}` }))]));
+        }
       }
     }
     if (!parts.length) {
-      parts.push(h("div", { class: "dpa-muted", text: "hover to preview · click a head, neuron or token to lock it" }));
+      parts.push(h("div", { class: "dpa-muted", text: `hover to preview · click a head, neuron${hasExperts(data) ? ", expert" : ""} or token to lock it` }));
       const top = topHeads(data.head_scores, 8).map((c) => {
         const chip = h("code", { class: "dpa-pick", text: `L${c.layer}.H${c.head} ${formatScore(c.score)}` });
         chip.addEventListener("click", () => setTrait("selected_head", [c.layer, c.head]));
         return chip;
       });
       parts.push(h("div", { class: "dpa-vocab" }, [h("span", { class: "dpa-muted", text: "top heads: " }), ...top]));
+      if (hasExperts(data) && data.expert_scores) {
+        const experts = topExperts(data.expert_scores, 8).map((c) => {
+          const chip = h("code", { class: "dpa-pick", text: `${expertLabel(data, c.layer, c.slot)} ${formatScore(c.score)}` });
+          chip.addEventListener("click", () => setTrait("selected_expert", [c.layer, c.slot]));
+          return chip;
+        });
+        parts.push(h("div", { class: "dpa-vocab" }, [h("span", { class: "dpa-muted", text: "top experts: " }), ...experts]));
+      }
     }
     return h("section", { class: "dpa-panel dpa-detail" }, [
       h("div", { class: "dpa-panel-head" }, [h("span", { class: "dpa-caption", text: "selection" })]), ...parts]);
@@ -824,7 +1049,7 @@ function render({ model, el }) {
       [n.getAttribute("data-scroll") || "", [n.scrollTop, n.scrollLeft]]));
     root.replaceChildren(
       headerView(), controlsView(), tokensView(),
-      h("div", { class: "dpa-main" }, [headsView(), neuronsView(), detailView()]),
+      h("div", { class: "dpa-main" }, [headsView(), ...(hasExperts(get("_data")) ? [expertsView()] : []), neuronsView(), detailView()]),
       hoverLine, footerView(),
     );
     root.querySelectorAll("[data-scroll]").forEach((n) => {
@@ -840,7 +1065,7 @@ function render({ model, el }) {
   }
 
   const onSelect = () => { writeSelection(); redraw(); };
-  const selectionTraits = ["change:selected_head", "change:selected_neuron", "change:selected_token"];
+  const selectionTraits = ["change:selected_head", "change:selected_neuron", "change:selected_expert", "change:selected_token"];
   const viewTraits = ["change:_data", "change:_details", "change:_live", "change:_busy", "change:_error",
     "change:_comparison", "change:_verify", "change:_methods", "change:weights_preset", "change:weights_p",
     "change:contrast", "change:method", "change:top_k"];

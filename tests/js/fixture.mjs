@@ -31,6 +31,25 @@ export function payload() {
 }
 
 /**
+ * The same prompt on a mixture-of-experts model (Qwen2-MoE-like): 2 layers, 3 routed experts of 4 neurons
+ * each, then a shared expert of 6 (d_mlp 18; neuron 13 of a layer is neuron 1 of the shared expert).
+ * @returns {import("../../dpa_widgets/static/circuit.js").Payload}
+ */
+export function moePayload() {
+  const data = payload();
+  return {
+    ...data,
+    d_mlp: 18,
+    neurons: { index: [[5, 13, 0], [2, 9]], score: [[0.5, -0.3, 0.1], [-2, 0.3]] },
+    token_routes: data.token_routes.map((r, j) => ({ ...r, experts: [[j % 2, j % 4, 0.1 * (j + 1)]] })),
+    n_experts: 3,
+    d_expert: 4,
+    expert_names: ["E0", "E1", "E2", "shared"],
+    expert_scores: [[0.2, 0, -0.5, 0.1], [1.2, -0.3, 0, 0.4]],
+  };
+}
+
+/**
  * A fake anywidget model: get/set/on/off/save_changes/send, with change events on set.
  * kernel: true answers the view's {action: "hello"} at once, as CircuitWidget does in a kernel;
  * false is a static page (nothing answers). emit(event, ...args) fires handlers ("msg:custom").
@@ -69,7 +88,8 @@ export function fakeModel(traits, { kernel = true } = {}) {
 export function traits(overrides = {}) {
   return {
     _data: payload(), _details: {}, _live: true, _busy: false, _error: "", _methods: ["dpa", "tokens:gradient"],
-    _comparison: {}, _verify: {}, selected_head: null, selected_neuron: null, selected_token: null, selection: {},
+    _comparison: {}, _verify: {}, selected_head: null, selected_neuron: null, selected_expert: null, selected_token: null,
+    selection: {},
     target: " Mary", contrast: "", weights_preset: "default", weights_p: 0.5, method: "dpa", top_k: 10,
     ...overrides,
   };

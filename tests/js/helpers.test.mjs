@@ -4,9 +4,10 @@ import assert from "node:assert/strict";
 import {
   DIVERGING, symmetricMax, divergingRgb, divergingColor, textColor, formatScore, topIndices, topHeads,
   topNeurons, headLayout, wrapRows, tokenLabel, selectionPayload, escapeXml, viewSvg, axisTicks, shortLabel,
-  weightsText, offlineReason,
+  weightsText, offlineReason, hasExperts, expertName, expertLabel, neuronInExpert, neuronLabel, topExperts,
+  expertNeurons, expertLayout,
 } from "../../dpa_widgets/static/circuit.js";
-import { payload } from "./fixture.mjs";
+import { payload, moePayload } from "./fixture.mjs";
 
 describe("colour scale", () => {
   test("white at zero, the end colours at -max and +max, clipped beyond", () => {
@@ -149,6 +150,8 @@ describe("labels", () => {
   test("weightsText names the five paths", () => {
     assert.equal(weightsText({ query: 0.25, key: 0.25, value: 0.5, gate: 0.5, up: 0.5 }),
       "query 0.25 · key 0.25 · value 0.50 · gate 0.50 · up 0.50");
+    assert.equal(weightsText({ query: 0.25, key: 0.25, value: 0.5, gate: 0.5, up: 0.5, router: 0.5, expert: 0.5 }),
+      "query 0.25 · key 0.25 · value 0.50 · gate 0.50 · up 0.50 · router 0.50 · expert 0.50");
   });
 
   test("offlineReason: connecting, static page, no model, vector target, or none", () => {
@@ -188,5 +191,88 @@ describe("selection and export", () => {
     // background + tokens + heads + MLP bars
     assert.equal(rects, 1 + data.tokens.length + data.n_layers * data.n_heads + data.n_layers);
     assert.equal(svg.match(/stroke="#000"/g).length, 1, "the selected head is outlined");
+  });
+});
+
+describe("mixture of experts", () => {
+  test("hasExperts: only a payload with expert scores", () => {
+    assert.equal(hasExperts(payload()), false);
+    assert.equal(hasExperts(moePayload()), true);
+    assert.equal(hasExperts({ ...moePayload(), expert_scores: [] }), false);
+  });
+
+  test("experts are named E0.. and the shared one 'shared', with or without the names sent", () => {
+    const data = moePayload();
+    assert.deepEqual([0, 1, 2, 3].map((e) => expertName(data, e)), ["E0", "E1", "E2", "shared"]);
+    assert.equal(expertLabel(data, 1, 2), "L1.E2");
+    assert.equal(expertLabel(data, 0, 3), "L0.shared");
+    const unnamed = { ...data, expert_names: undefined };
+    assert.deepEqual([0, 3].map((e) => expertName(unnamed, e)), ["E0", "shared"]);
+  });
+
+  test("a neuron index is the expert's neurons expert by expert, then the shared expert's", () => {
+    const data = moePayload();  // 3 experts x 4 neurons, then 6 shared
+    assert.deepEqual(neuronInExpert(data, 0), { expert: 0, index: 0 });
+    assert.deepEqual(neuronInExpert(data, 5), { expert: 1, index: 1 });
+    assert.deepEqual(neuronInExpert(data, 11), { expert: 2, index: 3 });
+    assert.deepEqual(neuronInExpert(data, 12), { expert: "shared", index: 0 });
+    assert.deepEqual(neuronInExpert(data, 17), { expert: "shared", index: 5 });
+    assert.equal(neuronLabel(data, 3, 5), "L3.E1.N1");
+    assert.equal(neuronLabel(data, 3, 13), "L3.S.N1");
+    assert.equal(neuronInExpert(payload(), 5), null, "dense");
+    assert.equal(neuronLabel(payload(), 3, 101), "L3.N101");
+    assert.equal(neuronLabel({ ...data, d_expert: null }, 3, 13), "L3.N13", "the experts' width unknown");
+  });
+
+  test("routed experts only (Mixtral): no shared expert", () => {
+    const data = { ...moePayload(), n_experts: 4, d_expert: 4, d_mlp: 16, expert_names: ["E0", "E1", "E2", "E3"] };
+    assert.equal(neuronLabel(data, 0, 15), "L0.E3.N3");
+    assert.equal(expertLabel(data, 0, 3), "L0.E3");
+  });
+
+  test("topExperts ranks layer x slot by |score|", () => {
+    assert.deepEqual(topExperts(moePayload().expert_scores, 3), [
+      { layer: 1, slot: 0, score: 1.2 }, { layer: 0, slot: 2, score: -0.5 }, { layer: 1, slot: 3, score: 0.4 }]);
+  });
+
+  test("expertNeurons: the expert's neurons among the layer's top ones, by |score|", () => {
+    const data = moePayload();  // layer 0 top neurons 5 (E1.N1), 13 (S.N1), 0 (E0.N0)
+    assert.deepEqual(expertNeurons(data, 0, 1), [{ neuron: 5, index: 1, score: 0.5 }]);
+    assert.deepEqual(expertNeurons(data, 0, 3), [{ neuron: 13, index: 1, score: -0.3 }]);
+    assert.deepEqual(expertNeurons(data, 0, 2), []);
+    assert.deepEqual(expertNeurons({ ...data, d_expert: null }, 0, 1), []);
+  });
+
+  test("expertLayout: routed experts side by side, the shared one after a wider gap", () => {
+    const lay = expertLayout(2, 4, 3, { cell: 10, gap: 1, sharedGap: 5, left: 0, top: 0 });
+    assert.equal(lay.cells.length, 8);
+    assert.deepEqual([0, 1, 2, 3].map(lay.colX), [0, 11, 22, 38]);
+    assert.deepEqual(lay.cells.filter((c) => c.shared).map((c) => c.slot), [3, 3]);
+    assert.equal(lay.rowY(1), 11);
+    assert.equal(lay.width, 38 + 10 + 2);
+    assert.equal(lay.height, 11 + 10 + 2);
+    const routedOnly = expertLayout(1, 4, 4, { cell: 10, left: 0 });
+    assert.deepEqual([0, 1, 2, 3].map(routedOnly.colX), [0, 11, 22, 33]);
+    assert.equal(new Set(expertLayout(3, 9, 8).cells.map((c) => `${c.x},${c.y}`)).size, 27, "no cells overlap");
+  });
+
+  test("selectionPayload names the expert and the neuron's place in its expert", () => {
+    const data = moePayload();
+    const sel = selectionPayload(data, { head: null, neuron: [0, 13], expert: [1, 3], token: null });
+    assert.deepEqual(sel.expert, { layer: 1, slot: 3, name: "shared", score: 0.4 });
+    assert.deepEqual(sel.neuron, { layer: 0, neuron: 13, score: -0.3, expert: "shared", index_in_expert: 1,
+      label: "L0.S.N1" });
+    const dense = selectionPayload(payload(), { head: null, neuron: [0, 7], expert: null, token: null });
+    assert.deepEqual(dense.neuron, { layer: 0, neuron: 7, score: 0.5 }, "dense neurons as before");
+    assert.equal("expert" in dense, false);
+  });
+
+  test("viewSvg draws the expert heatmap below the heads", () => {
+    const data = moePayload();
+    const svg = viewSvg(data);
+    const rects = svg.match(/<rect /g).length;
+    assert.equal(rects, 1 + data.tokens.length + data.n_layers * data.n_heads + data.n_layers + data.n_layers * 4);
+    assert.match(svg, /experts: layer × 3 routed \+ shared/);
+    assert.doesNotMatch(viewSvg(payload()), /experts/);
   });
 });

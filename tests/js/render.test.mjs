@@ -2,7 +2,7 @@
 import { test, describe, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { Window } from "happy-dom";
-import { fakeModel, traits } from "./fixture.mjs";
+import { fakeModel, traits, moePayload } from "./fixture.mjs";
 
 let window;
 let widget;
@@ -187,6 +187,65 @@ describe("render", () => {
     const { el } = mount();
     assert.equal(el.querySelector(".dpa-weights").textContent,
       "μ: query 0.25 · key 0.25 · value 0.50 · gate 0.50 · up 0.50");
+  });
+
+  test("a dense model has no experts panel and plain neuron labels", () => {
+    const { el } = mount();
+    assert.equal(el.querySelector(".dpa-experts-panel"), null);
+    assert.equal(el.querySelectorAll("rect.dpa-expert").length, 0);
+    const labels = [...el.querySelectorAll(".dpa-neuron span:nth-child(2)")].map((s) => s.textContent);
+    assert.ok(labels.includes("L1.N1") && labels.includes("L0.N7"), labels.join(" "));
+  });
+
+  test("a mixture of experts: the layer × expert heatmap, hover, click and details", () => {
+    const { model, el } = mount({ _data: moePayload() });
+    const panel = el.querySelector(".dpa-experts-panel");
+    assert.ok(panel, "the experts panel is drawn");
+    assert.match(panel.querySelector(".dpa-caption").textContent, /experts \(layer × expert\)/);
+    assert.ok(panel.querySelector(".dpa-legend"), "with its colour legend");
+    assert.equal(el.querySelectorAll("rect.dpa-expert").length, 2 * 4);
+    assert.equal(el.querySelectorAll("rect.dpa-expert.dpa-shared").length, 2);
+    const ticks = [...panel.querySelectorAll("svg.dpa-experts text")].map((t) => t.childNodes[0].textContent);
+    for (const l of ["L0", "L1", "0", "1", "2", "S", "E"]) assert.ok(ticks.includes(l), `${l} in ${ticks}`);
+    const cell = el.querySelector('rect.dpa-expert[data-layer="1"][data-expert="2"]');
+    cell.dispatchEvent(new window.MouseEvent("mouseenter"));
+    assert.equal(el.querySelector(".dpa-hover").textContent, "expert L1.E2: 0");
+    el.querySelector('rect.dpa-expert[data-layer="0"][data-expert="3"]').dispatchEvent(new window.MouseEvent("mouseenter"));
+    assert.equal(el.querySelector(".dpa-hover").textContent, "expert L0.shared: +0.100");
+    el.querySelector('rect.dpa-expert[data-layer="1"][data-expert="0"]').dispatchEvent(new window.MouseEvent("click"));
+    assert.deepEqual(model.get("selected_expert"), [1, 0]);
+    assert.deepEqual(model.get("selection").expert, { layer: 1, slot: 0, name: "E0", score: 1.2 });
+    assert.ok(el.querySelector('rect.dpa-expert.dpa-locked[data-layer="1"][data-expert="0"]'));
+    assert.match(el.querySelector(".dpa-detail").textContent, /expert L1\.E0 · \+1\.20/);
+    assert.match(el.querySelector(".dpa-detail").textContent, /loading…/, "its details come from the kernel");
+    const before = tokenColours(el);
+    model.set("_details", { "expert:1:0": { kind: "expert", layer: 1, index: 0, score: 1.2, by_pos: [0, 0.9, 0, 0.3] } });
+    assert.notDeepEqual(tokenColours(el), before, "the token strip shows the expert's per-position scores");
+    assert.match(el.querySelector(".dpa-tokens-panel .dpa-caption").textContent, /expert L1\.E0/);
+    const at = [...el.querySelectorAll(".dpa-expert-positions code")].map((c) => c.textContent);
+    assert.deepEqual(at, ["1 ·Mary +0.900", "3 ·John +0.300"], "the positions it is routed at, by |score|");
+  });
+
+  test("a mixture of experts: neurons are named by expert, and a token's routes list experts", () => {
+    const { model, el } = mount({ _data: moePayload() });
+    const labels = [...el.querySelectorAll(".dpa-neuron span:nth-child(2)")].map((s) => s.textContent);
+    assert.deepEqual(labels.sort(), ["L0.E0.N0", "L0.E1.N1", "L0.S.N1", "L1.E0.N2", "L1.E2.N1"]);
+    const shared = el.querySelector('.dpa-neuron[data-layer="0"][data-neuron="13"]');
+    shared.dispatchEvent(new window.MouseEvent("mouseenter"));
+    assert.equal(el.querySelector(".dpa-hover").textContent, "neuron L0.S.N1: −0.300");
+    shared.dispatchEvent(new window.MouseEvent("click"));
+    assert.deepEqual(model.get("selected_neuron"), [0, 13], "the trait keeps the layer's flat index");
+    assert.match(el.querySelector(".dpa-detail").textContent, /neuron L0\.S\.N1/);
+    model.set("selected_neuron", null);
+    el.querySelectorAll(".dpa-token")[2].dispatchEvent(new window.MouseEvent("click"));
+    assert.ok(el.querySelector('rect.dpa-expert.dpa-routed[data-layer="0"][data-expert="2"]'));
+    assert.match(el.querySelector(".dpa-detail").textContent, /experts at it: L0\.E2 \+0\.300/);
+  });
+
+  test("a static page says which expert details it lacks", async () => {
+    const { el } = await mountStatic({ _data: moePayload() });
+    el.querySelector('rect.dpa-expert[data-layer="0"][data-expert="1"]').dispatchEvent(new window.MouseEvent("click"));
+    assert.match(el.querySelector(".dpa-detail").textContent, /details not exported for this expert/);
   });
 
   test("cleanup removes every listener", () => {

@@ -1,0 +1,136 @@
+"""Mixture of experts in the linearised model (book: mixture-of-experts; method.md section 2.5).
+
+A sparse block computes y = sum_{e in top-k(x)} w_e(x) E_e(x) (+ sigmoid(x . g) S(x), a shared expert).
+Linearised as every other block: the experts are *content* (each a GLU, linearised as the dense MLP:
+gate path with its ratio frozen, up path), the router is *control*: its weights w_e depend on x through a
+softmax, whose gradient is the router's delta, w_e (lambda . E_e - sum_f w_f lambda . E_f) for a softmax over
+the top k (the attention delta again). The top-k set is frozen at its forward value (the indices carry no
+gradient). mu_expert scales the gradient entering the experts, mu_router the gradient leaving the routing
+weights for the router; mu_router = 0, mu_expert = 1 conserves the target.
+
+dpa runs the experts itself, from the module's 3-D weights (transformers' fused layout: ``gate_up_proj``
+[expert 2*d_expert d_model], ``down_proj`` [expert d_model d_expert]) in a per-expert loop with the same
+arithmetic as transformers' eager loop -- whichever implementation (eager, batched_mm, grouped_mm) the model
+is set to, the values are the same to rounding, and ``families.check_experts`` refuses a module holding
+anything dpa would not read. Taps on the way: an expert's score is w_e . dL/dw_e (what it writes, dotted with
+the target), per position; its neurons' scores a . grad_a, read as u . grad_u on the up half.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from .families import LayerModules
+
+
+def linearise_experts(session, i: int, mods: LayerModules, override: Callable, common: float) -> None:
+    """Install the linearised sparse block of layer ``i``: the experts' forward, and the shared expert's
+    taps and factors. ``common`` is the factor the MLP's input norm already applies."""
+    from .linearise import ACTIVATION_RATIO, Branch, LinearisedActivation, Tap, _factor, wrap
+
+    spec, mu, scores, rec = session.spec, session.weights, session.scores, session.recording
+    anchor = session.anchor
+    router_factor, expert_factor = _factor(mu.router, common), _factor(mu.expert, common)
+    ratio = ACTIVATION_RATIO[spec.activation]
+    experts = mods.experts
+    n, d_e = spec.n_experts, spec.d_expert
+    store = rec.branches if "branches" in session.record else None
+    expert_buffer = neuron_buffer = None
+    if scores is not None:
+        b, t = scores.shape
+        expert_buffer = scores.buffer("expert_positions", i, (b, t, spec.expert_slots))
+        neuron_buffer = scores.buffer("neuron_positions" if scores.positions else "neurons", i,
+                                      (b, t, spec.d_mlp) if scores.positions else (b, spec.d_mlp))
+
+    def add_neurons(rows: Tensor, columns: slice, values: Tensor, t: int) -> None:
+        """values [rows d] at token rows (flattened batch * pos) into the neuron buffer's columns."""
+        if neuron_buffer.dim() == 3:
+            neuron_buffer.view(-1, neuron_buffer.shape[-1])[:, columns].index_add_(0, rows, values)
+        else:
+            neuron_buffer[:, columns].index_add_(0, rows // t, values)
+
+    def glu(x: Tensor, gate: Tensor, up: Tensor, act: nn.Module, rows: Tensor, columns: slice, t: int) -> Tensor:
+        """act(gate) * up, linearised: the gate path with its ratio frozen (mu_gate), the up path (mu_up) with
+        the neuron tap u . grad_u."""
+        if mu.gate == 0:
+            with torch.no_grad():
+                a = act.forward(gate)
+        else:
+            a = LinearisedActivation.apply(gate, act.forward, ratio, mu.gate)
+        if neuron_buffer is not None:
+            sink = lambda v: add_neurons(rows, columns, v.to(neuron_buffer.dtype), t)  # noqa: E731
+            up = Tap.apply(up, anchor, torch.mul, sink, mu.up)
+        elif mu.up != 1:
+            up = Branch.apply(up, mu.up, None, None)
+        return a * up
+
+    def forward(hidden_states: Tensor, top_k_index: Tensor, top_k_weights: Tensor) -> Tensor:
+        rows_total = hidden_states.shape[0]
+        t = scores.shape[1] if scores is not None else rows_total
+        if store is not None:
+            store[("router", i)] = (top_k_index.detach(), top_k_weights.detach())
+        x = (hidden_states.detach() if expert_factor is None else hidden_states if expert_factor == 1
+             else Branch.apply(hidden_states, expert_factor, None, None))
+        if expert_buffer is not None:
+            def reduce(w, g):  # w . dL/dw per (token, slot), summed into [token expert]
+                out = torch.zeros(rows_total, expert_buffer.shape[-1], dtype=expert_buffer.dtype, device=w.device)
+                return out.scatter_add_(1, top_k_index, (w * g).to(out.dtype))
+            sink = lambda v: expert_buffer.view(-1, expert_buffer.shape[-1]).add_(v)  # noqa: E731
+            weights = Tap.apply(top_k_weights, anchor, reduce, sink, router_factor or 0.0)
+        elif router_factor is None:
+            weights = top_k_weights.detach()
+        else:
+            weights = top_k_weights if router_factor == 1 else Branch.apply(top_k_weights, router_factor, None, None)
+        out = torch.zeros_like(hidden_states)
+        transposed = getattr(experts, "is_transposed", False)
+        concatenated = getattr(experts, "is_concatenated", True)
+        for e in torch.unique(top_k_index).tolist():
+            if e >= n:  # an expert-parallel sentinel
+                continue
+            rows, slot = torch.where(top_k_index == e)
+            w_gu, w_down = experts.gate_up_proj[e], experts.down_proj[e]
+            h = x[rows]
+            gu = h @ w_gu if transposed else F.linear(h, w_gu)
+            gate, up = gu.chunk(2, dim=-1) if concatenated else (gu[..., 0::2], gu[..., 1::2])
+            a = glu(h, gate, up, experts.act_fn, rows, slice(e * d_e, (e + 1) * d_e), t)
+            y = a @ w_down if transposed else F.linear(a, w_down)
+            y = y * weights[rows, slot, None]
+            out = out.index_add(0, rows, y.to(out.dtype))
+        return out
+
+    override(experts, forward)
+    if mods.shared is not None:
+        _shared_expert(session, i, mods, override, router_factor, expert_factor, glu, expert_buffer, wrap)
+
+
+def _shared_expert(session, i, mods, override, router_factor, expert_factor, glu, expert_buffer, wrap) -> None:
+    """Qwen2-MoE's shared expert, sigmoid(x . g) S(x): S is content (a GLU, its neurons after the routed
+    experts'), its gate a control path like the router. Its expert score is S(x) . dL/dS, the last slot."""
+    from .linearise import Branch, Tap
+
+    spec, anchor = session.spec, session.anchor
+    shared, d_s = mods.shared, spec.d_shared
+    columns = slice(spec.n_experts * spec.d_expert, spec.n_experts * spec.d_expert + d_s)
+
+    def forward(x: Tensor) -> Tensor:  # the shared GLU from its own projections [rows d_model]
+        t = session.scores.shape[1] if session.scores is not None else x.shape[0]
+        x = x.detach() if expert_factor is None else x if expert_factor == 1 else Branch.apply(x, expert_factor,
+                                                                                                  None, None)
+        rows = torch.arange(x.shape[0], device=x.device)
+        a = glu(x, shared.gate_proj(x), shared.up_proj(x), shared.act_fn, rows, columns, t)
+        y = shared.down_proj(a)
+        if expert_buffer is not None:
+            sink = lambda v: expert_buffer.view(-1, expert_buffer.shape[-1])[:, -1].add_(v)  # noqa: E731
+            y = Tap.apply(y, anchor, lambda y, g: (y * g).sum(-1).to(expert_buffer.dtype), sink, 1)
+        return y
+
+    override(shared, forward)
+    gate_forward = mods.shared_gate.forward
+    if router_factor is None:
+        override(mods.shared_gate, lambda x: gate_forward(x).detach())
+    elif router_factor != 1:
+        override(mods.shared_gate, lambda x: Branch.apply(gate_forward(x), router_factor, None, None))
