@@ -35,8 +35,15 @@ def linearise_experts(session, i: int, mods: LayerModules, override: Callable, c
     spec, mu, scores, rec = session.spec, session.weights, session.scores, session.recording
     anchor = session.anchor
     router_factor, expert_factor = _factor(mu.router, common), _factor(mu.expert, common)
-    ratio = ACTIVATION_RATIO[spec.activation]
     experts = mods.experts
+    clamped = spec.parts.moe.glu == "clamped"
+    if clamped:  # GPT-OSS: act(g) = c(g) sigmoid(alpha c(g)) with c(g) = min(g, limit), linearised as g * ratio
+        alpha, limit = float(experts.alpha), float(experts.limit)
+        act_value = lambda g: g.clamp(max=limit) * torch.sigmoid(g.clamp(max=limit) * alpha)  # noqa: E731
+    ratio = _safe_ratio(act_value) if clamped else ACTIVATION_RATIO[spec.activation]
+    # A bias inside an expert is an input no token owns, inside the expert branch: its share carries mu_expert.
+    inner = 0.0 if expert_factor is None else expert_factor * common
+    bias_sink = scores.sink("bias") if scores is not None else None
     n, d_e = spec.n_experts, spec.d_expert
     store = rec.branches if "branches" in session.record else None
     expert_buffer = neuron_buffer = None
@@ -53,14 +60,29 @@ def linearise_experts(session, i: int, mods: LayerModules, override: Callable, c
         else:
             neuron_buffer[:, columns].index_add_(0, rows // t, values)
 
-    def glu(x: Tensor, gate: Tensor, up: Tensor, act: nn.Module, rows: Tensor, columns: slice, t: int) -> Tensor:
+    def constant(c: Tensor, rows: Tensor, t: int, share: float) -> Tensor:
+        """A bias (or GPT-OSS's + 1) added at token rows: the value, and its share b . grad * share in the bias."""
+        if bias_sink is None or share == 0:
+            return c
+        def reduce(x, g):  # per prompt of the batch
+            out = torch.zeros(scores.shape[0], dtype=scores.dtype, device=x.device)
+            return out.index_add_(0, rows // t, (x * g).sum(-1).to(out.dtype))
+        return Tap.apply(c, anchor, reduce, lambda v: bias_sink(v * share), 0.0)
+
+    def glu(x: Tensor, gate: Tensor, up: Tensor, act: nn.Module | None, rows: Tensor, columns: slice, t: int) -> Tensor:
         """act(gate) * up, linearised: the gate path with its ratio frozen (mu_gate), the up path (mu_up) with
-        the neuron tap u . grad_u."""
+        the neuron tap u . grad_u. GPT-OSS's clamped GLU: act as above, and up' = min(max(u, -limit), limit) + 1,
+        linearised as u * rho(u) (rho frozen) plus the constant 1, an input no token owns (bias share)."""
+        own = act_value if clamped else act.forward
         if mu.gate == 0:
             with torch.no_grad():
-                a = act.forward(gate)
+                a = own(gate)
         else:
-            a = LinearisedActivation.apply(gate, act.forward, ratio, mu.gate)
+            a = LinearisedActivation.apply(gate, own, ratio, mu.gate)
+        if clamped:
+            clip = lambda u: u.clamp(min=-limit, max=limit)  # noqa: E731
+            up = LinearisedActivation.apply(up, clip, _safe_ratio(clip), 1.0)
+            up = up + constant(torch.ones_like(up), rows, t, inner)  # its gradient carries mu_up (the tap below)
         if neuron_buffer is not None:
             sink = lambda v: add_neurons(rows, columns, v.to(neuron_buffer.dtype), t)  # noqa: E731
             up = Tap.apply(up, anchor, torch.mul, sink, mu.up)
@@ -88,6 +110,7 @@ def linearise_experts(session, i: int, mods: LayerModules, override: Callable, c
         out = torch.zeros_like(hidden_states)
         transposed = getattr(experts, "is_transposed", False)
         concatenated = getattr(experts, "is_concatenated", True)
+        biases = getattr(experts, "has_bias", False)
         for e in torch.unique(top_k_index).tolist():
             if e >= n:  # an expert-parallel sentinel
                 continue
@@ -95,9 +118,13 @@ def linearise_experts(session, i: int, mods: LayerModules, override: Callable, c
             w_gu, w_down = experts.gate_up_proj[e], experts.down_proj[e]
             h = x[rows]
             gu = h @ w_gu if transposed else F.linear(h, w_gu)
+            if biases:  # the gate's and up's shares carry their mu: the bias is below their factors
+                gu = gu + constant(experts.gate_up_proj_bias[e].expand_as(gu), rows, t, inner)
             gate, up = gu.chunk(2, dim=-1) if concatenated else (gu[..., 0::2], gu[..., 1::2])
-            a = glu(h, gate, up, experts.act_fn, rows, slice(e * d_e, (e + 1) * d_e), t)
+            a = glu(h, gate, up, getattr(experts, "act_fn", None), rows, slice(e * d_e, (e + 1) * d_e), t)
             y = a @ w_down if transposed else F.linear(a, w_down)
+            if biases:
+                y = y + constant(experts.down_proj_bias[e].expand_as(y), rows, t, inner)
             y = y * weights[rows, slot, None]
             out = out.index_add(0, rows, y.to(out.dtype))
         return out
@@ -105,6 +132,17 @@ def linearise_experts(session, i: int, mods: LayerModules, override: Callable, c
     override(experts, forward)
     if mods.shared is not None:
         _shared_expert(session, i, mods, override, router_factor, expert_factor, glu, expert_buffer, wrap)
+
+
+def _safe_ratio(value: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
+    """value(s) / s, the factor a linearisation freezes, with its limit at s = 0 (the slope there)."""
+    def ratio(s: Tensor) -> Tensor:
+        eps = torch.finfo(s.dtype).tiny
+        small = s.abs() < eps
+        at_zero = (value(torch.full_like(s[:1], 1e-6)) / 1e-6).expand_as(s) if small.any() else None
+        out = value(s) / torch.where(small, torch.ones_like(s), s)
+        return out if at_zero is None else torch.where(small, at_zero, out)
+    return ratio
 
 
 def _shared_expert(session, i, mods, override, router_factor, expert_factor, glu, expert_buffer, wrap) -> None:

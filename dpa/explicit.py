@@ -35,6 +35,13 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return turned if d_rot == x.shape[-1] else torch.cat([turned, x[..., d_rot:]], dim=-1)
 
 
+def _per_feature(spec: ModelSpec, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+    """cos/sin per rotated feature: GPT-OSS's rotary module gives one value per pair (first half, second half)."""
+    if spec.parts.rope_pairs:
+        return torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
+    return cos, sin
+
+
 def attention_forward(spec: ModelSpec, request: Request, mods: LayerModules, index: int, keep: Tensor | None,
                       recording) -> Callable:
     """A replacement for layer ``index``'s attention forward: the module's own projections (and head
@@ -56,12 +63,13 @@ def attention_forward(spec: ModelSpec, request: Request, mods: LayerModules, ind
             q, k = mods.head_norms[0](q), mods.head_norms[1](k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
         if spec.rotates(index):
-            cos, sin = position_embeddings if position_embeddings is not None else recording.rope[index]
+            cos, sin = _per_feature(spec, *(position_embeddings if position_embeddings is not None
+                                            else recording.rope[index]))
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         key = (b, t, x.device)
         if key not in masks:
             masks[key] = attention_mask(_row_mask(request, b, t, x.device), spec.sliding_windows[index])
-        probs = attention_probs(q, k, scaling(spec, mods.attention), masks[key], spec.attn_softcap)
+        probs = attention_probs(q, k, scaling(spec, mods.attention), masks[key], spec.attn_softcap, mods.sinks)
         if keep is not None:
             probs = probs * keep.to(probs.dtype)
         recording.probs[index] = probs
@@ -96,10 +104,11 @@ def probs_from_recording(spec: ModelSpec, model: nn.Module, request: Request, re
         q, k = (_head_norm(get(layer, n), x, parts.norm_kind) for n, x in zip(parts.head_norms, (q, k)))
     q, k = q.transpose(1, 2), k.transpose(1, 2)
     if spec.rotates(index):
-        cos, sin = recording.rope[index]
+        cos, sin = _per_feature(spec, *recording.rope[index])
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
     mask = attention_mask(request.mask, spec.sliding_windows[index])
-    return attention_probs(q, k, scaling(spec, get(layer, parts.attention)), mask, spec.attn_softcap)
+    sinks = get(layer, parts.sinks.rsplit(".", 1)[0]).get_parameter(parts.sinks.rsplit(".", 1)[1]) if parts.sinks else None
+    return attention_probs(q, k, scaling(spec, get(layer, parts.attention)), mask, spec.attn_softcap, sinks)
 
 
 def _head_norm(norm: nn.Module, x: Tensor, kind: str) -> Tensor:

@@ -51,6 +51,9 @@ class Experts:
     experts: str = "mlp.experts"
     shared: str | None = None
     shared_gate: str | None = None
+    glu: str = "act"  # act(gate) * up with the experts' act_fn; "clamped": GPT-OSS's (see experts.py)
+    biases: bool = False  # the experts' projections carry biases (in the bias share)
+    router_bias: bool = False  # the router's logits carry a bias (a control input: see experts.py)
 
 
 @dataclass(frozen=True)
@@ -92,7 +95,7 @@ class Family:
     branches: dict[str, str] = field(default_factory=lambda: {
         "query": "self_attn.q_proj", "key": "self_attn.k_proj", "value": "self_attn.v_proj",
         "gate": "mlp.gate_proj", "up": "mlp.up_proj"})
-    activation: str = "mlp.act_fn"
+    activation: str | None = "mlp.act_fn"
     heads: str = "self_attn.o_proj"
     neurons: str | None = "mlp.down_proj"
     mid: str = "post_attention_layernorm"
@@ -111,6 +114,8 @@ class Family:
     rotary: str | None = "model.rotary_emb"
     partial_rotary: bool = False  # the model's attention rotates only part of each head (partial_rotary_factor)
     moe: Experts | None = None  # a mixture of experts in place of the MLP (then no gate/up branches, no neurons path)
+    sinks: str | None = None  # per-head attention sink logits (GPT-OSS): a column in the softmax that no key owns
+    rope_pairs: bool = False  # the rotary module's cos/sin hold one value per rotated pair (GPT-OSS), not per feature
 
     def with_(self, **changes) -> Family:
         return replace(self, **changes)
@@ -189,9 +194,14 @@ OLMOE = OLMO2.with_(  # pre-norms as Llama (not OLMo 2's post-norms), q/k norms 
     mid=LLAMA.mid, branches=_MOE_BRANCHES, activation="mlp.experts.act_fn", neurons=None, moe=Experts(),
     fixed=(("clip_qkv", None),))
 
+GPT_OSS = Family(  # experts with biases and a clamped swish GLU, a router with a bias, attention sinks, q/k/v/o
+    model_type="gpt_oss", config_class="GptOssConfig", branches=_MOE_BRANCHES, activation=None,  # biases, local
+    neurons=None, biases=True, sinks="self_attn.sinks", rope_pairs=True,  # and global layers, YaRN RoPE
+    moe=Experts(router="mlp.router", glu="clamped", biases=True, router_bias=True))
+
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA2, GEMMA3, OLMO2, PHI3,
                                                           SMOLLM3, GPT2, GPT_NEOX, MIXTRAL, QWEN2_MOE,
-                                                          QWEN3_MOE, OLMOE)}
+                                                          QWEN3_MOE, OLMOE, GPT_OSS)}
 
 
 @dataclass(frozen=True)
@@ -392,7 +402,6 @@ def in_features(module: nn.Module) -> int:
     return weight_rows(module).shape[1]
 
 
-EXPERT_LAYOUT = {"has_gate": True, "has_bias": False, "has_post_expert_norm": False}  # what dpa's experts read
 
 
 def check_experts(layer: nn.Module, family: Family, i: int) -> None:
@@ -406,16 +415,21 @@ def check_experts(layer: nn.Module, family: Family, i: int) -> None:
         raise UnsupportedModelError(f"layers[{i}] has no mixture-of-experts block where the {family.model_type} "
                                     f"description expects one ({err}; mlp_only_layers?)") from None
     names = {n for n, _ in experts.named_parameters()}
-    for flag, want in EXPERT_LAYOUT.items():
+    layout = {"has_gate": True, "has_bias": moe.biases, "has_post_expert_norm": False}  # what dpa's experts read
+    for flag, want in layout.items():
         if getattr(experts, flag, None) != want:
             raise UnsupportedModelError(f"unsupported experts in layers[{i}]: {type(experts).__name__}.{flag} is "
                                         f"{getattr(experts, flag, None)!r} (dpa reads experts with {flag}={want})")
-    if names != {"gate_up_proj", "down_proj"} or experts.gate_up_proj.dim() != 3:
+    read = {"gate_up_proj", "down_proj"} | ({"gate_up_proj_bias", "down_proj_bias"} if moe.biases else set())
+    if names != read or experts.gate_up_proj.dim() != 3:
         raise UnsupportedModelError(f"unsupported experts in layers[{i}]: parameters {sorted(names)}; dpa reads "
-                                    "exactly gate_up_proj and down_proj [expert, out, in], so it would miss the others")
-    if {n for n, _ in router.named_parameters()} != {"weight"}:
-        raise UnsupportedModelError(f"unsupported router in layers[{i}]: parameters "
-                                    f"{sorted(n for n, _ in router.named_parameters())} (dpa knows a bias-free router)")
+                                    f"exactly {', '.join(sorted(read))}, so it would miss the others")
+    if moe.glu == "clamped" and not all(isinstance(getattr(experts, a, None), (int, float)) for a in ("alpha", "limit")):
+        raise UnsupportedModelError(f"unsupported experts in layers[{i}]: the clamped GLU needs numbers alpha, limit")
+    router_params = {n for n, _ in router.named_parameters()}
+    if router_params != ({"weight", "bias"} if moe.router_bias else {"weight"}):
+        raise UnsupportedModelError(f"unsupported router in layers[{i}]: parameters {sorted(router_params)} (the "
+                                    f"{family.model_type} description knows {'weight, bias' if moe.router_bias else 'weight'})")
 
 
 def _check_modules(model: nn.Module, family: Family) -> None:
@@ -536,7 +550,7 @@ class LayerModules:
     block_inputs: tuple[nn.Module, ...]
     head_norms: tuple[nn.Module, ...]
     branches: dict[str, nn.Module]
-    activation: nn.Module
+    activation: nn.Module | None  # None where the experts' GLU is written inline (GPT-OSS)
     heads: nn.Module
     neurons: nn.Module | None  # None for a mixture of experts (its neurons are inside ``experts``)
     mid: nn.Module
@@ -545,6 +559,7 @@ class LayerModules:
     experts: nn.Module | None = None
     shared: nn.Module | None = None  # the shared expert (a GLU MLP) and its gate
     shared_gate: nn.Module | None = None
+    sinks: torch.Tensor | None = None  # attention sink logits [head] (GPT-OSS)
 
     def output(self, name: str, out: torch.Tensor) -> torch.Tensor:
         """Branch ``name``'s part of its projection's output ``out`` (all of it unless fused)."""
@@ -595,9 +610,10 @@ def layer_modules(model: nn.Module, spec: ModelSpec) -> list[LayerModules]:
         block_inputs=tuple(get(layer, n) for n in p.block_inputs),
         head_norms=tuple(get(layer, n) for n in (p.head_norms or ())),
         branches={name: get(layer, path) for name, path in p.branches.items()},
-        activation=get(layer, p.activation), heads=get(layer, p.heads),
+        activation=get(layer, p.activation) if p.activation else None, heads=get(layer, p.heads),
         neurons=get(layer, p.neurons) if p.neurons else None, mid=get(layer, p.mid),
         columns={name: spec.columns(name) for name in p.branches},
+        sinks=get(layer, p.sinks.rsplit(".", 1)[0]).get_parameter(p.sinks.rsplit(".", 1)[1]) if p.sinks else None,
         **({} if p.moe is None else dict(
             router=get(layer, p.moe.router), experts=get(layer, p.moe.experts),
             shared=get(layer, p.moe.shared) if p.moe.shared else None,

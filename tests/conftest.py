@@ -13,7 +13,7 @@ FAMILIES = ("llama", "mistral", "qwen2", "qwen3")  # the SwiGLU families the boo
 ALL_FAMILIES = (*FAMILIES, "gemma2", "gemma3_text", "smollm3", "olmo2", "phi3",  # every family dpa supports:
                 "gpt2", "gpt_neox")  # the autograd suite (test_families_autograd)
 MHA_ONLY = ("gpt2", "gpt_neox")  # families whose configs have no KV-head setting
-MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
+MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss")
 ALL_FAMILIES = (*ALL_FAMILIES, *MOE_FAMILIES)
 LAYOUTS = {"mha": 4, "gqa": 2, "mqa": 1}  # KV heads for 4 query heads
 
@@ -33,6 +33,7 @@ _CONFIGS = {
     "qwen2_moe": transformers.Qwen2MoeConfig,
     "qwen3_moe": transformers.Qwen3MoeConfig,
     "olmoe": transformers.OlmoeConfig,
+    "gpt_oss": transformers.GptOssConfig,
 }
 _MODELS = {
     "llama": transformers.LlamaForCausalLM,
@@ -50,6 +51,7 @@ _MODELS = {
     "qwen2_moe": transformers.Qwen2MoeForCausalLM,
     "qwen3_moe": transformers.Qwen3MoeForCausalLM,
     "olmoe": transformers.OlmoeForCausalLM,
+    "gpt_oss": transformers.GptOssForCausalLM,
 }
 
 
@@ -102,8 +104,10 @@ def float64_norms():
     from transformers.models.qwen2_moe import modeling_qwen2_moe
     from transformers.models.qwen3_moe import modeling_qwen3_moe
 
+    from transformers.models.gpt_oss import modeling_gpt_oss
+
     moe_norms = [modeling_mixtral.MixtralRMSNorm, modeling_qwen2_moe.Qwen2MoeRMSNorm,
-                 modeling_qwen3_moe.Qwen3MoeRMSNorm, modeling_olmoe.OlmoeRMSNorm]
+                 modeling_qwen3_moe.Qwen3MoeRMSNorm, modeling_olmoe.OlmoeRMSNorm, modeling_gpt_oss.GptOssRMSNorm]
     classes, originals = classes + moe_norms, originals + [c.forward for c in moe_norms]
     for c in moe_norms:
         c.forward = _float64_rms_forward(c.forward)
@@ -176,7 +180,7 @@ def tiny_config(family: str, kv_heads: int = 2, **overrides):
     if family in MOE_FAMILIES:  # four experts, two per token; Qwen2-MoE's shared expert; both router kinds
         kwargs.update(num_experts_per_tok=2, pad_token_id=0, bos_token_id=1, eos_token_id=2)
         kwargs["num_local_experts" if family == "mixtral" else "num_experts"] = 4
-        if family != "mixtral":
+        if family not in ("mixtral", "gpt_oss"):
             kwargs.update(norm_topk_prob=family == "qwen3_moe")
         if family in ("qwen2_moe", "qwen3_moe"):
             kwargs.update(moe_intermediate_size=12)
@@ -186,6 +190,11 @@ def tiny_config(family: str, kv_heads: int = 2, **overrides):
         if family == "olmoe":
             kwargs.pop("head_dim")
             kwargs.update(intermediate_size=12)
+        if family == "gpt_oss":  # sliding and full layers, attention sinks, biases; a limit small enough to clamp
+            kwargs.pop("num_experts")
+            kwargs.update(num_local_experts=4, intermediate_size=12, swiglu_limit=0.3, sliding_window=5,
+                          layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                          rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
     if family == "gpt2":
         kwargs = dict(vocab_size=96, n_embd=32, n_inner=48, n_layer=3, n_head=4, n_positions=64,
                       bos_token_id=1, eos_token_id=2, layer_norm_epsilon=1e-2)

@@ -39,9 +39,8 @@ class TestRejects:
                                           num_key_value_heads=2, vocab_size=32, mlp_only_layers=[0])
         with pytest.raises(UnsupportedModelError, match="mlp_only_layers"):  # dense layers among sparse ones
             check_config(cfg)
-        with pytest.raises(UnsupportedModelError, match="model_type='gpt_oss'"):
-            check_config(transformers.GptOssConfig(num_hidden_layers=1, hidden_size=16, num_attention_heads=2,
-                                                   num_key_value_heads=1, head_dim=8, vocab_size=32))
+        with pytest.raises(UnsupportedModelError, match="model_type='deepseek_v3'"):  # no description (MLA)
+            check_config(transformers.DeepseekV3Config(num_hidden_layers=1, hidden_size=16, vocab_size=32))
 
     @pytest.mark.parametrize("setting,value", [("hidden_act", "gelu"), ("mlp_bias", True), ("pretraining_tp", 2)])
     def test_settings(self, setting, value):

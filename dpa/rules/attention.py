@@ -36,10 +36,12 @@ def attention_mask(mask: Tensor, window: int | None) -> Tensor:
     return allowed[None, None] & mask[:, None, None, :] & mask[:, None, :, None]
 
 
-def attention_probs(q: Tensor, k: Tensor, scaling: float, mask: Tensor, softcap: float | None = None) -> Tensor:
+def attention_probs(q: Tensor, k: Tensor, scaling: float, mask: Tensor, softcap: float | None = None,
+                    sinks: Tensor | None = None) -> Tensor:
     """softmax(q k^T * scale) over keys: q [batch head query d_head], k [batch kv_head key d_head],
     mask [batch 1|head query key] (True = may attend) -> [batch head query key], 0 where masked.
-    softcap: the scores become c tanh(score / c) first (Gemma 2)."""
+    softcap: the scores become c tanh(score / c) first (Gemma 2). sinks [head]: one more logit per head in
+    the softmax, attended to by no key (GPT-OSS): the row sums to less than one."""
     b, h, tq, dh = q.shape
     kv = k.shape[1]
     qg = q.reshape(b, kv, h // kv, tq, dh)  # [batch kv_head group query d_head]
@@ -47,6 +49,9 @@ def attention_probs(q: Tensor, k: Tensor, scaling: float, mask: Tensor, softcap:
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     scores = scores.masked_fill(~mask, float("-inf"))
+    if sinks is not None:
+        sink = sinks.to(scores.dtype).view(1, h, 1, 1).expand(b, h, tq, 1)
+        return torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1] * mask.any(-1, keepdim=True)
     return torch.softmax(scores, dim=-1).nan_to_num(0.0)  # fully masked rows (padding) -> 0
 
 
