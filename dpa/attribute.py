@@ -119,7 +119,7 @@ def _run(model: nn.Module, req: Request, dtype: torch.dtype, *, lean: bool, edge
             if not finite(logits):
                 raise NonFiniteError("non-finite logits (NaN or inf): the unembedding overflows on this input")
             req.resolve(logits)
-            probs = softcap(logits, spec.final_softcap).float().softmax(-1)  # the model's own distribution
+            probs = softcap(logits, spec.final_softcap).softmax(-1)  # the model's own distribution, in `dtype`
         capped = spec.final_softcap is not None
         u = torch.stack([target_direction(t, unembed.detach().to(dtype), None if probs is None else probs[b],
                                           (logits[b], spec.final_softcap) if capped and probs is not None else None)
