@@ -69,11 +69,11 @@ def linearise_experts(session, i: int, mods: LayerModules, override: Callable, c
             return out.index_add_(0, rows // t, (x * g).sum(-1).to(out.dtype))
         return Tap.apply(c, anchor, reduce, lambda v: bias_sink(v * share), 0.0)
 
-    def glu(x: Tensor, gate: Tensor, up: Tensor, act: nn.Module | None, rows: Tensor, columns: slice, t: int) -> Tensor:
+    def glu(gate: Tensor, up: Tensor, rows: Tensor, columns: slice, t: int, act: nn.Module | None = None) -> Tensor:
         """act(gate) * up, linearised: the gate path with its ratio frozen (mu_gate), the up path (mu_up) with
         the neuron tap u . grad_u. GPT-OSS's clamped GLU: act as above, and up' = min(max(u, -limit), limit) + 1,
         linearised as u * rho(u) (rho frozen) plus the constant 1, an input no token owns (bias share)."""
-        own = act_value if clamped else act.forward
+        own = act_value if clamped else (act or experts.act_fn).forward
         if mu.gate == 0:
             with torch.no_grad():
                 a = own(gate)
@@ -107,31 +107,68 @@ def linearise_experts(session, i: int, mods: LayerModules, override: Callable, c
             weights = top_k_weights.detach()
         else:
             weights = top_k_weights if router_factor == 1 else Branch.apply(top_k_weights, router_factor, None, None)
-        out = torch.zeros_like(hidden_states)
-        transposed = getattr(experts, "is_transposed", False)
-        concatenated = getattr(experts, "is_concatenated", True)
-        biases = getattr(experts, "has_bias", False)
-        for e in torch.unique(top_k_index).tolist():
-            if e >= n:  # an expert-parallel sentinel
-                continue
-            rows, slot = torch.where(top_k_index == e)
-            w_gu, w_down = experts.gate_up_proj[e], experts.down_proj[e]
-            h = x[rows]
-            gu = h @ w_gu if transposed else F.linear(h, w_gu)
-            if biases:  # the gate's and up's shares carry their mu: the bias is below their factors
-                gu = gu + constant(experts.gate_up_proj_bias[e].expand_as(gu), rows, t, inner)
-            gate, up = gu.chunk(2, dim=-1) if concatenated else (gu[..., 0::2], gu[..., 1::2])
-            a = glu(h, gate, up, getattr(experts, "act_fn", None), rows, slice(e * d_e, (e + 1) * d_e), t)
-            y = a @ w_down if transposed else F.linear(a, w_down)
-            if biases:
-                y = y + constant(experts.down_proj_bias[e].expand_as(y), rows, t, inner)
-            y = y * weights[rows, slot, None]
-            out = out.index_add(0, rows, y.to(out.dtype))
-        return out
+        bias = lambda b, rows: constant(b, rows, t, inner)  # noqa: E731
+        return run_experts(experts, n, d_e, x, top_k_index, weights,
+                           lambda gate, up, rows, cols: glu(gate, up, rows, cols, t), bias)
 
     override(experts, forward)
     if mods.shared is not None:
         _shared_expert(session, i, mods, override, router_factor, expert_factor, glu, expert_buffer, wrap)
+
+
+def run_experts(experts: nn.Module, n: int, d_e: int, x: Tensor, index: Tensor, weights: Tensor,
+                glu: Callable, bias: Callable) -> Tensor:
+    """sum over the routed experts of weight * E_e(x) [tokens d_model], from the experts' fused weights, with
+    transformers' eager arithmetic: ``glu(gate, up, rows, columns)`` gives each expert's activations (columns:
+    its neurons among the layer's), ``bias(b, rows)`` each bias term as it is added."""
+    out = torch.zeros_like(x)
+    transposed = getattr(experts, "is_transposed", False)
+    concatenated = getattr(experts, "is_concatenated", True)
+    biases = getattr(experts, "has_bias", False)
+    for e in torch.unique(index).tolist():
+        if e >= n:  # an expert-parallel sentinel
+            continue
+        rows, slot = torch.where(index == e)
+        w_gu, w_down = experts.gate_up_proj[e], experts.down_proj[e]
+        h = x[rows]
+        gu = h @ w_gu if transposed else F.linear(h, w_gu)
+        if biases:  # the gate's and up's shares carry their mu: the bias is below their factors
+            gu = gu + bias(experts.gate_up_proj_bias[e].expand_as(gu), rows)
+        gate, up = gu.chunk(2, dim=-1) if concatenated else (gu[..., 0::2], gu[..., 1::2])
+        a = glu(gate, up, rows, slice(e * d_e, (e + 1) * d_e))
+        y = a @ w_down if transposed else F.linear(a, w_down)
+        if biases:
+            y = y + bias(experts.down_proj_bias[e].expand_as(y), rows)
+        out = out.index_add(0, rows, (y * weights[rows, slot, None]).to(out.dtype))
+    return out
+
+
+def mask_experts(spec, mods: LayerModules, override: Callable, keep: Tensor) -> None:
+    """The sparse block of one layer with its neurons multiplied by ``keep`` [rows pos|1 d_mlp] (the ablations of
+    the faithfulness protocol and the widget's verify): the model's own values otherwise, and its own gradient."""
+    experts = mods.experts
+    if spec.parts.moe.glu == "clamped":
+        alpha, limit = float(experts.alpha), float(experts.limit)
+        act = lambda g: g.clamp(max=limit) * torch.sigmoid(g.clamp(max=limit) * alpha)  # noqa: E731
+        up_value = lambda u: u.clamp(min=-limit, max=limit) + 1  # noqa: E731
+    else:
+        act, up_value = experts.act_fn.forward, (lambda u: u)
+
+    def flat(x: Tensor) -> Tensor:  # keep as [tokens d_mlp], the rows of the flattened block input
+        return keep.to(x.dtype).expand(-1, x.shape[0] // keep.shape[0] if keep.shape[1] == 1 else -1, -1
+                                       ).reshape(x.shape[0], -1)
+
+    def forward(hidden_states: Tensor, top_k_index: Tensor, top_k_weights: Tensor) -> Tensor:
+        k = flat(hidden_states)
+        glu = lambda gate, up, rows, cols: act(gate) * up_value(up) * k[rows, cols]  # noqa: E731
+        return run_experts(experts, spec.n_experts, spec.d_expert, hidden_states, top_k_index, top_k_weights,
+                           glu, lambda b, rows: b)
+
+    override(experts, forward)
+    if mods.shared is not None:
+        shared, start = mods.shared, spec.n_experts * spec.d_expert
+        override(shared, lambda x: shared.down_proj(shared.act_fn(shared.gate_proj(x)) * shared.up_proj(x)
+                                                    * flat(x)[:, start:]))
 
 
 def _safe_ratio(value: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
@@ -159,7 +196,7 @@ def _shared_expert(session, i, mods, override, router_factor, expert_factor, glu
         x = x.detach() if expert_factor is None else x if expert_factor == 1 else Branch.apply(x, expert_factor,
                                                                                                   None, None)
         rows = torch.arange(x.shape[0], device=x.device)
-        a = glu(x, shared.gate_proj(x), shared.up_proj(x), shared.act_fn, rows, columns, t)
+        a = glu(shared.gate_proj(x), shared.up_proj(x), rows, columns, t, shared.act_fn)
         y = shared.down_proj(a)
         if expert_buffer is not None:
             sink = lambda v: expert_buffer.view(-1, expert_buffer.shape[-1])[:, -1].add_(v)  # noqa: E731

@@ -306,7 +306,12 @@ def instrument(model: nn.Module, request: Request, *, weights: PathWeights | Non
                     hook(_neurons(mods, spec, "recording neuron inputs"), keep_input(recording.neuron_inputs, i),
                          pre=True)
             if neuron_keep and neuron_keep.get(i) is not None:
-                hook(_neurons(mods, spec, "ablating neurons"), _mask_input(neuron_keep[i]), pre=True)
+                if mods.experts is not None and weights is None:  # the experts' neurons, inside dpa's loop
+                    from .experts import mask_experts
+
+                    mask_experts(spec, mods, override, neuron_keep[i])
+                else:
+                    hook(_neurons(mods, spec, "ablating neurons"), _mask_input(neuron_keep[i]), pre=True)
             if explicit or attn_keep is not None:
                 from .explicit import attention_forward
 

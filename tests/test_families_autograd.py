@@ -415,3 +415,36 @@ def test_router_weights_are_for_models_with_experts():
     assert {c.kind for c in top["positive"] + top["negative"]} <= {"head", "neuron", "expert"}
     assert any(c.kind == "expert" for c in res.top_components(50, kinds=("expert",))["positive"]
                + res.top_components(50, kinds=("expert",))["negative"])
+
+
+@pytest.mark.parametrize("family", MOE_FAMILIES)
+def test_ablating_expert_neurons(family):
+    """The faithfulness ablations reach the experts' neurons: keeping all gives the model's logits, keeping none
+    leaves only the experts' biases (none but GPT-OSS's), one neuron off changes the logits by its own part."""
+    from dpa.instrument import instrument, logits_at
+
+    model = tiny_model(family, 2)
+    spec = dpa.spec_for(model)
+    ids = random_ids(8)
+    req = request.build(model, None, [ids])
+
+    def run(value, where=None):
+        keep = {i: torch.full((1, 1, spec.d_mlp), value, dtype=torch.float64) for i in range(spec.n_layers)}
+        if where is not None:
+            keep[where[0]][0, 0, where[1]] = 1 - value
+        with torch.no_grad(), instrument(model, req, neuron_keep=keep) as session:
+            return logits_at(model, req, session.forward())[0]
+
+    torch.testing.assert_close(run(1.0), model(ids[None]).logits[0, -1], rtol=1e-12, atol=1e-12)
+    zeroed = [layer.mlp.register_forward_hook(lambda _m, _a, out: (out[0] * 0, *out[1:]) if isinstance(out, tuple)
+                                              else out * 0) for layer in spec.layers(model)]
+    try:
+        no_mlp = model(ids[None]).logits[0, -1]
+    finally:
+        for h in zeroed:
+            h.remove()
+    if not spec.parts.moe.biases:
+        torch.testing.assert_close(run(0.0), no_mlp, rtol=1e-12, atol=1e-12)
+    res = dpa.attribute(model, None, ids, target=TARGET)
+    layer, neuron = divmod(int(res.neuron_scores.abs().flatten().argmax()), spec.d_mlp)
+    assert not torch.allclose(run(1.0, (layer, neuron)), run(1.0), rtol=1e-9, atol=1e-12)
