@@ -148,6 +148,7 @@ def run_cell(page, index: int, timeout_ms: int = 300_000) -> str:
     A cell finished when its prompt shows an execution count ("[n]:"), not "[*]:".
     """
     cell = page.locator(".jp-Notebook .jp-Cell").nth(index)
+    cell.scroll_into_view_if_needed()  # JupyterLab renders only the cells near the view (below a tall widget)
     prompt = cell.locator(".jp-InputArea-prompt")
     before = prompt.inner_text()
     cell.locator(".jp-InputArea-editor").click()
