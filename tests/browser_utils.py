@@ -131,7 +131,7 @@ def write_notebook(path: Path, cells: list[str]) -> Path:
 
 def open_notebook(page, lab: Lab, name: str, timeout_ms: int = 120_000) -> None:
     """Open ``name`` (relative to the lab root) and wait for its kernel to be idle."""
-    page.goto(f"{lab.url}/lab/tree/{name}")
+    page.goto(f"{lab.url}/lab/tree/{name}?reset")  # ?reset: no notebooks of earlier tests restored beside it
     page.get_by_text(IDLE).first.wait_for(timeout=timeout_ms)
 
 
@@ -147,7 +147,8 @@ def run_cell(page, index: int, timeout_ms: int = 300_000) -> str:
 
     A cell finished when its prompt shows an execution count ("[n]:"), not "[*]:".
     """
-    cell = page.locator(".jp-Notebook .jp-Cell").nth(index)
+    # the notebook in view: a notebook another test left open sits in a hidden tab with cells of its own
+    cell = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .jp-Cell").nth(index)
     cell.scroll_into_view_if_needed()  # JupyterLab renders only the cells near the view (below a tall widget)
     prompt = cell.locator(".jp-InputArea-prompt")
     before = prompt.inner_text()

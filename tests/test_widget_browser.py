@@ -331,7 +331,9 @@ def test_jupyterlab_moe_experts_panel(lab, browser, tmp_path):  # noqa: F811
         page.wait_for_function("() => !document.querySelector('.dpa-circuit select.dpa-target').disabled",
                                timeout=30_000)  # the kernel answered the view's hello: live
         out = run_cell(page, 1)
-        layer, slot = map(int, re.search(r"NOT_SENT \((\d+), (\d+)\)", out).groups())  # a routed expert not sent yet
+        found = re.search(r"NOT_SENT \((\d+), (\d+)\)", out)
+        assert found, out
+        layer, slot = map(int, found.groups())  # a routed expert not sent yet
         widget_el.locator(f'rect.dpa-expert[data-layer="{layer}"][data-expert="{slot}"]').wait_for(timeout=30_000)
         assert widget_el.locator("rect.dpa-expert").count() == 3 * MOE_SLOTS
         widget_el.locator(f'rect.dpa-expert[data-layer="{layer}"][data-expert="{slot}"]').click()
