@@ -67,7 +67,8 @@ class PathWeights:
         return five + ((self.router, self.expert) if self.moe else ())
 
     def to_dict(self) -> dict[str, float]:
-        """The weights by name; router and expert only where set (so a dense model's records read as before)."""
+        """The weights by name; router and expert only where set (a mixture-of-experts model's), so that a dense
+        model's records and run configs read and resume as before those weights existed."""
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
 
     def for_model(self, has_experts: bool, family: str = "this model") -> PathWeights:

@@ -333,43 +333,6 @@ def test_the_explicit_attention_path_reproduces_the_model(model):
         torch.testing.assert_close(ours[b], model(p[None]).logits[0, -1], rtol=1e-10, atol=1e-10)
 
 
-def test_baselines_recomputing_swiglu_layers_refuse_other_families(model):
-    from dpa import baselines
-
-    spec = dpa.spec_for(model)
-    ids = random_ids(6)
-    from dpa.baselines.internals import is_pre_norm_swiglu
-
-    for method in (baselines.ifr, baselines.depass, baselines.mlp_only, baselines.norm_only):
-        if is_pre_norm_swiglu(spec.parts):
-            assert method(model, None, ids, TARGET).token_scores is not None
-        else:
-            with pytest.raises(dpa.UnsupportedModelError, match="pre-norm SwiGLU"):
-                method(model, None, ids, TARGET)
-    res = baselines.gradient(model, None, ids, TARGET)  # model-agnostic methods work on every family
-    assert torch.isfinite(res.token_scores).all()
-
-
-def test_the_widget_and_the_runner_offer_only_baselines_that_handle_the_family(model, tmp_path):
-    from dpa import baselines
-    from dpa.evaluate.runner import Settings, evaluate
-    from dpa_widgets import CircuitWidget
-
-    spec = dpa.spec_for(model)
-    swiglu = spec.family in ("llama", "mistral", "qwen2", "qwen3", "smollm3")  # Llama's layer layout
-    widget = CircuitWidget(dpa.attribute(model, None, random_ids(6), target=TARGET), model, None)
-    assert ("tokens:ifr" in widget._methods) == swiglu and "tokens:gradient" in widget._methods
-    if not swiglu:
-        with pytest.raises(dpa.InputError, match="method must be one of"):
-            widget.method = "tokens:ifr"
-        settings = Settings(dataset="known_1000", unit="input", methods=("dpa", "ifr"), data_dir=str(tmp_path))
-        with pytest.raises(dpa.UnsupportedModelError, match="ifr"):
-            evaluate(model, None, settings, tmp_path / "out", progress=False)
-        assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
-    for fn in baselines.PRE_NORM_SWIGLU_ONLY:
-        assert baselines.supports(fn, spec) == swiglu
-
-
 # --- mixture of experts: transformers' implementations, and experts dpa would not see ---
 
 @pytest.mark.parametrize("family", MOE_FAMILIES)

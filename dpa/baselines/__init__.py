@@ -44,21 +44,26 @@ COMPONENT_METHODS = {
     "activation_patching": activation_patching,
 }
 
-# Methods that recompute each layer from its weights, written for pre-norm SwiGLU layers (they refuse other
-# families by name; see internals.require_pre_norm_swiglu).
-PRE_NORM_SWIGLU_ONLY = frozenset({depass, ifr, component_ifr, mlp_only, norm_only})
+# Methods that recompute each layer from its weights, with its norms placed by the family description (before
+# and/or after each block; internals.Layout). They refuse, by name, a family whose layers they do not read
+# (internals.layout_problem: LayerNorm, fused or biased projections, a non-gated MLP, parallel blocks).
+RECOMPUTE_LAYERS = frozenset({depass, ifr, component_ifr, mlp_only, norm_only})
 
 
 def supports(method, spec) -> bool:
     """Whether ``method`` (a function of ``INPUT_METHODS`` / ``COMPONENT_METHODS``, or a partial of one) handles
-    the family of ``spec``."""
-    from .internals import is_pre_norm_swiglu
+    the family of ``spec``. dpa_mid reads the residual stream between attention and the MLP and each neuron's
+    down projection: a model with parallel blocks (GPT-NeoX) or experts has neither."""
+    from .internals import recomputes
 
-    return getattr(method, "func", method) not in PRE_NORM_SWIGLU_ONLY or is_pre_norm_swiglu(spec.parts)
+    fn = getattr(method, "func", method)
+    if fn is dpa_mid:
+        return not spec.parallel and not spec.n_experts
+    return fn not in RECOMPUTE_LAYERS or recomputes(spec)
 
 
 __all__ = [
-    "COMPONENT_METHODS", "INPUT_METHODS", "PRE_NORM_SWIGLU_ONLY", "activation_patching", "atp", "attention_rollout", "attn_only",
+    "COMPONENT_METHODS", "INPUT_METHODS", "RECOMPUTE_LAYERS", "activation_patching", "atp", "attention_rollout", "attn_only",
     "component_gradient", "component_ifr", "depass", "dpa_component", "dpa_input", "dpa_mid", "gradient", "ifr",
     "input_x_gradient", "integrated_gradients", "last_layer_attention", "mean_attention", "mlp_only", "norm_only",
     "supports",

@@ -3,7 +3,9 @@
 Every residual update is a sum of parts. After attention at position i:
 ``resid_mid_i = resid_pre_i + sum_{h,j} alpha_hij v_hj W_O^h`` (the residual and one part per
 edge); after the GLU: ``resid_post_i = resid_mid_i + sum_n a_{n,i} w_D^n`` (the residual and one
-part per neuron). IFR weighs part z of a sum y by its proximity
+part per neuron). A norm after a block (Gemma 3, OLMo 2) is frozen at its clean-forward scale,
+so each part is what the unit writes through it: ``gain * r_i`` times the part (the parts then
+still sum to the update). IFR weighs part z of a sum y by its proximity
 ``max(0, ||y||_1 - ||y - z||_1)``, normalised over the parts of that sum.
 
 Importance flows from the target position at the top down through these weights: the GLU is
@@ -18,11 +20,10 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
-from torch.nn import functional as F
 
 from ..result import Attribution
 from .common import Prompt, prepare, result
-from .internals import require_pre_norm_swiglu, Layer, forward_internals, head_values
+from .internals import Layer, forward_internals, frozen, head_values, require_layout
 
 _CHUNK = 2 ** 25  # elements per intermediate tensor
 _ROWS = 32  # query rows per attention chunk: smaller chunks skip more of the masked (future) keys
@@ -45,6 +46,8 @@ def attention_weights(layer: Layer) -> tuple[Tensor, Tensor]:
     for start in range(0, t, step):
         stop = min(t, start + step)  # queries start..stop-1 see keys 0..stop-1 only (causal)
         parts = probs[:, start:stop, :stop, None] * vo[:, None, :stop]  # [head query key d_model]
+        if layer.post_attn is not None:  # through the frozen post-norm of each query position
+            parts = parts * layer.post_attn[None, start:stop, None].to(parts.dtype)
         prox = _proximity(y[start:stop], parts.permute(1, 0, 2, 3).reshape(stop - start, h * stop, -1))
         edges[:, start:stop, :stop] = prox.view(stop - start, h, stop).transpose(0, 1)
     own = _proximity(y, resid[:, None, :])[:, 0]  # [query]
@@ -54,15 +57,17 @@ def attention_weights(layer: Layer) -> tuple[Tensor, Tensor]:
 
 def neuron_weights(layer: Layer) -> Tensor:
     """Normalised proximity weights of the neurons in one GLU update [pos d_mlp]."""
-    act = F.silu(layer.gate[0]) * layer.up[0]  # [pos d_mlp]
+    act = layer.act[0] * layer.up[0]  # [pos d_mlp]
     down = layer.weights.down  # [d_model d_mlp]
     resid = layer.resid_mid[0]
-    y = resid + act @ down.T  # [pos d_model]
+    y = resid + layer.mlp_write  # [pos d_model]
     t, n = act.shape
     out = torch.empty_like(act)
     step = max(1, _CHUNK // (n * y.shape[-1]))
     for rows in torch.arange(t).split(step):
         parts = act[rows, :, None] * down.T[None]  # [pos d_mlp d_model]
+        if layer.post_mlp is not None:
+            parts = frozen(parts, layer.post_mlp[rows])
         out[rows] = _proximity(y[rows], parts)
     own = _proximity(y, resid[:, None, :])[:, 0]
     return out / (own + out.sum(-1)).clamp_min(1e-30)[:, None]
@@ -71,8 +76,8 @@ def neuron_weights(layer: Layer) -> Tensor:
 @torch.no_grad()
 def _flow(model: nn.Module, tokenizer, prompt: Prompt, target, contrast, position, components: bool):
     req = prepare(model, tokenizer, prompt, target, contrast, position)
-    require_pre_norm_swiglu(req.spec, "ifr")
-    layers = forward_internals(model, req).layers
+    require_layout(req.spec, "ifr")
+    layers = forward_internals(model, req, decompose=True).layers
     t = req.n_tokens
     importance = torch.zeros(t, dtype=layers[0].resid_pre.dtype, device=req.device)
     importance[req.position(0)] = 1.0  # of each position's residual, top layer first

@@ -208,8 +208,13 @@ class Store:
             part.unlink()
 
 
+def _unembedding(model: nn.Module) -> torch.Tensor:
+    """The unembedding weight (``lm_head``, or GPT-NeoX's ``embed_out``: the family description's path)."""
+    return spec_for(model).unembed(model).weight
+
+
 def _sync(model: nn.Module) -> None:
-    if model.lm_head.weight.device.type == "cuda":
+    if _unembedding(model).device.type == "cuda":
         torch.cuda.synchronize()
 
 
@@ -236,13 +241,14 @@ def evaluate(model: nn.Module, tokenizer, settings: Settings, out: str | Path, *
     spec = spec_for(model)
     unsupported = [name for name, fn in methods.items() if not supports(fn, spec)]
     if unsupported:
-        raise UnsupportedModelError(f"method(s) {', '.join(unsupported)} recompute layers from their weights and are "
-                                    f"written for pre-norm SwiGLU families, not {spec.family}; leave them out "
-                                    "(--methods)")
+        raise UnsupportedModelError(f"method(s) {', '.join(unsupported)} do not handle the layers of {spec.family} "
+                                    "(see dpa.baselines.supports: the methods that recompute layers from their "
+                                    "weights read some layouts only, dpa_mid needs the residual between attention "
+                                    "and a dense MLP); leave them out (--methods)")
     examples = load_examples(settings.dataset, settings.data_dir, seed=settings.seed,
                              n_generated=settings.n_generated)  # missing or malformed data: before any file
     out = run_folder(out, DataError)
-    identity = {**settings.identity(), "weights": asdict(settings.weights),
+    identity = {**settings.identity(), "weights": settings.weights.to_dict(),
                 "model": getattr(model.config, "_name_or_path", "")}
     if group.main:
         check_run_config(out, identity, DataError)
@@ -355,7 +361,7 @@ def _check_kinds(settings: Settings, methods) -> None:
 
 
 def _native_is_float32(model: nn.Module) -> bool:
-    return model.lm_head.weight.dtype in (torch.float32, torch.float64)
+    return _unembedding(model).dtype in (torch.float32, torch.float64)
 
 
 def _complete(row: dict, settings: Settings, model: nn.Module) -> bool:
@@ -390,13 +396,13 @@ def summarize(settings: Settings, methods, store: Store, chosen: list[int], frac
             "auc": auc_summary(fractions, disruption, recovery, unit=settings.unit, paper=paper),
         }
     checked = [store.verdicts[i] for i in sorted(store.verdicts)]
-    device = model.lm_head.weight.device
+    device = _unembedding(model).device
     return {
         "dataset": settings.dataset, "unit": settings.unit,
         "component_units": settings.component_units if settings.unit == "component" else None,
-        "model": getattr(model.config, "_name_or_path", ""), "dtype": str(model.lm_head.weight.dtype),
+        "model": getattr(model.config, "_name_or_path", ""), "dtype": str(_unembedding(model).dtype),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.processor() or platform.machine()})",
-        "torch": torch.__version__, "settings": {**asdict(settings), "weights": asdict(settings.weights)},
+        "torch": torch.__version__, "settings": {**asdict(settings), "weights": settings.weights.to_dict()},
         "fractions": list(fractions), "n_checked": n_checked, "n_valid": sum(r["valid"] for r in checked),
         "n_evaluated": len(chosen), "dropped": dict(Counter(r["reason"] for r in checked if not r["valid"])),
         "p_clean_mean": _mean([store.verdicts[i]["probability"] for i in chosen]),
@@ -470,7 +476,7 @@ def sweep_methods(settings: Settings, families, ps) -> tuple[dict[str, Callable]
             w = PathWeights.preset(family, p)
             name = "dpa[" + ",".join(f"{x:g}" for x in w.as_tuple()) + "]"
             methods[name] = functools.partial(base, weights=w)
-            points.append({"family": family, "p": p, "weights": asdict(w), "method": name})
+            points.append({"family": family, "p": p, "weights": w.to_dict(), "method": name})
     return methods, points
 
 
@@ -495,7 +501,7 @@ def sweep(model: nn.Module, tokenizer, settings: Settings, out: str | Path, *, f
     for pt in points:
         if pt["auc"] is None:
             continue
-        w = ",".join(f"{x:g}" for x in pt["weights"].values() if x is not None)
+        w = ",".join(f"{pt['weights'][k]:g}" for k in ("query", "key", "value", "gate", "up"))
         lines.append(f"{pt['family']},{pt['p']:g},{w},{pt['auc']['paper']['total']:.6g},"
                      f"{pt['auc']['clean']['total']:.6g}")
     write_text(out / "sweep.csv", "\n".join(lines) + "\n")
