@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from .checks import check_int
-from .errors import InputError, InputTypeError, ModelStateError, TargetError
+from .errors import InputError, InputTypeError, ModelStateError, TargetError, UnsupportedModelError
 from .families import ModelSpec, spec_for
 from .targets import TargetSpec, token_id, token_text
 from .weights import PathWeights
@@ -321,8 +321,24 @@ class Sizes:
 
 
 def sizes_of(config) -> Sizes:
-    return Sizes(vocab_size=config.vocab_size, max_positions=config.max_position_embeddings,
-                 d_model=config.hidden_size)
+    """The sizes from a config, also a generic one read without its class (the CLI's early checks): a key the
+    family's config class names otherwise (GPT-2's ``n_positions``) is read through that class's attribute map."""
+    def read(key: str):
+        if hasattr(config, key):
+            return getattr(config, key)
+        from .families import FAMILIES
+
+        family = FAMILIES.get(getattr(config, "model_type", None))
+        if family is not None:
+            import transformers
+
+            alias = getattr(getattr(transformers, family.config_class), "attribute_map", {}).get(key)
+            if alias is not None and hasattr(config, alias):
+                return getattr(config, alias)
+        raise UnsupportedModelError(f"the model's config has no {key}")
+
+    return Sizes(vocab_size=read("vocab_size"), max_positions=read("max_position_embeddings"),
+                 d_model=read("hidden_size"))
 
 
 def _position(position, length: int) -> int:

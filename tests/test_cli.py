@@ -289,3 +289,26 @@ class PageParser(HTMLParser):
     def handle_data(self, data):
         if self._in_token:
             self.token_texts[-1] += data
+
+
+@pytest.mark.parametrize("family", ["gemma2", "phi3", "gpt2", "gpt_neox", "qwen2_moe", "gpt_oss"])
+def test_cli_attributes_every_kind_of_family(family, tmp_path, capsys):
+    """`dpa attribute --model FOLDER` on a saved tiny model of each new kind of family: what the family adds
+    (soft-capped logit, learned positions, expert scores) reaches the JSON, and the gap is the API's."""
+    from .conftest import tiny_config
+
+    folder = save_tiny_model(tmp_path / family)  # the tokenizer; the model is replaced below
+    config = tiny_config(family, 2, vocab_size=128, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    for name in ("model.safetensors", "config.json"):
+        (folder / name).unlink()
+    model.save_pretrained(folder)
+    assert main(["attribute", PROMPT, "--target", " paris", "--model", str(folder), "--json", "-"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    spec = dpa.spec_for(model)
+    assert abs(out["completeness_gap"] - dpa.attribute(model, None, out["token_ids"], target=out["target"]["token_id"]
+                                                        ).completeness_gap) < 1e-4
+    assert (out["target"]["capped_logit"] is not None) == (spec.final_softcap is not None)
+    assert (out["position_scores"] is not None) == (family == "gpt2")
+    assert (out["expert_scores"] is not None) == (spec.n_experts > 0)
