@@ -269,6 +269,7 @@ def _result(model: nn.Module, req: Request, run: Run, b: int, neuron_target: str
                           + (0.0 if positions is None else float(positions.sum()))),
         bias_share=float(s.bias[b]), position_scores=positions, expert_scores=pick(s.experts),
         expert_position_scores=pick(s.expert_positions, slice(None), keep) if neuron_positions else None,
+        d_expert=req.spec.d_expert or None,
         n_kv_heads=req.spec.n_kv_heads, special=req.special(ids),
         top_predictions=[] if top is None else [(name(int(i)), float(p)) for p, i in zip(top.values, top.indices)],
         model_name=getattr(model.config, "_name_or_path", "") or req.spec.family, neuron_target=neuron_target,

@@ -77,6 +77,8 @@ class Attribution:
     position_scores: Tensor | None = None  # [pos] learned position embeddings' share (GPT-2); None without them
     expert_scores: Tensor | None = None  # [layer, expert] mixture of experts: routed experts, then a shared one
     expert_position_scores: Tensor | None = None  # [layer, pos, expert] (with neuron_positions=True)
+    d_expert: int | None = None  # neurons per routed expert: neuron n of a layer is neuron n % d_expert of expert
+    # n // d_expert (the shared expert's after the routed experts'); None for a dense model
 
     @property
     def position_share(self) -> float:
@@ -237,6 +239,10 @@ class Attribution:
             if t is not None and (t.dim() != len(shape) or any(w is not None and w != g
                                                                for w, g in zip(shape, t.shape))):
                 return f"{name} has shape {tuple(t.shape)}, expected {tuple('?' if w is None else w for w in shape)}"
+        if self.d_expert is not None and (not isinstance(self.d_expert, int) or isinstance(self.d_expert, bool)
+                                          or self.d_expert < 1 or self.expert_scores is None or d_mlp is None
+                                          or self.d_expert > d_mlp):
+            return f"d_expert {self.d_expert!r} does not fit the expert and neuron scores"
         if not isinstance(self.target.position, int) or not 0 <= self.target.position < n:
             return f"target.position {self.target.position!r} is outside the {n} tokens"
         return None

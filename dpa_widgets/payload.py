@@ -48,6 +48,8 @@ def expert_layout(result: Attribution,
     if result.expert_scores is None:
         return None
     slots, d_mlp = result.expert_scores.shape[1], result.neuron_scores.shape[1]
+    if experts is None and result.d_expert:  # the result records its experts' width (dpa.attribute does)
+        experts = (slots if slots * result.d_expert == d_mlp else slots - 1, result.d_expert)
     if experts is not None:
         n, d = int(experts[0]), None if experts[1] is None else int(experts[1])
         shared = n == slots - 1
@@ -64,14 +66,6 @@ def expert_names(n_experts: int, slots: int) -> list[str]:
     """The slots' names: "E0" .. "E{n-1}" for the routed experts, then "shared" (the shared expert)."""
     return [f"E{e}" for e in range(n_experts)] + ["shared"] * (slots - n_experts)
 
-
-def weights_dict(w) -> dict[str, float]:
-    """The path weights by name: the five paths, and the router and experts' where set (a mixture of experts)."""
-    out = {"query": w.query, "key": w.key, "value": w.value, "gate": w.gate, "up": w.up}
-    for name in ("router", "expert"):
-        if getattr(w, name, None) is not None:
-            out[name] = getattr(w, name)
-    return out
 
 
 def view_payload(result: Attribution, *, top_neurons: int = 32, routes: int = 8,
@@ -96,7 +90,7 @@ def view_payload(result: Attribution, *, top_neurons: int = 32, routes: int = 8,
         "target_logit": rounded(result.target_logit),
         "completeness_gap": rounded(result.completeness_gap),
         "caveats": result.caveats,
-        "weights": weights_dict(result.weights),
+        "weights": result.weights.to_dict(),
         "method": result.method,
         "model_name": result.model_name,
         "n_layers": n_layers,

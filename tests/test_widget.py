@@ -3,6 +3,7 @@ the live controls recomputing in the kernel, verification, and save_html."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -148,10 +149,12 @@ class TestExpertPayload:
     def test_layout_read_off_the_result(self, moe):
         model, res = moe
         spec = dpa.spec_for(model)
-        # routed experts only share d_mlp evenly; Qwen2-MoE's wider shared expert does not divide it
+        assert payload.expert_layout(res) == (4, spec.d_expert)  # the result records d_expert
+        # a result without it: routed experts alone share d_mlp evenly; Qwen2-MoE's wider shared expert does not
+        bare = dataclasses.replace(res, d_expert=None)
         expected = (4, None) if spec.d_shared else (4, spec.d_expert)
-        assert payload.expert_layout(res) == expected
-        assert payload.view_payload(res)["d_expert"] == expected[1]
+        assert payload.expert_layout(bare) == expected
+        assert payload.view_payload(bare)["d_expert"] == expected[1]
         with pytest.raises(dpa.InputError, match="do not fit"):
             payload.expert_layout(res, (2, spec.d_expert))  # 4 or 5 slots: 4 experts (and a shared one)
         with pytest.raises(dpa.InputError, match="do not fit"):
@@ -197,9 +200,9 @@ class TestExpertPayload:
         w.weights_preset = "attention"  # a recompute keeps the experts on view, and the selection
         assert w._error == "" and w._data["weights"]["query"] == pytest.approx(0.25)
         assert set(w._data) == DENSE_KEYS | EXPERT_KEYS and f"expert:{layer}:{slot}" in w._details
-        static = CircuitWidget(res, selected_expert=[2, 1])  # no model: the layout read off the result
+        static = CircuitWidget(res, selected_expert=[2, 1])  # no model: the layout the result records
         assert static.selected_expert == [2, 1] and "expert:2:1" in static._details
-        assert static._data["d_expert"] == (None if spec.d_shared else spec.d_expert)
+        assert static._data["d_expert"] == spec.d_expert
 
     def test_save_html_carries_the_experts(self, moe, tmp_path):
         model, res = moe
@@ -581,3 +584,20 @@ def test_one_colour_scale_for_the_widget_and_the_reports():
 def test_bad_constructor_arguments_get_dpa_errors(result, model, make, error, names):
     with pytest.raises(error, match=names):
         make(result, model)
+
+
+def test_a_saved_moe_result_names_expert_neurons_without_the_model():
+    """The result records d_expert, so a page built from it alone (no model) names each neuron by its expert,
+    the shared expert's too."""
+    from dpa_widgets import payload
+
+    model = tiny_model("qwen2_moe", 2)
+    res = dpa.attribute(model, None, random_ids(6), target=5)
+    back = dpa.Attribution.from_json(res.to_json())
+    spec = dpa.spec_for(model)
+    assert back.d_expert == spec.d_expert
+    data = payload.view_payload(back)
+    assert (data["n_experts"], data["d_expert"]) == (spec.n_experts, spec.d_expert)
+    assert data["expert_names"][-1] == "shared"
+    assert payload.view_payload(dpa.attribute(tiny_model("llama", 2), None, random_ids(6), target=5)).keys() \
+        == payload.view_payload(back).keys() - {"n_experts", "d_expert", "expert_names", "expert_scores"}
