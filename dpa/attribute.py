@@ -161,7 +161,7 @@ def _after_cap(req: Request, final: Tensor, unembed: Tensor, values: Tensor, cap
     the value itself for a log-probability (whose direction already has the cap linearised), NaN for a vector."""
     out = []
     for b, t in enumerate(req.targets):
-        if t.kind in ("logprob",):
+        if t.kind == "logprob":
             out.append(values[b])
         elif t.kind == "vector":
             out.append(values.new_tensor(float("nan")))

@@ -399,10 +399,8 @@ def _projection(mods: LayerModules, names: list[str], factors: dict, share: Call
                 store[(name, i)] = mods.output(name, out).detach()
         if factor is None:
             return out.detach()
-        if up and not fused:  # the tap passes g * mu_up / common on; no bias here (checked)
-            return Tap.apply(out, anchor, reduce, neuron_sink, factor)
-        if up:  # fused gate/up: the tap first in the backward (it reads the unscaled gradient)
-            return Tap.apply(out, anchor, reduce, neuron_sink, factor)
+        if up:  # the tap reads the unscaled gradient, then passes it on times mu_up / common (per feature
+            return Tap.apply(out, anchor, reduce, neuron_sink, factor)  # where fused); no bias here (checked)
         if _is_one(factor) and bias is None:
             return out
         return Branch.apply(out, factor, bias, share)

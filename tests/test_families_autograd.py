@@ -239,12 +239,20 @@ def autograd_scores(model, ids, mu, target=TARGET):
     return (emb * emb.grad)[0].sum(-1), heads, neurons, positions, experts
 
 
-@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("path", [p for p in PATHS if len(PATHS[p]) == 5])
 def test_each_path_alone_and_the_default_equal_autograd(model, path):
+    check_path_against_autograd(model, path)
+
+
+@pytest.mark.parametrize("family,layout", [(f, lay) for f in MOE_FAMILIES for lay in LAYOUTS])
+@pytest.mark.parametrize("path", [p for p in PATHS if len(PATHS[p]) == 7])
+def test_the_router_and_the_experts_alone_equal_autograd(family, layout, path):
+    check_path_against_autograd(tiny_model(family, LAYOUTS[layout]), path)
+
+
+def check_path_against_autograd(model, path):
     ids = random_ids(9)
     mu = path_weights(model, path)
-    if mu is None:
-        pytest.skip("the model has no router")
     res = dpa.attribute(model, None, ids, target=TARGET, weights=dpa.PathWeights(*mu))
     tokens, heads, neurons, positions, experts = autograd_scores(model, ids, mu)
     torch.testing.assert_close(res.token_scores, tokens, rtol=1e-9, atol=1e-11)

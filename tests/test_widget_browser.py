@@ -77,6 +77,16 @@ def assert_static_controls(widget_el) -> None:
         assert widget_el.locator(selector).is_disabled(), f"{selector} is enabled on a static page"
 
 
+def finish_offline_page(page, widget_el, screenshot, width: int, errors: list, blocked: list) -> None:
+    """The end of every offline-page test: a screenshot, the layout at book widths, no console error and no
+    request to the network."""
+    page.screenshot(path=str(screenshot), full_page=True)
+    if width < 1000:
+        assert_holds_together(page, widget_el)
+    assert not errors, errors
+    assert not blocked, f"the page asked the network for {blocked}"
+
+
 def assert_holds_together(page, widget_el) -> None:
     """At book widths (the page's body narrowed from 900 to 560 px): the "Export:" label sits on its buttons'
     line, the neuron swatches keep their size, the axes are labelled, and nothing sticks out of the widget."""
@@ -234,11 +244,7 @@ def test_saved_live_state_is_static_without_a_kernel(browser, tmp_path, tiny, mo
         widget_el.locator(".dpa-detail").get_by_text("details not exported for this head").wait_for(timeout=5_000)
         widget_el.locator(".dpa-token").nth(3).click()  # a token's routes were sent up front
         widget_el.locator(".dpa-detail").get_by_text("heads reading it").wait_for(timeout=5_000)
-        page.screenshot(path=str(shots(tmp_path) / f"saved-live-state-{width}.png"), full_page=True)
-        if width < 1000:
-            assert_holds_together(page, widget_el)
-        assert not errors, errors
-        assert not blocked, f"the page asked the network for {blocked}"
+        finish_offline_page(page, widget_el, shots(tmp_path) / f"saved-live-state-{width}.png", width, errors, blocked)
     finally:
         page.close()
 
@@ -293,11 +299,7 @@ def test_moe_save_html_shows_the_experts(browser, tmp_path, tiny_moe, width):  #
         detail.locator(".dpa-expert-title").wait_for(timeout=5_000)
         assert detail.locator(".dpa-expert-positions code").count() >= 1, "its per-position scores (exported)"
         assert "tokens coloured by expert" in widget_el.locator(".dpa-tokens-panel .dpa-caption").inner_text()
-        page.screenshot(path=str(shots(tmp_path) / f"save-html-moe-{width}.png"), full_page=True)
-        if width < 1000:
-            assert_holds_together(page, widget_el)
-        assert not errors, errors
-        assert not blocked, f"the page asked the network for {blocked}"
+        finish_offline_page(page, widget_el, shots(tmp_path) / f"save-html-moe-{width}.png", width, errors, blocked)
     finally:
         page.close()
 
