@@ -93,12 +93,16 @@ class Run:
     edges: Tensor | None  # [batch layer head query key]
     effective_targets: Tensor | None  # [batch layer+1 pos d_model]
     capped: Tensor | None = None  # [batch] the value after the final soft-cap (Gemma 2), where there is one
+    graph: object = None  # what a ``Graph`` extension built inside the session (circuit.py)
 
 
 def _run(model: nn.Module, req: Request, dtype: torch.dtype, *, lean: bool, edges: bool, neuron_positions: bool,
-         effective_targets: bool, neuron_target: str, probabilities: bool = True) -> Run:
+         effective_targets: bool, neuron_target: str, probabilities: bool = True, graph=None) -> Run:
+    """The instrumented forward and the linearised backward. ``graph`` (circuit.py) extends the run: it names
+    what to record (``graph.record``) and which recorded tensors' gradients it needs (``graph.tensors``), and
+    ``graph.build(session, grads, directions, values)`` runs inside the session after the scores are settled."""
     spec = req.spec
-    record = set()
+    record = set() if graph is None else set(graph.record)
     if edges:
         record |= {"branches", "head_inputs", "rope"}
     if neuron_target == "mid":
@@ -135,7 +139,9 @@ def _run(model: nn.Module, req: Request, dtype: torch.dtype, *, lean: bool, edge
             extra += [rec.mid[i] for i in range(spec.n_layers)]
         if edges:
             extra += [rec.head_inputs[i] for i in range(spec.n_layers)]
-        grads = session.backward(values.sum(), extra)
+        own = [] if graph is None else graph.tensors(rec, spec)
+        grads = session.backward(values.sum(), extra + own)
+        own, grads = grads[len(extra):], grads[:len(extra)]
         targets = None
         if effective_targets:
             targets = torch.stack([g.to(req.device, dtype) for g in grads[:spec.n_layers + 1]], dim=1)
@@ -147,13 +153,14 @@ def _run(model: nn.Module, req: Request, dtype: torch.dtype, *, lean: bool, edge
             grads = grads[spec.n_layers:]
         scores.settle()
         edge = edge_scores(spec, model, req, rec, grads, dtype) if edges else None
+        built = None if graph is None else graph.build(session, own, u.detach(), values.detach())
     names = ("tokens", "heads", "neurons", "bias")
     bad = [n for n in names if not finite(getattr(scores, n))]
     if bad:
         raise NonFiniteError(f"the {bad[0]} scores are not finite (NaN or inf): the path weights "
                              f"{req.weights.as_tuple()} or the target overflow in {dtype}")
     return Run(scores=scores, values=values.detach(), probs=probs, edges=edge, effective_targets=targets,
-               capped=after_cap)
+               capped=after_cap, graph=built)
 
 
 def _after_cap(req: Request, final: Tensor, unembed: Tensor, values: Tensor, cap: float) -> Tensor:

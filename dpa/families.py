@@ -554,6 +554,9 @@ class LayerModules:
     heads: nn.Module
     neurons: nn.Module | None  # None for a mixture of experts (its neurons are inside ``experts``)
     mid: nn.Module
+    mlp: nn.Module | None = None  # the MLP (or sparse) block, called on its normalised input by the circuit graphs
+    post_norms: tuple[nn.Module | None, nn.Module | None] = (None, None)  # after the attention's and the MLP's
+    # output projections (Gemma, OLMo 2): a unit's write passes them, frozen
     columns: dict[str, slice | torch.Tensor | None] = field(default_factory=dict)  # ModelSpec.columns
     router: nn.Module | None = None
     experts: nn.Module | None = None
@@ -596,6 +599,17 @@ def neuron_direction(mods: LayerModules, spec: ModelSpec, neuron: int) -> torch.
     return weight_rows(mods.shared.down_proj)[:, neuron - spec.n_experts * spec.d_expert]
 
 
+def post_norms(layer: nn.Module, family: Family) -> tuple[nn.Module | None, nn.Module | None]:
+    """The norms after each block's output projection, (attention's, MLP's): the norms that feed no block
+    (Gemma's post-attention and post-feedforward norms, OLMo 2's), in the order the layer runs them."""
+    after = [n for n in family.norms if n not in family.block_inputs]
+    if not after:
+        return (None, None)
+    if len(after) != 2:
+        raise UnsupportedModelError(f"{family.model_type}: expected a norm after each block, found {after}")
+    return (get(layer, after[0]), get(layer, after[1]))
+
+
 _MODULES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -611,7 +625,8 @@ def layer_modules(model: nn.Module, spec: ModelSpec) -> list[LayerModules]:
         head_norms=tuple(get(layer, n) for n in (p.head_norms or ())),
         branches={name: get(layer, path) for name, path in p.branches.items()},
         activation=get(layer, p.activation) if p.activation else None, heads=get(layer, p.heads),
-        neurons=get(layer, p.neurons) if p.neurons else None, mid=get(layer, p.mid),
+        neurons=get(layer, p.neurons) if p.neurons else None, mid=get(layer, p.mid), mlp=get(layer, p.mlp),
+        post_norms=post_norms(layer, p),
         columns={name: spec.columns(name) for name in p.branches},
         sinks=get(layer, p.sinks.rsplit(".", 1)[0]).get_parameter(p.sinks.rsplit(".", 1)[1]) if p.sinks else None,
         **({} if p.moe is None else dict(

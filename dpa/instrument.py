@@ -53,7 +53,8 @@ class Recording:
     final norm's), ``mid[l]`` the residual after attention, ``head_inputs[l]`` / ``neuron_inputs[l]`` the
     tapped inputs (with their graph, for gradients); ``branches[(name, l)]`` the branch outputs, detached;
     ``probs[l]`` alpha from the explicit path (with its graph); ``rope[l]`` the rotary (cos, sin) layer l's
-    attention was given (per layer: Gemma's local and global layers rotate with different bases)."""
+    attention was given (per layer: Gemma's local and global layers rotate with different bases); ``calls[l]``
+    the arguments layer l's attention was called with besides its input (to run the block again: circuit.py)."""
 
     resid: dict[int, Tensor] = field(default_factory=dict)
     mid: dict[int, Tensor] = field(default_factory=dict)
@@ -62,6 +63,7 @@ class Recording:
     branches: dict[tuple[str, int], Tensor] = field(default_factory=dict)
     probs: dict[int, Tensor] = field(default_factory=dict)
     rope: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)
+    calls: dict[int, tuple[tuple, dict]] = field(default_factory=dict)  # attention's other arguments, by layer
 
 
 # --- one lock per model, and the model's state to restore ---
@@ -233,7 +235,7 @@ class Session:
         return list(grads[1:])
 
 
-RECORDABLE = frozenset({"resid", "mid", "branches", "head_inputs", "neuron_inputs", "rope"})
+RECORDABLE = frozenset({"resid", "mid", "branches", "head_inputs", "neuron_inputs", "rope", "calls"})
 
 
 @contextmanager
@@ -291,6 +293,9 @@ def instrument(model: nn.Module, request: Request, *, weights: PathWeights | Non
             if "rope" in record or explicit or attn_keep is not None:
                 handles.append(mods.attention.register_forward_pre_hook(_keep_rope(recording.rope, i),
                                                                         with_kwargs=True))
+            if "calls" in record:
+                handles.append(mods.attention.register_forward_pre_hook(_keep_call(recording.calls, i),
+                                                                        with_kwargs=True))
             if "resid" in record:
                 handles.append(mods.layer.register_forward_pre_hook(_keep_layer_input(recording.resid, i),
                                                                     with_kwargs=True))
@@ -328,6 +333,13 @@ def _keep_layer_input(store: dict, i: int) -> Callable:
     """A pre-hook keeping the residual stream entering decoder layer i."""
     def pre(_module, args, kwargs):
         store[i] = args[0] if args else kwargs["hidden_states"]
+    return pre
+
+
+def _keep_call(store: dict, i: int) -> Callable:
+    """A pre-hook keeping the arguments layer i's attention is called with, all but its input."""
+    def pre(_module, args, kwargs):
+        store[i] = (args[1:], kwargs) if args else ((), {k: v for k, v in kwargs.items() if k != "hidden_states"})
     return pre
 
 

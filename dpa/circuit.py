@@ -1,0 +1,526 @@
+"""Circuit graphs: the direct effect of every kept unit on every other, from one DPA call (method.md section 8;
+book: circuits-as-graphs).
+
+A *unit* is a head at a query position or a neuron at a position (or a component over all positions,
+``positions=False``); ``out_u`` is what it writes into the residual stream (a head's slice of the o_proj input
+through o_proj, a neuron's activation times its down-projection column; through any post-norm, frozen). For a
+unit v with DPA score S_v = z_v . G_v (z_v its slice of the o_proj or down input, G_v the gradient the DPA
+backward brought there), g_v is the gradient of S_v, G_v held fixed, with respect to the residual stream at the
+input of v's block, through that block only, in the linearised model with its mu-weighted branches. Then
+
+    E(u -> v) = out_u . g_v        E(token i -> v) = x_i . g_v[i]        E(u -> target) = out_u . t^(L)
+
+g_v comes from running v's block again on its recorded input (one batch row per unit, the model's own modules,
+linearised as in ``dpa.attribute``) and one backward from G_v: the cost is the DPA call plus one block per kept
+unit. Two identities make it testable: every score is the sum of the unit's outgoing direct effects (out-flow),
+and a unit's incoming effects, with its tokens' and biases', add up to its score under conservative weights
+(in-flow; otherwise the difference is the control paths' part, ``in_gap``). Units left out of a graph go to one
+"rest" node per kept node, so every kept node's in-flow still adds up.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+from . import request as requests
+from .checks import check_bool
+from .errors import InputError, UnsupportedModelError
+from .families import ModelSpec, layer_modules, norm_eps, weight_rows
+from .request import Prompt
+from .result import TargetInfo
+from .rules.norm import GAIN, rms_scale
+from .weights import PathWeights
+
+BLOCKS = ("attention", "mlp")
+LETTER = {"head": "H", "neuron": "N"}
+MAX_UNITS = 20000  # nodes=None on a model this size or a prompt this long: the dense edge matrix would not fit
+
+
+@dataclass(frozen=True)
+class Node:
+    """One node of a circuit graph. ``kind``: token, head, neuron, target or rest. ``index``: the head or
+    neuron (for a token, its position); ``position``: where the unit reads and writes (None for a component over
+    all positions); ``of``: for a rest node, the node whose in-flow it completes."""
+
+    kind: str
+    label: str
+    layer: int | None = None
+    index: int | None = None
+    position: int | None = None
+    of: int | None = None
+
+    @property
+    def block(self) -> int | None:
+        """0 for a head (attention), 1 for a neuron (MLP), None otherwise."""
+        return {"head": 0, "neuron": 1}.get(self.kind)
+
+
+@dataclass
+class Circuit:
+    """A circuit graph: ``nodes`` (tokens, units, the target, then one rest node per unit and the target),
+    ``edges[source, destination]`` the direct effects, ``scores[node]`` each node's DPA score (the target's: the
+    attributed value; a rest node's: the in-flow it carries), ``in_gap[node]`` the part of the score its
+    in-flow does not explain (the control paths; 0 under conservative weights), ``bias_in[node]`` the in-flow
+    no token or unit owns (biases, learned positions), ``out_rest[node]`` the out-flow to units left out."""
+
+    nodes: list[Node]
+    edges: Tensor  # [node node]
+    scores: Tensor  # [node]
+    in_gap: Tensor  # [node]
+    bias_in: Tensor  # [node]
+    out_rest: Tensor  # [node]
+    tokens: list[str]
+    token_ids: list[int]
+    target: TargetInfo
+    target_logit: float
+    weights: PathWeights
+    positions: bool
+    model_name: str = ""
+    _writes: Tensor | None = field(default=None, repr=False)  # [node pos d_model]: out_u of tokens and units
+    _reads: dict = field(default_factory=dict, repr=False)  # unit node -> G_v [pos width] at its tap
+    _direction: Tensor | None = field(default=None, repr=False)  # the target direction u [d_model]
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def index(self, node: int | str | Node) -> int:
+        """A node's index from its label ("L3.H2@5", "tok5", "target", "rest:L3.H2@5"), itself or its index."""
+        if isinstance(node, bool) or not isinstance(node, (int, str, Node)):
+            raise InputError(f"a node is an index, a label or a Node, got {type(node).__name__}")
+        if isinstance(node, int):
+            if not -len(self.nodes) <= node < len(self.nodes):
+                raise InputError(f"node index {node} out of range for {len(self.nodes)} nodes")
+            return node % len(self.nodes)
+        label = node.label if isinstance(node, Node) else node
+        for i, n in enumerate(self.nodes):
+            if n.label == label:
+                return i
+        near = [n.label for n in self.nodes if n.kind not in ("rest",)][:12]
+        raise InputError(f"no node {label!r} in this circuit; nodes include {near}")
+
+    def score(self, node) -> float:
+        return float(self.scores[self.index(node)])
+
+    def edge(self, source, destination) -> float:
+        return float(self.edges[self.index(source), self.index(destination)])
+
+    @property
+    def units(self) -> list[int]:
+        return [i for i, n in enumerate(self.nodes) if n.kind in LETTER]
+
+    @property
+    def target_index(self) -> int:
+        return next(i for i, n in enumerate(self.nodes) if n.kind == "target")
+
+    def influence(self) -> Tensor:
+        """Each node's share of the target through the graph [node]: the target's 1, split among its sources in
+        proportion to |edge| (over every source, rests and tokens included), then down again, node by node."""
+        return influence(self.edges, self.target_index)
+
+    def prune(self, threshold: float = 0.8) -> Circuit:
+        """The graph with the fewest units whose influence on the target (``influence``) adds up to ``threshold``
+        of all units' (tokens and the target always stay); what the dropped units sent goes to the rest nodes."""
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 <= threshold <= 1:
+            raise InputError(f"threshold must be a number in [0, 1], got {threshold!r}")
+        keep = set(prune_units(self.influence(), self.units, float(threshold)))
+        return self._subgraph([i for i in self.units if i in keep])
+
+    def _subgraph(self, units: list[int]) -> Circuit:
+        """This graph keeping only ``units`` (indices of unit nodes): the others' effects join the rests."""
+        nodes = self.nodes
+        tokens = [i for i, n in enumerate(nodes) if n.kind == "token"]
+        t = self.target_index
+        dropped = [i for i in self.units if i not in set(units)]
+        rest_of = {n.of: i for i, n in enumerate(nodes) if n.kind == "rest"}
+        dests = units + [t]
+        keep = tokens + units + [t]
+        rest = torch.stack([self.edges[rest_of[d], d] + self.edges[dropped, d].sum() for d in dests])
+        out_rest = self.out_rest.clone()
+        out_rest[keep] = self.out_rest[keep] + self.edges[keep][:, dropped].sum(1)
+        new = [nodes[i] for i in keep]
+        return _assemble(self, new, self.edges[keep][:, keep], self.scores[keep], rest, self.in_gap[keep],
+                         self.bias_in[keep], out_rest[keep], keep)
+
+    def to_json(self) -> dict[str, Any]:
+        """Everything the widget and the CLI's page draw: nodes with their scores, gaps and influence, and the
+        non-zero edges as [source, destination, effect]."""
+        infl = self.influence()
+        nodes = [dict(id=i, kind=n.kind, label=n.label, layer=n.layer, index=n.index, position=n.position,
+                      of=n.of, score=_num(self.scores[i]), in_gap=_num(self.in_gap[i]), bias_in=_num(self.bias_in[i]),
+                      out_rest=_num(self.out_rest[i]), influence=_num(infl[i])) for i, n in enumerate(self.nodes)]
+        nz = self.edges.nonzero().tolist()
+        edges = [[s, d, _num(self.edges[s, d])] for s, d in nz]
+        return dict(kind="circuit", model=self.model_name, tokens=self.tokens, token_ids=self.token_ids,
+                    target=_target_json(self.target), target_logit=self.target_logit,
+                    weights=self.weights.to_dict(), positions=self.positions, nodes=nodes, edges=edges)
+
+    def save_json(self, path) -> None:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(self.to_json(), f)
+
+    def verify(self, model: nn.Module, tokenizer, edge) -> dict[str, float]:
+        """Path patching on the real model: remove out_u from the residual stream *as read by v's block only*
+        and measure the change of S_v = z_v . G_v (G_v held at its DPA value) and of the target through v (v's
+        write replaced by its patched one, everything else clean). ``edge`` is (source, destination), each an
+        index, a label or a Node. Returns the edge, both changes and their ratios to it."""
+        from .verify_circuit import path_patch
+
+        return path_patch(self, model, tokenizer, edge)
+
+
+def _num(x) -> float | None:
+    v = float(x)
+    return v if math.isfinite(v) else None
+
+
+def _target_json(t: TargetInfo) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return asdict(t)
+
+
+def influence(edges: Tensor, target: int) -> Tensor:
+    """infl[target] = 1, infl[s] = sum_d |E[s, d]| / sum_s' |E[s', d]| * infl[d]: a node's share of the target
+    through every path of the graph (the graph is acyclic: len(edges) rounds reach a fixed point)."""
+    a = edges.abs().double()
+    total = a.sum(0, keepdim=True)
+    a = torch.where(total > 0, a / total.clamp_min(1e-300), torch.zeros_like(a))
+    e = torch.zeros(len(edges), dtype=torch.float64)
+    e[target] = 1
+    infl = e.clone()
+    for _ in range(len(edges)):
+        nxt = e + a @ infl
+        if torch.equal(nxt, infl):
+            break
+        infl = nxt
+    return infl
+
+
+def prune_units(infl: Tensor, units: list[int], threshold: float) -> list[int]:
+    """The fewest ``units`` whose influence adds up to ``threshold`` of theirs in total (ties: the lower index)."""
+    if not units:
+        return []
+    values = infl[units]
+    total = float(values.sum())
+    if total <= 0:
+        return []
+    order = sorted(range(len(units)), key=lambda k: (-float(values[k]), units[k]))
+    kept, running = [], 0.0
+    for k in order:
+        if running >= threshold * total * (1 - 1e-12):
+            break
+        kept.append(units[k])
+        running += float(values[k])
+    return sorted(kept)
+
+
+def circuit(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contrast=None,
+            kind: Literal["logit", "logprob"] = "logit", position: int | None = None,
+            weights: PathWeights | None = None, nodes: int | None = 64, positions: bool = True,
+            multi_token: Literal["error", "first"] = "error") -> Circuit:
+    """The circuit graph of ``target`` at the end of ``prompt``: the ``nodes`` units (heads and neurons, at a
+    position, or per component with ``positions=False``) with the largest |DPA score| (``None``: every unit),
+    the tokens and the target, and every direct effect between them. One DPA call (the same request step and
+    instrumented model as ``dpa.attribute``, whose arguments these are) plus one block per kept unit."""
+    from .attribute import _run
+
+    positions = check_bool("positions", positions)
+    if nodes is not None and (isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1):
+        raise InputError(f"nodes must be a positive int (how many units to keep) or None (all), got {nodes!r}")
+    if isinstance(prompt, (list, tuple)) and prompt and not isinstance(prompt[0], int):
+        raise InputError("dpa.circuit takes one prompt (a string or token ids), not a list of prompts")
+    req = requests.build(model, tokenizer, prompt, target, contrast=contrast, kind=kind, position=position,
+                         weights=weights, multi_token=multi_token, batch=False)
+    spec = req.spec
+    if spec.n_experts:
+        raise UnsupportedModelError(f"circuit graphs on a mixture of experts ({spec.family}) are not supported yet: "
+                                    "the DPA scores themselves (dpa.attribute) are")
+    dtype = torch.float64 if spec.embed(model).weight.dtype == torch.float64 else torch.float32
+    graph = _Graph(nodes, positions)
+    run = _run(model, req, dtype, lean=False, edges=False, neuron_positions=False, effective_targets=False,
+               neuron_target="output", probabilities=True, graph=graph)
+    from .attribute import _result
+
+    info = _result(model, req, run, 0, "output", False)
+    g = run.graph
+    return Circuit(nodes=g["nodes"], edges=g["edges"], scores=g["scores"], in_gap=g["in_gap"], bias_in=g["bias_in"],
+                   out_rest=g["out_rest"], tokens=info.tokens, token_ids=info.token_ids, target=info.target,
+                   target_logit=info.target_logit, weights=req.weights, positions=positions,
+                   model_name=info.model_name, _writes=g["writes"], _reads=g["reads"], _direction=g["direction"])
+
+
+def _assemble(parent: Circuit | None, nodes: list[Node], edges: Tensor, scores: Tensor, rest: Tensor,
+              in_gap: Tensor, bias_in: Tensor, out_rest: Tensor, keep: list[int] | None = None, **fields) -> Any:
+    """Append one rest node per unit and the target to ``nodes`` (sources of ``rest``, in the same order) and
+    build the Circuit (from ``parent``'s other fields, ``keep`` its kept nodes) or the fields' dict."""
+    dests = [i for i, n in enumerate(nodes) if n.kind in LETTER or n.kind == "target"]
+    n, r = len(nodes), len(dests)
+    full = torch.zeros(n + r, n + r, dtype=edges.dtype)
+    full[:n, :n] = edges
+    rests = []
+    for k, d in enumerate(dests):
+        full[n + k, d] = rest[k]
+        rests.append(Node("rest", f"rest:{nodes[d].label}", nodes[d].layer, None, nodes[d].position, of=d))
+    pad = lambda x, fill=0.0: torch.cat([x, torch.full((r,), fill, dtype=x.dtype)])  # noqa: E731
+    out = dict(nodes=nodes + rests, edges=full, scores=torch.cat([scores, rest.to(scores.dtype)]),
+               in_gap=pad(in_gap), bias_in=pad(bias_in), out_rest=pad(out_rest))
+    if parent is None:
+        return {**out, **fields}
+    from dataclasses import replace
+
+    writes = None if parent._writes is None else parent._writes[[i for i in keep if parent.nodes[i].kind != "target"]]
+    reads = {keep.index(i): v for i, v in parent._reads.items() if i in keep}
+    return replace(parent, **out, _writes=writes, _reads=reads)
+
+
+class _Graph:
+    """The extension of one DPA run (``attribute._run``) that builds the graph inside its session."""
+
+    record = frozenset({"resid", "mid", "head_inputs", "neuron_inputs", "calls"})
+
+    def __init__(self, nodes: int | None, positions: bool):
+        self.n_units, self.positions = nodes, positions
+
+    def tensors(self, rec, spec: ModelSpec) -> list[Tensor]:
+        """Whose gradients the DPA backward must return: the final residual (t^(L)), every o_proj and down input."""
+        return ([rec.resid[spec.n_layers]] + [rec.head_inputs[i] for i in range(spec.n_layers)]
+                + [rec.neuron_inputs[i] for i in range(spec.n_layers)])
+
+    def build(self, session, grads: list[Tensor], directions: Tensor, values: Tensor) -> dict:
+        return build_graph(session, grads, directions[0], float(values[0]), self.n_units, self.positions)
+
+
+def build_graph(session, grads: list[Tensor], direction: Tensor, value: float, n_units: int | None,
+                positions: bool) -> dict:
+    model, req, spec, rec = session.model, session.request, session.spec, session.recording
+    scores = session.scores
+    dtype = scores.dtype
+    L, t_len = spec.n_layers, req.n_tokens
+    mods = layer_modules(model, spec)
+    # Snapshots of what the forward recorded (running the blocks again overwrites the recording).
+    resid = {i: rec.resid[i][0].detach().to(dtype) for i in range(L + 1)}
+    mid = {i: rec.mid[i][0].detach().to(dtype) for i in range(L)}
+    calls = dict(rec.calls)
+    z = {(i, 0): rec.head_inputs[i][0].detach().to(dtype) for i in range(L)}
+    z.update({(i, 1): rec.neuron_inputs[i][0].detach().to(dtype) for i in range(L)})
+    t_final = grads[0][0].to(dtype)
+    big = {(i, 0): grads[1 + i][0].to(dtype) for i in range(L)}
+    big.update({(i, 1): grads[1 + L + i][0].to(dtype) for i in range(L)})
+    width = {0: spec.d_head, 1: 1}
+    # unit scores S = z . G per unit: [layer pos unit] for heads and neurons
+    per = {b: torch.stack([(z[(i, b)] * big[(i, b)]).view(t_len, -1, width[b]).sum(-1) for i in range(L)])
+           for b in (0, 1)}
+    units = _select(per, n_units, positions, spec)
+    with torch.no_grad():
+        emb = spec.embed(model)(req.input_ids)[0].detach().to(dtype)
+    learned = resid[0] - emb if spec.positions(model) is not None else None
+
+    writes = torch.stack([_write(mods[u.layer], spec, u, z[(u.layer, u.block)], dtype) for u in units]) \
+        if units else torch.zeros(0, t_len, spec.d_model, dtype=dtype)
+    g, inblock, reads = _pullbacks(session, mods, units, resid, mid, calls, z, big, dtype)
+    # the target as a destination: t^(L) at the final residual, its in-block bias the final norm's beta . u
+    beta = getattr(spec.final_norm(model), "bias", None)
+    g = torch.cat([g, t_final[None]])
+    inblock = torch.cat([inblock, torch.tensor([0.0 if beta is None else float(beta.to(dtype) @ direction.to(dtype))],
+                                               dtype=dtype)])
+    reads_at = [_read_slot(spec, u) for u in units] + [2 * L]
+    xin = torch.stack([resid[u.layer] if u.block == 0 or spec.parallel else mid[u.layer] for u in units]
+                      + [resid[L]])
+    total = (g * xin).sum((1, 2))
+    tok_in = (g * emb).sum(-1)  # [dest pos]
+    pos_in = (g * learned).sum((1, 2)) if learned is not None else torch.zeros_like(total)
+    bias_w = _bias_writes(mods, spec, dtype)  # slot -> [d_model]
+    gsum = g.sum(1)  # [dest d_model]
+    biasw_in = torch.stack([sum((b @ gsum[k] for s, b in bias_w.items() if s < reads_at[k]),
+                                torch.zeros((), dtype=dtype)) for k in range(len(reads_at))])
+    slots = [2 * u.layer + u.block for u in units]
+    below = torch.tensor([[s < r for r in reads_at] for s in slots], dtype=torch.bool).reshape(len(units), -1)
+    unit_edges = torch.einsum("upd,vpd->uv", writes, g) * below  # [unit dest]
+    unit_scores = torch.stack([_unit_score(per, u) for u in units]) if units else torch.zeros(0, dtype=dtype)
+    dest_scores = torch.cat([unit_scores, torch.tensor([value], dtype=dtype)])
+    rest = total - tok_in.sum(1) - pos_in - biasw_in - unit_edges.sum(0)
+    in_gap = dest_scores - total - inblock
+    bias_in = pos_in + biasw_in + inblock
+
+    # nodes: tokens, units, target; edges among them
+    tokens = [Node("token", f"tok{i}", None, i, i) for i in range(t_len)]
+    target_node = Node("target", "target", None, None, int(req.positions[0]))
+    nodes = tokens + units + [target_node]
+    n_tok, n_u = t_len, len(units)
+    edges = torch.zeros(len(nodes), len(nodes), dtype=dtype)
+    dest_index = list(range(n_tok, n_tok + n_u)) + [n_tok + n_u]
+    edges[:n_tok, dest_index] = tok_in.T
+    edges[n_tok:n_tok + n_u, dest_index] = unit_edges
+    all_scores = torch.cat([scores.tokens[0].to(dtype), unit_scores, torch.tensor([value], dtype=dtype)])
+    zero = torch.zeros(n_tok, dtype=dtype)
+    out_rest = all_scores - edges.sum(1)
+    out_rest[-1] = 0.0
+    fields = dict(writes=torch.cat([emb[:, None, :] * torch.eye(t_len, dtype=dtype)[:, :, None], writes]),
+                  reads={n_tok + k: r for k, r in enumerate(reads)}, direction=direction.detach().to(dtype))
+    return _assemble(None, nodes, edges, all_scores, rest, torch.cat([zero, in_gap]),
+                     torch.cat([zero, bias_in]), out_rest, **fields)
+
+
+def _select(per: dict[int, Tensor], n_units: int | None, positions: bool, spec: ModelSpec) -> list[Node]:
+    """The units with the largest |score| (all with ``n_units=None``), in graph order: layer, block, position."""
+    flat = {b: (per[b] if positions else per[b].sum(1, keepdim=True)) for b in (0, 1)}  # [layer pos|1 unit]
+    sizes = [flat[0].numel(), flat[1].numel()]
+    if n_units is None and sum(sizes) > MAX_UNITS:
+        raise InputError(f"nodes=None keeps all {sum(sizes)} units of this model and prompt, and the edge matrix "
+                         f"would not fit; keep fewer (nodes=64) or use positions=False")
+    both = torch.cat([flat[0].flatten(), flat[1].flatten()])
+    k = both.numel() if n_units is None else min(n_units, both.numel())
+    picked = torch.topk(both.abs(), k).indices.tolist()
+    out = []
+    for j in picked:
+        b = 0 if j < sizes[0] else 1
+        layer, pos, index = torch.unravel_index(torch.tensor(j - (0 if b == 0 else sizes[0])), flat[b].shape)
+        kind = ("head", "neuron")[b]
+        p = int(pos) if positions else None
+        label = f"L{int(layer)}.{LETTER[kind]}{int(index)}" + (f"@{p}" if positions else "")
+        out.append(Node(kind, label, int(layer), int(index), p))
+    return sorted(out, key=lambda u: (u.layer, u.block, -1 if u.position is None else u.position, u.index))
+
+
+def _unit_score(per: dict[int, Tensor], u: Node) -> Tensor:
+    s = per[u.block][u.layer][:, u.index]
+    return s.sum() if u.position is None else s[u.position]
+
+
+def _read_slot(spec: ModelSpec, u: Node) -> int:
+    """Where unit u's block reads the residual stream, in write slots: 2 * layer (+1 after the layer's
+    attention, unless the layer runs attention and MLP in parallel)."""
+    return 2 * u.layer + (1 if u.block == 1 and not spec.parallel else 0)
+
+
+def _columns(spec: ModelSpec, u: Node) -> slice:
+    w = spec.d_head if u.block == 0 else 1
+    return slice(u.index * w, (u.index + 1) * w)
+
+
+def _post_gain(mods, spec: ModelSpec, block: int, pre: Tensor) -> Tensor | None:
+    """The frozen post-norm after a block's output projection, as the diagonal it multiplies by [pos d_model]
+    (None without one): its gain times 1/rms of its input at the forward pass."""
+    norm = mods.post_norms[block]
+    if norm is None:
+        return None
+    if spec.parts.norm_kind == "layer":
+        raise UnsupportedModelError(f"{spec.family}: a LayerNorm after a block is not supported in circuit graphs")
+    return GAIN[spec.parts.norm_kind](norm.weight.detach().to(pre.dtype)) * rms_scale(pre, norm_eps(norm)).to(pre.dtype)
+
+
+def _out_module(mods, block: int) -> nn.Module:
+    return mods.heads if block == 0 else mods.neurons
+
+
+def _write(mods, spec: ModelSpec, u: Node, z: Tensor, dtype) -> Tensor:
+    """out_u [pos d_model]: the unit's slice of its block's o_proj / down input through the projection (no bias)
+    and the frozen post-norm, at its position (or every position)."""
+    proj = _out_module(mods, u.block)
+    w = weight_rows(proj).detach().to(dtype)  # [d_model width]
+    cols = _columns(spec, u)
+    out = z[:, cols] @ w[:, cols].T  # [pos d_model]
+    bias = getattr(proj, "bias", None)
+    gain = _post_gain(mods, spec, u.block, z @ w.T + (0 if bias is None else bias.detach().to(dtype)))
+    if gain is not None:
+        out = out * gain
+    if u.position is not None:
+        keep = torch.zeros(out.shape[0], 1, dtype=dtype)
+        keep[u.position] = 1
+        out = out * keep
+    return out
+
+
+def _bias_writes(mods, spec: ModelSpec, dtype) -> dict[int, Tensor]:
+    """What each block writes that no unit owns, by write slot: its output projection's bias."""
+    out = {}
+    for i, m in enumerate(mods):
+        for b in (0, 1):
+            bias = getattr(_out_module(m, b), "bias", None)
+            if bias is not None:
+                if m.post_norms[b] is not None:
+                    raise UnsupportedModelError(f"{spec.family}: a biased projection before a post-norm is not "
+                                                "supported in circuit graphs")
+                out[2 * i + b] = bias.detach().to(dtype)
+    return out
+
+
+ROWS = 16  # units per batch when running a block again (memory: ROWS x pos x the block's activations)
+
+
+def _pullbacks(session, mods, units: list[Node], resid, mid, calls, z, big, dtype):
+    """g_v for every unit [unit pos d_model], its block's own biases' share [unit], and G_v at its tap."""
+    spec = session.spec
+    t_len = resid[0].shape[0]
+    g = torch.zeros(len(units), t_len, spec.d_model, dtype=dtype)
+    inblock = torch.zeros(len(units), dtype=dtype)
+    reads: list[Tensor] = []
+    for u in units:
+        cols = _columns(spec, u)
+        G = torch.zeros(t_len, cols.stop - cols.start, dtype=dtype)
+        rows = slice(None) if u.position is None else slice(u.position, u.position + 1)
+        G[rows] = big[(u.layer, u.block)][rows, cols]
+        reads.append(G)
+    groups: dict[tuple[int, int], list[int]] = {}
+    for k, u in enumerate(units):
+        groups.setdefault((u.layer, u.block), []).append(k)
+    for (layer, block), members in groups.items():
+        for start in range(0, len(members), ROWS):
+            chunk = members[start:start + ROWS]
+            gk, bk = _pullback(session, mods[layer], layer, block, [units[k] for k in chunk],
+                               [reads[k] for k in chunk], resid, mid, calls, dtype)
+            g[chunk] = gk
+            inblock[chunk] = bk
+    return g, inblock, reads
+
+
+def _pullback(session, m, layer: int, block: int, units: list[Node], reads: list[Tensor], resid, mid, calls,
+              dtype) -> tuple[Tensor, Tensor]:
+    """Run one block again on its recorded input, one batch row per unit, in the session's linearised model;
+    backward from each unit's G_v at its tap. A neuron's block is run at its position only (the MLP is
+    position-wise). Returns g_v [unit pos d_model] and the block's biases' share of S_v [unit]."""
+    spec, rec = session.spec, session.recording
+    t_len = resid[0].shape[0]
+    source = resid[layer] if block == 0 or spec.parallel else mid[layer]
+    one = block == 1 and all(u.position is not None for u in units)
+    width = spec.n_heads * spec.d_head if block == 0 else spec.d_mlp
+    if one:  # each row: the unit's own position
+        x = torch.stack([source[u.position:u.position + 1] for u in units])
+    else:
+        x = source[None].expand(len(units), -1, -1)
+    param_dtype = spec.embed(session.model).weight.dtype
+    x = x.to(param_dtype).clone().requires_grad_(True)
+    G = torch.zeros(len(units), x.shape[1], width, dtype=dtype)
+    for r, (u, read) in enumerate(zip(units, reads)):
+        cols = _columns(spec, u)
+        G[r, :, cols] = read[u.position:u.position + 1] if one else read
+    sink = session.scores.parts.setdefault(("bias", None), [])
+    mark = len(sink)
+    norm = m.block_inputs[block] if m.block_inputs else None
+    h = norm(x) if norm is not None else x
+    if block == 0:
+        args, kwargs = calls[layer]
+        m.attention(h, *args, **kwargs)
+        tap = rec.head_inputs[layer]
+    else:
+        m.mlp(h)
+        tap = rec.neuron_inputs[layer]
+    (grad,) = torch.autograd.grad(tap, x, G.to(tap.dtype))
+    shares = sink[mark:]
+    del sink[mark:]
+    bias = torch.zeros(len(units), dtype=dtype)
+    for s in shares:
+        bias = bias + s.to(dtype).reshape(len(units))
+    grad = grad.detach().to(dtype)
+    if one:
+        out = torch.zeros(len(units), t_len, spec.d_model, dtype=dtype)
+        for r, u in enumerate(units):
+            out[r, u.position] = grad[r, 0]
+        return out, bias
+    return grad, bias

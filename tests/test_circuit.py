@@ -1,0 +1,320 @@
+"""Circuit graphs (method.md section 8) against autograd, on tiny float64 models of every family and head layout.
+
+The reference is written here, independently of dpa: the linearised model of test_families_autograd (the HF
+model with its modules' forwards replaced) and, for each destination v, one forward in which every block but
+v's reads a *detached* residual stream, so that only direct paths remain. Each source's write is scaled by
+(1 + eps) at its own projection's input (a token's embedding, a head's slice of o_proj's input, a neuron's
+activation); the gradient of S_v = z_v . G_v (G_v from a full backward of the target, held fixed) with respect
+to the eps is then E(source -> v). Path patching in the linearised model is checked in forward mode: removing
+out_u from v's input changes S_v by the directional derivative, exactly, because the linearised model is linear
+in that input.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.autograd import forward_ad
+
+import dpa
+from dpa.circuit import circuit
+from dpa.errors import InputError, UnsupportedModelError
+from dpa.families import layer_modules
+
+from .conftest import ALL_FAMILIES, LAYOUTS, MHA_ONLY, MOE_FAMILIES, random_ids, tiny_model
+from .test_families_autograd import TARGET, linearised, pre_cap_logits
+
+DENSE = [f for f in ALL_FAMILIES if f not in MOE_FAMILIES]
+CONSERVATIVE = (0, 0, 1, 0.3, 0.7)
+DEFAULT = (0.25, 0.25, 0.5, 0.5, 0.5)
+
+
+@pytest.fixture(scope="module", params=[(f, lay) for f in DENSE for lay in LAYOUTS if lay == "mha" or f not in MHA_ONLY],
+                ids=lambda p: f"{p[0]}-{p[1]}")
+def model(request):
+    family, layout = request.param
+    return tiny_model(family, LAYOUTS[layout])
+
+
+def _reader(mods, block):
+    """The module that reads the residual stream for a block: its input norm, or the block itself (OLMo 2)."""
+    if mods.block_inputs:
+        return mods.block_inputs[block]
+    return mods.attention if block == 0 else mods.mlp
+
+
+def _tap(mods, block):
+    return mods.heads if block == 0 else mods.neurons
+
+
+class Reference:
+    """Direct effects by autograd in the linearised model, as described in the module docstring."""
+
+    def __init__(self, model, ids, mu):
+        self.model, self.ids, self.mu = model, ids, mu
+        self.spec = dpa.spec_for(model)
+        self.mods = layer_modules(model, self.spec)
+        self.G = self._tap_gradients()
+
+    def _run(self, hooks):
+        leaf = (self.spec.embed(self.model), lambda _m, _a, out: out.detach().requires_grad_(True), False)
+        hooks = [leaf, *hooks]  # the embeddings as a leaf: the model's own parameters need no gradient
+        handles = [module.register_forward_pre_hook(fn, with_kwargs=True) if pre else module.register_forward_hook(fn)
+                   for module, fn, pre in hooks]
+        try:
+            with torch.enable_grad(), linearised(self.model, self.mu):
+                return pre_cap_logits(self.model, self.ids)[0, -1, TARGET]
+        finally:
+            for h in handles:
+                h.remove()
+
+    def _tap_gradients(self):
+        """G at every o_proj and down input: the gradient of the target there (a full linearised backward)."""
+        z = {}
+
+        def keep(key):
+            def pre(_m, args, kwargs):
+                if args[0].requires_grad:
+                    args[0].retain_grad()
+                z[key] = args[0]
+            return pre
+        hooks = [(_tap(m, b), keep((i, b)), True) for i, m in enumerate(self.mods) for b in (0, 1)]
+        self._run(hooks).backward()
+        return {k: torch.zeros_like(v[0]) if v.grad is None else v.grad[0].detach() for k, v in z.items()}
+
+    def _mask(self, node, shape):
+        m = torch.zeros(shape, dtype=torch.float64)
+        width = self.spec.d_head if node.kind == "head" else 1
+        cols = slice(node.index * width, (node.index + 1) * width)
+        m[slice(None) if node.position is None else node.position, cols] = 1
+        return m
+
+    def effects(self, circ, dest):
+        """E(source -> dest) for every token and unit of ``circ`` [sources], sources in the circuit's order."""
+        nodes = circ.nodes
+        sources = [i for i, n in enumerate(nodes) if n.kind in ("token", "head", "neuron")]
+        eps = torch.zeros(len(sources), dtype=torch.float64, requires_grad=True)
+        where = {i: k for k, i in enumerate(sources)}
+        tokens = [i for i in sources if nodes[i].kind == "token"]
+        v = nodes[dest]
+        captured = {}
+        hooks = []
+
+        def scale_tokens(_m, _args, out):
+            return out * (1 + eps[[where[i] for i in tokens]])[None, :, None]
+        hooks.append((self.spec.embed(self.model), scale_tokens, False))
+        for li, m in enumerate(self.mods):
+            for b in (0, 1):
+                mine = [i for i in sources if nodes[i].kind != "token" and nodes[i].layer == li and nodes[i].block == b]
+
+                def scale(_m, args, kwargs, mine=mine, key=(li, b)):
+                    z = args[0]
+                    captured[key] = z
+                    factor = 1 + sum((eps[where[i]] * self._mask(nodes[i], z.shape[1:]) for i in mine),
+                                     torch.zeros(z.shape[1:], dtype=torch.float64))
+                    return (z * factor, *args[1:]), kwargs
+                hooks.append((_tap(m, b), scale, True))
+                if v.kind == "target" or (li, b) != (v.layer, v.block):
+                    hooks.append((_reader(m, b), _detach, True))
+        value = self._run(hooks)
+        if v.kind == "target":
+            s = value
+        else:
+            key = (v.layer, v.block)
+            s = (captured[key][0] * self.G[key] * self._mask(v, self.G[key].shape)).sum()
+        (grad,) = torch.autograd.grad(s, eps, allow_unused=True)
+        return sources, (torch.zeros_like(eps) if grad is None else grad)
+
+
+def _detach(_m, args, kwargs):
+    if args:
+        return (args[0].detach(), *args[1:]), kwargs
+    return args, {**kwargs, "hidden_states": kwargs["hidden_states"].detach()}
+
+
+def _destinations(circ):
+    return [i for i, n in enumerate(circ.nodes) if n.kind in ("head", "neuron", "target")]
+
+
+def _scale(circ):
+    return float(circ.scores[:-1].abs().max())
+
+
+@pytest.mark.parametrize("mu,positions", [(CONSERVATIVE, True), (DEFAULT, True), (DEFAULT, False)],
+                         ids=["conservative", "default", "components"])
+def test_every_edge_equals_autograd(model, mu, positions):
+    ids = random_ids(5)
+    circ = circuit(model, None, ids, target=TARGET, weights=dpa.PathWeights(*mu), nodes=12, positions=positions)
+    ref = Reference(model, ids, mu)
+    scale = _scale(circ)
+    for d in _destinations(circ):
+        sources, expected = ref.effects(circ, d)
+        torch.testing.assert_close(circ.edges[sources, d], expected, rtol=1e-8, atol=1e-10 * scale)
+
+
+def test_the_reference_can_fail(model):
+    """The comparison above is not vacuous: a direct effect through a cut block differs."""
+    ids = random_ids(5)
+    circ = circuit(model, None, ids, target=TARGET, weights=dpa.PathWeights(*DEFAULT), nodes=12)
+    ref = Reference(model, ids, (0, 0, 1, 0.5, 0.5))  # other path weights: other effects
+    diffs = [float((circ.edges[s, d] - e).abs().max()) for d in _destinations(circ)
+             for s, e in [ref.effects(circ, d)]]
+    assert max(diffs) > 1e-6 * _scale(circ)
+
+
+@pytest.mark.parametrize("positions", [True, False], ids=["positions", "components"])
+def test_flow_identities_on_every_unit(model, positions):
+    """nodes=None: every unit is a node. Out-flow: each score is the sum of its outgoing direct effects (no
+    rest); in-flow under conservative weights: each unit's incoming effects, tokens' and biases' add up to its
+    score (no gap, no rest)."""
+    ids = random_ids(5)
+    circ = circuit(model, None, ids, target=TARGET, weights=dpa.PathWeights(*CONSERVATIVE), nodes=None,
+                   positions=positions)
+    scale = _scale(circ)
+    real = [i for i, n in enumerate(circ.nodes) if n.kind != "rest"]
+    assert float(circ.out_rest.abs().max()) <= 1e-8 * scale
+    torch.testing.assert_close(circ.edges[real].sum(1)[:-1] + circ.out_rest[real][:-1], circ.scores[real][:-1],
+                               rtol=0, atol=1e-10 * scale)
+    rests = [i for i, n in enumerate(circ.nodes) if n.kind == "rest"]
+    assert float(circ.scores[rests].abs().max()) <= 1e-8 * scale
+    assert float(circ.in_gap.abs().max()) <= 1e-8 * scale
+    inflow = circ.edges.sum(0) + circ.bias_in + circ.in_gap
+    for d in _destinations(circ):
+        assert float(inflow[d]) == pytest.approx(float(circ.scores[d]), rel=1e-8, abs=1e-10 * scale)
+    # the scores are DPA's
+    res = dpa.attribute(model, None, ids, target=TARGET, weights=dpa.PathWeights(*CONSERVATIVE))
+    heads = torch.zeros_like(res.head_scores)
+    neurons = torch.zeros_like(res.neuron_scores)
+    for i, n in enumerate(circ.nodes):
+        if n.kind == "head":
+            heads[n.layer, n.index] += circ.scores[i]
+        elif n.kind == "neuron":
+            neurons[n.layer, n.index] += circ.scores[i]
+    torch.testing.assert_close(heads, res.head_scores, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(neurons, res.neuron_scores, rtol=1e-10, atol=1e-12)
+    assert circ.scores[circ.target_index] == pytest.approx(res.target_logit, rel=1e-12)
+
+
+def test_the_in_flow_gap_is_the_control_paths_part(model):
+    """Under the default weights the in-flow misses the query/key and gate paths' part: the reported gap is
+    the score minus the autograd in-flow (tokens' and units') minus the biases'."""
+    ids = random_ids(5)
+    circ = circuit(model, None, ids, target=TARGET, weights=dpa.PathWeights(*DEFAULT), nodes=12)
+    ref = Reference(model, ids, DEFAULT)
+    scale = _scale(circ)
+    gaps = []
+    for d in _destinations(circ):
+        _, e = ref.effects(circ, d)
+        rest = next(i for i, n in enumerate(circ.nodes) if n.kind == "rest" and n.of == d)
+        expected = circ.scores[d] - e.sum() - circ.edges[rest, d] - circ.bias_in[d]
+        assert float(circ.in_gap[d]) == pytest.approx(float(expected), rel=1e-8, abs=1e-10 * scale)
+        gaps.append(abs(float(circ.in_gap[d])))
+    assert max(gaps) > 1e-4 * scale  # the control paths do carry a part here
+
+
+def test_path_patching_in_the_linearised_model_equals_the_edge(model):
+    """Removing out_u from v's input in the linearised model (forward mode: a dual number on the write, only v's
+    block reading it) changes S_v by exactly E(u -> v), for the largest edges of the graph."""
+    ids = random_ids(5)
+    mu = DEFAULT
+    circ = circuit(model, None, ids, target=TARGET, weights=dpa.PathWeights(*mu), nodes=12)
+    ref = Reference(model, ids, mu)
+    units = circ.units
+    block = circ.edges[units][:, _destinations(circ)].abs()
+    top = torch.topk(block.flatten(), 4).indices
+    for k in top.tolist():
+        u, d = units[k // block.shape[1]], _destinations(circ)[k % block.shape[1]]
+        assert patched_change(ref, circ, u, d) == pytest.approx(float(circ.edges[u, d]), rel=1e-8,
+                                                                abs=1e-10 * _scale(circ))
+
+
+def patched_change(ref, circ, u, d):
+    """S_v's change when u's write (through its projection and post-norm) is removed from the residual stream as
+    v's block reads it: the tangent of S_v for a tangent -1 on u's slice of its projection input, with every
+    other block reading a detached stream (the forward mode's detach drops the tangent)."""
+    unit, v = circ.nodes[u], circ.nodes[d]
+    captured = {}
+    with forward_ad.dual_level():
+        def remove(_m, args, kwargs, key=(unit.layer, unit.block)):
+            z = args[0]
+            captured[key] = z.detach()  # S_v reads its own tap unchanged
+            tangent = -z.detach() * ref._mask(unit, z.shape[1:])
+            return (forward_ad.make_dual(z.detach(), tangent), *args[1:]), kwargs
+        hooks = [(_tap(ref.mods[unit.layer], unit.block), remove, True)]
+        for li, m in enumerate(ref.mods):
+            for b in (0, 1):
+                if (li, b) != (unit.layer, unit.block):
+                    hooks.append((_tap(m, b), lambda _m, a, k, key=(li, b): captured.__setitem__(key, a[0]), True))
+                if v.kind == "target" or (li, b) != (v.layer, v.block):
+                    hooks.append((_reader(m, b), _detach_dual, True))
+        value = ref._run(hooks)
+        if v.kind == "target":
+            s = value
+        else:
+            key = (v.layer, v.block)
+            s = (captured[key][0] * ref.G[key] * ref._mask(v, ref.G[key].shape)).sum()
+        tangent = forward_ad.unpack_dual(s).tangent
+    return 0.0 if tangent is None else -float(tangent)
+
+
+def _detach_dual(_m, args, kwargs):
+    """A block reading the residual stream without the tangent (its value unchanged)."""
+    def plain(x):
+        return forward_ad.unpack_dual(x).primal
+    if args:
+        return (plain(args[0]), *args[1:]), kwargs
+    return args, {**kwargs, "hidden_states": plain(kwargs["hidden_states"])}
+
+
+def test_pruning_keeps_the_flows_whole():
+    model = tiny_model("llama", 2)
+    ids = random_ids(6)
+    circ = circuit(model, None, ids, target=TARGET, weights=dpa.PathWeights(*CONSERVATIVE), nodes=40)
+    small = circ.prune(0.5)
+    assert 0 < len(small.units) < len(circ.units)
+    assert all(small.nodes[i].kind == "token" for i in range(len(ids)))
+    scale = _scale(circ)
+    for d in _destinations(small):  # every kept node's in-flow still adds up
+        inflow = small.edges[:, d].sum() + small.bias_in[d] + small.in_gap[d]
+        assert float(inflow) == pytest.approx(float(small.scores[d]), rel=1e-9, abs=1e-12 * scale)
+    real = [i for i, n in enumerate(small.nodes) if n.kind not in ("rest", "target")]
+    torch.testing.assert_close(small.edges[real].sum(1) + small.out_rest[real], small.scores[real], rtol=1e-9,
+                               atol=1e-12 * scale)
+    assert circ.prune(1.0).units == circ.units
+    assert circ.prune(0.0).units == []
+    infl = circ.influence()
+    assert float(infl[circ.target_index]) == 1.0
+    kept = {small.nodes[i].label for i in small.units}
+    dropped = [i for i in circ.units if circ.nodes[i].label not in kept]
+    assert min(float(infl[circ.index(small.nodes[i].label)]) for i in small.units) >= max(
+        float(infl[i]) for i in dropped)
+
+
+def test_json_and_lookup():
+    model = tiny_model("gpt2", 4)
+    circ = circuit(model, None, random_ids(5), target=TARGET, nodes=6)
+    data = circ.to_json()
+    assert data["kind"] == "circuit" and len(data["nodes"]) == len(circ.nodes)
+    for s, d, e in data["edges"]:
+        assert e == pytest.approx(float(circ.edges[s, d]))
+    label = circ.nodes[circ.units[0]].label
+    assert circ.score(label) == float(circ.scores[circ.units[0]])
+    with pytest.raises(InputError, match="no node 'L9.H9@0'"):
+        circ.index("L9.H9@0")
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, True, "8"])
+def test_bad_node_counts_are_refused(bad):
+    with pytest.raises(InputError, match="nodes must be"):
+        circuit(tiny_model("llama"), None, random_ids(4), target=TARGET, nodes=bad)
+
+
+def test_one_prompt_only():
+    with pytest.raises(InputError):
+        circuit(tiny_model("llama"), None, [random_ids(4), random_ids(4)], target=TARGET)
+
+
+@pytest.mark.parametrize("family", MOE_FAMILIES)
+def test_mixture_of_experts_is_refused_by_name(family):
+    with pytest.raises(UnsupportedModelError, match="mixture of experts"):
+        circuit(tiny_model(family), None, random_ids(4), target=TARGET)
