@@ -85,6 +85,7 @@ class Circuit:
     _writes: Tensor | None = field(default=None, repr=False)  # [node pos d_model]: out_u of tokens and units
     _reads: dict = field(default_factory=dict, repr=False)  # unit node -> G_v [pos width] at its tap
     _direction: Tensor | None = field(default=None, repr=False)  # the target direction u [d_model]
+    _spec: ModelSpec | None = field(default=None, repr=False)
 
     def __len__(self) -> int:
         return len(self.nodes)
@@ -235,6 +236,8 @@ def circuit(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contras
         raise InputError(f"nodes must be a positive int (how many units to keep) or None (all), got {nodes!r}")
     if isinstance(prompt, (list, tuple)) and prompt and not isinstance(prompt[0], int):
         raise InputError("dpa.circuit takes one prompt (a string or token ids), not a list of prompts")
+    if isinstance(prompt, Tensor) and prompt.dim() > 1:
+        raise InputError("dpa.circuit takes one prompt (a string or token ids), not a batch")
     req = requests.build(model, tokenizer, prompt, target, contrast=contrast, kind=kind, position=position,
                          weights=weights, multi_token=multi_token, batch=False)
     spec = req.spec
@@ -252,7 +255,8 @@ def circuit(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contras
     return Circuit(nodes=g["nodes"], edges=g["edges"], scores=g["scores"], in_gap=g["in_gap"], bias_in=g["bias_in"],
                    out_rest=g["out_rest"], tokens=info.tokens, token_ids=info.token_ids, target=info.target,
                    target_logit=info.target_logit, weights=req.weights, positions=positions,
-                   model_name=info.model_name, _writes=g["writes"], _reads=g["reads"], _direction=g["direction"])
+                   model_name=info.model_name, _writes=g["writes"], _reads=g["reads"], _direction=g["direction"],
+                   _spec=spec)
 
 
 def _assemble(parent: Circuit | None, nodes: list[Node], edges: Tensor, scores: Tensor, rest: Tensor,

@@ -318,3 +318,38 @@ def test_one_prompt_only():
 def test_mixture_of_experts_is_refused_by_name(family):
     with pytest.raises(UnsupportedModelError, match="mixture of experts"):
         circuit(tiny_model(family), None, random_ids(4), target=TARGET)
+
+
+def test_verify_by_path_patching_on_the_real_model():
+    """On the real (not linearised) tiny model the patched change of the target is near the edge for the largest
+    edges into the target; unit -> unit edges give a finite measure; the model keeps no hook."""
+    model = tiny_model("llama", 2)
+    ids = random_ids(6)
+    circ = circuit(model, None, ids, target=TARGET, weights=dpa.PathWeights(*CONSERVATIVE), nodes=10)
+    t = circ.target_index
+    top = torch.topk(circ.edges[circ.units, t].abs(), 3).indices.tolist()
+    for k in top:
+        out = circ.verify(model, None, (circ.units[k], "target"))
+        assert out["edge"] == circ.edge(circ.units[k], t)
+        assert out["direct"] == out["target"]
+        assert 0.7 < out["ratio"] < 1.3
+    pairs = [(u, d) for u in circ.units for d in circ.units if abs(circ.edge(u, d)) > 0]
+    u, d = max(pairs, key=lambda p: abs(circ.edge(*p)))
+    out = circ.verify(model, None, (circ.nodes[u].label, circ.nodes[d].label))
+    assert all(map(lambda k: torch.isfinite(torch.tensor(out[k])), ("direct", "target")))
+    assert out["direct"] * out["edge"] > 0
+    for m in model.modules():
+        assert not m._forward_pre_hooks and not m._forward_hooks
+
+
+def test_verify_refuses_what_it_cannot_patch():
+    model = tiny_model("llama", 2)
+    circ = circuit(model, None, random_ids(6), target=TARGET, nodes=10)
+    rest = next(i for i, n in enumerate(circ.nodes) if n.kind == "rest")
+    with pytest.raises(InputError, match="source"):
+        circ.verify(model, None, (rest, "target"))
+    last, first = circ.units[-1], circ.units[0]
+    with pytest.raises(InputError, match="not upstream"):
+        circ.verify(model, None, (last, first))
+    with pytest.raises(InputError, match="edge must be"):
+        circ.verify(model, None, "target")

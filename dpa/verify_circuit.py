@@ -1,0 +1,125 @@
+"""Path patching on the real model: the causal check of one edge of a circuit graph (method.md section 8).
+
+For an edge u -> v: run the model with out_u removed from the residual stream *as v's block reads it* (a
+pre-hook on the module that reads the residual stream for that block: its input norm, or the block itself), and
+nothing else changed. Two measures:
+
+* ``direct``: the change of S_v = z_v . G_v, v's tap input z_v against G_v held at its DPA value: the edge's own
+  quantity, so that in the linearised model it equals E(u -> v) exactly (tests/test_circuit.py);
+* ``target``: the change of the attributed value (u . final residual, the target direction held) when v's write
+  alone is replaced by its patched one and everything downstream recomputes.
+
+For an edge into the target both are the change of the value with out_u removed from the final norm's input.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from . import request as requests
+from .errors import InputError
+from .families import layer_modules
+from .instrument import instrument
+
+
+def _reader(mods, block: int) -> nn.Module:
+    """The module through which a block reads the residual stream: its input norm, or the block (OLMo 2)."""
+    if mods.block_inputs:
+        return mods.block_inputs[block]
+    return mods.attention if block == 0 else mods.mlp
+
+
+def _tap(mods, block: int) -> nn.Module:
+    return mods.heads if block == 0 else mods.neurons
+
+
+def _first(args: tuple, kwargs: dict) -> Tensor:
+    return args[0] if args else kwargs["hidden_states"]
+
+
+def _replace_first(args: tuple, kwargs: dict, value: Tensor) -> tuple[tuple, dict]:
+    if args:
+        return (value, *args[1:]), kwargs
+    return args, {**kwargs, "hidden_states": value}
+
+
+def _upstream(circ, src, dst) -> bool:
+    from .circuit import _read_slot
+
+    return 2 * src.layer + src.block < _read_slot(circ._spec, dst)
+
+
+def path_patch(circ, model: nn.Module, tokenizer, edge) -> dict[str, Any]:
+    if not isinstance(edge, (tuple, list)) or len(edge) != 2:
+        raise InputError(f"edge must be (source, destination), got {edge!r}")
+    s, d = circ.index(edge[0]), circ.index(edge[1])
+    src, dst = circ.nodes[s], circ.nodes[d]
+    if src.kind not in ("token", "head", "neuron"):
+        raise InputError(f"the source of a verified edge is a token or a unit, not {src.kind} ({src.label})")
+    if dst.kind not in ("head", "neuron", "target"):
+        raise InputError(f"the destination of a verified edge is a unit or the target, not {dst.kind} ({dst.label})")
+    if src.kind != "token" and dst.kind != "target" and not _upstream(circ, src, dst):
+        raise InputError(f"{src.label} is not upstream of {dst.label}: {dst.label}'s block does not read its write")
+    if circ._writes is None:
+        raise InputError("this circuit was loaded without its tensors (from JSON): compute it again to verify edges")
+    req = requests.build(model, tokenizer, circ.token_ids, None, batch=False)
+    spec = req.spec
+    if spec.d_model != circ._writes.shape[-1] or req.n_tokens != len(circ.token_ids):
+        raise InputError("this circuit was computed on another model (its sizes differ)")
+    mods = layer_modules(model, spec)
+    write = circ._writes[s]  # [pos d_model]
+    u = circ._direction
+    pos = circ.target.position
+    if dst.kind == "target":
+        reader, tap, cols = spec.final_norm(model), None, None
+    else:
+        m = mods[dst.layer]
+        reader, tap = _reader(m, dst.block), _tap(m, dst.block)
+        width = spec.d_head if dst.kind == "head" else 1
+        cols = slice(dst.index * width, (dst.index + 1) * width)
+    G = circ._reads.get(d)
+
+    def run(remove: bool, replace: Tensor | None = None) -> tuple[float, Tensor | None]:
+        """One forward: the value, and v's tap input; ``remove`` patches v's read, ``replace`` v's tap slice."""
+        seen: dict[str, Tensor] = {}
+        handles = []
+        with instrument(model, req, grad=False) as session:
+            def patch(_m, args, kwargs):
+                x = _first(args, kwargs)
+                return _replace_first(args, kwargs, x - write.to(x.device, x.dtype)[None])
+
+            def keep(_m, args, kwargs):
+                z = _first(args, kwargs)
+                seen["z"] = z.detach()
+                if replace is not None:
+                    z = z.clone()
+                    rows = slice(None) if dst.position is None else slice(dst.position, dst.position + 1)
+                    z[0, rows, cols] = replace.to(z.dtype)[0, rows, cols]
+                    return _replace_first(args, kwargs, z)
+                return None
+            try:
+                if remove:
+                    handles.append(reader.register_forward_pre_hook(patch, with_kwargs=True))
+                if tap is not None:
+                    handles.append(tap.register_forward_pre_hook(keep, with_kwargs=True))
+                hidden = session.forward()
+            finally:
+                for h in handles:
+                    h.remove()
+        value = float(hidden[0, pos].to(u.dtype) @ u.to(hidden.device))
+        return value, seen.get("z")
+
+    clean, z_clean = run(False)
+    patched, z_patched = run(True)
+    if dst.kind == "target":
+        direct = through = clean - patched
+    else:
+        score = lambda z: float((z[0, :, cols].to(G.dtype).cpu() * G).sum())  # noqa: E731
+        direct = score(z_clean) - score(z_patched)
+        through = clean - run(False, replace=z_patched)[0]
+    e = float(circ.edges[s, d])
+    return {"source": src.label, "destination": dst.label, "edge": e, "direct": direct, "target": through,
+            "ratio": direct / e if e != 0 else float("nan")}
