@@ -82,7 +82,8 @@ class Circuit:
     weights: PathWeights
     positions: bool
     model_name: str = ""
-    _writes: Tensor | None = field(default=None, repr=False)  # [node pos d_model]: out_u of tokens and units
+    _writes: Tensor | None = field(default=None, repr=False)  # [unit pos d_model]: out_u of the units
+    _embeddings: Tensor | None = field(default=None, repr=False)  # [pos d_model]: the tokens' writes
     _reads: dict = field(default_factory=dict, repr=False)  # unit node -> G_v [pos width] at its tap
     _direction: Tensor | None = field(default=None, repr=False)  # the target direction u [d_model]
     _spec: ModelSpec | None = field(default=None, repr=False)
@@ -255,7 +256,7 @@ def circuit(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contras
     return Circuit(nodes=g["nodes"], edges=g["edges"], scores=g["scores"], in_gap=g["in_gap"], bias_in=g["bias_in"],
                    out_rest=g["out_rest"], tokens=info.tokens, token_ids=info.token_ids, target=info.target,
                    target_logit=info.target_logit, weights=req.weights, positions=positions,
-                   model_name=info.model_name, _writes=g["writes"], _reads=g["reads"], _direction=g["direction"],
+                   model_name=info.model_name, _writes=g["writes"], _embeddings=g["embeddings"], _reads=g["reads"], _direction=g["direction"],
                    _spec=spec)
 
 
@@ -278,7 +279,8 @@ def _assemble(parent: Circuit | None, nodes: list[Node], edges: Tensor, scores: 
         return {**out, **fields}
     from dataclasses import replace
 
-    writes = None if parent._writes is None else parent._writes[[i for i in keep if parent.nodes[i].kind != "target"]]
+    first = len(parent.tokens)  # units follow the tokens in both graphs
+    writes = None if parent._writes is None else parent._writes[[i - first for i in keep if parent.nodes[i].kind in LETTER]]
     reads = {keep.index(i): v for i, v in parent._reads.items() if i in keep}
     return replace(parent, **out, _writes=writes, _reads=reads)
 
@@ -325,7 +327,8 @@ def build_graph(session, grads: list[Tensor], direction: Tensor, value: float, n
         emb = spec.embed(model)(req.input_ids)[0].detach().to(dtype)
     learned = resid[0] - emb if spec.positions(model) is not None else None
 
-    writes = torch.stack([_write(mods[u.layer], spec, u, z[(u.layer, u.block)], dtype) for u in units]) \
+    gains: dict = {}
+    writes = torch.stack([_write(mods[u.layer], spec, u, z[(u.layer, u.block)], dtype, gains) for u in units]) \
         if units else torch.zeros(0, t_len, spec.d_model, dtype=dtype)
     g, inblock, reads = _pullbacks(session, mods, units, resid, mid, calls, z, big, dtype)
     # the target as a destination: t^(L) at the final residual, its in-block bias the final norm's beta . u
@@ -345,7 +348,12 @@ def build_graph(session, grads: list[Tensor], direction: Tensor, value: float, n
                                 torch.zeros((), dtype=dtype)) for k in range(len(reads_at))])
     slots = [2 * u.layer + u.block for u in units]
     below = torch.tensor([[s < r for r in reads_at] for s in slots], dtype=torch.bool).reshape(len(units), -1)
-    unit_edges = torch.einsum("upd,vpd->uv", writes, g) * below  # [unit dest]
+    if positions:  # each unit writes at its own position only: E[u, v] = out_u[p_u] . g_v[p_u]
+        at = torch.tensor([u.position for u in units], dtype=torch.long)
+        own = writes[torch.arange(len(units)), at]  # [unit d_model]
+        unit_edges = torch.einsum("ud,vud->uv", own, g[:, at]) * below
+    else:
+        unit_edges = torch.einsum("upd,vpd->uv", writes, g) * below  # [unit dest]
     unit_scores = torch.stack([_unit_score(per, u) for u in units]) if units else torch.zeros(0, dtype=dtype)
     dest_scores = torch.cat([unit_scores, torch.tensor([value], dtype=dtype)])
     rest = total - tok_in.sum(1) - pos_in - biasw_in - unit_edges.sum(0)
@@ -365,7 +373,7 @@ def build_graph(session, grads: list[Tensor], direction: Tensor, value: float, n
     zero = torch.zeros(n_tok, dtype=dtype)
     out_rest = all_scores - edges.sum(1)
     out_rest[-1] = 0.0
-    fields = dict(writes=torch.cat([emb[:, None, :] * torch.eye(t_len, dtype=dtype)[:, :, None], writes]),
+    fields = dict(writes=writes, embeddings=emb,
                   reads={n_tok + k: r for k, r in enumerate(reads)}, direction=direction.detach().to(dtype))
     return _assemble(None, nodes, edges, all_scores, rest, torch.cat([zero, in_gap]),
                      torch.cat([zero, bias_in]), out_rest, **fields)
@@ -378,9 +386,9 @@ def _select(per: dict[int, Tensor], n_units: int | None, positions: bool, spec: 
     if n_units is None and sum(sizes) > MAX_UNITS:
         raise InputError(f"nodes=None keeps all {sum(sizes)} units of this model and prompt, and the edge matrix "
                          f"would not fit; keep fewer (nodes=64) or use positions=False")
-    both = torch.cat([flat[0].flatten(), flat[1].flatten()])
+    both = torch.cat([flat[0].flatten(), flat[1].flatten()]).abs()
     k = both.numel() if n_units is None else min(n_units, both.numel())
-    picked = torch.topk(both.abs(), k).indices.tolist()
+    picked = _top(both, k)
     out = []
     for j in picked:
         b = 0 if j < sizes[0] else 1
@@ -390,6 +398,19 @@ def _select(per: dict[int, Tensor], n_units: int | None, positions: bool, spec: 
         label = f"L{int(layer)}.{LETTER[kind]}{int(index)}" + (f"@{p}" if positions else "")
         out.append(Node(kind, label, int(layer), int(index), p))
     return sorted(out, key=lambda u: (u.layer, u.block, -1 if u.position is None else u.position, u.index))
+
+
+def _top(x: Tensor, k: int, chunk: int = 1 << 16) -> list[int]:
+    """Indices of the k largest entries of a 1-D ``x``: the k largest of each chunk first, then of those (one
+    topk over tens of millions of scores is slow on a CPU)."""
+    if k >= x.numel() or x.numel() <= 4 * chunk:
+        return torch.topk(x, k).indices.tolist()
+    pad = (-x.numel()) % chunk
+    blocks = torch.cat([x, x.new_full((pad,), -1.0)]).view(-1, chunk)
+    vals, idx = torch.topk(blocks, min(k, chunk), dim=1)
+    idx = idx + torch.arange(blocks.shape[0])[:, None] * chunk
+    best = torch.topk(vals.flatten(), k).indices
+    return idx.flatten()[best].tolist()
 
 
 def _unit_score(per: dict[int, Tensor], u: Node) -> Tensor:
@@ -423,21 +444,21 @@ def _out_module(mods, block: int) -> nn.Module:
     return mods.heads if block == 0 else mods.neurons
 
 
-def _write(mods, spec: ModelSpec, u: Node, z: Tensor, dtype) -> Tensor:
+def _write(mods, spec: ModelSpec, u: Node, z: Tensor, dtype, gains: dict) -> Tensor:
     """out_u [pos d_model]: the unit's slice of its block's o_proj / down input through the projection (no bias)
-    and the frozen post-norm, at its position (or every position)."""
+    and the frozen post-norm, at its position (or every position). ``gains`` caches the post-norms' diagonals."""
     proj = _out_module(mods, u.block)
     w = weight_rows(proj).detach().to(dtype)  # [d_model width]
     cols = _columns(spec, u)
-    out = z[:, cols] @ w[:, cols].T  # [pos d_model]
-    bias = getattr(proj, "bias", None)
-    gain = _post_gain(mods, spec, u.block, z @ w.T + (0 if bias is None else bias.detach().to(dtype)))
-    if gain is not None:
-        out = out * gain
-    if u.position is not None:
-        keep = torch.zeros(out.shape[0], 1, dtype=dtype)
-        keep[u.position] = 1
-        out = out * keep
+    rows = slice(None) if u.position is None else slice(u.position, u.position + 1)
+    out = torch.zeros(z.shape[0], w.shape[0], dtype=dtype)
+    out[rows] = z[rows, cols] @ w[:, cols].T
+    if mods.post_norms[u.block] is not None:
+        key = (u.layer, u.block)
+        if key not in gains:
+            bias = getattr(proj, "bias", None)
+            gains[key] = _post_gain(mods, spec, u.block, z @ w.T + (0 if bias is None else bias.detach().to(dtype)))
+        out[rows] = out[rows] * gains[key][rows]
     return out
 
 

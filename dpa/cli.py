@@ -47,6 +47,42 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=8, metavar="B",
                    help="with --prompts: prompts per pass, grouped by length (default 8)")
     p.add_argument("--quiet", action="store_true", help="with --prompts: no progress bar")
+    _request_options(p)
+    p.add_argument("--top", type=int, default=10, metavar="K", help="components to list (default 10)")
+    p.add_argument("--json", type=Path, metavar="FILE",
+                   help="write the result as JSON (every score, rounded to float32; read back with "
+                        "dpa.Attribution.from_json); '-' prints it instead of the report")
+    p.add_argument("--json-full", action="store_true",
+                   help="with --json: write the scores at the precision they were computed in (float64 models)")
+    p.add_argument("--html", type=Path, metavar="FILE", help="write a standalone HTML report")
+    p.add_argument("--color", choices=("auto", "always", "never"), default="auto",
+                   help="colour the tokens (auto: when stdout is a terminal and NO_COLOR is unset)")
+    p.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
+    p.set_defaults(func=functools.partial(run_attribute, parser=p))
+    c = commands.add_parser(
+        "circuit", help="the circuit graph of a prediction: direct effects between tokens, heads, neurons",
+        description="The circuit graph of a target at the end of PROMPT: the NODES heads and neurons (at a position) "
+                    "with the largest DPA scores, the tokens and the target, and every direct effect between them "
+                    "(method.md section 8); written as an offline HTML page and JSON.")
+    c.add_argument("prompt", metavar="PROMPT", help="the prompt")
+    _request_options(c)
+    c.add_argument("--nodes", type=int, default=64, metavar="K", help="units to keep (default 64)")
+    c.add_argument("--components", action="store_true",
+                   help="one node per head or neuron over all positions (default: per position)")
+    c.add_argument("--prune", type=float, metavar="THRESHOLD",
+                   help="keep the fewest units carrying this share of the influence on the target (0..1)")
+    c.add_argument("--top", type=int, default=10, metavar="K", help="edges to list (default 10)")
+    c.add_argument("--json", type=Path, metavar="FILE", help="write the graph as JSON ('-': print it)")
+    c.add_argument("--html", type=Path, metavar="FILE", help="write the graph as a standalone offline HTML page")
+    c.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
+    c.set_defaults(func=functools.partial(run_circuit, parser=c))
+    if add_evaluate_commands is not None:
+        add_evaluate_commands(commands)
+    return parser
+
+
+def _request_options(p: argparse.ArgumentParser) -> None:
+    """The options that say what to attribute, shared by ``attribute`` and ``circuit``."""
     p.add_argument("--target", metavar="TOKEN", help="the token to attribute (default: the model's prediction)")
     p.add_argument("--contrast", metavar="TOKEN", help="attribute logit(target) - logit(TOKEN)")
     p.add_argument("--model", metavar="NAME_OR_PATH",
@@ -61,20 +97,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--logprob", action="store_true", help="attribute log p(target) instead of its logit")
     p.add_argument("--position", type=int, metavar="N",
                    help="target position (default: the last token; negative counts from the end)")
-    p.add_argument("--top", type=int, default=10, metavar="K", help="components to list (default 10)")
-    p.add_argument("--json", type=Path, metavar="FILE",
-                   help="write the result as JSON (every score, rounded to float32; read back with "
-                        "dpa.Attribution.from_json); '-' prints it instead of the report")
-    p.add_argument("--json-full", action="store_true",
-                   help="with --json: write the scores at the precision they were computed in (float64 models)")
-    p.add_argument("--html", type=Path, metavar="FILE", help="write a standalone HTML report")
-    p.add_argument("--color", choices=("auto", "always", "never"), default="auto",
-                   help="colour the tokens (auto: when stdout is a terminal and NO_COLOR is unset)")
-    p.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
-    p.set_defaults(func=functools.partial(run_attribute, parser=p))
-    if add_evaluate_commands is not None:
-        add_evaluate_commands(commands)
-    return parser
 
 
 def _path_weights(args: argparse.Namespace, parser: argparse.ArgumentParser) -> PathWeights:
@@ -103,39 +125,14 @@ def run_attribute(args: argparse.Namespace, *, parser: argparse.ArgumentParser) 
         parser.error("--out and --quiet go with --prompts FILE (for one prompt, use --json or --html)")
     if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
         raise InputError("torchrun splits a file of prompts over its processes: use --prompts FILE --out DIR")
-    if args.logprob and args.contrast is not None:
-        parser.error("--logprob takes no --contrast (log p already contrasts with every token)")
-    if not args.prompt.strip():
-        raise InputError("the prompt is empty")
-    if args.json is not None and args.html is not None and args.json.resolve() == args.html.resolve():
-        parser.error(f"--json and --html both write {args.json}: give two file names")
-    if args.html is not None and str(args.html) == "-":
-        parser.error("--html - : give a file name (the JSON can go to stdout with --json -)")
-    for out in (args.json, args.html):
-        if out is not None and str(out) == "-":
-            continue
-        if out is not None and not out.parent.is_dir():
-            parser.error(f"cannot write {out}: no folder {out.parent}")
-        if out is not None and out.is_dir():
-            parser.error(f"cannot write {out}: it is a folder; give a file name")
+    _check_outputs(args, parser)
     import warnings
 
     import dpa
-    from . import models, request
-    from .families import check_family
     from .report import html_report, terminal_report, wants_color
     from .result import write_text
 
-    if args.device is not None:
-        models.check_device(args.device)
-    folder = models.resolve(args.model)
-    tokenizer, config = models.read_tokenizer_and_config(folder, quick=True)
-    check_family(config)  # the whole config is checked when the model loads
-    kind = "logprob" if args.logprob else "logit"
-    multi_token = "first" if args.first_token else "error"
-    request.encode(tokenizer, request.sizes_of(config), args.prompt, args.target, contrast=args.contrast,
-                   kind=kind, position=args.position, multi_token=multi_token)
-    model, tokenizer = dpa.load_model(args.model, device=args.device)
+    model, tokenizer, kind, multi_token = _load(args, parser)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", dpa.TargetWarning)  # printed below, in one line
         res = dpa.attribute(model, tokenizer, args.prompt, args.target, contrast=args.contrast, kind=kind,
@@ -152,6 +149,88 @@ def run_attribute(args: argparse.Namespace, *, parser: argparse.ArgumentParser) 
         print(f"wrote {args.json}")
     if args.html is not None:
         write_text(args.html, html_report(res, top=args.top, prompt=args.prompt))
+        print(f"wrote {args.html}")
+    return 0
+
+
+def _check_outputs(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """The prompt, the target options and the output files, checked before anything loads."""
+    if args.logprob and args.contrast is not None:
+        parser.error("--logprob takes no --contrast (log p already contrasts with every token)")
+    if not args.prompt.strip():
+        raise InputError("the prompt is empty")
+    if args.json is not None and args.html is not None and args.json.resolve() == args.html.resolve():
+        parser.error(f"--json and --html both write {args.json}: give two file names")
+    if args.html is not None and str(args.html) == "-":
+        parser.error("--html - : give a file name (the JSON can go to stdout with --json -)")
+    for out in (args.json, args.html):
+        if out is not None and str(out) == "-":
+            continue
+        if out is not None and not out.parent.is_dir():
+            parser.error(f"cannot write {out}: no folder {out.parent}")
+        if out is not None and out.is_dir():
+            parser.error(f"cannot write {out}: it is a folder; give a file name")
+
+
+def _load(args: argparse.Namespace, parser: argparse.ArgumentParser):
+    """The model and tokenizer, after the request is checked against the tokenizer and config alone (a bad
+    prompt or target fails before the weights load); returns (model, tokenizer, kind, multi_token)."""
+    import dpa
+    from . import models, request
+    from .families import check_family
+
+    if args.device is not None:
+        models.check_device(args.device)
+    folder = models.resolve(args.model)
+    tokenizer, config = models.read_tokenizer_and_config(folder, quick=True)
+    check_family(config)  # the whole config is checked when the model loads
+    kind = "logprob" if args.logprob else "logit"
+    multi_token = "first" if args.first_token else "error"
+    request.encode(tokenizer, request.sizes_of(config), args.prompt, args.target, contrast=args.contrast,
+                   kind=kind, position=args.position, multi_token=multi_token)
+    model, tokenizer = dpa.load_model(args.model, device=args.device)
+    return model, tokenizer, kind, multi_token
+
+
+def run_circuit(args: argparse.Namespace, *, parser: argparse.ArgumentParser) -> int:
+    weights = _path_weights(args, parser)
+    if args.nodes < 1:
+        parser.error("--nodes must be at least 1")
+    if args.top < 1:
+        parser.error("--top must be at least 1")
+    if args.prune is not None and not 0 <= args.prune <= 1:
+        parser.error("--prune takes a share of the influence, between 0 and 1")
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+        raise InputError("dpa circuit runs one prompt in one process; torchrun is for dpa attribute --prompts")
+    _check_outputs(args, parser)
+    import json
+    import warnings
+
+    import dpa
+    from .report import circuit_html, circuit_report
+    from .result import write_text
+
+    model, tokenizer, kind, multi_token = _load(args, parser)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dpa.TargetWarning)
+        circ = dpa.circuit(model, tokenizer, args.prompt, args.target, contrast=args.contrast, kind=kind,
+                           position=args.position, weights=weights, nodes=args.nodes,
+                           positions=not args.components, multi_token=multi_token)
+    if args.prune is not None:
+        circ = circ.prune(args.prune)
+    if str(args.json) != "-":
+        sys.stdout.write(circuit_report(circ, top=args.top))
+    if circ.target.hint:
+        print(f"warning: {circ.target.hint}", file=sys.stderr)
+    if args.json is not None:
+        text = json.dumps(circ.to_json())
+        if str(args.json) == "-":
+            print(text)
+        else:
+            write_text(args.json, text)
+            print(f"wrote {args.json}")
+    if args.html is not None:
+        write_text(args.html, circuit_html(circ, prompt=args.prompt))
         print(f"wrote {args.html}")
     return 0
 

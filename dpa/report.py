@@ -8,10 +8,14 @@ ordinary tokens (special tokens such as BOS are clipped so they do not wash out 
 from __future__ import annotations
 
 import html
+import json
 import math
 import os
 from itertools import zip_longest
+from pathlib import Path
 from typing import TextIO
+
+import torch
 
 from .result import Attribution, Component
 
@@ -258,6 +262,95 @@ The underlined token is the target position.{clipped} Hover a token for its scor
 {preds}
 </table>
 <p class="note">method {_esc(res.method)}; neuron target {_esc(res.neuron_target)}; written by dpa.</p>
+</body>
+</html>
+"""
+
+
+# ---------------------------------------------------------------------------------------------- circuit graphs
+
+
+def node_text(circ, i: int) -> str:
+    """A node's label with the token where it sits: ``L3.H2@5 (' John')``, ``tok5 (' John')``, ``target``."""
+    n = circ.nodes[i]
+    if n.position is None or n.kind == "target":
+        return n.label
+    return f"{n.label} ({show_token(circ.tokens[n.position])!r})"
+
+
+def top_edges(circ, top: int) -> list[tuple[int, int, float]]:
+    """The ``top`` edges by |effect| between tokens, units and the target (rest nodes left out)."""
+    real = torch.tensor([n.kind != "rest" for n in circ.nodes])
+    e = circ.edges * real[:, None]
+    k = min(top, int((e != 0).sum()))
+    idx = torch.topk(e.abs().flatten(), k).indices.tolist() if k else []
+    n = len(circ.nodes)
+    return [(j // n, j % n, float(circ.edges[j // n, j % n])) for j in idx]
+
+
+def circuit_lines(circ) -> list[tuple[str, str]]:
+    """(label, text) pairs about a circuit graph, shared by the terminal and HTML pages."""
+    heads = sum(1 for n in circ.nodes if n.kind == "head")
+    neurons = sum(1 for n in circ.nodes if n.kind == "neuron")
+    units = circ.units
+    where = "at a position" if circ.positions else "over all positions"
+    edges = int((circ.edges != 0).sum())
+    scores = circ.scores[units]
+    total = float(scores.abs().sum()) or 1.0
+    rest = sum(abs(float(circ.edges[i, n.of])) for i, n in enumerate(circ.nodes) if n.kind == "rest" and n.of in units)
+    gap = float(circ.in_gap[units].abs().sum())
+    return [("model", circ.model_name), ("target", describe_target(circ)), ("weights μ", describe_weights(circ)),
+            ("graph", f"{len(units)} units ({heads} heads, {neurons} neurons) {where}, {len(circ.tokens)} tokens, "
+                      f"{edges} edges"),
+            ("in-flow", f"of the units' |scores|, {rest / total:.1%} comes from units left out (rest nodes) and "
+                        f"{gap / total:.1%} from the control paths (query/key, gate: the in-flow gap)")]
+
+
+def circuit_report(circ, *, top: int = 10) -> str:
+    lines = ["dpa circuit graph"] + [f"  {label:<10} {text}" for label, text in circuit_lines(circ)]
+    lines.append(f"top {top} direct effects (logit units):")
+    for s, d, e in top_edges(circ, top):
+        lines.append(f"  {e:+9.4f}  {node_text(circ, s)} -> {node_text(circ, d)}")
+    return "\n".join(lines) + "\n"
+
+
+def circuit_html(circ, *, prompt: str | None = None, top: int = 20) -> str:
+    """A standalone page with the graph drawn by ``static/graph.js`` (inlined: no network) and a table of
+    the top edges, which reads without scripts too."""
+    script = (Path(__file__).parent / "static" / "graph.js").read_text(encoding="utf-8")
+    data = json.dumps(circ.to_json(), allow_nan=False).replace("</", "<\\/")
+    info = "\n".join(f"<dt>{_esc(label)}</dt><dd>{_esc(text)}</dd>" for label, text in circuit_lines(circ))
+    rows = "\n".join(f"<tr><td class='num'>{e:+.4f}</td><td>{_esc(node_text(circ, s))}</td>"
+                     f"<td>{_esc(node_text(circ, d))}</td></tr>" for s, d, e in top_edges(circ, top))
+    title = f"DPA circuit: {prompt if prompt is not None else ''.join(circ.tokens)}"
+    body = script.replace("</script", "<\\/script")
+    return f"""<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{_esc(title[:120])}</title>
+<style>{_CSS}
+#graph {{ margin: 1em 0; overflow: auto; }}</style>
+</head>
+<body>
+<h1>Circuit graph</h1>
+<dl class="info">
+{info}
+</dl>
+<p class="note">Nodes: tokens (bottom), heads and neurons by layer (rows) and position (columns), the target (top).
+Edges: direct effects in logit units, red raises the destination's score, blue lowers it. Hover a node for its
+inputs and outputs, click it for its flows; the slider prunes by influence on the target.</p>
+<div id="graph"></div>
+<h2>Top direct effects</h2>
+<table><tr><th>effect</th><th>from</th><th>to</th></tr>
+{rows}
+</table>
+<p class="note">written by dpa (method.md section 8: direct effects in the linearised model).</p>
+<script type="module">
+{body}
+renderGraph(document.getElementById("graph"), {data}, {{}});
+</script>
 </body>
 </html>
 """

@@ -70,7 +70,11 @@ def path_patch(circ, model: nn.Module, tokenizer, edge) -> dict[str, Any]:
     if spec.d_model != circ._writes.shape[-1] or req.n_tokens != len(circ.token_ids):
         raise InputError("this circuit was computed on another model (its sizes differ)")
     mods = layer_modules(model, spec)
-    write = circ._writes[s]  # [pos d_model]
+    if src.kind == "token":
+        write = torch.zeros_like(circ._embeddings)
+        write[src.position] = circ._embeddings[src.position]
+    else:
+        write = circ._writes[s - len(circ.tokens)]  # [pos d_model]
     u = circ._direction
     pos = circ.target.position
     if dst.kind == "target":
