@@ -67,7 +67,8 @@ class Circuit:
     ``edges[source, destination]`` the direct effects, ``scores[node]`` each node's DPA score (the target's: the
     attributed value; a rest node's: the in-flow it carries), ``in_gap[node]`` the part of the score its
     in-flow does not explain (the control paths; 0 under conservative weights), ``bias_in[node]`` the in-flow
-    no token or unit owns (biases, learned positions), ``out_rest[node]`` the out-flow to units left out."""
+    no token or unit owns (biases, learned positions), ``out_rest[node]`` the out-flow to units left out,
+    ``in_positions[node, pos]`` its in-flow by the position it reads (a head's: where its keys and values read)."""
 
     nodes: list[Node]
     edges: Tensor  # [node node]
@@ -75,6 +76,7 @@ class Circuit:
     in_gap: Tensor  # [node]
     bias_in: Tensor  # [node]
     out_rest: Tensor  # [node]
+    in_positions: Tensor  # [node pos]: each node's in-flow by the residual position it is read at
     tokens: list[str]
     token_ids: list[int]
     target: TargetInfo
@@ -155,7 +157,9 @@ class Circuit:
         infl = self.influence()
         nodes = [dict(id=i, kind=n.kind, label=n.label, layer=n.layer, index=n.index, position=n.position,
                       of=n.of, score=_num(self.scores[i]), in_gap=_num(self.in_gap[i]), bias_in=_num(self.bias_in[i]),
-                      out_rest=_num(self.out_rest[i]), influence=_num(infl[i])) for i, n in enumerate(self.nodes)]
+                      out_rest=_num(self.out_rest[i]), influence=_num(infl[i]),
+                      **({"in_positions": [_num(x) for x in self.in_positions[i]]} if n.kind in LETTER or
+                         n.kind == "target" else {})) for i, n in enumerate(self.nodes)]
         nz = self.edges.nonzero().tolist()
         edges = [[s, d, _num(self.edges[s, d])] for s, d in nz]
         return dict(kind="circuit", model=self.model_name, tokens=self.tokens, token_ids=self.token_ids,
@@ -254,7 +258,7 @@ def circuit(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contras
     info = _result(model, req, run, 0, "output", False)
     g = run.graph
     return Circuit(nodes=g["nodes"], edges=g["edges"], scores=g["scores"], in_gap=g["in_gap"], bias_in=g["bias_in"],
-                   out_rest=g["out_rest"], tokens=info.tokens, token_ids=info.token_ids, target=info.target,
+                   out_rest=g["out_rest"], in_positions=g["in_positions"], tokens=info.tokens, token_ids=info.token_ids, target=info.target,
                    target_logit=info.target_logit, weights=req.weights, positions=positions,
                    model_name=info.model_name, _writes=g["writes"], _embeddings=g["embeddings"], _reads=g["reads"], _direction=g["direction"],
                    _spec=spec)
@@ -275,6 +279,9 @@ def _assemble(parent: Circuit | None, nodes: list[Node], edges: Tensor, scores: 
     pad = lambda x, fill=0.0: torch.cat([x, torch.full((r,), fill, dtype=x.dtype)])  # noqa: E731
     out = dict(nodes=nodes + rests, edges=full, scores=torch.cat([scores, rest.to(scores.dtype)]),
                in_gap=pad(in_gap), bias_in=pad(bias_in), out_rest=pad(out_rest))
+    if "in_positions" in fields or parent is not None:
+        ip = fields.pop("in_positions") if parent is None else parent.in_positions[keep]
+        out["in_positions"] = torch.cat([ip, ip.new_zeros(r, ip.shape[1])])
     if parent is None:
         return {**out, **fields}
     from dataclasses import replace
@@ -339,7 +346,8 @@ def build_graph(session, grads: list[Tensor], direction: Tensor, value: float, n
     reads_at = [_read_slot(spec, u) for u in units] + [2 * L]
     xin = torch.stack([resid[u.layer] if u.block == 0 or spec.parallel else mid[u.layer] for u in units]
                       + [resid[L]])
-    total = (g * xin).sum((1, 2))
+    by_position = (g * xin).sum(2)  # [dest pos]
+    total = by_position.sum(1)
     tok_in = (g * emb).sum(-1)  # [dest pos]
     pos_in = (g * learned).sum((1, 2)) if learned is not None else torch.zeros_like(total)
     bias_w = _bias_writes(mods, spec, dtype)  # slot -> [d_model]
@@ -373,7 +381,9 @@ def build_graph(session, grads: list[Tensor], direction: Tensor, value: float, n
     zero = torch.zeros(n_tok, dtype=dtype)
     out_rest = all_scores - edges.sum(1)
     out_rest[-1] = 0.0
-    fields = dict(writes=writes, embeddings=emb,
+    in_pos = torch.zeros(len(nodes), t_len, dtype=dtype)
+    in_pos[dest_index] = by_position
+    fields = dict(in_positions=in_pos, writes=writes, embeddings=emb,
                   reads={n_tok + k: r for k, r in enumerate(reads)}, direction=direction.detach().to(dtype))
     return _assemble(None, nodes, edges, all_scores, rest, torch.cat([zero, in_gap]),
                      torch.cat([zero, bias_in]), out_rest, **fields)
@@ -511,7 +521,7 @@ def _pullback(session, m, layer: int, block: int, units: list[Node], reads: list
     backward from each unit's G_v at its tap. A neuron's block is run at its position only (the MLP is
     position-wise). Returns g_v [unit pos d_model] and the block's biases' share of S_v [unit]."""
     spec, rec = session.spec, session.recording
-    t_len = resid[0].shape[0]
+    t_len = next(iter(resid.values())).shape[0]
     source = resid[layer] if block == 0 or spec.parallel else mid[layer]
     one = block == 1 and all(u.position is not None for u in units)
     width = spec.n_heads * spec.d_head if block == 0 else spec.d_mlp

@@ -10,6 +10,11 @@ nothing else changed. Two measures:
   alone is replaced by its patched one and everything downstream recomputes.
 
 For an edge into the target both are the change of the value with out_u removed from the final norm's input.
+
+An edge is DPA's *share* of an effect: each path of v's block counts with its weight mu (query 0.25, key 0.25,
+value 0.5 by default), while patching measures the whole effect. ``first_order`` is what the linearised model
+predicts for the patch itself, every path of v's block at weight 1 (out_u . g_v with all mu = 1): the number to
+compare ``direct`` with, and ``edge / first_order`` is the share the path weights give the edge.
 """
 
 from __future__ import annotations
@@ -125,5 +130,27 @@ def path_patch(circ, model: nn.Module, tokenizer, edge) -> dict[str, Any]:
         direct = score(z_clean) - score(z_patched)
         through = clean - run(False, replace=z_patched)[0]
     e = float(circ.edges[s, d])
-    return {"source": src.label, "destination": dst.label, "edge": e, "direct": direct, "target": through,
-            "ratio": direct / e if e != 0 else float("nan")}
+    first = e if dst.kind == "target" else _first_order(circ, model, req, mods, dst, G, write)
+    return {"source": src.label, "destination": dst.label, "edge": e, "first_order": first, "direct": direct,
+            "target": through, "ratio": direct / first if first != 0 else float("nan")}
+
+
+def _first_order(circ, model: nn.Module, req, mods, dst, G: Tensor, write: Tensor) -> float:
+    """out_u . g_v with every path of v's block at weight 1: v's block run again on its input (one forward of
+    the model records it) in the linearised model with all mu = 1, as ``dpa.circuit`` does for its edges."""
+    from .circuit import _pullback
+    from .linearise import Scores
+    from .weights import PathWeights
+
+    spec = req.spec
+    dtype = write.dtype
+    scores = Scores.empty(spec, 1, req.n_tokens, dtype, req.device, False)
+    record = {"resid", "mid", "calls", "head_inputs", "neuron_inputs"}
+    with instrument(model, req, weights=PathWeights(*(1,) * (7 if spec.n_experts else 5)), scores=scores, record=record) as session:
+        session.forward()
+        rec = session.recording
+        layer = dst.layer
+        resid = {layer: rec.resid[layer][0].detach().to(dtype)}
+        mid = {layer: rec.mid[layer][0].detach().to(dtype)}
+        g, _ = _pullback(session, mods[layer], layer, dst.block, [dst], [G], resid, mid, dict(rec.calls), dtype)
+    return float((g[0] * write.to(dtype)).sum())

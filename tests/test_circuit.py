@@ -280,6 +280,10 @@ def test_pruning_keeps_the_flows_whole():
     real = [i for i, n in enumerate(small.nodes) if n.kind not in ("rest", "target")]
     torch.testing.assert_close(small.edges[real].sum(1) + small.out_rest[real], small.scores[real], rtol=1e-9,
                                atol=1e-12 * scale)
+    for d in _destinations(circ):  # a bias-free model: the in-flow by position adds up to the in-flow
+        assert float(circ.in_positions[d].sum()) == pytest.approx(float(circ.edges[:, d].sum()), rel=1e-9, abs=1e-12)
+    for d in _destinations(small):
+        assert torch.equal(small.in_positions[d], circ.in_positions[circ.index(small.nodes[d].label)])
     assert circ.prune(1.0).units == circ.units
     assert circ.prune(0.0).units == []
     infl = circ.influence()
@@ -338,6 +342,7 @@ def test_verify_by_path_patching_on_the_real_model():
     out = circ.verify(model, None, (circ.nodes[u].label, circ.nodes[d].label))
     assert all(map(lambda k: torch.isfinite(torch.tensor(out[k])), ("direct", "target")))
     assert out["direct"] * out["edge"] > 0
+    assert 0.5 < out["ratio"] < 2  # the patched change against the first-order prediction (every path at mu = 1)
     for m in model.modules():
         assert not m._forward_pre_hooks and not m._forward_hooks
 
