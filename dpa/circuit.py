@@ -38,7 +38,7 @@ from .rules.norm import GAIN, rms_scale
 from .weights import PathWeights
 
 BLOCKS = ("attention", "mlp")
-LETTER = {"head": "H", "neuron": "N"}
+LETTER = {"head": "H", "neuron": "N", "expert": "E"}  # the unit kinds, and their letter in labels
 MAX_UNITS = 20000  # nodes=None on a model this size or a prompt this long: the dense edge matrix would not fit
 
 
@@ -57,8 +57,8 @@ class Node:
 
     @property
     def block(self) -> int | None:
-        """0 for a head (attention), 1 for a neuron (MLP), None otherwise."""
-        return {"head": 0, "neuron": 1}.get(self.kind)
+        """0 for a head (attention), 1 for a neuron or an expert (MLP), None otherwise."""
+        return {"head": 0, "neuron": 1, "expert": 1}.get(self.kind)
 
 
 @dataclass
@@ -246,11 +246,8 @@ def circuit(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contras
     req = requests.build(model, tokenizer, prompt, target, contrast=contrast, kind=kind, position=position,
                          weights=weights, multi_token=multi_token, batch=False)
     spec = req.spec
-    if spec.n_experts:
-        raise UnsupportedModelError(f"circuit graphs on a mixture of experts ({spec.family}) are not supported yet: "
-                                    "the DPA scores themselves (dpa.attribute) are")
     dtype = torch.float64 if spec.embed(model).weight.dtype == torch.float64 else torch.float32
-    graph = _Graph(nodes, positions)
+    graph = _Graph(nodes, positions, spec.n_experts > 0)
     run = _run(model, req, dtype, lean=False, edges=False, neuron_positions=False, effective_targets=False,
                neuron_target="output", probabilities=True, graph=graph)
     from .attribute import _result
@@ -295,15 +292,15 @@ def _assemble(parent: Circuit | None, nodes: list[Node], edges: Tensor, scores: 
 class _Graph:
     """The extension of one DPA run (``attribute._run``) that builds the graph inside its session."""
 
-    record = frozenset({"resid", "mid", "head_inputs", "neuron_inputs", "calls"})
-
-    def __init__(self, nodes: int | None, positions: bool):
+    def __init__(self, nodes: int | None, positions: bool, experts: bool):
         self.n_units, self.positions = nodes, positions
+        self.record = frozenset({"resid", "mid", "head_inputs", "calls"} | (set() if experts else {"neuron_inputs"}))
 
     def tensors(self, rec, spec: ModelSpec) -> list[Tensor]:
         """Whose gradients the DPA backward must return: the final residual (t^(L)), every o_proj and down input."""
-        return ([rec.resid[spec.n_layers]] + [rec.head_inputs[i] for i in range(spec.n_layers)]
-                + [rec.neuron_inputs[i] for i in range(spec.n_layers)])
+        mlp = ([rec.resid[i + 1] for i in range(spec.n_layers)] if spec.n_experts  # an expert's G: t at the layer's
+               else [rec.neuron_inputs[i] for i in range(spec.n_layers)])  # output; a neuron's: at the down input
+        return [rec.resid[spec.n_layers]] + [rec.head_inputs[i] for i in range(spec.n_layers)] + mlp
 
     def build(self, session, grads: list[Tensor], directions: Tensor, values: Tensor) -> dict:
         return build_graph(session, grads, directions[0], float(values[0]), self.n_units, self.positions)
@@ -321,23 +318,26 @@ def build_graph(session, grads: list[Tensor], direction: Tensor, value: float, n
     mid = {i: rec.mid[i][0].detach().to(dtype) for i in range(L)}
     calls = dict(rec.calls)
     z = {(i, 0): rec.head_inputs[i][0].detach().to(dtype) for i in range(L)}
-    z.update({(i, 1): rec.neuron_inputs[i][0].detach().to(dtype) for i in range(L)})
     t_final = grads[0][0].to(dtype)
     big = {(i, 0): grads[1 + i][0].to(dtype) for i in range(L)}
     big.update({(i, 1): grads[1 + L + i][0].to(dtype) for i in range(L)})
-    width = {0: spec.d_head, 1: 1}
-    # unit scores S = z . G per unit: [layer pos unit] for heads and neurons
-    per = {b: torch.stack([(z[(i, b)] * big[(i, b)]).view(t_len, -1, width[b]).sum(-1) for i in range(L)])
-           for b in (0, 1)}
+    # unit scores S = z . G per unit: [layer pos unit] for heads and neurons; an expert's from its router tap
+    per = {0: torch.stack([(z[(i, 0)] * big[(i, 0)]).view(t_len, -1, spec.d_head).sum(-1) for i in range(L)])}
+    if spec.n_experts:
+        per[1] = scores.expert_positions[0].to(dtype)
+    else:
+        z.update({(i, 1): rec.neuron_inputs[i][0].detach().to(dtype) for i in range(L)})
+        per[1] = torch.stack([z[(i, 1)] * big[(i, 1)] for i in range(L)])
     units = _select(per, n_units, positions, spec)
     with torch.no_grad():
         emb = spec.embed(model)(req.input_ids)[0].detach().to(dtype)
     learned = resid[0] - emb if spec.positions(model) is not None else None
 
+    g, inblock, reads, values = _pullbacks(session, mods, units, resid, mid, calls, big, dtype)
     gains: dict = {}
-    writes = torch.stack([_write(mods[u.layer], spec, u, z[(u.layer, u.block)], dtype, gains) for u in units]) \
-        if units else torch.zeros(0, t_len, spec.d_model, dtype=dtype)
-    g, inblock, reads = _pullbacks(session, mods, units, resid, mid, calls, z, big, dtype)
+    writes = torch.stack([values[k] if values[k] is not None else  # an expert's write: its term of the block
+                          _write(mods[u.layer], spec, u, z[(u.layer, u.block)], dtype, gains)
+                          for k, u in enumerate(units)]) if units else torch.zeros(0, t_len, spec.d_model, dtype=dtype)
     # the target as a destination: t^(L) at the final residual, its in-block bias the final norm's beta . u
     beta = getattr(spec.final_norm(model), "bias", None)
     g = torch.cat([g, t_final[None]])
@@ -403,7 +403,7 @@ def _select(per: dict[int, Tensor], n_units: int | None, positions: bool, spec: 
     for j in picked:
         b = 0 if j < sizes[0] else 1
         layer, pos, index = torch.unravel_index(torch.tensor(j - (0 if b == 0 else sizes[0])), flat[b].shape)
-        kind = ("head", "neuron")[b]
+        kind = ("head", "expert" if spec.n_experts else "neuron")[b]
         p = int(pos) if positions else None
         label = f"L{int(layer)}.{LETTER[kind]}{int(index)}" + (f"@{p}" if positions else "")
         out.append(Node(kind, label, int(layer), int(index), p))
@@ -435,6 +435,10 @@ def _read_slot(spec: ModelSpec, u: Node) -> int:
 
 
 def _columns(spec: ModelSpec, u: Node) -> slice:
+    """The unit's columns of its tap: a head's slice of the o_proj input, a neuron's column of the down input;
+    an expert's tap is the block's output (all of it, the expert's term alone: ``Session.only``)."""
+    if u.kind == "expert":
+        return slice(0, spec.d_model)
     w = spec.d_head if u.block == 0 else 1
     return slice(u.index * w, (u.index + 1) * w)
 
@@ -489,8 +493,9 @@ def _bias_writes(mods, spec: ModelSpec, dtype) -> dict[int, Tensor]:
 ROWS = 16  # units per batch when running a block again (memory: ROWS x pos x the block's activations)
 
 
-def _pullbacks(session, mods, units: list[Node], resid, mid, calls, z, big, dtype):
-    """g_v for every unit [unit pos d_model], its block's own biases' share [unit], and G_v at its tap."""
+def _pullbacks(session, mods, units: list[Node], resid, mid, calls, big, dtype):
+    """g_v for every unit [unit pos d_model], its block's own biases' share [unit], G_v at its tap, and an
+    expert's write (its term of the block's output, seen on the way; None for heads and neurons)."""
     spec = session.spec
     t_len = resid[0].shape[0]
     g = torch.zeros(len(units), t_len, spec.d_model, dtype=dtype)
@@ -502,29 +507,34 @@ def _pullbacks(session, mods, units: list[Node], resid, mid, calls, z, big, dtyp
         rows = slice(None) if u.position is None else slice(u.position, u.position + 1)
         G[rows] = big[(u.layer, u.block)][rows, cols]
         reads.append(G)
+    values: list[Tensor | None] = [None] * len(units)
     groups: dict[tuple[int, int], list[int]] = {}
     for k, u in enumerate(units):
         groups.setdefault((u.layer, u.block), []).append(k)
     for (layer, block), members in groups.items():
         for start in range(0, len(members), ROWS):
             chunk = members[start:start + ROWS]
-            gk, bk = _pullback(session, mods[layer], layer, block, [units[k] for k in chunk],
-                               [reads[k] for k in chunk], resid, mid, calls, dtype)
+            gk, bk, vk = _pullback(session, mods[layer], layer, block, [units[k] for k in chunk],
+                                   [reads[k] for k in chunk], resid, mid, calls, dtype)
             g[chunk] = gk
             inblock[chunk] = bk
-    return g, inblock, reads
+            for r, k in enumerate(chunk):
+                values[k] = None if vk is None else vk[r]
+    return g, inblock, reads, values
 
 
 def _pullback(session, m, layer: int, block: int, units: list[Node], reads: list[Tensor], resid, mid, calls,
-              dtype) -> tuple[Tensor, Tensor]:
+              dtype) -> tuple[Tensor, Tensor, Tensor | None]:
     """Run one block again on its recorded input, one batch row per unit, in the session's linearised model;
-    backward from each unit's G_v at its tap. A neuron's block is run at its position only (the MLP is
-    position-wise). Returns g_v [unit pos d_model] and the block's biases' share of S_v [unit]."""
+    backward from each unit's G_v at its tap. A neuron's (an expert's) block is run at its position only (the
+    MLP is position-wise); a sparse block keeps one expert's term per row (``Session.only``). Returns g_v
+    [unit pos d_model], the block's biases' share of S_v [unit], and for experts their terms [unit pos d_model]."""
     spec, rec = session.spec, session.recording
     t_len = next(iter(resid.values())).shape[0]
     source = resid[layer] if block == 0 or spec.parallel else mid[layer]
     one = block == 1 and all(u.position is not None for u in units)
-    width = spec.n_heads * spec.d_head if block == 0 else spec.d_mlp
+    experts = block == 1 and spec.n_experts > 0
+    width = spec.n_heads * spec.d_head if block == 0 else spec.d_model if experts else spec.d_mlp
     if one:  # each row: the unit's own position
         x = torch.stack([source[u.position:u.position + 1] for u in units])
     else:
@@ -543,10 +553,20 @@ def _pullback(session, m, layer: int, block: int, units: list[Node], reads: list
         args, kwargs = calls[layer]
         m.attention(h, *args, **kwargs)
         tap = rec.head_inputs[layer]
+    elif experts:
+        slots = torch.tensor([u.index for u in units], device=x.device).repeat_interleave(x.shape[1])
+        session.only = (slots, len(units))
+        try:
+            tap = m.mlp(h)
+        finally:
+            session.only = None
+        tap = tap[0] if isinstance(tap, tuple) else tap
     else:
         m.mlp(h)
         tap = rec.neuron_inputs[layer]
-    (grad,) = torch.autograd.grad(tap, x, G.to(tap.dtype))
+    # with the anchor too: the taps of constants (GPT-OSS's expert biases) lie on no path to x, yet take their share
+    grad, _ = torch.autograd.grad(tap, [x, session.anchor], G.to(tap.dtype), allow_unused=True)
+    value = tap.detach().to(dtype) if experts else None
     shares = sink[mark:]
     del sink[mark:]
     bias = torch.zeros(len(units), dtype=dtype)
@@ -555,7 +575,10 @@ def _pullback(session, m, layer: int, block: int, units: list[Node], reads: list
     grad = grad.detach().to(dtype)
     if one:
         out = torch.zeros(len(units), t_len, spec.d_model, dtype=dtype)
+        written = None if value is None else torch.zeros_like(out)
         for r, u in enumerate(units):
             out[r, u.position] = grad[r, 0]
-        return out, bias
-    return grad, bias
+            if written is not None:
+                written[r, u.position] = value[r, 0]
+        return out, bias, written
+    return grad, bias, value

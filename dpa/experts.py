@@ -64,8 +64,9 @@ def linearise_experts(session, i: int, mods: LayerModules, override: Callable, c
         """A bias (or GPT-OSS's + 1) added at token rows: the value, and its share b . grad * share in the bias."""
         if bias_sink is None or share == 0:
             return c
+        n = session.only[1] if session.only is not None else scores.shape[0]  # prompts (or rows run again)
         def reduce(x, g):  # per prompt of the batch
-            out = torch.zeros(scores.shape[0], dtype=scores.dtype, device=x.device)
+            out = torch.zeros(n, dtype=scores.dtype, device=x.device)
             return out.index_add_(0, rows // t, (x * g).sum(-1).to(out.dtype))
         return Tap.apply(c, anchor, reduce, lambda v: bias_sink(v * share), 0.0)
 
@@ -83,7 +84,7 @@ def linearise_experts(session, i: int, mods: LayerModules, override: Callable, c
             clip = lambda u: u.clamp(min=-limit, max=limit)  # noqa: E731
             up = LinearisedActivation.apply(up, clip, _safe_ratio(clip), 1.0)
             up = up + constant(torch.ones_like(up), rows, t, inner)  # its gradient carries mu_up (the tap below)
-        if neuron_buffer is not None:
+        if neuron_buffer is not None and session.only is None:
             sink = lambda v: add_neurons(rows, columns, v.to(neuron_buffer.dtype), t)  # noqa: E731
             up = Tap.apply(up, anchor, torch.mul, sink, mu.up)
         elif mu.up != 1:
@@ -93,11 +94,15 @@ def linearise_experts(session, i: int, mods: LayerModules, override: Callable, c
     def forward(hidden_states: Tensor, top_k_index: Tensor, top_k_weights: Tensor) -> Tensor:
         rows_total = hidden_states.shape[0]
         t = scores.shape[1] if scores is not None else rows_total
+        only = session.only  # circuit graphs run the block again, each row keeping one expert's term (circuit.py)
+        if only is not None:
+            t = rows_total // only[1]
+            top_k_weights = top_k_weights * (top_k_index == only[0][:, None]).to(top_k_weights.dtype)
         if store is not None:
             store[("router", i)] = (top_k_index.detach(), top_k_weights.detach())
         x = (hidden_states.detach() if expert_factor is None else hidden_states if expert_factor == 1
              else Branch.apply(hidden_states, expert_factor, None, None))
-        if expert_buffer is not None:
+        if expert_buffer is not None and only is None:
             def reduce(w, g):  # w . dL/dw per (token, slot), summed into [token expert]
                 out = torch.zeros(rows_total, expert_buffer.shape[-1], dtype=expert_buffer.dtype, device=w.device)
                 return out.scatter_add_(1, top_k_index, (w * g).to(out.dtype))
@@ -193,11 +198,16 @@ def _shared_expert(session, i, mods, override, router_factor, expert_factor, glu
 
     def forward(x: Tensor) -> Tensor:  # the shared GLU from its own projections [rows d_model]
         t = session.scores.shape[1] if session.scores is not None else x.shape[0]
+        only = session.only
+        if only is not None:
+            t = x.shape[0] // only[1]
         x = x.detach() if expert_factor is None else x if expert_factor == 1 else Branch.apply(x, expert_factor,
                                                                                                   None, None)
         rows = torch.arange(x.shape[0], device=x.device)
         a = glu(shared.gate_proj(x), shared.up_proj(x), rows, columns, t, shared.act_fn)
         y = shared.down_proj(a)
+        if only is not None:  # a row keeping a routed expert's term drops the shared expert's
+            return y * (only[0] == spec.n_experts)[:, None].to(y.dtype)
         if expert_buffer is not None:
             sink = lambda v: expert_buffer.view(-1, expert_buffer.shape[-1])[:, -1].add_(v)  # noqa: E731
             y = Tap.apply(y, anchor, lambda y, g: (y * g).sum(-1).to(expert_buffer.dtype), sink, 1)

@@ -207,6 +207,8 @@ class Session:
         self.model, self.request, self.spec = model, request, request.spec
         self.weights, self.scores, self.recording, self.record = weights, scores, recording, record
         self.anchor = torch.zeros((), requires_grad=True, device=request.device)
+        # (slot per row [rows], rows run) while circuit.py runs a sparse block again, one expert's term per row
+        self.only: tuple[Tensor, int] | None = None
 
     def forward(self, input_ids: Tensor | None = None, inputs_embeds: Tensor | None = None) -> Tensor:
         """The decoder stack's last hidden state [rows pos d_model] (after the final norm): the request's

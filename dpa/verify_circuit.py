@@ -62,7 +62,10 @@ def path_patch(circ, model: nn.Module, tokenizer, edge) -> dict[str, Any]:
         raise InputError(f"edge must be (source, destination), got {edge!r}")
     s, d = circ.index(edge[0]), circ.index(edge[1])
     src, dst = circ.nodes[s], circ.nodes[d]
-    if src.kind not in ("token", "head", "neuron"):
+    if dst.kind == "expert":
+        raise InputError(f"verifying an edge into an expert ({dst.label}) is not supported yet: its score needs the "
+                         "expert's own term of the sparse block on the real model")
+    if src.kind not in ("token", "head", "neuron", "expert"):
         raise InputError(f"the source of a verified edge is a token or a unit, not {src.kind} ({src.label})")
     if dst.kind not in ("head", "neuron", "target"):
         raise InputError(f"the destination of a verified edge is a unit or the target, not {dst.kind} ({dst.label})")
@@ -152,5 +155,5 @@ def _first_order(circ, model: nn.Module, req, mods, dst, G: Tensor, write: Tenso
         layer = dst.layer
         resid = {layer: rec.resid[layer][0].detach().to(dtype)}
         mid = {layer: rec.mid[layer][0].detach().to(dtype)}
-        g, _ = _pullback(session, mods[layer], layer, dst.block, [dst], [G], resid, mid, dict(rec.calls), dtype)
+        g, _, _ = _pullback(session, mods[layer], layer, dst.block, [dst], [G], resid, mid, dict(rec.calls), dtype)
     return float((g[0] * write.to(dtype)).sum())

@@ -18,18 +18,27 @@ from torch.autograd import forward_ad
 
 import dpa
 from dpa.circuit import circuit
-from dpa.errors import InputError, UnsupportedModelError
+from dpa.errors import InputError
 from dpa.families import layer_modules
 
-from .conftest import ALL_FAMILIES, LAYOUTS, MHA_ONLY, MOE_FAMILIES, random_ids, tiny_model
+from .conftest import ALL_FAMILIES, LAYOUTS, MHA_ONLY, random_ids, tiny_model
 from .test_families_autograd import TARGET, linearised, pre_cap_logits
 
-DENSE = [f for f in ALL_FAMILIES if f not in MOE_FAMILIES]
 CONSERVATIVE = (0, 0, 1, 0.3, 0.7)
 DEFAULT = (0.25, 0.25, 0.5, 0.5, 0.5)
+VALUE_ONLY = (0, 0, 1, 0.5, 0.5)
 
 
-@pytest.fixture(scope="module", params=[(f, lay) for f in DENSE for lay in LAYOUTS if lay == "mha" or f not in MHA_ONLY],
+def weights(model, mu):
+    """``mu`` for this model: on a mixture of experts, with the router and expert weights (router 0 and experts 1
+    where the GLU weights conserve, else balanced)."""
+    if not dpa.spec_for(model).n_experts:
+        return mu
+    return mu + ((0, 1) if mu[:3] == (0, 0, 1) else (0.5, 0.5))
+
+
+@pytest.fixture(scope="module", params=[(f, lay) for f in ALL_FAMILIES for lay in LAYOUTS
+                                        if lay == "mha" or f not in MHA_ONLY],
                 ids=lambda p: f"{p[0]}-{p[1]}")
 def model(request):
     family, layout = request.param
@@ -69,7 +78,8 @@ class Reference:
                 h.remove()
 
     def _tap_gradients(self):
-        """G at every o_proj and down input: the gradient of the target there (a full linearised backward)."""
+        """G at every o_proj and down input, and at every layer's output (an expert's G): the gradient of the
+        target there (a full linearised backward)."""
         z = {}
 
         def keep(key):
@@ -78,21 +88,36 @@ class Reference:
                     args[0].retain_grad()
                 z[key] = args[0]
             return pre
-        hooks = [(_tap(m, b), keep((i, b)), True) for i, m in enumerate(self.mods) for b in (0, 1)]
+
+        def keep_out(key):
+            def post(_m, _args, out):
+                out = out[0] if isinstance(out, tuple) else out
+                out.retain_grad()
+                z[key] = out
+            return post
+        hooks = [(m.heads, keep((i, 0)), True) for i, m in enumerate(self.mods)]
+        hooks += [(m.neurons, keep((i, 1)), True) for i, m in enumerate(self.mods) if m.neurons is not None]
+        hooks += [(m.layer, keep_out((i, 1)), False) for i, m in enumerate(self.mods) if m.neurons is None]
         self._run(hooks).backward()
         return {k: torch.zeros_like(v[0]) if v.grad is None else v.grad[0].detach() for k, v in z.items()}
 
     def _mask(self, node, shape):
         m = torch.zeros(shape, dtype=torch.float64)
         width = self.spec.d_head if node.kind == "head" else 1
-        cols = slice(node.index * width, (node.index + 1) * width)
+        cols = slice(None) if node.kind == "expert" else slice(node.index * width, (node.index + 1) * width)
         m[slice(None) if node.position is None else node.position, cols] = 1
+        return m
+
+    def _rows(self, node, n):
+        """[rows] 1 where a unit sits (its position, or every position)."""
+        m = torch.zeros(n, dtype=torch.float64)
+        m[slice(None) if node.position is None else node.position] = 1
         return m
 
     def effects(self, circ, dest):
         """E(source -> dest) for every token and unit of ``circ`` [sources], sources in the circuit's order."""
         nodes = circ.nodes
-        sources = [i for i, n in enumerate(nodes) if n.kind in ("token", "head", "neuron")]
+        sources = [i for i, n in enumerate(nodes) if n.kind in ("token", "head", "neuron", "expert")]
         eps = torch.zeros(len(sources), dtype=torch.float64, requires_grad=True)
         where = {i: k for k, i in enumerate(sources)}
         tokens = [i for i in sources if nodes[i].kind == "token"]
@@ -106,34 +131,76 @@ class Reference:
         for li, m in enumerate(self.mods):
             for b in (0, 1):
                 mine = [i for i in sources if nodes[i].kind != "token" and nodes[i].layer == li and nodes[i].block == b]
-
-                def scale(_m, args, kwargs, mine=mine, key=(li, b)):
-                    z = args[0]
-                    captured[key] = z
-                    factor = 1 + sum((eps[where[i]] * self._mask(nodes[i], z.shape[1:]) for i in mine),
-                                     torch.zeros(z.shape[1:], dtype=torch.float64))
-                    return (z * factor, *args[1:]), kwargs
-                hooks.append((_tap(m, b), scale, True))
+                if b == 1 and m.experts is not None:
+                    hooks += self._expert_hooks(m, mine, eps, where, nodes, v if (li, b) == (v.layer, v.block) else None,
+                                                captured)
+                else:
+                    def scale(_m, args, kwargs, mine=mine, key=(li, b)):
+                        z = args[0]
+                        captured[key] = z
+                        factor = 1 + sum((eps[where[i]] * self._mask(nodes[i], z.shape[1:]) for i in mine),
+                                         torch.zeros(z.shape[1:], dtype=torch.float64))
+                        return (z * factor, *args[1:]), kwargs
+                    hooks.append((_tap(m, b), scale, True))
                 if v.kind == "target" or (li, b) != (v.layer, v.block):
                     hooks.append((_reader(m, b), _detach, True))
         value = self._run(hooks)
         if v.kind == "target":
             s = value
+        elif v.kind == "expert":
+            key = (v.layer, 1)
+            s = (captured["term"] * self.G[key] * self._mask(v, self.G[key].shape)).sum()
         else:
             key = (v.layer, v.block)
             s = (captured[key][0] * self.G[key] * self._mask(v, self.G[key].shape)).sum()
         (grad,) = torch.autograd.grad(s, eps, allow_unused=True)
         return sources, (torch.zeros_like(eps) if grad is None else grad)
 
+    def _expert_hooks(self, m, mine, eps, where, nodes, dest, captured):
+        """A sparse block's writes scaled per expert unit: eps times a routed expert's term (the block run with
+        the other experts' routing weights zeroed) added at its rows, the shared expert's output scaled at its
+        rows. For a destination expert, its term of the block is kept before this layer's own units are scaled."""
+        n_routed = self.spec.n_experts
+        routed = [i for i in mine if nodes[i].index < n_routed]
+        shared = [i for i in mine if nodes[i].index == n_routed]
+        hooks = []
+
+        def add_terms(_m, args, out):
+            hidden, index, weights = args
+
+            def term(e):  # expert e's term of the block: the other experts' routing weights zeroed
+                return m.experts.forward(hidden, index, weights * (index == e).to(weights.dtype))
+            if dest is not None and dest.index < n_routed:
+                captured["term"] = term(dest.index)
+            for i in routed:
+                out = out + eps[where[i]] * self._rows(nodes[i], len(hidden))[:, None] * term(nodes[i].index)
+            return out
+        hooks.append((m.experts, add_terms, False))
+        if m.shared is not None:
+            def gate(_m, _args, out):  # (HF runs the shared expert first, then its gate)
+                if dest is not None and dest.index == n_routed:
+                    captured["term"] = torch.sigmoid(out) * captured["shared"]
+
+            def scale_shared(_m, _args, out):
+                if dest is not None and dest.index == n_routed:
+                    captured["shared"] = out
+                factor = 1 + sum((eps[where[i]] * self._rows(nodes[i], out.shape[0]) for i in shared),
+                                 torch.zeros(out.shape[0], dtype=torch.float64))
+                return out * factor[:, None]
+            hooks += [(m.shared_gate, gate, False), (m.shared, scale_shared, False)]
+        return hooks
+
 
 def _detach(_m, args, kwargs):
+    """A block reading the residual stream cut from everything below (a fresh leaf: the reference's experts keep
+    their activations' gradients, so something must require one)."""
     if args:
-        return (args[0].detach(), *args[1:]), kwargs
-    return args, {**kwargs, "hidden_states": kwargs["hidden_states"].detach()}
+        return (args[0].detach().requires_grad_(True), *args[1:]), kwargs
+    return args, {**kwargs, "hidden_states": kwargs["hidden_states"].detach().requires_grad_(True)}
 
 
 def _destinations(circ):
-    return [i for i, n in enumerate(circ.nodes) if n.kind in ("head", "neuron", "target")]
+    return [i for i, n in enumerate(circ.nodes) if n.kind in ("head", "neuron", "expert", "target")]
 
 
 def _scale(circ):
@@ -144,8 +211,8 @@ def _scale(circ):
                          ids=["conservative", "default", "components"])
 def test_every_edge_equals_autograd(model, mu, positions):
     ids = random_ids(5)
-    circ = circuit(model, None, ids, target=TARGET, weights=dpa.PathWeights(*mu), nodes=12, positions=positions)
-    ref = Reference(model, ids, mu)
+    circ = circuit(model, None, ids, target=TARGET, weights=dpa.PathWeights(*weights(model, mu)), nodes=12, positions=positions)
+    ref = Reference(model, ids, weights(model, mu))
     scale = _scale(circ)
     for d in _destinations(circ):
         sources, expected = ref.effects(circ, d)
@@ -155,8 +222,8 @@ def test_every_edge_equals_autograd(model, mu, positions):
 def test_the_reference_can_fail(model):
     """The comparison above is not vacuous: a direct effect through a cut block differs."""
     ids = random_ids(5)
-    circ = circuit(model, None, ids, target=TARGET, weights=dpa.PathWeights(*DEFAULT), nodes=12)
-    ref = Reference(model, ids, (0, 0, 1, 0.5, 0.5))  # other path weights: other effects
+    circ = circuit(model, None, ids, target=TARGET, weights=dpa.PathWeights(*weights(model, DEFAULT)), nodes=12)
+    ref = Reference(model, ids, weights(model, VALUE_ONLY))  # other path weights: other effects
     diffs = [float((circ.edges[s, d] - e).abs().max()) for d in _destinations(circ)
              for s, e in [ref.effects(circ, d)]]
     assert max(diffs) > 1e-6 * _scale(circ)
@@ -168,7 +235,7 @@ def test_flow_identities_on_every_unit(model, positions):
     rest); in-flow under conservative weights: each unit's incoming effects, tokens' and biases' add up to its
     score (no gap, no rest)."""
     ids = random_ids(5)
-    circ = circuit(model, None, ids, target=TARGET, weights=dpa.PathWeights(*CONSERVATIVE), nodes=None,
+    circ = circuit(model, None, ids, target=TARGET, weights=dpa.PathWeights(*weights(model, CONSERVATIVE)), nodes=None,
                    positions=positions)
     scale = _scale(circ)
     real = [i for i, n in enumerate(circ.nodes) if n.kind != "rest"]
@@ -182,16 +249,17 @@ def test_flow_identities_on_every_unit(model, positions):
     for d in _destinations(circ):
         assert float(inflow[d]) == pytest.approx(float(circ.scores[d]), rel=1e-8, abs=1e-10 * scale)
     # the scores are DPA's
-    res = dpa.attribute(model, None, ids, target=TARGET, weights=dpa.PathWeights(*CONSERVATIVE))
+    res = dpa.attribute(model, None, ids, target=TARGET, weights=dpa.PathWeights(*weights(model, CONSERVATIVE)))
     heads = torch.zeros_like(res.head_scores)
-    neurons = torch.zeros_like(res.neuron_scores)
+    mlp = torch.zeros_like(res.neuron_scores if res.expert_scores is None else res.expert_scores)
     for i, n in enumerate(circ.nodes):
         if n.kind == "head":
             heads[n.layer, n.index] += circ.scores[i]
-        elif n.kind == "neuron":
-            neurons[n.layer, n.index] += circ.scores[i]
+        elif n.kind in ("neuron", "expert"):
+            mlp[n.layer, n.index] += circ.scores[i]
     torch.testing.assert_close(heads, res.head_scores, rtol=1e-10, atol=1e-12)
-    torch.testing.assert_close(neurons, res.neuron_scores, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(mlp, res.neuron_scores if res.expert_scores is None else res.expert_scores,
+                               rtol=1e-10, atol=1e-12)
     assert circ.scores[circ.target_index] == pytest.approx(res.target_logit, rel=1e-12)
 
 
@@ -199,8 +267,8 @@ def test_the_in_flow_gap_is_the_control_paths_part(model):
     """Under the default weights the in-flow misses the query/key and gate paths' part: the reported gap is
     the score minus the autograd in-flow (tokens' and units') minus the biases'."""
     ids = random_ids(5)
-    circ = circuit(model, None, ids, target=TARGET, weights=dpa.PathWeights(*DEFAULT), nodes=12)
-    ref = Reference(model, ids, DEFAULT)
+    circ = circuit(model, None, ids, target=TARGET, weights=dpa.PathWeights(*weights(model, DEFAULT)), nodes=12)
+    ref = Reference(model, ids, weights(model, DEFAULT))
     scale = _scale(circ)
     gaps = []
     for d in _destinations(circ):
@@ -217,13 +285,14 @@ def test_path_patching_in_the_linearised_model_equals_the_edge(model):
     block reading it) changes S_v by exactly E(u -> v), for the largest edges of the graph."""
     ids = random_ids(5)
     mu = DEFAULT
-    circ = circuit(model, None, ids, target=TARGET, weights=dpa.PathWeights(*mu), nodes=12)
-    ref = Reference(model, ids, mu)
-    units = circ.units
-    block = circ.edges[units][:, _destinations(circ)].abs()
+    circ = circuit(model, None, ids, target=TARGET, weights=dpa.PathWeights(*weights(model, mu)), nodes=12)
+    ref = Reference(model, ids, weights(model, mu))
+    units = [i for i in circ.units if circ.nodes[i].kind != "expert"]  # (an expert's write: no single tap)
+    dests = [d for d in _destinations(circ) if circ.nodes[d].kind != "expert"]
+    block = circ.edges[units][:, dests].abs()
     top = torch.topk(block.flatten(), 4).indices
     for k in top.tolist():
-        u, d = units[k // block.shape[1]], _destinations(circ)[k % block.shape[1]]
+        u, d = units[k // block.shape[1]], dests[k % block.shape[1]]
         assert patched_change(ref, circ, u, d) == pytest.approx(float(circ.edges[u, d]), rel=1e-8,
                                                                 abs=1e-10 * _scale(circ))
 
@@ -243,7 +312,7 @@ def patched_change(ref, circ, u, d):
         hooks = [(_tap(ref.mods[unit.layer], unit.block), remove, True)]
         for li, m in enumerate(ref.mods):
             for b in (0, 1):
-                if (li, b) != (unit.layer, unit.block):
+                if (li, b) != (unit.layer, unit.block) and _tap(m, b) is not None:
                     hooks.append((_tap(m, b), lambda _m, a, k, key=(li, b): captured.__setitem__(key, a[0]), True))
                 if v.kind == "target" or (li, b) != (v.layer, v.block):
                     hooks.append((_reader(m, b), _detach_dual, True))
@@ -269,7 +338,7 @@ def _detach_dual(_m, args, kwargs):
 def test_pruning_keeps_the_flows_whole():
     model = tiny_model("llama", 2)
     ids = random_ids(6)
-    circ = circuit(model, None, ids, target=TARGET, weights=dpa.PathWeights(*CONSERVATIVE), nodes=40)
+    circ = circuit(model, None, ids, target=TARGET, weights=dpa.PathWeights(*weights(model, CONSERVATIVE)), nodes=40)
     small = circ.prune(0.5)
     assert 0 < len(small.units) < len(circ.units)
     assert all(small.nodes[i].kind == "token" for i in range(len(ids)))
@@ -318,18 +387,12 @@ def test_one_prompt_only():
         circuit(tiny_model("llama"), None, [random_ids(4), random_ids(4)], target=TARGET)
 
 
-@pytest.mark.parametrize("family", MOE_FAMILIES)
-def test_mixture_of_experts_is_refused_by_name(family):
-    with pytest.raises(UnsupportedModelError, match="mixture of experts"):
-        circuit(tiny_model(family), None, random_ids(4), target=TARGET)
-
-
 def test_verify_by_path_patching_on_the_real_model():
     """On the real (not linearised) tiny model the patched change of the target is near the edge for the largest
     edges into the target; unit -> unit edges give a finite measure; the model keeps no hook."""
     model = tiny_model("llama", 2)
     ids = random_ids(6)
-    circ = circuit(model, None, ids, target=TARGET, weights=dpa.PathWeights(*CONSERVATIVE), nodes=10)
+    circ = circuit(model, None, ids, target=TARGET, weights=dpa.PathWeights(*weights(model, CONSERVATIVE)), nodes=10)
     t = circ.target_index
     top = torch.topk(circ.edges[circ.units, t].abs(), 3).indices.tolist()
     for k in top:
