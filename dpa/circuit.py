@@ -179,6 +179,14 @@ class Circuit:
 
         return path_patch(self, model, tokenizer, edge)
 
+    def patch_read(self, model: nn.Module, tokenizer, node, position: int, corrupt) -> dict[str, float]:
+        """Path patching from a position: ``node``'s block reads the residual stream at ``position`` from a run
+        on ``corrupt`` (the prompt with a token swapped; same length), all else clean. Returns S_v clean and
+        patched, the change, and the node's DPA in-flow from that position (``in_positions``) to compare."""
+        from .verify_circuit import patch_read
+
+        return patch_read(self, model, tokenizer, node, position, corrupt)
+
 
 def _num(x) -> float | None:
     v = float(x)

@@ -157,3 +157,58 @@ def _first_order(circ, model: nn.Module, req, mods, dst, G: Tensor, write: Tenso
         mid = {layer: rec.mid[layer][0].detach().to(dtype)}
         g, _, _ = _pullback(session, mods[layer], layer, dst.block, [dst], [G], resid, mid, dict(rec.calls), dtype)
     return float((g[0] * write.to(dtype)).sum())
+
+
+def patch_read(circ, model: nn.Module, tokenizer, node, position: int, corrupt) -> dict[str, Any]:
+    """Path patching from a position: v's block reads the residual stream at ``position`` from a run on
+    ``corrupt`` (a prompt of the same length: the clean one with one token swapped, say), everything else from
+    the clean run; returns S_v clean and patched (z_v . G_v, G_v held), their difference, and DPA's in-flow of v
+    from that position (``Circuit.in_positions``) beside it."""
+    v = circ.nodes[circ.index(node)]
+    d = circ.index(node)
+    if v.kind not in ("head", "neuron"):
+        raise InputError(f"patch_read takes a head or a neuron, not {v.kind} ({v.label})")
+    if isinstance(position, bool) or not isinstance(position, int) or not 0 <= position < len(circ.tokens):
+        raise InputError(f"position must be an int in [0, {len(circ.tokens)}), got {position!r}")
+    clean_req = requests.build(model, tokenizer, circ.token_ids, None, batch=False)
+    bad_req = requests.build(model, tokenizer, corrupt, None, batch=False)
+    if bad_req.n_tokens != clean_req.n_tokens:
+        raise InputError(f"the corrupt prompt has {bad_req.n_tokens} tokens, the circuit's {clean_req.n_tokens}: "
+                         "path patching needs the same positions")
+    mods = layer_modules(model, clean_req.spec)[v.layer]
+    reader, tap = _reader(mods, v.block), _tap(mods, v.block)
+    width = clean_req.spec.d_head if v.kind == "head" else 1
+    cols = slice(v.index * width, (v.index + 1) * width)
+    G = circ._reads[d]
+
+    def run(req, replace: Tensor | None) -> tuple[Tensor, Tensor]:
+        seen: dict[str, Tensor] = {}
+
+        def read(_m, args, kwargs):
+            x = _first(args, kwargs)
+            seen["x"] = x.detach()
+            if replace is None:
+                return None
+            x = x.clone()
+            x[0, position] = replace.to(x.dtype)
+            return _replace_first(args, kwargs, x)
+
+        def keep(_m, args, kwargs):
+            seen["z"] = _first(args, kwargs).detach()
+        with instrument(model, req, grad=False) as session:
+            handles = [reader.register_forward_pre_hook(read, with_kwargs=True),
+                       tap.register_forward_pre_hook(keep, with_kwargs=True)]
+            try:
+                session.forward()
+            finally:
+                for h in handles:
+                    h.remove()
+        return seen["x"], seen["z"]
+
+    x_bad, _ = run(bad_req, None)
+    _, z_clean = run(clean_req, None)
+    _, z_patched = run(clean_req, x_bad[0, position])
+    score = lambda z: float((z[0, :, cols].to(G.dtype).cpu() * G).sum())  # noqa: E731
+    clean, patched = score(z_clean), score(z_patched)
+    return {"node": v.label, "position": position, "token": circ.tokens[position], "clean": clean,
+            "patched": patched, "change": clean - patched, "in_flow": float(circ.in_positions[d, position])}

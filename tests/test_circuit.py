@@ -421,3 +421,25 @@ def test_verify_refuses_what_it_cannot_patch():
         circ.verify(model, None, (last, first))
     with pytest.raises(InputError, match="edge must be"):
         circ.verify(model, None, "target")
+
+
+def test_patch_read():
+    """Path patching from a position: the clean prompt as its own corruption changes nothing; another token at
+    the read position changes the score; a prompt of another length, a position out of range and a rest node
+    are refused."""
+    model = tiny_model("llama", 2)
+    ids = random_ids(6)
+    circ = circuit(model, None, ids, target=TARGET, nodes=10)
+    head = next(i for i in circ.units if circ.nodes[i].kind == "head" and circ.nodes[i].position == 5)
+    same = circ.patch_read(model, None, head, 2, ids)
+    assert same["change"] == 0 and same["clean"] == pytest.approx(circ.score(head), rel=1e-9)
+    other = ids.clone()
+    other[2] = (other[2] + 1) % 96
+    moved = circ.patch_read(model, None, head, 2, other)
+    assert moved["change"] != 0 and moved["in_flow"] == float(circ.in_positions[head, 2])
+    with pytest.raises(InputError, match="same positions"):
+        circ.patch_read(model, None, head, 2, ids[:4])
+    with pytest.raises(InputError, match="position must be"):
+        circ.patch_read(model, None, head, 9, ids)
+    with pytest.raises(InputError, match="head or a neuron"):
+        circ.patch_read(model, None, "target", 2, ids)
