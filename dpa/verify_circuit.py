@@ -57,17 +57,52 @@ def _upstream(circ, src, dst) -> bool:
     return 2 * src.layer + src.block < _read_slot(circ._spec, dst)
 
 
+class _ExpertTerm:
+    """Hooks on a sparse block of the real model that keep one expert's term of its output, w_e(x) E_e(x)
+    [1 pos d_model], in ``seen["z"]`` (a routed expert: the experts module again with the other routing weights
+    zeroed; the shared expert: its gate's sigmoid times its output), and with ``replace`` swap that term at
+    ``rows`` of the block's output for the given one (v's write replaced, nothing else)."""
+
+    def __init__(self, mods, spec, slot: int, rows: slice, seen: dict, replace: Tensor | None):
+        self.mods, self.spec, self.slot, self.rows, self.seen, self.replace = mods, spec, slot, rows, seen, replace
+
+    def hooks(self) -> list:
+        m = self.mods
+        if self.slot < self.spec.n_experts:
+            out = [m.experts.register_forward_hook(self._routed)]
+        else:
+            out = [m.shared.register_forward_hook(self._shared), m.shared_gate.register_forward_hook(self._gate)]
+        return out + [m.mlp.register_forward_hook(self._block)]
+
+    def _routed(self, module, args, _out):
+        hidden, index, weights = args
+        keep = (index == self.slot).to(weights.dtype)
+        self.seen["z"] = type(module).forward(module, hidden, index, weights * keep).detach()[None]
+
+    def _shared(self, _module, _args, out):
+        self.seen["shared"] = out.detach()
+
+    def _gate(self, _module, _args, out):
+        self.seen["z"] = (torch.sigmoid(out.detach()) * self.seen["shared"]).reshape(1, -1, self.spec.d_model)
+
+    def _block(self, _module, _args, out):
+        if self.replace is None:
+            return None
+        y = out[0] if isinstance(out, tuple) else out
+        y = y.clone()
+        delta = (self.replace - self.seen["z"]).to(y.dtype).reshape(1, -1, y.shape[-1])
+        y[:, self.rows] = y[:, self.rows] + delta[:, self.rows]
+        return (y, *out[1:]) if isinstance(out, tuple) else y
+
+
 def path_patch(circ, model: nn.Module, tokenizer, edge) -> dict[str, Any]:
     if not isinstance(edge, (tuple, list)) or len(edge) != 2:
         raise InputError(f"edge must be (source, destination), got {edge!r}")
     s, d = circ.index(edge[0]), circ.index(edge[1])
     src, dst = circ.nodes[s], circ.nodes[d]
-    if dst.kind == "expert":
-        raise InputError(f"verifying an edge into an expert ({dst.label}) is not supported yet: its score needs the "
-                         "expert's own term of the sparse block on the real model")
     if src.kind not in ("token", "head", "neuron", "expert"):
         raise InputError(f"the source of a verified edge is a token or a unit, not {src.kind} ({src.label})")
-    if dst.kind not in ("head", "neuron", "target"):
+    if dst.kind not in ("head", "neuron", "expert", "target"):
         raise InputError(f"the destination of a verified edge is a unit or the target, not {dst.kind} ({dst.label})")
     if src.kind != "token" and dst.kind != "target" and not _upstream(circ, src, dst):
         raise InputError(f"{src.label} is not upstream of {dst.label}: {dst.label}'s block does not read its write")
@@ -87,6 +122,8 @@ def path_patch(circ, model: nn.Module, tokenizer, edge) -> dict[str, Any]:
     pos = circ.target.position
     if dst.kind == "target":
         reader, tap, cols = spec.final_norm(model), None, None
+    elif dst.kind == "expert":  # its "tap" is its term of the sparse block (_ExpertTerm), all of d_model
+        reader, tap, cols = _reader(mods[dst.layer], 1), None, slice(None)
     else:
         m = mods[dst.layer]
         reader, tap = _reader(m, dst.block), _tap(m, dst.block)
@@ -98,6 +135,7 @@ def path_patch(circ, model: nn.Module, tokenizer, edge) -> dict[str, Any]:
         """One forward: the value, and v's tap input; ``remove`` patches v's read, ``replace`` v's tap slice."""
         seen: dict[str, Tensor] = {}
         handles = []
+        rows = slice(None) if dst.position is None else slice(dst.position, dst.position + 1)
         with instrument(model, req, grad=False) as session:
             def patch(_m, args, kwargs):
                 x = _first(args, kwargs)
@@ -108,7 +146,6 @@ def path_patch(circ, model: nn.Module, tokenizer, edge) -> dict[str, Any]:
                 seen["z"] = z.detach()
                 if replace is not None:
                     z = z.clone()
-                    rows = slice(None) if dst.position is None else slice(dst.position, dst.position + 1)
                     z[0, rows, cols] = replace.to(z.dtype)[0, rows, cols]
                     return _replace_first(args, kwargs, z)
                 return None
@@ -117,6 +154,8 @@ def path_patch(circ, model: nn.Module, tokenizer, edge) -> dict[str, Any]:
                     handles.append(reader.register_forward_pre_hook(patch, with_kwargs=True))
                 if tap is not None:
                     handles.append(tap.register_forward_pre_hook(keep, with_kwargs=True))
+                if dst.kind == "expert":
+                    handles += _ExpertTerm(mods[dst.layer], spec, dst.index, rows, seen, replace).hooks()
                 hidden = session.forward()
             finally:
                 for h in handles:
@@ -166,8 +205,8 @@ def patch_read(circ, model: nn.Module, tokenizer, node, position: int, corrupt) 
     from that position (``Circuit.in_positions``) beside it."""
     v = circ.nodes[circ.index(node)]
     d = circ.index(node)
-    if v.kind not in ("head", "neuron"):
-        raise InputError(f"patch_read takes a head or a neuron, not {v.kind} ({v.label})")
+    if v.kind not in ("head", "neuron", "expert"):
+        raise InputError(f"patch_read takes a head, a neuron or an expert, not {v.kind} ({v.label})")
     if isinstance(position, bool) or not isinstance(position, int) or not 0 <= position < len(circ.tokens):
         raise InputError(f"position must be an int in [0, {len(circ.tokens)}), got {position!r}")
     clean_req = requests.build(model, tokenizer, circ.token_ids, None, batch=False)
@@ -176,10 +215,11 @@ def patch_read(circ, model: nn.Module, tokenizer, node, position: int, corrupt) 
         raise InputError(f"the corrupt prompt has {bad_req.n_tokens} tokens, the circuit's {clean_req.n_tokens}: "
                          "path patching needs the same positions")
     mods = layer_modules(model, clean_req.spec)[v.layer]
-    reader, tap = _reader(mods, v.block), _tap(mods, v.block)
+    reader, tap = _reader(mods, v.block), (None if v.kind == "expert" else _tap(mods, v.block))
     width = clean_req.spec.d_head if v.kind == "head" else 1
-    cols = slice(v.index * width, (v.index + 1) * width)
+    cols = slice(None) if v.kind == "expert" else slice(v.index * width, (v.index + 1) * width)
     G = circ._reads[d]
+    rows = slice(None) if v.position is None else slice(v.position, v.position + 1)
 
     def run(req, replace: Tensor | None) -> tuple[Tensor, Tensor]:
         seen: dict[str, Tensor] = {}
@@ -196,8 +236,11 @@ def patch_read(circ, model: nn.Module, tokenizer, node, position: int, corrupt) 
         def keep(_m, args, kwargs):
             seen["z"] = _first(args, kwargs).detach()
         with instrument(model, req, grad=False) as session:
-            handles = [reader.register_forward_pre_hook(read, with_kwargs=True),
-                       tap.register_forward_pre_hook(keep, with_kwargs=True)]
+            handles = [reader.register_forward_pre_hook(read, with_kwargs=True)]
+            if tap is not None:
+                handles.append(tap.register_forward_pre_hook(keep, with_kwargs=True))
+            else:
+                handles += _ExpertTerm(mods, clean_req.spec, v.index, rows, seen, None).hooks()
             try:
                 session.forward()
             finally:

@@ -441,5 +441,22 @@ def test_patch_read():
         circ.patch_read(model, None, head, 2, ids[:4])
     with pytest.raises(InputError, match="position must be"):
         circ.patch_read(model, None, head, 9, ids)
-    with pytest.raises(InputError, match="head or a neuron"):
+    with pytest.raises(InputError, match="a head, a neuron or an expert"):
         circ.patch_read(model, None, "target", 2, ids)
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "gpt_oss"])
+def test_verify_into_an_expert(family):
+    """An expert's score on the real model is its own term of the sparse block (z_v . G_v): read back from the
+    clean run it is the DPA score; an edge into an expert gives a finite patched change."""
+    model = tiny_model(family, 2)
+    ids = random_ids(6)
+    circ = circuit(model, None, ids, target=TARGET, nodes=16)
+    experts = [i for i in circ.units if circ.nodes[i].kind == "expert"]
+    assert experts
+    for d in experts[:3]:
+        same = circ.patch_read(model, None, d, 0, ids)
+        assert same["clean"] == pytest.approx(circ.score(d), rel=1e-9, abs=1e-12) and same["change"] == 0
+    u, d = max(((u, d) for u in circ.units for d in experts if circ.edge(u, d)), key=lambda p: abs(circ.edge(*p)))
+    out = circ.verify(model, None, (u, d))
+    assert all(torch.isfinite(torch.tensor(out[k])) for k in ("direct", "target", "first_order"))
