@@ -209,6 +209,13 @@ def _component_rows(res: Attribution, top: int) -> str:
     return "\n".join(rows)
 
 
+def _head(title: str, css: str = "") -> str:
+    """A standalone page's opening, up to its body: inline CSS, no network."""
+    return ('<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+            '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+            f"<title>{_esc(title[:120])}</title>\n<style>{_CSS}{chr(10) + css if css else ''}</style>\n</head>")
+
+
 def html_report(res: Attribution, *, top: int = 10, prompt: str | None = None) -> str:
     """A standalone page: inline CSS, no scripts, no network."""
     scale = color_scale(res)
@@ -228,14 +235,7 @@ def html_report(res: Attribution, *, top: int = 10, prompt: str | None = None) -
                       for t, p in res.top_predictions)
     title = f"DPA: {prompt if prompt is not None else ''.join(res.tokens)}"
     clipped = " Special tokens (dashed outline) are clipped to the scale." if any(special) else ""
-    return f"""<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{_esc(title[:120])}</title>
-<style>{_CSS}</style>
-</head>
+    return f"""{_head(title)}
 <body>
 <h1>Dual Path Attribution</h1>
 <dl class="info">
@@ -324,15 +324,7 @@ def circuit_html(circ, *, prompt: str | None = None, top: int = 20) -> str:
                      f"<td>{_esc(node_text(circ, d))}</td></tr>" for s, d, e in top_edges(circ, top))
     title = f"DPA circuit: {prompt if prompt is not None else ''.join(circ.tokens)}"
     body = script.replace("</script", "<\\/script")
-    return f"""<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{_esc(title[:120])}</title>
-<style>{_CSS}
-#graph {{ margin: 1em 0; overflow: auto; }}</style>
-</head>
+    return f"""{_head(title, "#graph { margin: 1em 0; overflow: auto; }")}
 <body>
 <h1>Circuit graph</h1>
 <dl class="info">
