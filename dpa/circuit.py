@@ -314,87 +314,110 @@ class _Graph:
         return build_graph(session, grads, directions[0], float(values[0]), self.n_units, self.positions)
 
 
-def build_graph(session, grads: list[Tensor], direction: Tensor, value: float, n_units: int | None,
-                positions: bool) -> dict:
-    model, req, spec, rec = session.model, session.request, session.spec, session.recording
-    scores = session.scores
-    dtype = scores.dtype
-    L, t_len = spec.n_layers, req.n_tokens
-    mods = layer_modules(model, spec)
-    # Snapshots of what the forward recorded (running the blocks again overwrites the recording).
-    resid = {i: rec.resid[i][0].detach().to(dtype) for i in range(L + 1)}
-    mid = {i: rec.mid[i][0].detach().to(dtype) for i in range(L)}
-    calls = dict(rec.calls)
+@dataclass
+class _Recorded:
+    """What the DPA run left for the graph, by layer, in the graph's dtype: each block's input residual
+    (``resid``: layer inputs and the final norm's; ``mid``: the MLP's), attention's other arguments, each tap's
+    input z and its DPA gradient G (``big``, keyed (layer, block)), t^(L), and the unit scores ``per[block]``
+    [layer pos unit]. A snapshot: running the blocks again overwrites the recording."""
+
+    resid: dict
+    mid: dict
+    calls: dict
+    z: dict
+    big: dict
+    t_final: Tensor
+    per: dict
+
+
+def _recorded(session, grads: list[Tensor], dtype) -> _Recorded:
+    spec, rec, L = session.spec, session.recording, session.spec.n_layers
+    t_len = session.request.n_tokens
     z = {(i, 0): rec.head_inputs[i][0].detach().to(dtype) for i in range(L)}
-    t_final = grads[0][0].to(dtype)
-    big = {(i, 0): grads[1 + i][0].to(dtype) for i in range(L)}
-    big.update({(i, 1): grads[1 + L + i][0].to(dtype) for i in range(L)})
-    # unit scores S = z . G per unit: [layer pos unit] for heads and neurons; an expert's from its router tap
+    big = {(i, b): grads[1 + b * L + i][0].to(dtype) for b in (0, 1) for i in range(L)}
     per = {0: torch.stack([(z[(i, 0)] * big[(i, 0)]).view(t_len, -1, spec.d_head).sum(-1) for i in range(L)])}
-    if spec.n_experts:
-        per[1] = scores.expert_positions[0].to(dtype)
+    if spec.n_experts:  # an expert's score from its router tap (the same as its term . t)
+        per[1] = session.scores.expert_positions[0].to(dtype)
     else:
         z.update({(i, 1): rec.neuron_inputs[i][0].detach().to(dtype) for i in range(L)})
         per[1] = torch.stack([z[(i, 1)] * big[(i, 1)] for i in range(L)])
-    units = _select(per, n_units, positions, spec)
+    return _Recorded(resid={i: rec.resid[i][0].detach().to(dtype) for i in range(L + 1)},
+                     mid={i: rec.mid[i][0].detach().to(dtype) for i in range(L)}, calls=dict(rec.calls), z=z,
+                     big=big, t_final=grads[0][0].to(dtype), per=per)
+
+
+def build_graph(session, grads: list[Tensor], direction: Tensor, value: float, n_units: int | None,
+                positions: bool) -> dict:
+    """The graph's fields, inside the DPA run's session: the kept units, their g_v (one block each) and writes,
+    every edge among tokens, units and the target, the rests, gaps and in-flows."""
+    model, req, spec = session.model, session.request, session.spec
+    dtype = session.scores.dtype
+    t_len = req.n_tokens
+    mods = layer_modules(model, spec)
+    r = _recorded(session, grads, dtype)
+    units = _select(r.per, n_units, positions, spec)
     with torch.no_grad():
         emb = spec.embed(model)(req.input_ids)[0].detach().to(dtype)
-    learned = resid[0] - emb if spec.positions(model) is not None else None
-
-    g, inblock, reads, values = _pullbacks(session, mods, units, resid, mid, calls, big, dtype)
+    g, inblock, reads, values = _pullbacks(session, mods, units, r.resid, r.mid, r.calls, r.big, dtype)
     gains: dict = {}
     writes = torch.stack([values[k] if values[k] is not None else  # an expert's write: its term of the block
-                          _write(mods[u.layer], spec, u, z[(u.layer, u.block)], dtype, gains)
+                          _write(mods[u.layer], spec, u, r.z[(u.layer, u.block)], dtype, gains)
                           for k, u in enumerate(units)]) if units else torch.zeros(0, t_len, spec.d_model, dtype=dtype)
     # the target as a destination: t^(L) at the final residual, its in-block bias the final norm's beta . u
     beta = getattr(spec.final_norm(model), "bias", None)
-    g = torch.cat([g, t_final[None]])
+    g = torch.cat([g, r.t_final[None]])
     inblock = torch.cat([inblock, torch.tensor([0.0 if beta is None else float(beta.to(dtype) @ direction.to(dtype))],
                                                dtype=dtype)])
-    reads_at = [_read_slot(spec, u) for u in units] + [2 * L]
-    xin = torch.stack([resid[u.layer] if u.block == 0 or spec.parallel else mid[u.layer] for u in units]
-                      + [resid[L]])
-    by_position = (g * xin).sum(2)  # [dest pos]
-    total = by_position.sum(1)
-    tok_in = (g * emb).sum(-1)  # [dest pos]
-    pos_in = (g * learned).sum((1, 2)) if learned is not None else torch.zeros_like(total)
-    bias_w = _bias_writes(mods, spec, dtype)  # slot -> [d_model]
+    flow = _in_flows(model, spec, mods, units, r, g, writes, emb, positions)
+    unit_scores = torch.stack([_unit_score(r.per, u) for u in units]) if units else torch.zeros(0, dtype=dtype)
+    dest_scores = torch.cat([unit_scores, torch.tensor([value], dtype=dtype)])
+    total = flow["by_position"].sum(1)
+    rest = total - flow["tokens"].sum(1) - flow["positions"] - flow["bias_writes"] - flow["units"].sum(0)
+    in_gap = dest_scores - total - inblock
+    bias_in = flow["positions"] + flow["bias_writes"] + inblock
+
+    tokens = [Node("token", f"tok{i}", None, i, i) for i in range(t_len)]
+    nodes = tokens + units + [Node("target", "target", None, None, int(req.positions[0]))]
+    dest_index = list(range(t_len, t_len + len(units) + 1))
+    edges = torch.zeros(len(nodes), len(nodes), dtype=dtype)
+    edges[:t_len, dest_index] = flow["tokens"].T
+    edges[t_len:t_len + len(units), dest_index] = flow["units"]
+    all_scores = torch.cat([session.scores.tokens[0].to(dtype), dest_scores])
+    out_rest = all_scores - edges.sum(1)
+    out_rest[-1] = 0.0
+    in_pos = torch.zeros(len(nodes), t_len, dtype=dtype)
+    in_pos[dest_index] = flow["by_position"]
+    zero = torch.zeros(t_len, dtype=dtype)
+    fields = dict(in_positions=in_pos, writes=writes, embeddings=emb,
+                  reads={t_len + k: x for k, x in enumerate(reads)}, direction=direction.detach().to(dtype))
+    return _assemble(None, nodes, edges, all_scores, rest, torch.cat([zero, in_gap]),
+                     torch.cat([zero, bias_in]), out_rest, **fields)
+
+
+def _in_flows(model, spec: ModelSpec, mods, units: list[Node], r: _Recorded, g: Tensor, writes: Tensor,
+              emb: Tensor, positions: bool) -> dict[str, Tensor]:
+    """Each destination's (the units', then the target's) in-flow, from its g_v [dest pos d_model] and the
+    residual stream its block reads: by position [dest pos], from each token [dest pos], from the learned
+    positions and the blocks' biases below it [dest], and from each kept unit below it [unit dest]."""
+    dtype = g.dtype
+    reads_at = [_read_slot(spec, u) for u in units] + [2 * spec.n_layers]
+    xin = torch.stack([r.resid[u.layer] if u.block == 0 or spec.parallel else r.mid[u.layer] for u in units]
+                      + [r.resid[spec.n_layers]])
+    learned = r.resid[0] - emb if spec.positions(model) is not None else None  # GPT-2's position embeddings
     gsum = g.sum(1)  # [dest d_model]
-    biasw_in = torch.stack([sum((b @ gsum[k] for s, b in bias_w.items() if s < reads_at[k]),
-                                torch.zeros((), dtype=dtype)) for k in range(len(reads_at))])
-    slots = [2 * u.layer + u.block for u in units]
-    below = torch.tensor([[s < r for r in reads_at] for s in slots], dtype=torch.bool).reshape(len(units), -1)
+    bias_writes = torch.stack([sum((b @ gsum[k] for s, b in _bias_writes(mods, spec, dtype).items() if s < at),
+                                   torch.zeros((), dtype=dtype)) for k, at in enumerate(reads_at)])
+    below = torch.tensor([[2 * u.layer + u.block < at for at in reads_at] for u in units],
+                         dtype=torch.bool).reshape(len(units), -1)
     if positions:  # each unit writes at its own position only: E[u, v] = out_u[p_u] . g_v[p_u]
         at = torch.tensor([u.position for u in units], dtype=torch.long)
         own = writes[torch.arange(len(units)), at]  # [unit d_model]
         unit_edges = torch.einsum("ud,vud->uv", own, g[:, at]) * below
     else:
-        unit_edges = torch.einsum("upd,vpd->uv", writes, g) * below  # [unit dest]
-    unit_scores = torch.stack([_unit_score(per, u) for u in units]) if units else torch.zeros(0, dtype=dtype)
-    dest_scores = torch.cat([unit_scores, torch.tensor([value], dtype=dtype)])
-    rest = total - tok_in.sum(1) - pos_in - biasw_in - unit_edges.sum(0)
-    in_gap = dest_scores - total - inblock
-    bias_in = pos_in + biasw_in + inblock
-
-    # nodes: tokens, units, target; edges among them
-    tokens = [Node("token", f"tok{i}", None, i, i) for i in range(t_len)]
-    target_node = Node("target", "target", None, None, int(req.positions[0]))
-    nodes = tokens + units + [target_node]
-    n_tok, n_u = t_len, len(units)
-    edges = torch.zeros(len(nodes), len(nodes), dtype=dtype)
-    dest_index = list(range(n_tok, n_tok + n_u)) + [n_tok + n_u]
-    edges[:n_tok, dest_index] = tok_in.T
-    edges[n_tok:n_tok + n_u, dest_index] = unit_edges
-    all_scores = torch.cat([scores.tokens[0].to(dtype), unit_scores, torch.tensor([value], dtype=dtype)])
-    zero = torch.zeros(n_tok, dtype=dtype)
-    out_rest = all_scores - edges.sum(1)
-    out_rest[-1] = 0.0
-    in_pos = torch.zeros(len(nodes), t_len, dtype=dtype)
-    in_pos[dest_index] = by_position
-    fields = dict(in_positions=in_pos, writes=writes, embeddings=emb,
-                  reads={n_tok + k: r for k, r in enumerate(reads)}, direction=direction.detach().to(dtype))
-    return _assemble(None, nodes, edges, all_scores, rest, torch.cat([zero, in_gap]),
-                     torch.cat([zero, bias_in]), out_rest, **fields)
+        unit_edges = torch.einsum("upd,vpd->uv", writes, g) * below
+    return {"by_position": (g * xin).sum(2), "tokens": (g * emb).sum(-1),
+            "positions": (g * learned).sum((1, 2)) if learned is not None else torch.zeros(len(g), dtype=dtype),
+            "bias_writes": bias_writes, "units": unit_edges}
 
 
 def _select(per: dict[int, Tensor], n_units: int | None, positions: bool, spec: ModelSpec) -> list[Node]:
