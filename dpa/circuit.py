@@ -115,6 +115,11 @@ class Circuit:
         return float(self.edges[self.index(source), self.index(destination)])
 
     @property
+    def verifiable(self) -> bool:
+        """Whether ``verify`` and ``patch_read`` can run: the circuit holds the writes and gradients they need."""
+        return self._writes is not None
+
+    @property
     def units(self) -> list[int]:
         return [i for i, n in enumerate(self.nodes) if n.kind in LETTER]
 

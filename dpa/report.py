@@ -324,7 +324,7 @@ def circuit_html(circ, *, prompt: str | None = None, top: int = 20) -> str:
                      f"<td>{_esc(node_text(circ, d))}</td></tr>" for s, d, e in top_edges(circ, top))
     title = f"DPA circuit: {prompt if prompt is not None else ''.join(circ.tokens)}"
     body = script.replace("</script", "<\\/script")
-    return f"""{_head(title, "#graph { margin: 1em 0; overflow: auto; }")}
+    return f"""{_head(title, "body { max-width: 100rem; } #graph { margin: 1em 0; overflow: auto; }")}
 <body>
 <h1>Circuit graph</h1>
 <dl class="info">

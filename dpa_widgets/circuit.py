@@ -1,4 +1,5 @@
-"""``CircuitWidget``: a two-way JupyterLab view of one attribution (heads, neurons, experts, tokens).
+"""``CircuitWidget``: a two-way JupyterLab view of one attribution (heads, neurons, experts, tokens), and of its
+circuit graph (a ``dpa.Circuit``: direct effects between tokens, heads, neurons and the target).
 
 Traits are snake_case on both sides (static/circuit.js has the matching ``@typedef Model``).
 Underscored traits carry data only the view reads; the plain ones are the user-facing,
@@ -22,15 +23,18 @@ import dpa
 from dpa import Attribution, request
 from dpa.checks import check_int
 
-from . import live, payload, verify
+from . import graph, live, payload, verify
 
 STATIC = Path(__file__).parent / "static"
 PRESETS = ("default", "custom", "control_content", "attention", "query_key", "mlp")  # custom: the result's own
 # Keyword arguments the constructor takes besides result, model and tokenizer.
 USER_TRAITS = ("selected_head", "selected_neuron", "selected_expert", "selected_token", "target", "contrast",
-               "weights_preset", "weights_p", "method", "top_k")
+               "weights_preset", "weights_p", "method", "top_k", "view", "selected_node", "selected_edge",
+               "graph_threshold")
 SELECTION_TRAITS = ("selected_head", "selected_neuron", "selected_expert", "selected_token")
 LIVE_TRAITS = ("target", "contrast", "weights_preset", "weights_p", "method")
+GRAPH_TRAITS = ("view", "selected_node", "selected_edge", "graph_threshold")  # set once the graph is on view
+VIEWS = ("scores", "graph")
 STATIC_DETAILS = 8  # heads, neurons (and experts) whose details are sent up front (and kept by save_html)
 EDGE_BUDGET = 120_000  # at most this many edge cells sent up front
 
@@ -47,6 +51,11 @@ class CircuitWidget(anywidget.AnyWidget):
     """Inspect ``result`` (a ``dpa.Attribution``); pass ``model`` and ``tokenizer`` for live controls.
 
     ``top_neurons``: how many neurons per layer the view receives (by |score|).
+    ``circuit``: a ``dpa.Circuit`` of the same prompt, target and path weights (from ``dpa.circuit``), or
+    ``True`` to compute one (its 64 largest units at a position; needs the model). The view then has a circuit
+    graph (``view="graph"``, on show first): prune it with the slider (``graph_threshold``), select a node
+    (``selected_node``) or an edge (``selected_edge``) and verify the edge by path patching (``verify_edge``).
+    With a model, a new target or path weights recompute the graph too (as many units, same ``positions``).
     Any trait below may also be given as a keyword argument.
     """
 
@@ -62,6 +71,8 @@ class CircuitWidget(anywidget.AnyWidget):
     _presets = t.List(t.Unicode(), default_value=[p for p in PRESETS if p != "custom"]).tag(sync=True)
     _comparison = t.Dict().tag(sync=True)
     _verify = t.Dict().tag(sync=True)
+    _graph = t.Dict().tag(sync=True)  # Circuit.to_json() and "verifiable"; {} without a circuit
+    _graph_verify = t.Dict().tag(sync=True)  # Circuit.verify results by "source->destination"
 
     selected_head = t.List(t.Int(), default_value=None, allow_none=True, minlen=2, maxlen=2,
                            help="The locked head as [layer, head], or None.").tag(sync=True)
@@ -78,6 +89,16 @@ class CircuitWidget(anywidget.AnyWidget):
     weights_p = t.Float(0.5, help="p of the sensitivity family, in [0, 1].").tag(sync=True)
     method = t.Unicode("dpa", help="'dpa' or a baseline from dpa.baselines, compared by rank.").tag(sync=True)
     top_k = t.Int(10, help="How many tokens or components 'top-k' verification ablates.").tag(sync=True)
+    view = t.Unicode("scores", help="'scores' (tokens, heads, neurons) or 'graph' (the circuit graph: needs "
+                                    "circuit=).").tag(sync=True)
+    selected_node = t.Unicode("", help="The graph's selected node by label ('L2.H1@5', 'tok3', 'target'), or ''."
+                              ).tag(sync=True)
+    selected_edge = t.List(t.Unicode(), default_value=None, allow_none=True, minlen=2, maxlen=2,
+                           help="The graph's selected edge as [source label, destination label], or None."
+                           ).tag(sync=True)
+    graph_threshold = t.Float(1.0, help="The graph's pruning: keep the fewest heads and neurons whose influence "
+                                        "on the target adds up to this share of theirs (Circuit.prune); 1 keeps "
+                                        "all.").tag(sync=True)
 
     def __setattr__(self, name: str, value: Any) -> None:
         try:
@@ -87,11 +108,14 @@ class CircuitWidget(anywidget.AnyWidget):
                 raise
             raise TraitTypeError(f"{e} (setting {name} = {value!r})") from None
 
-    def __init__(self, result: Attribution, model=None, tokenizer=None, *, top_neurons: int = 32, **kwargs: Any):
+    @staticmethod
+    def _check_arguments(result, model, tokenizer, top_neurons, circuit, kwargs: dict) -> int:
+        """Refuse what the widget cannot show truly, before anything is built; returns top_neurons."""
         unknown = sorted(set(kwargs) - set(USER_TRAITS))
         if unknown:
             raise dpa.InputTypeError(f"CircuitWidget got unexpected keyword argument(s) {', '.join(unknown)}; "
-                            f"it takes {', '.join(USER_TRAITS)} besides result, model, tokenizer and top_neurons")
+                            f"it takes {', '.join(USER_TRAITS)} besides result, model, tokenizer, top_neurons "
+                            "and circuit")
         if not isinstance(result, Attribution):
             raise dpa.InputTypeError(f"result must be a dpa.Attribution (one prompt), got {type(result).__name__}"
                                      + (" (a batch gives a list: pass one of its results)"
@@ -111,6 +135,17 @@ class CircuitWidget(anywidget.AnyWidget):
             request.check_tokenizer(tokenizer)
         if model is None and any(k in kwargs for k in LIVE_TRAITS):
             raise dpa.InputError(f"{', '.join(k for k in LIVE_TRAITS if k in kwargs)} need model and tokenizer")
+        if circuit is True and model is None:
+            raise dpa.InputError("circuit=True computes the circuit graph: pass model and tokenizer (or pass a "
+                                 "dpa.Circuit)")
+        if circuit is not None and not isinstance(circuit, bool):
+            graph.check_matches(circuit, result)
+        return top_neurons
+
+    def __init__(self, result: Attribution, model=None, tokenizer=None, *, top_neurons: int = 32,
+                 circuit: dpa.Circuit | bool | None = None, **kwargs: Any):
+        top_neurons = self._check_arguments(result, model, tokenizer, top_neurons, circuit, kwargs)
+        self.circuit: dpa.Circuit | None = None
         self.model, self.tokenizer, self.top_neurons = model, tokenizer, top_neurons
         spec = None if model is None else dpa.spec_for(model)
         # (routed experts, neurons per expert) from the model; without it the payload reads them off the result
@@ -124,6 +159,7 @@ class CircuitWidget(anywidget.AnyWidget):
         self._computed: tuple | None = None
         live_kwargs = {k: kwargs.pop(k) for k in LIVE_TRAITS if k in kwargs}
         selection = {k: kwargs.pop(k) for k in SELECTION_TRAITS if k in kwargs}
+        graph_kwargs = {k: kwargs.pop(k) for k in GRAPH_TRAITS if k in kwargs}
         if self._custom is not None:
             kwargs.setdefault("weights_preset", "custom")
         super().__init__(
@@ -136,7 +172,13 @@ class CircuitWidget(anywidget.AnyWidget):
                                     contrast=result.target.contrast_id, weights=result.weights)
         self._show(result)
         self._computed = self._settings()
-        for name, value in selection.items():  # validated against the data now on view
+        if circuit is True:
+            circuit = graph.compute(model, tokenizer, self.result)
+        if circuit:
+            self._graph_nodes = len(circuit.units)  # a recompute keeps as many units
+            self._show_circuit(circuit)
+            graph_kwargs.setdefault("view", "graph")
+        for name, value in {**selection, **graph_kwargs}.items():  # validated against the data now on view
             setattr(self, name, value)
         self._add_selected_details()  # (the observer that sends them on selection is not on yet)
         if spec is not None:  # the baselines that handle this model's family
@@ -174,6 +216,18 @@ class CircuitWidget(anywidget.AnyWidget):
             self._details = details
             self._verify = {}
         self._add_selected_details()
+
+    def _show_circuit(self, circ: dpa.Circuit) -> None:
+        """Make ``circ`` the graph on view; a selected node or edge it lacks is cleared."""
+        self.circuit = circ
+        with self.hold_trait_notifications():
+            self._graph = graph.payload(circ)
+            self._graph_verify = {}
+            names = graph.labels(self._graph)
+            if self.selected_node not in names:
+                self.selected_node = ""
+            if self.selected_edge is not None and not set(self.selected_edge) <= names:
+                self.selected_edge = None
 
     def _static_heads(self, result: Attribution) -> int:
         n = len(result.tokens)
@@ -233,6 +287,47 @@ class CircuitWidget(anywidget.AnyWidget):
         if p is not None and n and not 0 <= p < n:
             raise TraitValueError(f"selected_token {p} is outside the prompt's {n} positions")
         return p
+
+    @t.validate("view")
+    def _valid_view(self, proposal):
+        value = proposal["value"]
+        if value not in VIEWS:
+            raise TraitValueError(f"view must be one of {', '.join(VIEWS)}, got {value!r}")
+        if value == "graph" and not self._graph:
+            raise TraitValueError("view 'graph' needs a circuit graph: pass circuit= to CircuitWidget (a dpa.Circuit, "
+                                  "or True to compute one)")
+        return value
+
+    def _graph_label(self, name: str, label: str) -> None:
+        if not self._graph:
+            raise TraitValueError(f"{name}: there is no circuit graph (pass circuit= to CircuitWidget)")
+        if label not in graph.labels(self._graph):
+            some = [n["label"] for n in self._graph["nodes"] if n["kind"] in ("head", "neuron", "expert")][:6]
+            raise TraitValueError(f"{name}: {label!r} is not a node of the circuit graph (its units include "
+                                  f"{', '.join(some)}; tokens are tok0, tok1, ..., and 'target')")
+
+    @t.validate("selected_node")
+    def _valid_node(self, proposal):
+        if proposal["value"]:
+            self._graph_label("selected_node", proposal["value"])
+        return proposal["value"]
+
+    @t.validate("selected_edge")
+    def _valid_edge(self, proposal):
+        edge = proposal["value"]
+        if edge is not None:
+            for label in edge:
+                self._graph_label("selected_edge", label)
+            if edge[0] == edge[1]:
+                raise TraitValueError(f"selected_edge {list(edge)}: an edge joins two different nodes")
+        return edge
+
+    @t.validate("graph_threshold")
+    def _valid_threshold(self, proposal):
+        value = proposal["value"]
+        if not (math.isfinite(value) and 0 <= value <= 1):
+            raise TraitValueError(f"graph_threshold must lie in [0, 1], got {value}")
+        return value
 
     @t.validate("weights_preset")
     def _valid_preset(self, proposal):
@@ -294,7 +389,12 @@ class CircuitWidget(anywidget.AnyWidget):
             contrast = self._resolve(self.contrast)
             result = live.recompute(self.model, self.tokenizer, self.result, target=target, contrast=contrast,
                                     weights=weights)
+            circ = None if self.circuit is None else graph.compute(self.model, self.tokenizer, result,
+                                                                   nodes=self._graph_nodes,
+                                                                   positions=self.circuit.positions)
             self._show(result)
+            if circ is not None:
+                self._show_circuit(circ)
             if self.method != "dpa":
                 self._comparison = live.compare(self.model, self.tokenizer, result, self.method)
 
@@ -331,7 +431,7 @@ class CircuitWidget(anywidget.AnyWidget):
         self._add_selected_details()
 
     def _on_message(self, _widget, content, _buffers) -> None:
-        """The view's custom messages: "hello" (is a kernel there?) and "verify".
+        """The view's custom messages: "hello" (is a kernel there?), "verify" and "verify_edge" (the graph's).
 
         A view treats the widget as live only once this kernel answers its hello: saved widget state
         (a book page, a reopened notebook) keeps ``_live`` true with no kernel behind it, and there
@@ -341,6 +441,8 @@ class CircuitWidget(anywidget.AnyWidget):
             self.send({"action": "hello", "live": self.model is not None})
         elif isinstance(content, dict) and content.get("action") == "verify":
             self._busy_while(lambda: self.verify(content.get("mode", "disrupt"), content.get("units", "selection")))
+        elif isinstance(content, dict) and content.get("action") == "verify_edge":
+            self._busy_while(lambda: self.verify_edge(content.get("edge")))
 
     def verify(self, mode: str = "disrupt", units: str = "selection") -> dict[str, Any]:
         """Ablate units and measure the target probability (also shown in the view).
@@ -358,4 +460,23 @@ class CircuitWidget(anywidget.AnyWidget):
         out = verify.run(self.model, self.result, mode=mode, units=units, k=self.top_k,
                          head=self.selected_head, neuron=self.selected_neuron, token=self.selected_token)
         self._verify = out
+        return out
+
+    def verify_edge(self, edge=None) -> dict[str, Any]:
+        """Path patching on one edge of the circuit graph (``Circuit.verify``; also shown in the view).
+
+        edge: (source, destination) as labels or node indices; the selected edge (``selected_edge``) by default.
+        Returns what ``Circuit.verify`` does (the edge, the measured change of the destination's score and of the
+        target, their ratio to the prediction), non-finite numbers as None; kept in ``_graph_verify`` by
+        "source->destination" for the view.
+        """
+        if self.circuit is None:
+            raise dpa.InputError("there is no circuit graph: pass circuit= to CircuitWidget")
+        if self.model is None:
+            raise dpa.InputError("verifying an edge runs the model: pass model and tokenizer to the widget")
+        edge = self.selected_edge if edge is None else edge
+        if edge is None:
+            raise dpa.InputError("no edge selected: click an edge of the graph, or pass (source, destination)")
+        out = graph.verify_edge(self.circuit, self.model, self.tokenizer, edge)
+        self._graph_verify = {**self._graph_verify, graph.edge_key(out["source"], out["destination"]): out}
         return out

@@ -601,3 +601,189 @@ def test_a_saved_moe_result_names_expert_neurons_without_the_model():
     assert data["expert_names"][-1] == "shared"
     assert payload.view_payload(dpa.attribute(tiny_model("llama", 2), None, random_ids(6), target=5)).keys() \
         == payload.view_payload(back).keys() - {"n_experts", "d_expert", "expert_names", "expert_scores"}
+
+
+# ---------------------------------------------------------------- the circuit graph view
+
+from pathlib import Path  # noqa: E402
+
+from dpa_widgets import graph  # noqa: E402
+
+PRUNE_FIXTURE = Path(__file__).parent / "js" / "prune-fixture.json"
+THRESHOLDS = (0.3, 0.5, 0.8, 0.95, 1.0)
+
+
+def prune_cases() -> dict:
+    """Tiny circuits (heads and neurons at positions, with biases; components over all positions; experts at
+    positions) and what ``Circuit.prune`` makes of them, for tests/js/graph.test.mjs (graph.js must prune the same
+    way): per threshold, the nodes kept (by label) with their score, out_rest and influence, and the edges by
+    "source->destination". Write the file with ``write_prune_fixture()``."""
+    cases = []
+    for name, model, n, nodes, positions in (("positions", tiny_model("qwen2"), 8, 20, True),
+                                             ("components", tiny_model("llama"), 6, 10, False),
+                                             ("experts", tiny_model("qwen2_moe", 2), 6, 14, True)):
+        circ = dpa.circuit(model, None, random_ids(n), target=5, nodes=nodes, positions=positions)
+        cases.append({"name": name, "circuit": circ.to_json(), "pruned": pruned_json(circ)})
+    return {"about": "dpa.Circuit.prune on tiny circuits, written by tests/test_widget.py's write_prune_fixture() "
+                     "(python -c 'from tests.test_widget import write_prune_fixture; write_prune_fixture()')",
+            "thresholds": list(THRESHOLDS), "cases": cases}
+
+
+def pruned_json(circ: dpa.Circuit) -> dict:
+    out = {}
+    for threshold in THRESHOLDS:
+        data = circ.prune(threshold).to_json()
+        label = {node["id"]: node["label"] for node in data["nodes"]}
+        out[str(threshold)] = {
+            "nodes": {node["label"]: {k: node[k] for k in ("score", "out_rest", "influence")} for node in data["nodes"]},
+            "edges": {f"{label[s]}->{label[d]}": e for s, d, e in data["edges"]}}
+    return out
+
+
+def write_prune_fixture() -> None:
+    PRUNE_FIXTURE.write_text(json.dumps(prune_cases()) + "\n")
+
+
+def circuit_from_json(data: dict) -> dpa.Circuit:
+    """A Circuit with the nodes, edges and scores of ``Circuit.to_json()`` (no tensors to verify with)."""
+    from dpa.circuit import Node
+    from dpa.result import TargetInfo
+
+    nodes = [Node(n["kind"], n["label"], n["layer"], n["index"], n["position"], n["of"]) for n in data["nodes"]]
+    edges = torch.zeros(len(nodes), len(nodes), dtype=torch.float64)
+    for s, d, e in data["edges"]:
+        edges[s, d] = e
+    column = lambda key: torch.tensor([n[key] or 0.0 for n in data["nodes"]], dtype=torch.float64)  # noqa: E731
+    reads = torch.tensor([[v or 0.0 for v in n.get("in_positions", [0.0] * len(data["tokens"]))]
+                          for n in data["nodes"]], dtype=torch.float64)
+    return dpa.Circuit(nodes=nodes, edges=edges, scores=column("score"), in_gap=column("in_gap"),
+                       bias_in=column("bias_in"), out_rest=column("out_rest"), in_positions=reads,
+                       tokens=data["tokens"], token_ids=data["token_ids"], target=TargetInfo(**data["target"]),
+                       target_logit=data["target_logit"], weights=dpa.PathWeights(**data["weights"]),
+                       positions=data["positions"], model_name=data["model"])
+
+
+def test_the_js_prune_fixture_is_what_python_prunes():
+    """graph.test.mjs checks graph.js's pruning against this file: its pruned graphs must be what Circuit.prune
+    makes of its circuits today."""
+    stored = json.loads(PRUNE_FIXTURE.read_text())
+    assert [c["name"] for c in stored["cases"]] == ["positions", "components", "experts"]
+    for case in stored["cases"]:
+        fresh = pruned_json(circuit_from_json(case["circuit"]))
+        for t in map(str, THRESHOLDS):
+            a, b = case["pruned"][t], fresh[t]
+            assert a["nodes"].keys() == b["nodes"].keys() and a["edges"].keys() == b["edges"].keys(), (case["name"], t)
+            for label, values in a["nodes"].items():
+                for k, v in values.items():
+                    assert v == pytest.approx(b["nodes"][label][k], rel=1e-12, abs=1e-15), (case["name"], t, label, k)
+            for key, e in a["edges"].items():
+                assert e == pytest.approx(b["edges"][key], rel=1e-12, abs=1e-15), (case["name"], t, key)
+
+
+@pytest.fixture(scope="module")
+def circ(model):
+    return dpa.circuit(model, None, PROMPT, target=5, nodes=12)
+
+
+@pytest.fixture(scope="module")
+def scored(model):
+    return dpa.attribute(model, None, PROMPT, target=5, edges=True, neuron_positions=True)
+
+
+class TestGraph:
+    def test_the_graph_is_the_circuits_json(self, model, scored, circ):
+        w = CircuitWidget(scored, model, None, circuit=circ)
+        assert w.view == "graph", "a widget given a circuit opens on its graph"
+        assert w._graph == {**circ.to_json(), "verifiable": True}
+        state = json.loads(json.dumps(w.get_state(), allow_nan=False))
+        assert state["_graph"]["nodes"][0]["label"] == "tok0"
+        assert "export function renderGraph" in state["_esm"], "the bundle carries dpa/static/graph.js"
+        assert CircuitWidget(scored, model, None)._graph == {}, "no circuit, no graph"
+
+    def test_circuit_true_computes_the_results_graph(self, model, scored):
+        w = CircuitWidget(scored, model, None, circuit=True, view="scores")
+        assert w.view == "scores" and len(w.circuit.units) == graph.NODES
+        assert w.circuit.target.token_id == 5 and w.circuit.token_ids == list(scored.token_ids)
+        with pytest.raises(dpa.InputError, match="circuit=True computes"):
+            CircuitWidget(scored, circuit=True)
+
+    def test_a_circuit_of_another_prompt_target_or_weights_is_refused(self, model, scored, circ):
+        other = dpa.circuit(model, None, PROMPT[:-1] + [3], target=5, nodes=4)
+        with pytest.raises(dpa.InputError, match="another prompt"):
+            CircuitWidget(scored, circuit=other)
+        with pytest.raises(dpa.InputError, match="another target"):
+            CircuitWidget(scored, circuit=dpa.circuit(model, None, PROMPT, target=6, nodes=4))
+        with pytest.raises(dpa.InputError, match="other path weights"):
+            CircuitWidget(scored, circuit=dpa.circuit(model, None, PROMPT, target=5, nodes=4,
+                                                      weights=dpa.PathWeights.control_content(1.0)))
+        with pytest.raises(dpa.InputTypeError, match="dpa.Circuit"):
+            CircuitWidget(scored, circuit=circ.to_json())
+
+    BAD = [("view", "nonsense", dpa.InputError), ("view", 3, dpa.InputTypeError),
+           ("selected_node", "L9.H9@9", dpa.InputError), ("selected_node", 3, dpa.InputTypeError),
+           ("selected_edge", ["tok0", "nope"], dpa.InputError), ("selected_edge", ["tok0", "tok0"], dpa.InputError),
+           ("selected_edge", ["tok0"], dpa.InputTypeError), ("graph_threshold", 1.5, dpa.InputError),
+           ("graph_threshold", float("nan"), dpa.InputError), ("graph_threshold", "most", dpa.InputTypeError)]
+
+    @pytest.mark.parametrize("name,value,error", BAD, ids=[f"{n}={v!r}" for n, v, _ in BAD])
+    def test_graph_traits_are_checked(self, scored, circ, name, value, error):
+        w = CircuitWidget(scored, circuit=circ)
+        before = getattr(w, name)
+        with pytest.raises(error, match=name):
+            setattr(w, name, value)
+        assert getattr(w, name) == before or before != before
+
+    def test_graph_traits_need_a_graph(self, scored):
+        w = CircuitWidget(scored)
+        for name, value in (("view", "graph"), ("selected_node", "tok0"), ("selected_edge", ["tok0", "target"])):
+            with pytest.raises(dpa.InputError, match="circuit="):
+                setattr(w, name, value)
+
+    def test_selection_by_label_and_kwargs(self, scored, circ):
+        unit = circ.nodes[circ.units[-1]].label
+        w = CircuitWidget(scored, circuit=circ, selected_node=unit, selected_edge=["tok6", unit], graph_threshold=0.5)
+        assert (w.selected_node, w.selected_edge, w.graph_threshold) == (unit, ["tok6", unit], 0.5)
+        w.selected_node = ""
+        w.selected_edge = None
+
+    def test_verify_edge_from_the_view(self, model, scored, circ, monkeypatch):
+        w = CircuitWidget(scored, model, None, circuit=circ)
+        unit = circ.nodes[circ.units[-1]].label
+        _custom_message(w, {"action": "verify_edge", "edge": ["tok6", unit]}, monkeypatch)
+        assert w._error == ""
+        key = f"tok6->{unit}"
+        got, want = w._graph_verify[key], circ.verify(model, None, ("tok6", unit))
+        assert got.keys() == want.keys() and got["source"] == "tok6" and got["destination"] == unit
+        for k in ("edge", "direct", "target"):
+            assert got[k] == pytest.approx(want[k])
+        w.selected_edge = [unit, "target"]
+        assert w.verify_edge()["destination"] == "target" and len(w._graph_verify) == 2
+        json.dumps(w._graph_verify, allow_nan=False)
+
+    def test_verify_edge_errors_are_shown(self, scored, circ, monkeypatch):
+        w = CircuitWidget(scored, circuit=circ)
+        _custom_message(w, {"action": "verify_edge", "edge": ["tok0", "target"]}, monkeypatch)
+        assert "pass model and tokenizer" in w._error
+        with pytest.raises(dpa.InputError, match="no circuit graph"):
+            CircuitWidget(scored).verify_edge(("tok0", "target"))
+
+    def test_a_new_target_recomputes_the_graph(self, model, scored, circ):
+        w = CircuitWidget(scored, model, None, circuit=circ, selected_node="target")
+        w.selected_edge = ["tok6", "target"]
+        w.target = "7"
+        assert w._error == "" and w.circuit.target.token_id == 7 and w._graph["target"]["token_id"] == 7
+        assert len(w.circuit.units) == len(circ.units) and w._graph_verify == {}
+        assert w.selected_node == "target" and w.selected_edge == ["tok6", "target"], "still in the graph"
+
+    def test_save_html_carries_the_graph(self, scored, circ, tmp_path):
+        w = CircuitWidget(scored, circuit=circ, selected_node="target")
+        text = save_html(w, tmp_path / "graph.html").read_text()
+        state = json.loads(re.search(r'widget-state\+json">(.*?)</script>', text, re.S).group(1).replace("<\\/", "</"))
+        model_state = state["state"][w.model_id]["state"]
+        assert model_state["view"] == "graph" and model_state["selected_node"] == "target"
+        assert len(model_state["_graph"]["nodes"]) == len(circ.nodes)
+
+    def test_graph_js_ships_with_dpa(self):
+        pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text()  # (no tomllib on Python 3.10)
+        assert re.search(r'^\[tool\.setuptools\.package-data\]\ndpa = \["static/\*"\]$', pyproject, re.M)
+        assert (Path(dpa.__file__).parent / "static" / "graph.js").read_text().count("export function renderGraph") == 1

@@ -351,3 +351,140 @@ def test_jupyterlab_moe_experts_panel(lab, browser, tmp_path):  # noqa: F811
         widget_el.screenshot(path=str(shots(tmp_path) / "lab-moe-expert-selected.png"))
     finally:
         page.close()
+
+
+# ---------------------------------------------------------------- the circuit graph view
+
+GRAPH_SETUP = f"""\
+import sys
+sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})  # the repository: tests.conftest
+import dpa
+from dpa_widgets import CircuitWidget
+from tests.conftest import random_ids, tiny_model
+model = tiny_model("llama", kv_heads=2)
+ids = random_ids(9).tolist()
+result = dpa.attribute(model, None, ids, target=5, edges=True, neuron_positions=True)
+circ = dpa.circuit(model, None, ids, target=5, nodes=16)
+w = CircuitWidget(result, model, None, circuit=circ)
+w"""
+SHOW_GRAPH = 'print("GRAPH", repr(w.selected_node), w.graph_threshold, w.selected_edge, sorted(w._graph_verify))'
+UNITS = ".dpa-graph-node.dpa-graph-head, .dpa-graph-node.dpa-graph-neuron"
+
+
+def ink(png: bytes) -> float:
+    """The share of a screenshot's pixels that are drawn: coloured (the score scale) or dark (text, outlines)."""
+    import io
+
+    from PIL import Image
+
+    pixels = list(Image.open(io.BytesIO(png)).convert("RGB").getdata())
+    return sum(1 for p in pixels if max(p) - min(p) > 40 or max(p) < 160) / len(pixels)
+
+
+def assert_graph_drawn(graph, path: Path, units: int, tokens: int) -> None:
+    """The graph has its nodes and edges, and its screenshot (saved to ``path``) is not blank."""
+    assert graph.locator(UNITS).count() == units
+    assert graph.locator(".dpa-graph-node.dpa-graph-token").count() == tokens
+    assert graph.locator(".dpa-graph-node.dpa-graph-target").count() == 1
+    assert graph.locator("path.dpa-graph-edge").count() >= units, "every unit has at least its edge to the target"
+    share = ink(graph.locator(".dpa-graph-scroll").screenshot(path=str(path)))
+    assert share > 0.01, f"the drawing is nearly blank: {share:.2%} of its pixels drawn"
+
+
+def test_jupyterlab_graph_view(lab, browser, tmp_path):  # noqa: F811
+    """The graph of a tiny model's circuit in a kernel: hover lights a node's edges, a click is read back in
+    Python, the slider prunes, and verify runs path patching in the kernel and shows the result."""
+    write_notebook(lab.root / "graph.ipynb", [GRAPH_SETUP, SHOW_GRAPH])
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        open_notebook(page, lab, "graph.ipynb")
+        out = run_cell(page, 0)
+        assert "Error" not in out, out
+        graph = page.locator(".dpa-circuit .dpa-graph")
+        graph.locator(UNITS).nth(15).wait_for(timeout=60_000)
+        page.wait_for_function("() => !document.querySelector('.dpa-circuit select.dpa-target').disabled",
+                               timeout=30_000)  # the kernel answered the view's hello: live
+        assert_graph_drawn(graph, shots(tmp_path) / "lab-graph.png", 16, 9)
+
+        slider = graph.locator("input.dpa-graph-threshold")
+        slider.fill("0.5")  # input (prunes live) and change (sets graph_threshold)
+        page.wait_for_function(f"() => document.querySelectorAll('{UNITS}').length < 16", timeout=5_000)
+        kept = graph.locator(UNITS).count()
+        assert 0 < kept < 16 and f"{kept} of 16 units" in graph.locator(".dpa-graph-kept").inner_text()
+
+        unit = graph.locator(UNITS).last
+        label = unit.get_attribute("data-label")
+        unit.hover()
+        graph.locator(f'.dpa-graph-node.dpa-graph-lit[data-label="{label}"]').wait_for(timeout=5_000)
+        assert graph.locator("path.dpa-graph-edge.dpa-graph-lit").count() >= 1
+        assert graph.locator(".dpa-graph-hover").inner_text().startswith(label)
+        graph.locator(".dpa-graph-scroll").screenshot(path=str(shots(tmp_path) / "lab-graph-hover.png"))
+        unit.click()
+        graph.locator(f'.dpa-graph-node.dpa-graph-selected[data-label="{label}"]').wait_for(timeout=5_000)
+        graph.locator(".dpa-graph-panel").get_by_text("top inputs").wait_for()
+
+        flow = graph.locator(".dpa-graph-panel .dpa-graph-flow").first  # its strongest input
+        source, destination = flow.get_attribute("data-edge").split("->")
+        flow.click()
+        verify = graph.locator("button.dpa-graph-verify")
+        assert verify.is_enabled(), graph.locator(".dpa-graph-panel").inner_text()
+        verify.click()
+        result = graph.locator(".dpa-graph-result")
+        result.get_by_text("measured direct change").wait_for(timeout=60_000)
+        assert "ratio measured" in result.inner_text()
+        out = run_cell(page, 1)
+        assert f"GRAPH {label!r} 0.5 [{source!r}, {destination!r}] [{f'{source}->{destination}'!r}]" in out, out
+        page.screenshot(path=str(shots(tmp_path) / "lab-graph-verified.png"), full_page=True)
+    finally:
+        page.close()
+
+
+@pytest.fixture(scope="module")
+def long_circuit():
+    """A 64-node circuit of a tiny model on a 100-token prompt (the render-time case)."""
+    model = tiny_model("llama", kv_heads=2, max_position_embeddings=128)
+    ids = random_ids(100).tolist()
+    result = dpa.attribute(model, None, ids, target=5)
+    return result, dpa.circuit(model, None, ids, target=5, nodes=64)
+
+
+RENDER_TIME = """async () => {
+    const frame = () => new Promise((resolve) => requestAnimationFrame(resolve));
+    const t0 = performance.now();
+    document.querySelector('.dpa-circuit button.dpa-tab[data-view="graph"]').click();
+    while (!document.querySelector('.dpa-graph-node')) await frame();
+    await frame(); await frame();  // laid out and painted
+    return [performance.now() - t0, Number(document.querySelector('.dpa-graph').dataset.renderMs)];
+}"""
+
+
+def test_graph_save_html_offline_and_render_time(browser, tmp_path, long_circuit, capsys):  # noqa: F811
+    """A save_html page with a 64-node graph of a 100-token prompt: drawn offline (no network) within a bound,
+    pruned by the slider; verify is off and says why."""
+    result, circ = long_circuit
+    widget = CircuitWidget(result, circuit=circ, view="scores")
+    path = save_html(widget, tmp_path / "graph.html")
+    page, blocked, errors = open_offline(browser, path, 1400)
+    try:
+        widget_el = page.locator(".dpa-circuit")
+        widget_el.locator("button.dpa-tab").nth(1).wait_for(timeout=30_000)
+        total, drawing = page.evaluate(RENDER_TIME)
+        with capsys.disabled():
+            print(f"\ngraph render, 64 units on a 100-token prompt ({len(circ.to_json()['edges'])} edges): "
+                  f"{total:.0f} ms from the tab click to painted, {drawing:.0f} ms of it drawing (prune, layout, SVG)")
+        assert total < 3000, f"{total:.0f} ms to draw the graph"
+        graph = widget_el.locator(".dpa-graph")
+        assert_graph_drawn(graph, shots(tmp_path) / "save-html-graph.png", 64, 100)
+        widget_el.locator(".dpa-offline").get_by_text(STATIC_REASON).wait_for(timeout=15_000)
+        assert widget_el.locator("select.dpa-target").is_disabled()
+        graph.locator(UNITS).first.click()
+        graph.locator(".dpa-graph-panel .dpa-graph-flow").first.click()
+        assert graph.locator("button.dpa-graph-verify").is_disabled()
+        assert "static page: verifying an edge" in graph.locator(".dpa-graph-reason").inner_text()
+        graph.locator("input.dpa-graph-threshold").fill("0.3")
+        assert graph.locator(UNITS).count() < 64
+        page.screenshot(path=str(shots(tmp_path) / "save-html-graph-pruned.png"), full_page=True)
+        assert not errors, errors
+        assert not blocked, f"the page asked the network for {blocked}"
+    finally:
+        page.close()

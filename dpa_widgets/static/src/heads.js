@@ -1,0 +1,67 @@
+// @ts-check
+// The layer x head heatmap.
+import { h, legend } from "./dom.js";
+import { symmetricMax, divergingColor, formatScore, headLayout, axisTicks } from "./helpers.js";
+/** @typedef {import("./context.js").Ctx} Ctx */
+
+/** Cell size and top margin of the head heatmap (the MLP bars share them, row for row). @param {Payload} data */
+export function gridSize(data) {
+  const cell = data.n_layers > 40 ? 8 : data.n_heads > 24 ? 9 : 14;
+  const gqa = data.n_kv_heads > 0 && data.n_kv_heads < data.n_heads && data.n_heads % data.n_kv_heads === 0;
+  return { cell, top: gqa ? 26 : 16 };
+}
+
+/** Heads routing the selected token, as a set of "l:h". @param {Ctx} ctx */
+export function routedHeads(ctx) {
+  const data = ctx.get("_data");
+  const t = ctx.get("selected_token");
+  const r = t !== null && data.token_routes ? data.token_routes[t] : null;
+  return new Set(r ? r.heads.map(([l, hd]) => `${l}:${hd}`) : []);
+}
+
+/** @param {Ctx} ctx */
+export function headsView(ctx) {
+  const data = ctx.get("_data");
+  const cmp = ctx.get("_comparison") || {};
+  const scores = cmp.level === "component" && cmp.head_scores ? cmp.head_scores : data.head_scores;
+  const max = symmetricMax(scores.flat());
+  const { cell, top } = gridSize(data);
+  const lay = headLayout(data.n_layers, data.n_heads, data.n_kv_heads, { cell, top });
+  const svg = h("svg", { class: "dpa-heatmap", width: lay.width, height: lay.height, role: "grid" });
+  const locked = ctx.get("selected_head");
+  const routed = routedHeads(ctx);
+  for (const c of lay.cells) {
+    const v = scores[c.layer][c.head];
+    const isSel = locked && locked[0] === c.layer && locked[1] === c.head;
+    const r = h("rect", {
+      x: c.x, y: c.y, width: cell, height: cell, fill: divergingColor(v, max),
+      class: "dpa-head" + (isSel ? " dpa-locked" : "") + (routed.has(`${c.layer}:${c.head}`) ? " dpa-routed" : ""),
+      "data-layer": c.layer, "data-head": c.head,
+    }, [h("title", { text: `L${c.layer}.H${c.head} (KV group ${lay.group(c.head)}): ${formatScore(v)}` })]);
+    r.addEventListener("mouseenter", () => ctx.setHover(`head L${c.layer}.H${c.head} (KV group ${lay.group(c.head)}): ${formatScore(v)}`));
+    r.addEventListener("click", () => ctx.setTrait("selected_head", isSel ? null : [c.layer, c.head]));
+    svg.append(r);
+  }
+  // axes: layer numbers down the left, head numbers along the top, KV groups above them (GQA only)
+  for (const l of axisTicks(data.n_layers, cell + 1, 11)) {
+    svg.append(h("text", { x: lay.colX(0) - 4, y: lay.rowY(l) + cell / 2 + 3.5, "text-anchor": "end", class: "dpa-axis dpa-tick", text: `L${l}` }));
+  }
+  const digits = String(data.n_heads - 1).length;
+  for (const hd of axisTicks(data.n_heads, cell + 1, digits * 6 + 3)) {
+    svg.append(h("text", { x: lay.colX(hd) + cell / 2, y: top - 4, "text-anchor": "middle", class: "dpa-axis dpa-tick", text: hd }));
+  }
+  svg.append(h("text", { x: lay.colX(0) - 4, y: top - 4, "text-anchor": "end", class: "dpa-axis dpa-tick", text: "H" }));
+  const groups = data.n_heads / lay.groupSize;
+  if (lay.groupSize > 1) {
+    const pitch = lay.groupSize > 0 && groups > 1 ? lay.colX(lay.groupSize) - lay.colX(0) : 100;
+    for (const g of axisTicks(groups, pitch, String(groups - 1).length * 6 + 16)) {
+      svg.append(h("text", { x: lay.colX(g * lay.groupSize), y: 10, class: "dpa-axis dpa-tick", text: `kv${g}` },
+        [h("title", { text: `KV group ${g}: heads ${g * lay.groupSize}–${(g + 1) * lay.groupSize - 1} share keys and values` })]));
+    }
+  }
+  const title = cmp.level === "component" ? `heads · ${cmp.method}` : "heads (layer × head)";
+  return h("section", { class: "dpa-panel" }, [
+    h("div", { class: "dpa-panel-head" }, [h("span", { class: "dpa-caption", text: title }), legend(max, "")]),
+    h("div", { class: "dpa-scroll", "data-scroll": "heads" }, [svg]),
+  ]);
+}

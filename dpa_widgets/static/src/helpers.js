@@ -1,0 +1,241 @@
+// @ts-check
+// Pure helpers of the view: ranking, mixture-of-experts names, layouts, labels, why controls are off. The
+// colour scale and the token labels live in dpa/static/graph.js (the graph view and the CLI's page use them
+// too) and are re-exported here.
+export { DIVERGING, symmetricMax, divergingRgb, divergingColor, textColor, formatScore, tokenLabel, shortLabel }
+  from "../../../dpa/static/graph.js";
+
+// ---------------------------------------------------------------- ranking
+
+/**
+ * Indices of the k largest entries (by |value| or by signed value), ties by index.
+ * @param {number[]} values
+ * @param {number} k
+ * @param {"abs" | "signed"} [by]
+ */
+export function topIndices(values, k, by = "abs") {
+  const key = by === "abs" ? (/** @type {number} */ v) => Math.abs(v) : (/** @type {number} */ v) => v;
+  return values.map((v, i) => i)
+    .filter((i) => Number.isFinite(values[i]))
+    .sort((i, j) => key(values[j]) - key(values[i]) || i - j)
+    .slice(0, Math.max(0, k));
+}
+
+/**
+ * The k heads with the largest |score|: [{layer, head, score}].
+ * @param {number[][]} scores [layer][head]
+ * @param {number} k
+ */
+export function topHeads(scores, k) {
+  const width = scores.length ? scores[0].length : 0;
+  const flat = scores.flat();
+  return topIndices(flat, k).map((i) => ({ layer: Math.floor(i / width), head: i % width, score: flat[i] }));
+}
+
+/**
+ * Top neurons over all layers from the per-layer top lists: [{layer, neuron, score}].
+ * @param {{index: number[][], score: number[][]}} neurons
+ * @param {number} k
+ * @param {number | null} [layer]  only this layer
+ */
+export function topNeurons(neurons, k, layer = null) {
+  /** @type {{layer: number, neuron: number, score: number}[]} */
+  const all = [];
+  neurons.index.forEach((row, l) => {
+    if (layer !== null && layer !== l) return;
+    row.forEach((n, j) => all.push({ layer: l, neuron: n, score: neurons.score[l][j] }));
+  });
+  return topIndices(all.map((c) => c.score), k).map((i) => all[i]);
+}
+
+// ---------------------------------------------------------------- mixture of experts
+
+/** The payload has expert scores (a mixture-of-experts model). @param {Payload} data */
+export function hasExperts(data) {
+  return Array.isArray(data.expert_scores) && data.expert_scores.length > 0 && data.expert_scores[0].length > 0;
+}
+
+/** A slot's name: "E2", or "shared" for the shared expert. @param {Payload} data @param {number} slot */
+export function expertName(data, slot) {
+  return data.expert_names?.[slot] ?? (slot < (data.n_experts ?? Infinity) ? `E${slot}` : "shared");
+}
+
+/** An expert as shown: "L3.E2", "L3.shared". @param {Payload} data @param {number} layer @param {number} slot */
+export function expertLabel(data, layer, slot) {
+  return `L${layer}.${expertName(data, slot)}`;
+}
+
+/**
+ * Where neuron ``neuron`` of a layer sits: {expert, index} with expert a routed expert's number or
+ * "shared", index the neuron within it; null on a dense model, or when the experts' width is not known.
+ * @param {Payload} data @param {number} neuron
+ * @returns {{expert: number | "shared", index: number} | null}
+ */
+export function neuronInExpert(data, neuron) {
+  const n = data.n_experts, d = data.d_expert;
+  if (!hasExperts(data) || !n || !d) return null;
+  const e = Math.floor(neuron / d);
+  return e < n ? { expert: e, index: neuron % d } : { expert: "shared", index: neuron - n * d };
+}
+
+/**
+ * A neuron as shown: "L3.N101" on a dense model, "L3.E2.N5" (neuron 5 of expert 2) or "L3.S.N5" (of the
+ * shared expert) on a mixture of experts.
+ * @param {Payload} data @param {number} layer @param {number} neuron
+ */
+export function neuronLabel(data, layer, neuron) {
+  const at = neuronInExpert(data, neuron);
+  if (!at) return `L${layer}.N${neuron}`;
+  return `L${layer}.${at.expert === "shared" ? "S" : `E${at.expert}`}.N${at.index}`;
+}
+
+/**
+ * The k experts with the largest |score|: [{layer, slot, score}].
+ * @param {number[][]} scores [layer][slot]
+ * @param {number} k
+ */
+export function topExperts(scores, k) {
+  return topHeads(scores, k).map((c) => ({ layer: c.layer, slot: c.head, score: c.score }));
+}
+
+/**
+ * The neurons of one expert among the layer's top neurons the payload has, by |score|: [{neuron, index, score}]
+ * (index: within the expert). [] when the experts' width is not known.
+ * @param {Payload} data @param {number} layer @param {number} slot
+ */
+export function expertNeurons(data, layer, slot) {
+  const names = data.expert_names ?? [];
+  const want = names[slot] === "shared" ? "shared" : slot;
+  /** @type {{neuron: number, index: number, score: number}[]} */
+  const out = [];
+  (data.neurons.index[layer] ?? []).forEach((n, j) => {
+    const at = neuronInExpert(data, n);
+    if (at && at.expert === want) out.push({ neuron: n, index: at.index, score: data.neurons.score[layer][j] });
+  });
+  return topIndices(out.map((c) => c.score), out.length).map((i) => out[i]);
+}
+
+// ---------------------------------------------------------------- layout
+
+/**
+ * Cell positions of the layer x head heatmap; heads sharing a KV head (a GQA group) sit
+ * together, with a wider gap between groups. Layer 0 is the top row.
+ * @param {number} nLayers
+ * @param {number} nHeads
+ * @param {number} nKv
+ * @param {{cell?: number, gap?: number, groupGap?: number, left?: number, top?: number}} [opts]
+ */
+export function headLayout(nLayers, nHeads, nKv, opts = {}) {
+  const { cell = 14, gap = 1, groupGap = 5, left = 30, top = 16 } = opts;
+  const kv = nKv > 0 && nHeads % nKv === 0 ? nKv : nHeads;
+  const groupSize = nHeads / kv;
+  const x = (/** @type {number} */ h) => left + h * (cell + gap) + Math.floor(h / groupSize) * groupGap;
+  const y = (/** @type {number} */ l) => top + l * (cell + gap);
+  const cells = [];
+  for (let l = 0; l < nLayers; l++) for (let h = 0; h < nHeads; h++) cells.push({ layer: l, head: h, x: x(h), y: y(l) });
+  return {
+    cells, cell, groupSize,
+    width: x(nHeads - 1) + cell + 2,
+    height: y(nLayers - 1) + cell + 2,
+    rowY: y, colX: x,
+    group: (/** @type {number} */ h) => Math.floor(h / groupSize),
+  };
+}
+
+/**
+ * Cell positions of the layer x expert heatmap: the routed experts side by side, then the shared expert
+ * (when there is one) after a wider gap. Layer 0 is the top row, as in the head heatmap.
+ * @param {number} nLayers
+ * @param {number} nSlots  routed experts, then the shared one
+ * @param {number} nRouted
+ * @param {{cell?: number, gap?: number, sharedGap?: number, left?: number, top?: number}} [opts]
+ */
+export function expertLayout(nLayers, nSlots, nRouted, opts = {}) {
+  const { cell = 14, gap = 1, sharedGap = 5, left = 30, top = 16 } = opts;
+  const x = (/** @type {number} */ s) => left + s * (cell + gap) + (s >= nRouted ? sharedGap : 0);
+  const y = (/** @type {number} */ l) => top + l * (cell + gap);
+  const cells = [];
+  for (let l = 0; l < nLayers; l++) {
+    for (let s = 0; s < nSlots; s++) cells.push({ layer: l, slot: s, shared: s >= nRouted, x: x(s), y: y(l) });
+  }
+  return {
+    cells, cell,
+    width: (nSlots > 0 ? x(nSlots - 1) + cell : left) + 2,
+    height: (nLayers > 0 ? y(nLayers - 1) + cell : top) + 2,
+    rowY: y, colX: x,
+  };
+}
+
+/**
+ * Greedy line wrapping: the row of each item so that no row is wider than maxWidth.
+ * @param {number[]} widths
+ * @param {number} maxWidth
+ * @param {number} [gap]
+ */
+export function wrapRows(widths, maxWidth, gap = 2) {
+  const rows = [];
+  let row = 0, used = 0;
+  for (const w of widths) {
+    if (used > 0 && used + gap + w > maxWidth) { row++; used = 0; }
+    rows.push(row);
+    used += (used > 0 ? gap : 0) + w;
+  }
+  return rows;
+}
+
+
+/**
+ * Which of n evenly spaced axis positions get a label so that labels sit at least ``minGap``
+ * pixels apart: every ``step``-th one, always ``keep`` (the target), dropping its close neighbours.
+ * @param {number} n  positions
+ * @param {number} pitch  pixels between neighbouring positions
+ * @param {number} minGap  pixels a label needs
+ * @param {number | null} [keep]
+ */
+export function axisTicks(n, pitch, minGap, keep = null) {
+  const step = Math.max(1, Math.ceil(minGap / Math.max(pitch, 1e-9)));
+  const hasKeep = keep !== null && keep !== undefined && keep >= 0 && keep < n;
+  const out = [];
+  for (let i = 0; i < n; i += step) if (!hasKeep || i === keep || Math.abs(i - /** @type {number} */ (keep)) >= step) out.push(i);
+  if (hasKeep && !out.includes(/** @type {number} */ (keep))) out.push(/** @type {number} */ (keep));
+  return out.sort((a, b) => a - b);
+}
+
+/**
+ * The path weights, named: "query 0.25 · key 0.25 · value 0.50 · gate 0.50 · up 0.50", then
+ * " · router 0.50 · expert 0.50" on a mixture of experts (where the payload has them).
+ */
+export function weightsText(/** @type {Record<string, number>} */ w) {
+  return ["query", "key", "value", "gate", "up", "router", "expert"].filter((k, i) => i < 5 || typeof w[k] === "number")
+    .map((k) => `${k} ${Number(w[k]).toFixed(2)}`).join(" · ");
+}
+
+/** Mutable so that tests can shorten it: how long the view waits for the kernel's answer. */
+export const timing = { helloMs: 2500 };
+
+/** Why the kernel-needing controls are off ("" when they are on). @param {Kernel} kernel @param {boolean} hasModel @param {string} kind */
+export function offlineReason(kernel, hasModel, kind) {
+  if (kernel === "connecting") return "connecting to the kernel…";
+  if (kernel === "none") {
+    return "static page: changing the target, weights or method, verifying, and the details of heads and neurons " +
+      "not exported need a running kernel — open the notebook in JupyterLab and run it";
+  }
+  if (!hasModel) return "no model attached: pass model and tokenizer to CircuitWidget to change the target, weights or method";
+  if (kind === "vector") return "the target is a vector direction: target, weights and method are fixed";
+  return "";
+}
+
+/**
+ * Why the graph's verify button is off ("" when it is on): path patching runs the model in the kernel.
+ * @param {Kernel} kernel @param {boolean} hasModel @param {boolean} verifiable  the circuit has its tensors
+ */
+export function graphVerifyReason(kernel, hasModel, verifiable) {
+  if (kernel === "connecting") return "connecting to the kernel…";
+  if (kernel === "none") {
+    return "static page: verifying an edge runs the model (path patching) and needs a running kernel — open the " +
+      "notebook in JupyterLab and run it (or call circuit.verify(model, tokenizer, edge) in Python)";
+  }
+  if (!hasModel) return "no model attached: pass model and tokenizer to CircuitWidget to verify edges";
+  if (!verifiable) return "this circuit has no tensors (read back from JSON): compute it with dpa.circuit to verify edges";
+  return "";
+}

@@ -1,0 +1,54 @@
+// @ts-check
+// The MLP totals per layer and the list of top neurons.
+import { h, legend } from "./dom.js";
+import { symmetricMax, divergingColor, formatScore, headLayout, topNeurons, neuronLabel, neuronInExpert } from "./helpers.js";
+import { gridSize } from "./heads.js";
+/** @typedef {import("./context.js").Ctx} Ctx */
+
+/** @param {Ctx} ctx */
+export function neuronsView(ctx) {
+  const data = ctx.get("_data");
+  const totals = data.mlp_totals;
+  const max = symmetricMax(totals);
+  const { cell, top } = gridSize(data);
+  const lay = headLayout(data.n_layers, 1, 1, { cell, left: 0, top });  // rows level with the head heatmap's
+  const bw = 120;
+  const svg = h("svg", { class: "dpa-bars", width: bw + 4, height: lay.height });
+  svg.append(h("line", { x1: bw / 2, x2: bw / 2, y1: 0, y2: lay.height, class: "dpa-zero" }));
+  totals.forEach((v, l) => {
+    const w = Math.abs(v) / max * bw / 2;
+    const bar = h("rect", { x: v >= 0 ? bw / 2 : bw / 2 - w, y: lay.rowY(l), width: Math.max(w, 0.5), height: cell,
+      fill: divergingColor(v, max), class: "dpa-bar" + (ctx.ui.neuronLayer === l ? " dpa-locked" : ""), "data-layer": l },
+    [h("title", { text: `MLP L${l}: ${formatScore(v)}` })]);
+    bar.addEventListener("mouseenter", () => ctx.setHover(`MLP layer ${l} total: ${formatScore(v)} (click: its top neurons)`));
+    bar.addEventListener("click", () => { ctx.ui.neuronLayer = ctx.ui.neuronLayer === l ? null : l; ctx.redraw(); });
+    svg.append(bar);
+  });
+  const locked = ctx.get("selected_neuron");
+  const t = ctx.get("selected_token");
+  const routedN = new Set(t !== null && data.token_routes ? data.token_routes[t].neurons.map(([l, n]) => `${l}:${n}`) : []);
+  const list = h("ol", { class: "dpa-neuron-list" });
+  const items = topNeurons(data.neurons, ctx.ui.neuronCount, ctx.ui.neuronLayer);
+  const nMax = symmetricMax(items.map((c) => c.score));
+  for (const c of items) {
+    const isSel = locked && locked[0] === c.layer && locked[1] === c.neuron;
+    const li = h("li", { class: "dpa-neuron" + (isSel ? " dpa-locked" : "") + (routedN.has(`${c.layer}:${c.neuron}`) ? " dpa-routed" : ""),
+      "data-layer": c.layer, "data-neuron": c.neuron }, [
+      h("span", { class: "dpa-swatch", style: `background:${divergingColor(c.score, nMax)}` }),
+      h("span", { text: neuronLabel(data, c.layer, c.neuron) }), h("span", { class: "dpa-num", text: formatScore(c.score) }),
+    ]);
+    if (neuronInExpert(data, c.neuron)) li.setAttribute("title", `neuron ${c.neuron} of layer ${c.layer}`);
+    li.addEventListener("mouseenter", () => ctx.setHover(`neuron ${neuronLabel(data, c.layer, c.neuron)}: ${formatScore(c.score)}`));
+    li.addEventListener("click", () => ctx.setTrait("selected_neuron", isSel ? null : [c.layer, c.neuron]));
+    list.append(li);
+  }
+  const more = h("button", { class: "dpa-more", text: "show more" });
+  more.addEventListener("click", () => { ctx.ui.neuronCount += 12; ctx.redraw(); });
+  const scope = ctx.ui.neuronLayer === null ? "all layers" : `layer ${ctx.ui.neuronLayer}`;
+  return h("section", { class: "dpa-panel" }, [
+    h("div", { class: "dpa-panel-head" }, [h("span", { class: "dpa-caption", text: `MLP totals · top neurons (${scope})` }),
+      legend(max, "")]),
+    h("div", { class: "dpa-neurons" }, [h("div", { class: "dpa-scroll", "data-scroll": "bars" }, [svg]),
+      h("div", { class: "dpa-list-wrap", "data-scroll": "neurons" }, [list, more])]),
+  ]);
+}
