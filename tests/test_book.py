@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BOOK = ROOT / "book"
 EQUATION_PAGE = "rmsnorm"
 WIDGET_PAGE = "inspecting-circuits"
+GRAPH_PAGE = "circuits-as-graphs"  # the widget's graph view, from saved state
 
 
 def toc_files() -> list[str]:
@@ -163,6 +164,8 @@ class TestBuiltPagesInBrowser:
                 page, blocked = open_offline(browser, built_book / f"{name}.html", page)
                 if name == f"book/{WIDGET_PAGE}":
                     page.locator(".dpa-circuit").first.locator("rect.dpa-head").first.wait_for(timeout=60_000)
+                if name == f"book/{GRAPH_PAGE}":
+                    page.locator(".dpa-graph-nodes").first.wait_for(timeout=60_000)
                 page.wait_for_load_state("networkidle")
                 page.wait_for_timeout(500)
                 assert not blocked, f"{name}: network requests: {blocked}"
@@ -196,6 +199,23 @@ class TestBuiltPagesInBrowser:
             widget.locator("rect.dpa-head").first.wait_for(timeout=60_000)
             assert widget.locator("rect.dpa-head").count() > 0
             assert widget.locator(".dpa-token").count() > 0
+            assert not blocked, f"network requests: {blocked}"
+        finally:
+            page.close()
+
+
+    def test_graph_view_renders_from_saved_state(self, built_book, browser):  # noqa: F811
+        """The chapter's circuit graph draws offline in the static page: nodes, edges, the pruning slider at the
+        threshold the chapter set, and the selected node's panel."""
+        page_file = built_book / "book" / f"{GRAPH_PAGE}.html"
+        assert 'type="application/vnd.jupyter.widget-state+json"' in page_file.read_text()
+        page, blocked = open_offline(browser, page_file)
+        try:
+            nodes = page.locator(".dpa-graph-nodes").first
+            nodes.wait_for(timeout=60_000)
+            assert nodes.locator("> *").count() > 10
+            assert page.locator(".dpa-graph-edges path").count() > 10
+            assert "L23.H0@13" in page.locator(".dpa-graph-panel").first.inner_text()
             assert not blocked, f"network requests: {blocked}"
         finally:
             page.close()
