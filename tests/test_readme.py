@@ -63,7 +63,7 @@ def env(tmp_path_factory) -> dict:
 def test_the_blocks_are_the_ones_this_test_knows():
     kinds = [k for k, _ in blocks()]
     assert set(kinds) <= {"bash", "python", "text"}, kinds
-    assert kinds.count("bash") == 5 and kinds.count("text") == 1, kinds
+    assert kinds.count("bash") == 6 and kinds.count("text") == 1, kinds
 
 
 def test_the_two_setup_commands_are_what_ci_runs(env, tmp_path):
@@ -93,7 +93,7 @@ def test_the_sample_output_is_what_the_command_prints(env, tmp_path):
 def test_python_blocks_run_in_order(env, tmp_path, monkeypatch):
     """The python blocks, one after another in one namespace, as in a notebook (after the bash block that
     makes the prompt file and its results, which one of them reads)."""
-    for line in commands(blocks("bash")[3][1]):
+    for line in commands(blocks("bash")[4][1]):
         run_dpa(line, tmp_path, env)
     monkeypatch.chdir(tmp_path)
     namespace: dict = {"__name__": "__readme__"}
@@ -102,6 +102,8 @@ def test_python_blocks_run_in_order(env, tmp_path, monkeypatch):
     assert (tmp_path / "paris.json").is_file()
     assert type(namespace["widget"]).__name__ == "CircuitWidget"
     assert namespace["res"].tokens[0] == "The"
+    assert type(namespace["circ"]).__name__ == "Circuit" and len(namespace["circ"].units) == 64
+    assert 0 < len(namespace["small"].units) < 64
     assert len(namespace["results"]) == 2 and namespace["results"][1].target.contrast == " John"
     errors = (tmp_path / "runs" / "prompts" / "errors.jsonl").read_text()
     assert '"line": 3' in errors and "empty" in errors
@@ -109,12 +111,15 @@ def test_python_blocks_run_in_order(env, tmp_path, monkeypatch):
         (tmp_path / "runs" / "prompts-2" / "results.jsonl").read_text()
 
 
-@pytest.mark.parametrize("which", ["command line", "benchmark"])
+@pytest.mark.parametrize("which", ["circuit", "command line", "benchmark"])
 def test_bash_blocks_run(env, tmp_path, which):
-    _, text = blocks("bash")[2 if which == "command line" else 4]
+    _, text = blocks("bash")[{"circuit": 2, "command line": 3, "benchmark": 5}[which]]
     for line in commands(text):
         run_dpa(line, tmp_path, env)
-    if which == "command line":
+    if which == "circuit":
+        assert json.loads((tmp_path / "ioi.json").read_text())["kind"] == "circuit"
+        assert "renderGraph" in (tmp_path / "ioi.html").read_text()
+    elif which == "command line":
         assert (tmp_path / "paris.html").is_file() and (tmp_path / "paris.json").is_file()
     else:
         summary = json.loads((tmp_path / "runs" / "known-input" / "results.json").read_text())
