@@ -187,6 +187,25 @@ class TestPrompts:
         assert [w for w, c in zip(words, s.context) if c] == ["w20", "w21", "w22"]
         assert words[-1] == "w30" and words[0] == "<|im_start|>" and s.contrast_id == 8
 
+    def test_chat_units_are_the_paragraph_not_its_label_or_the_question(self):
+        """SQuAD's units are its context paragraph (the reference data: "the context is the paragraph"), IMDb's
+        the review: the "Context:" label and the question stay, like the template, never ablated."""
+        tok = word_tokenizer()
+        ex = Example(id="1", answer="w9", system="w10", user="w11 w20 w21 w12 w22", prefill="w30", units="w20 w21")
+        s = encode_example(tok, ex)
+        words = tok.convert_ids_to_tokens(s.input_ids)
+        assert [w for w, c in zip(words, s.context) if c] == ["w20", "w21"]
+        with pytest.raises(ValueError, match="not inside its user turn"):
+            encode_example(tok, Example(id="2", answer="w9", system="w10", user="w11 w20", prefill="w30", units="w23"))
+
+    def test_squad_and_imdb_units(self, tmp_path):
+        from dpa.evaluate.datasets import _example
+
+        squad = _example("squad_v2.0", {"id": "q", "question": "Where?", "answer": "Rome", "context": "In Rome."})
+        assert squad.units == "In Rome." and squad.user == "Context: In Rome.\nQuestion: Where?"
+        imdb = _example("imdb", {"id": "r", "text": "Dull.", "answer": "Negative"})
+        assert imdb.units == "Dull." and imdb.user == "Review: Dull."
+
     def test_chat_needs_a_template(self):
         tok = word_tokenizer()
         tok.chat_template = None

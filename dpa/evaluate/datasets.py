@@ -40,8 +40,10 @@ class Example:
     contrast: str | None = None  # IOI: the subject name (the natural foil)
     text: str | None = None  # raw-text prompt (Known 1000, IOI)
     system: str | None = None  # chat prompt (SQuAD, IMDb): system turn
-    user: str | None = None  # user turn: the context the units live in
+    user: str | None = None  # user turn: the context (and the question) with their labels
     prefill: str | None = None  # continued assistant turn
+    units: str | None = None  # the part of the user turn whose tokens are the units: the paragraph (SQuAD) or the
+    # review (IMDb), as the reference data says ("the context is the paragraph"); None: the whole user turn
 
     @property
     def chat(self) -> bool:
@@ -113,10 +115,11 @@ def _example(name: str, r: dict) -> Example:
         return Example(id=str(r.get("case_id", "")), answer=answer, contrast=contrast, text=prompt)
     if name == "squad_v2.0":
         return Example(id=str(r.get("id", "")), answer=field("answer"), system=SQUAD_SYSTEM,
-                       user=f"Context: {field('context')}\nQuestion: {field('question')}", prefill="Answer:")
+                       user=f"Context: {field('context')}\nQuestion: {field('question')}", prefill="Answer:",
+                       units=field("context"))
     if name == "imdb":
         return Example(id=str(r.get("id", "")), answer=field("answer"), system=IMDB_SYSTEM,
-                       user=f"Review: {field('text')}", prefill="Answer:")
+                       user=f"Review: {field('text')}", prefill="Answer:", units=field("text"))
     raise InputError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS + GENERATED)}")
 
 

@@ -4,8 +4,9 @@
 * SQuAD, IMDb: the chat template with the instruction as system turn, the context and question
   (or review) as user turn, and "Answer:" as a continued assistant turn.
 
-Context units are the tokens of the raw text or of the user turn; BOS, the system turn, role
-markers and the prefill are template and are never ablated. The target is the first token of
+Context units are the tokens of the raw text, or of the context inside the user turn: the paragraph (SQuAD) or
+the review (IMDb), as the reference data defines it (``Example.units``); its "Context:" / "Review:" label, the
+question, BOS, the system turn, role markers and the prefill are never ablated. The target is the first token of
 " " + answer (a leading bare-space token, as SentencePiece tokenizers emit, is skipped).
 """
 
@@ -72,6 +73,11 @@ def encode_example(tokenizer, ex: Example) -> Sample:
             raise UnsupportedModelError("the tokenizer's chat template does not contain the user turn verbatim, so "
                                         "the context tokens cannot be found")
         end = start + len(ex.user)
+        if ex.units is not None:  # the paragraph or review inside the user turn
+            inner = text.find(ex.units, start, end)
+            if inner < 0:
+                raise InputError(f"example {ex.id!r}: its units text is not inside its user turn")
+            start, end = inner, inner + len(ex.units)
         enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         context = [a < end and b > start and b > a for a, b in enc["offset_mapping"]]
     contrast = None if ex.contrast is None else first_token(tokenizer, ex.contrast)
