@@ -103,7 +103,10 @@ class Settings:
         keep = ("dataset", "unit", "component_units", "weights", "contrast", "seed", "steps", "max_tokens",
                 "min_probability", "filter", "n_generated")
         d = asdict(self)
-        return {k: d[k] for k in keep}
+        out = {k: d[k] for k in keep}
+        if self.dataset in ("squad_v2.0", "imdb"):  # units: the paragraph / review alone (issue 20); a folder
+            out["context_units"] = "paragraph"  # from before, whose units were the whole user turn, is not resumed
+        return out
 
 
 def check_method_names(methods) -> tuple[str, ...]:
