@@ -1,10 +1,10 @@
 """Why DPA loses to mean attention on SQuAD v2.0 input attribution: per-sample evidence (issue 20).
 
-    python benchmarks/squad_diagnosis.py [--results benchmarks/results/squad_v2.0-input] [--data-dir ../shared/data]
+    python benchmarks/squad_diagnosis.py [--results benchmarks/results/squad_v2.0-input-user-turn] [--data-dir ../shared/data]
                                          [--out benchmarks/results/squad-diagnosis]
 
-Reads the per-sample curves of the committed SQuAD run (``samples.jsonl``: every method, 100 samples) and, for each
-sample, attributes it again with DPA and mean attention on the same prompt, target and units to measure:
+Reads the per-sample curves of the first SQuAD run (``samples.jsonl``: every method, 100 samples; its units were the
+whole user turn, the question included, which this diagnosis found to be the cause) and, for each sample, attributes it again with DPA and mean attention on the same prompt, target and units to measure:
 
 * the sample's total AUC (paper mode) for each method, and who wins;
 * the prompt length, where the answer sits in the context, where its tokens rank under each method;
@@ -75,7 +75,7 @@ def features(order: list[int], sp: dict[str, list[int]], units: list[int]) -> di
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--results", default="benchmarks/results/squad_v2.0-input")
+    p.add_argument("--results", default="benchmarks/results/squad_v2.0-input-user-turn")
     p.add_argument("--data-dir", default="../shared/data")
     p.add_argument("--out", default="benchmarks/results/squad-diagnosis")
     p.add_argument("--threads", type=int, default=1)
