@@ -1,6 +1,6 @@
 """Why DPA loses to mean attention on SQuAD v2.0 input attribution: per-sample evidence (issue 20).
 
-    python benchmarks/squad_diagnosis.py [--results benchmarks/results/squad_v2.0-input-user-turn] [--data-dir ../shared/data]
+    python benchmarks/squad_diagnosis.py [--results benchmarks/results/squad_v2.0-input] [--data-dir ../shared/data]
                                          [--out benchmarks/results/squad-diagnosis]
 
 Reads the per-sample curves of the first SQuAD run (``samples.jsonl``: every method, 100 samples; its units were the
@@ -75,7 +75,7 @@ def features(order: list[int], sp: dict[str, list[int]], units: list[int]) -> di
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--results", default="benchmarks/results/squad_v2.0-input-user-turn")
+    p.add_argument("--results", default="benchmarks/results/squad_v2.0-input")
     p.add_argument("--data-dir", default="../shared/data")
     p.add_argument("--out", default="benchmarks/results/squad-diagnosis")
     p.add_argument("--threads", type=int, default=1)
