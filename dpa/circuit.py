@@ -247,15 +247,11 @@ def circuit(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contras
     position, or per component with ``positions=False``) with the largest |DPA score| (``None``: every unit),
     the tokens and the target, and every direct effect between them. One DPA call (the same request step and
     instrumented model as ``dpa.attribute``, whose arguments these are) plus one block per kept unit."""
-    from .attribute import _run
+    from .attribute import _result, _run
 
     positions = check_bool("positions", positions)
     if nodes is not None and (isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1):
         raise InputError(f"nodes must be a positive int (how many units to keep) or None (all), got {nodes!r}")
-    if isinstance(prompt, (list, tuple)) and prompt and not isinstance(prompt[0], int):
-        raise InputError("dpa.circuit takes one prompt (a string or token ids), not a list of prompts")
-    if isinstance(prompt, Tensor) and prompt.dim() > 1:
-        raise InputError("dpa.circuit takes one prompt (a string or token ids), not a batch")
     req = requests.build(model, tokenizer, prompt, target, contrast=contrast, kind=kind, position=position,
                          weights=weights, multi_token=multi_token, batch=False)
     spec = req.spec
@@ -263,8 +259,6 @@ def circuit(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contras
     graph = _Graph(nodes, positions, spec.n_experts > 0)
     run = _run(model, req, dtype, lean=False, edges=False, neuron_positions=False, effective_targets=False,
                neuron_target="output", probabilities=True, graph=graph)
-    from .attribute import _result
-
     info = _result(model, req, run, 0, "output", False)
     g = run.graph
     return Circuit(nodes=g["nodes"], edges=g["edges"], scores=g["scores"], in_gap=g["in_gap"], bias_in=g["bias_in"],
