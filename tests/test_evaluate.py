@@ -206,6 +206,36 @@ class TestPrompts:
         imdb = _example("imdb", {"id": "r", "text": "Dull.", "answer": "Negative"})
         assert imdb.units == "Dull." and imdb.user == "Review: Dull."
 
+    def test_plain_prompt_for_a_base_model(self):
+        """A tokenizer without a chat template (a base model: Gemma 3 270M) reads the instruction, the user turn and
+        "Answer:" as plain text after its BOS; the units are still the paragraph alone, never the BOS."""
+        from tokenizers.processors import TemplateProcessing
+
+        tok = word_tokenizer()
+        tok.chat_template = None
+        tok._tokenizer.post_processor = TemplateProcessing(single="<|im_start|> $A",
+                                                           special_tokens=[("<|im_start|>", 1)])
+        ex = Example(id="1", answer="w9", system="w10", user="w11 w20 w21 w12 w22", prefill="w30", units="w20 w21")
+        s = encode_example(tok, ex, prompt="plain")
+        words = tok.convert_ids_to_tokens(s.input_ids)
+        assert words == ["<|im_start|>", "w10", "w11", "w20", "w21", "w12", "w22", "w30"]
+        assert [w for w, c in zip(words, s.context) if c] == ["w20", "w21"] and s.target_id == 9
+        with pytest.raises(ValueError, match="prompt='plain'"):
+            encode_example(tok, ex)  # the chat form, without a template
+        with pytest.raises(ValueError, match="prompt must be one of"):
+            encode_example(tok, ex, prompt="raw")
+        raw = encode_example(tok, Example(id="2", answer="w9", text="w4 w5"), prompt="plain")  # raw text: as is
+        assert raw.input_ids == [1, 4, 5] and raw.context == [False, True, True]
+
+    def test_prompt_setting(self):
+        chat = Settings("squad_v2.0", "input").identity()
+        assert "prompt" not in chat and chat["context_units"] == "paragraph"  # every earlier run: resumable
+        assert Settings("imdb", "input", prompt="plain").identity()["prompt"] == "plain"
+        with pytest.raises(ValueError, match="raw text already"):
+            Settings("known_1000", "input", prompt="plain")
+        with pytest.raises(ValueError, match="prompt must be one of"):
+            Settings("squad_v2.0", "input", prompt="Plain")
+
     def test_chat_needs_a_template(self):
         tok = word_tokenizer()
         tok.chat_template = None

@@ -15,6 +15,7 @@ from ..errors import DPAError, InputError
 from ..models import ModelLoadError
 from ..weights import FAMILIES, PathWeights
 from .datasets import DATASETS, GENERATED, DataError
+from .prompts import PROMPTS
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 
@@ -57,6 +58,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--filter", choices=("paper", "length"), default="paper",
                    help="paper: keep samples the model gets right (argmax, p > 0.1, <= 400 tokens); "
                         "length: only the 400-token limit (smoke runs)")
+    p.add_argument("--prompt", choices=PROMPTS, default="chat",
+                   help="squad_v2.0 / imdb: the chat template (the paper's form) or, for a base model without one, "
+                        "plain text: instruction, blank line, user turn, 'Answer:'")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.add_argument("--no-figures", action="store_true", help="skip the matplotlib figures")
 
@@ -101,7 +105,7 @@ def _settings(args, **extra):
         raise InputError("--n-generated must be at least 1")
     return Settings(dataset=args.dataset, unit=args.unit, limit=args.limit, component_units=args.component_units,
                     contrast=not args.no_contrast, seed=args.seed, batch_size=args.batch_size,
-                    data_dir=args.data_dir, n_generated=args.n_generated, filter=args.filter, **extra)
+                    data_dir=args.data_dir, n_generated=args.n_generated, filter=args.filter, prompt=args.prompt, **extra)
 
 
 def _load(args, group):

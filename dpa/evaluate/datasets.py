@@ -20,6 +20,7 @@ from ..errors import DPAError, InputError
 
 DATASETS = ("known_1000", "ioi", "squad_v2.0", "imdb")
 GENERATED = ("ioi_templates",)
+CHAT_DATASETS = ("squad_v2.0", "imdb")  # prompts with an instruction, a user turn and "Answer:" (the rest: raw text)
 FILES = {name: f"{name}.json" for name in DATASETS}
 
 SQUAD_SYSTEM = ("Answer the question using the context. Reply with the answer only: a short phrase copied "

@@ -36,9 +36,9 @@ from .auc import auc_summary
 from .curves import (GRANULARITIES, ONE_KIND, ComponentUnits, Unit, component_curves, component_units,
                      fraction_grid, input_curves)
 from ..result import check_run_config, run_folder, write_text
-from .datasets import DATASETS, GENERATED, DataError, load_examples
+from .datasets import CHAT_DATASETS, DATASETS, GENERATED, DataError, load_examples
 from .filter import Verdict, check
-from .prompts import encode_example
+from .prompts import check_prompt, encode_example
 
 # The methods of the paper's tables (activation patching and occlusion are opt-in: one forward per unit).
 PAPER_METHODS = {
@@ -68,6 +68,7 @@ class Settings:
     filter: str = "paper"  # paper: the model must get the sample right; length: only the token limit
     data_dir: str | None = None
     n_generated: int = 1000  # ioi_templates
+    prompt: str = "chat"  # squad_v2.0, imdb: the chat template, or "plain" text for a base model (prompts.py)
 
     def __post_init__(self) -> None:
         """Every field checked (and put in its canonical form) here, once, for the Python API and the CLI alike."""
@@ -98,14 +99,20 @@ class Settings:
                                      f"{type(self.data_dir).__name__}")
             fix("data_dir", os.fspath(self.data_dir))
         fix("n_generated", check_int("n_generated", self.n_generated, low=1))
+        check_prompt(self.prompt)
+        if self.prompt != "chat" and self.dataset not in CHAT_DATASETS:
+            raise InputError(f"prompt={self.prompt!r} applies to the chat datasets ({', '.join(CHAT_DATASETS)}); "
+                             f"{self.dataset} is raw text already")
 
     def identity(self) -> dict:
         keep = ("dataset", "unit", "component_units", "weights", "contrast", "seed", "steps", "max_tokens",
                 "min_probability", "filter", "n_generated")
         d = asdict(self)
         out = {k: d[k] for k in keep}
-        if self.dataset in ("squad_v2.0", "imdb"):  # units: the paragraph / review alone (issue 20); a folder
+        if self.dataset in CHAT_DATASETS:  # units: the paragraph / review alone (issue 20); a folder
             out["context_units"] = "paragraph"  # from before, whose units were the whole user turn, is not resumed
+        if self.prompt != "chat":  # recorded only when not the chat template, which every earlier run used
+            out["prompt"] = self.prompt
         return out
 
 
@@ -267,7 +274,7 @@ def evaluate(model: nn.Module, tokenizer, settings: Settings, out: str | Path, *
         for index, example in enumerate(examples):
             if settings.limit is not None and len(chosen) >= settings.limit:
                 break
-            sample = encode_example(tokenizer, example)
+            sample = encode_example(tokenizer, example, settings.prompt)
             if index not in store.verdicts:
                 v: Verdict = check(model, tokenizer, sample, max_tokens=settings.max_tokens,
                                    min_probability=settings.min_probability, correct_only=settings.filter == "paper")
