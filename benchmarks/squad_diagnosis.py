@@ -1,15 +1,21 @@
-"""Why DPA loses to mean attention on SQuAD v2.0 input attribution: per-sample evidence (issue 20).
+"""DPA against mean attention on SQuAD v2.0 input attribution, sample by sample (issue 20).
 
     python benchmarks/squad_diagnosis.py [--results benchmarks/results/squad_v2.0-input] [--data-dir ../shared/data]
-                                         [--out benchmarks/results/squad-diagnosis]
+                                         [--out benchmarks/results/squad-diagnosis/paragraph]
+    python benchmarks/squad_diagnosis.py --results benchmarks/results/squad_v2.0-input-user-turn \
+                                         --out benchmarks/results/squad-diagnosis/user-turn
 
-Reads the per-sample curves of the first SQuAD run (``samples.jsonl``: every method, 100 samples; its units were the
-whole user turn, the question included, which this diagnosis found to be the cause) and, for each sample, attributes it again with DPA and mean attention on the same prompt, target and units to measure:
+Reads the per-sample curves of a SQuAD run (``samples.jsonl``, 100 samples) and, for each sample, attributes it again
+with DPA and mean attention on the same prompt, target and units. The units are the run's own: the paragraph (runs
+whose ``config.json`` says ``context_units: paragraph``) or, for the first run, the whole user turn with the question
+in it, which this diagnosis found to be why DPA lost. It measures:
 
 * the sample's total AUC (paper mode) for each method, and who wins;
 * the prompt length, where the answer sits in the context, where its tokens rank under each method;
 * which kind of context unit each method ranks first: the answer span, the question, the first context token;
-* the same for DPA with other path weights (value only; query and key only): where the question's credit comes from.
+* the same for DPA with other path weights (value only; query and key only): where the question's credit comes from;
+* how each method's |score| over the whole prompt splits between the units, the question, the rest of the template
+  and the first token (the attention sink): whether the template or the first token dominates.
 
 Writes ``diagnosis.json`` (every sample's numbers), ``diagnosis.md`` (the tables) and ``diagnosis.png`` (the
 recovery curves of the samples where DPA does best and worst against mean attention, and the per-sample totals
@@ -21,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -30,7 +37,7 @@ from dpa.baselines import dpa_input, mean_attention
 from dpa.evaluate.auc import auc
 from dpa.evaluate.curves import fraction_grid, rank
 from dpa.evaluate.datasets import load_examples, load_records
-from dpa.evaluate.prompts import _chat_text, encode_example
+from dpa.evaluate.prompts import encode_example, prompt_text
 
 WEIGHTS = {"default": dpa.PathWeights(), "value only": dpa.PathWeights(0, 0, 1, 0.5, 0.5),
            "query+key only": dpa.PathWeights(0.5, 0.5, 0, 0.5, 0.5)}
@@ -43,9 +50,20 @@ def totals(row: dict, fractions) -> dict[str, float]:
     return {"recovery": rec, "disruption": dis, "total": rec - dis}
 
 
+def encode(tokenizer, example, paragraph: bool):
+    """The sample as the run encoded it: paragraph units, or (the first run) the whole user turn."""
+    return encode_example(tokenizer, example if paragraph else replace(example, units=None))
+
+
+def paragraph_units(results: Path) -> bool:
+    """Whether a run's units were the paragraph (recorded in its identity since the fix) or the user turn."""
+    config = json.loads((results / "config.json").read_text(encoding="utf-8"))
+    return config.get("context_units") == "paragraph"
+
+
 def spans(tokenizer, example, record) -> dict[str, list[int]]:
     """Token positions of the answer span (inside the context), the question, and the context units."""
-    text = _chat_text(tokenizer, example)
+    text = prompt_text(tokenizer, example)
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     user = text.find(example.user, text.find(example.system) + len(example.system))
     a0 = user + len("Context: ") + record["answer_span"][0]
@@ -63,26 +81,35 @@ def ranking(scores: torch.Tensor, units: list[int]) -> list[int]:
     return torch.tensor(units)[rank(scores[units], 0)].tolist()
 
 
-def features(order: list[int], sp: dict[str, list[int]], units: list[int]) -> dict[str, float]:
+def features(scores: torch.Tensor, sp: dict[str, list[int]], units: list[int]) -> dict[str, float]:
+    order = ranking(scores, units)
     n = len(order)
     where = {p: k for k, p in enumerate(order)}
     top = order[:max(1, n // 10)]
+    mass = scores.abs()
+    total = float(mass.sum()) or 1.0
+    rest = sorted(set(range(len(scores))) - set(units) - set(sp["question"]) - {0})
     return {"answer_rank": min(where[p] for p in sp["answer"] if p in where) / n,
             "question_in_top10": sum(p in set(sp["question"]) for p in top) / len(top),
             "question_share_of_units": len([p for p in sp["question"] if p in where]) / n,
-            "first_unit_rank": where[units[0]] / n}
+            "first_unit_rank": where[units[0]] / n,
+            "share": {"units": float(mass[sorted(set(units) - set(sp["question"]) - {0})].sum()) / total,
+                      "question": float(mass[sp["question"]].sum()) / total,
+                      "template": float(mass[rest].sum()) / total, "first token": float(mass[0]) / total}}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--results", default="benchmarks/results/squad_v2.0-input")
     p.add_argument("--data-dir", default="../shared/data")
-    p.add_argument("--out", default="benchmarks/results/squad-diagnosis")
+    p.add_argument("--out", default="benchmarks/results/squad-diagnosis/paragraph")
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     fractions = fraction_grid("squad_v2.0", "input")
-    rows = [json.loads(line) for line in open(Path(args.results) / "samples.jsonl", encoding="utf-8")]
+    paragraph = paragraph_units(Path(args.results))
+    with open(Path(args.results) / "samples.jsonl", encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f]
     by_sample: dict[int, dict] = {}
     for r in rows:
         by_sample.setdefault(r["index"], {})[r["method"]] = r
@@ -92,17 +119,17 @@ def main() -> None:
     out = []
     for n, index in enumerate(sorted(by_sample)):
         example, record = examples[index], records[index]
-        sample = encode_example(tokenizer, example)
+        sample = encode(tokenizer, example, paragraph)
         units = [i for i, c in enumerate(sample.context) if c]
         sp = spans(tokenizer, example, record)
-        row = {"index": index, "id": record["id"], "answer": record["answer"], "n_tokens": sample.n_tokens,
+        row = {"index": index, "units": "paragraph" if paragraph else "user turn", "id": record["id"], "answer": record["answer"], "n_tokens": sample.n_tokens,
                "n_units": len(units), "answer_position": (sp["answer"][0] - units[0]) / len(units),
                "auc": {m: totals(r, fractions) for m, r in by_sample[index].items()}}
         ma = mean_attention(model, tokenizer, sample.input_ids, sample.target_id, position=sample.position)
-        row["mean_attention"] = features(ranking(ma.token_scores, units), sp, units)
+        row["mean_attention"] = features(ma.token_scores, sp, units)
         for name, w in WEIGHTS.items():
             a = dpa_input(model, tokenizer, sample.input_ids, sample.target_id, position=sample.position, weights=w)
-            row[f"dpa {name}"] = features(ranking(a.token_scores, units), sp, units)
+            row[f"dpa {name}"] = features(a.token_scores, sp, units)
         if n == 0:  # the paper's neuron target variant (t_mid) cannot change input attribution: token scores are
             mid = dpa.attribute(model, tokenizer, sample.input_ids, sample.target_id, position=sample.position,
                                 neuron_target="mid")  # read below the neurons; they are bit for bit the same
@@ -120,22 +147,33 @@ def main() -> None:
 
 def report(out: list[dict]) -> str:
     """The tables of diagnosis.md."""
-    med = lambda xs: statistics.median(xs) if xs else float("nan")  # noqa: E731
+    med = lambda xs: statistics.median(xs) if xs else float("nan")
     diff = [r["auc"]["dpa"]["total"] - r["auc"]["mean_attention"]["total"] for r in out]
-    lines = [f"# SQuAD v2.0 input attribution: DPA against mean attention, per sample ({len(out)} samples)", "",
+    question = out[0]["units"] != "paragraph"  # the question is among the units only in the first run
+    names = ["mean_attention"] + [f"dpa {w}" for w in WEIGHTS]
+    lines = [f"# SQuAD v2.0 input attribution: DPA against mean attention, per sample ({len(out)} samples; units: "
+             f"the {out[0]['units']})", "",
              f"DPA's total AUC beats mean attention's on {sum(d > 0 for d in diff)} of {len(out)} samples "
              f"(median difference {med(diff):+.1f}).", "",
-             "| ranking | answer token ranked first | median rank of the answer (fraction of units) | "
-             "question tokens among the top 10% | first context token's median rank |", "|---|---:|---:|---:|---:|"]
-    for name in ["mean_attention"] + [f"dpa {w}" for w in WEIGHTS]:
+             ("| ranking | answer token ranked first | median rank of the answer (fraction of units) | "
+              + ("question tokens among the top 10% | " if question else "") + "first context token's median rank |"),
+             "|---|---:|---:|" + ("---:|" if question else "") + "---:|"]
+    for name in names:
         f = [r[name] for r in out]
+        question_top = f"{statistics.mean(x['question_in_top10'] for x in f):.0%} | " if question else ""
         lines.append(f"| {name} | {sum(x['answer_rank'] == 0 for x in f)} of {len(f)} | "
-                     f"{med([x['answer_rank'] for x in f]):.3f} | {statistics.mean(x['question_in_top10'] for x in f):.0%} "
-                     f"| {med([x['first_unit_rank'] for x in f]):.2f} |")
+                     f"{med([x['answer_rank'] for x in f]):.3f} | {question_top}"
+                     f"{med([x['first_unit_rank'] for x in f]):.2f} |")
+    lines += ["", "Where each method's |score| over the whole prompt goes (mean share): the context units other than "
+              "the question, the question, the rest of the template, the first token:", "",
+              "| method | context units | question | template | first token |", "|---|---:|---:|---:|---:|"]
+    for name in names:
+        lines.append(f"| {name} | " + " | ".join(f"{statistics.mean(r[name]['share'][k] for r in out):.0%}"
+                                                 for k in ("units", "question", "template", "first token")) + " |")
     qshare = statistics.mean(r["mean_attention"]["question_share_of_units"] for r in out)
-    lines += ["", f"The question is {qshare:.0%} of the units on average.", "",
-              "By prompt length and answer position (terciles):", "",
-              "| split | tercile | samples | DPA total | mean attention total | DPA wins |", "|---|---|---:|---:|---:|---:|"]
+    lines += ([""] + ([f"The question is {qshare:.0%} of the units on average.", ""] if question else [])
+              + ["By prompt length and answer position (terciles):", "",
+              "| split | tercile | samples | DPA total | mean attention total | DPA wins |", "|---|---|---:|---:|---:|---:|"])
     for key in ("n_tokens", "answer_position"):
         ordered = sorted(out, key=lambda r: r[key])
         k = len(ordered) // 3
