@@ -95,6 +95,27 @@ class _ExpertTerm:
         return (y, *out[1:]) if isinstance(out, tuple) else y
 
 
+def _score(z: Tensor, cols: slice, G: Tensor) -> float:
+    """S_v = z_v . G_v: v's tap input (its columns) against its DPA gradient, G held."""
+    return float((z[0, :, cols].to(G.dtype).cpu() * G).sum())
+
+
+def _forward_with(model: nn.Module, req, pre_hooks: list, term: _ExpertTerm | None = None) -> Tensor:
+    """One forward of the model (no grad) with forward pre-hooks ``[(module, hook)]`` and, into an expert, the
+    hooks that read (or replace) its term; every hook is removed again, even when the forward fails."""
+    with instrument(model, req, grad=False) as session:
+        handles = []
+        try:
+            for module, hook in pre_hooks:
+                handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
+            if term is not None:
+                handles += term.hooks()
+            return session.forward()
+        finally:
+            for h in handles:
+                h.remove()
+
+
 def path_patch(circ, model: nn.Module, tokenizer, edge) -> dict[str, Any]:
     if not isinstance(edge, (tuple, list)) or len(edge) != 2:
         raise InputError(f"edge must be (source, destination), got {edge!r}")
@@ -134,32 +155,23 @@ def path_patch(circ, model: nn.Module, tokenizer, edge) -> dict[str, Any]:
     def run(remove: bool, replace: Tensor | None = None) -> tuple[float, Tensor | None]:
         """One forward: the value, and v's tap input; ``remove`` patches v's read, ``replace`` v's tap slice."""
         seen: dict[str, Tensor] = {}
-        handles = []
         rows = slice(None) if dst.position is None else slice(dst.position, dst.position + 1)
-        with instrument(model, req, grad=False) as session:
-            def patch(_m, args, kwargs):
-                x = _first(args, kwargs)
-                return _replace_first(args, kwargs, x - write.to(x.device, x.dtype)[None])
 
-            def keep(_m, args, kwargs):
-                z = _first(args, kwargs)
-                seen["z"] = z.detach()
-                if replace is not None:
-                    z = z.clone()
-                    z[0, rows, cols] = replace.to(z.dtype)[0, rows, cols]
-                    return _replace_first(args, kwargs, z)
-                return None
-            try:
-                if remove:
-                    handles.append(reader.register_forward_pre_hook(patch, with_kwargs=True))
-                if tap is not None:
-                    handles.append(tap.register_forward_pre_hook(keep, with_kwargs=True))
-                if dst.kind == "expert":
-                    handles += _ExpertTerm(mods[dst.layer], spec, dst.index, rows, seen, replace).hooks()
-                hidden = session.forward()
-            finally:
-                for h in handles:
-                    h.remove()
+        def patch(_m, args, kwargs):
+            x = _first(args, kwargs)
+            return _replace_first(args, kwargs, x - write.to(x.device, x.dtype)[None])
+
+        def keep(_m, args, kwargs):
+            z = _first(args, kwargs)
+            seen["z"] = z.detach()
+            if replace is not None:
+                z = z.clone()
+                z[0, rows, cols] = replace.to(z.dtype)[0, rows, cols]
+                return _replace_first(args, kwargs, z)
+            return None
+        hooks = ([(reader, patch)] if remove else []) + ([(tap, keep)] if tap is not None else [])
+        term = _ExpertTerm(mods[dst.layer], spec, dst.index, rows, seen, replace) if dst.kind == "expert" else None
+        hidden = _forward_with(model, req, hooks, term)
         value = float(hidden[0, pos].to(u.dtype) @ u.to(hidden.device))
         return value, seen.get("z")
 
@@ -168,8 +180,7 @@ def path_patch(circ, model: nn.Module, tokenizer, edge) -> dict[str, Any]:
     if dst.kind == "target":
         direct = through = clean - patched
     else:
-        score = lambda z: float((z[0, :, cols].to(G.dtype).cpu() * G).sum())  # noqa: E731
-        direct = score(z_clean) - score(z_patched)
+        direct = _score(z_clean, cols, G) - _score(z_patched, cols, G)
         through = clean - run(False, replace=z_patched)[0]
     e = float(circ.edges[s, d])
     first = e if dst.kind == "target" else _first_order(circ, model, req, mods, dst, G, write)
@@ -235,23 +246,14 @@ def patch_read(circ, model: nn.Module, tokenizer, node, position: int, corrupt) 
 
         def keep(_m, args, kwargs):
             seen["z"] = _first(args, kwargs).detach()
-        with instrument(model, req, grad=False) as session:
-            handles = [reader.register_forward_pre_hook(read, with_kwargs=True)]
-            if tap is not None:
-                handles.append(tap.register_forward_pre_hook(keep, with_kwargs=True))
-            else:
-                handles += _ExpertTerm(mods, clean_req.spec, v.index, rows, seen, None).hooks()
-            try:
-                session.forward()
-            finally:
-                for h in handles:
-                    h.remove()
+        hooks = [(reader, read)] + ([(tap, keep)] if tap is not None else [])
+        term = None if tap is not None else _ExpertTerm(mods, clean_req.spec, v.index, rows, seen, None)
+        _forward_with(model, req, hooks, term)
         return seen["x"], seen["z"]
 
     x_bad, _ = run(bad_req, None)
     _, z_clean = run(clean_req, None)
     _, z_patched = run(clean_req, x_bad[0, position])
-    score = lambda z: float((z[0, :, cols].to(G.dtype).cpu() * G).sum())  # noqa: E731
-    clean, patched = score(z_clean), score(z_patched)
+    clean, patched = _score(z_clean, cols, G), _score(z_patched, cols, G)
     return {"node": v.label, "position": position, "token": circ.tokens[position], "clean": clean,
             "patched": patched, "change": clean - patched, "in_flow": float(circ.in_positions[d, position])}
