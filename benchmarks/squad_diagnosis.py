@@ -38,6 +38,7 @@ from dpa.evaluate.auc import auc
 from dpa.evaluate.curves import fraction_grid, rank
 from dpa.evaluate.datasets import load_examples, load_records
 from dpa.evaluate.prompts import encode_example, prompt_text
+from dpa.models import DEFAULT_MODEL
 
 WEIGHTS = {"default": dpa.PathWeights(), "value only": dpa.PathWeights(0, 0, 1, 0.5, 0.5),
            "query+key only": dpa.PathWeights(0.5, 0.5, 0, 0.5, 0.5)}
@@ -50,21 +51,23 @@ def totals(row: dict, fractions) -> dict[str, float]:
     return {"recovery": rec, "disruption": dis, "total": rec - dis}
 
 
-def encode(tokenizer, example, paragraph: bool):
+def encode(tokenizer, example, paragraph: bool, prompt: str = "chat"):
     """The sample as the run encoded it: paragraph units, or (the first run) the whole user turn."""
-    return encode_example(tokenizer, example if paragraph else replace(example, units=None))
+    return encode_example(tokenizer, example if paragraph else replace(example, units=None), prompt)
 
 
-def paragraph_units(results: Path) -> bool:
-    """Whether a run's units were the paragraph (recorded in its identity since the fix) or the user turn."""
+def run_config(results: Path) -> tuple[bool, str, str | None]:
+    """A run's units (the paragraph, recorded in its identity since the fix, or the user turn), its prompt form
+    and its model (None: the default)."""
     config = json.loads((results / "config.json").read_text(encoding="utf-8"))
-    return config.get("context_units") == "paragraph"
+    model = None if config.get("model", DEFAULT_MODEL) == DEFAULT_MODEL else config["model"]
+    return config.get("context_units") == "paragraph", config.get("prompt", "chat"), model
 
 
-def spans(tokenizer, example, record) -> dict[str, list[int]]:
+def spans(tokenizer, example, record, prompt: str = "chat") -> dict[str, list[int]]:
     """Token positions of the answer span (inside the context), the question, and the context units."""
-    text = prompt_text(tokenizer, example)
-    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    text = prompt_text(tokenizer, example, prompt)
+    enc = tokenizer(text, add_special_tokens=prompt == "plain", return_offsets_mapping=True)  # as encode_example
     user = text.find(example.user, text.find(example.system) + len(example.system))
     a0 = user + len("Context: ") + record["answer_span"][0]
     a1 = user + len("Context: ") + record["answer_span"][1]
@@ -107,22 +110,24 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     fractions = fraction_grid("squad_v2.0", "input")
-    paragraph = paragraph_units(Path(args.results))
+    paragraph, prompt, model_name = run_config(Path(args.results))
     with open(Path(args.results) / "samples.jsonl", encoding="utf-8") as f:
         rows = [json.loads(line) for line in f]
     by_sample: dict[int, dict] = {}
     for r in rows:
         by_sample.setdefault(r["index"], {})[r["method"]] = r
-    model, tokenizer = dpa.load_model()
+    model, tokenizer = dpa.load_model(model_name, device="cpu", dtype=torch.float32)
     records = load_records("squad_v2.0", args.data_dir)
     examples = load_examples("squad_v2.0", args.data_dir)
     out = []
     for n, index in enumerate(sorted(by_sample)):
         example, record = examples[index], records[index]
-        sample = encode(tokenizer, example, paragraph)
+        sample = encode(tokenizer, example, paragraph, prompt)
         units = [i for i, c in enumerate(sample.context) if c]
-        sp = spans(tokenizer, example, record)
-        row = {"index": index, "units": "paragraph" if paragraph else "user turn", "id": record["id"], "answer": record["answer"], "n_tokens": sample.n_tokens,
+        sp = spans(tokenizer, example, record, prompt)
+        row = {"index": index, "units": "paragraph" if paragraph else "user turn", "prompt": prompt,
+               "model": model_name or DEFAULT_MODEL, "id": record["id"], "answer": record["answer"],
+               "n_tokens": sample.n_tokens,
                "n_units": len(units), "answer_position": (sp["answer"][0] - units[0]) / len(units),
                "auc": {m: totals(r, fractions) for m, r in by_sample[index].items()}}
         ma = mean_attention(model, tokenizer, sample.input_ids, sample.target_id, position=sample.position)
@@ -151,8 +156,9 @@ def report(out: list[dict]) -> str:
     diff = [r["auc"]["dpa"]["total"] - r["auc"]["mean_attention"]["total"] for r in out]
     question = out[0]["units"] != "paragraph"  # the question is among the units only in the first run
     names = ["mean_attention"] + [f"dpa {w}" for w in WEIGHTS]
-    lines = [f"# SQuAD v2.0 input attribution: DPA against mean attention, per sample ({len(out)} samples; units: "
-             f"the {out[0]['units']})", "",
+    lines = [f"# SQuAD v2.0 input attribution: DPA against mean attention, per sample ({len(out)} samples; "
+             f"{out[0].get('model', DEFAULT_MODEL)}, {out[0].get('prompt', 'chat')} prompt; units: the "
+             f"{out[0]['units']})", "",
              f"DPA's total AUC beats mean attention's on {sum(d > 0 for d in diff)} of {len(out)} samples "
              f"(median difference {med(diff):+.1f}).", "",
              ("| ranking | answer token ranked first | median rank of the answer (fraction of units) | "
@@ -177,7 +183,7 @@ def report(out: list[dict]) -> str:
     for key in ("n_tokens", "answer_position"):
         ordered = sorted(out, key=lambda r: r[key])
         k = len(ordered) // 3
-        for t, part in enumerate((ordered[:k], ordered[k:2 * k], ordered[2 * k:])):
+        for part in (p for p in (ordered[:k], ordered[k:2 * k], ordered[2 * k:]) if p):
             lo, hi = part[0][key], part[-1][key]
             lines.append(f"| {key} | {lo:.3g}–{hi:.3g} | {len(part)} | "
                          f"{statistics.mean(r['auc']['dpa']['total'] for r in part):.1f} | "
