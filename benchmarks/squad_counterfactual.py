@@ -54,7 +54,7 @@ def main() -> None:
         question_positions = spans(tokenizer, example, record)["question"]
         question[question_positions] = 1
         top = float(a.token_scores.abs().max()) + 1
-        rankings = {"signed (the protocol)": a.token_scores, "by |score|": a.token_scores.abs(),
+        rankings = {"signed (the protocol)": a.token_scores, "by absolute score": a.token_scores.abs(),
                     "question first": a.token_scores + question * 2 * top}
         units = [i for i, c in enumerate(sample.context) if c]
         last = ranking(a.token_scores, units)[-BOTTOM:]  # what recovery keeps last
@@ -69,6 +69,11 @@ def main() -> None:
         print(f"{n + 1}/{len(diagnosis)} sample {row['index']}: " + ", ".join(
             f"{k} {v['total']:.1f}" for k, v in result.items() if isinstance(v, dict)), flush=True)
     (folder / "counterfactual.json").write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
+    (folder / "counterfactual.md").write_text(report(out), encoding="utf-8")
+
+
+def report(out: list[dict]) -> str:
+    """counterfactual.md: the mean AUCs under each ranking, and the units DPA ranks last."""
     names = [k for k, v in out[0].items() if isinstance(v, dict)]
     lines = [f"# DPA's SQuAD curves under diagnostic rankings ({len(out)} samples; paper-mode AUC, means)", "",
              "| ranking of DPA's token scores | total | disruption | recovery |", "|---|---:|---:|---:|"]
@@ -80,9 +85,9 @@ def main() -> None:
     share = statistics.mean(r["bottom_in_question"] for r in out) / BOTTOM
     lines += ["", f"The {BOTTOM} units DPA ranks last (what recovery keeps last), over all samples: {share:.0%} are "
               f"question tokens (the question is about a tenth of the units). The most frequent:", "",
-              "| token | samples |", "|---|---:|"]
+              "| token | occurrences |", "|---|---:|"]
     lines += [f"| {t} | {n} |" for t, n in bottom.most_common(12)]
-    (folder / "counterfactual.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
