@@ -26,7 +26,7 @@ import dpa
 from dpa.baselines import INPUT_METHODS
 from dpa.evaluate import evaluate
 from dpa.evaluate.runner import Settings
-from dpa.models import DEFAULT_MODEL
+from squad_diagnosis import run_config  # a run's prompt form and model (None: the default)
 
 
 def rounded(fn, attribution_dtype=torch.bfloat16):
@@ -52,14 +52,14 @@ def main() -> None:
     first = json.loads((run / "results.json").read_text(encoding="utf-8"))
     if config["unit"] != "input":
         raise SystemExit("bfloat16 ranking is implemented for input runs (token scores)")
+    _, prompt, name = run_config(run)
     settings = Settings(config["dataset"], "input", limit=first["n_evaluated"], data_dir=args.data_dir,
-                        seed=config["seed"], prompt=config.get("prompt", "chat"))
+                        seed=config["seed"], prompt=prompt)
     out.mkdir(parents=True, exist_ok=True)
     if not (out / "filter.jsonl").exists():  # the same model and dtype: the run's verdicts hold
         shutil.copy(run / "filter.jsonl", out / "filter.jsonl")
     names = [m.strip() for m in args.methods.split(",") if m.strip()]
     methods = {f"{m} (bfloat16 ranking)": rounded(INPUT_METHODS[m]) for m in names}
-    name = None if config["model"] == DEFAULT_MODEL else config["model"]
     model, tokenizer = dpa.load_model(name, device="cpu", dtype=torch.float32)
     results = evaluate(model, tokenizer, replace(settings, methods=tuple(methods)), out, methods=methods)
     lines = [f"# {config['dataset']} input, {results['n_evaluated']} samples: scores ranked in float32 (dpa) and "
