@@ -41,7 +41,7 @@ from . import distributed, request
 from .attribute import attribute
 from .checks import check_bool, check_choice, check_int
 from .errors import DPAError, InputError, InputTypeError
-from .result import Attribution, check_run_config, publish, run_folder, write_text
+from .result import Attribution, check_run_config, model_identity, publish, run_folder, write_text
 from .weights import PathWeights
 
 TENSORS = ("token_scores", "head_scores", "neuron_scores")
@@ -168,7 +168,7 @@ def attribute_file(model: nn.Module, tokenizer, prompts: str | os.PathLike, out:
     out = run_folder(out)
     group = distributed.current()
     identity = {"format": FORMAT, "prompts_sha256": _sha256(Path(prompts)),
-                "model": getattr(model.config, "_name_or_path", ""), "target": opts.target,
+                **model_identity(model, spec.unembed(model).weight.dtype), "target": opts.target,
                 "contrast": opts.contrast, "kind": opts.kind, "weights": opts.weights.to_dict(),
                 "multi_token": opts.multi_token, "batch_size": opts.batch_size, "top": opts.top}
     if group.main:

@@ -307,6 +307,15 @@ def run_folder(out: str | os.PathLike, error: type[Exception] = InputError) -> P
     return out
 
 
+def model_identity(model, dtype: torch.dtype) -> dict:
+    """The model part of a run's identity: its name, and its dtype where that is not float32 (the dtype of every
+    run before dtypes were recorded), so that a run in bfloat16 is never resumed in float32, nor the reverse."""
+    out = {"model": getattr(model.config, "_name_or_path", "")}
+    if dtype != torch.float32:
+        out["dtype"] = str(dtype).removeprefix("torch.")
+    return out
+
+
 def check_run_config(out: Path, identity: dict, error: type[Exception] = InputError) -> None:
     """A run's settings in ``out/config.json``: written by the first run; a later run with other settings is
     refused (``InputError`` naming what differs), an unreadable config raises ``error``."""
@@ -320,7 +329,8 @@ def check_run_config(out: Path, identity: dict, error: type[Exception] = InputEr
         raise error(f"{path} is not a run's config (not valid JSON); use a new --out folder") from None
     if not isinstance(old, dict):
         raise error(f"{path} is not a run's config; use a new --out folder")
-    diff = {k: (old.get(k), v) for k, v in identity.items() if old.get(k) != v}
+    diff = {k: (old.get(k), identity.get(k)) for k in sorted(identity.keys() | old.keys())  # a key on one side only
+            if old.get(k) != identity.get(k)}  # differs too: settings recorded only off their default (prompt, dtype)
     if diff:
         changes = "; ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in diff.items())
         raise InputError(f"{out} holds a run with other settings ({changes}); use a new --out folder")

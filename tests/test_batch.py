@@ -3,6 +3,7 @@ after SIGKILL at any moment, and the same output from 2 gloo processes under tor
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import random
@@ -114,6 +115,9 @@ class TestFile:
             dpa.attribute_file(model, tok, prompts, tmp_path / "out", batch_size=4, progress=False)
         with pytest.raises(dpa.InputError, match="prompts_sha256"):
             dpa.attribute_file(model, tok, many(tmp_path / "q.jsonl", 5, seed=1), tmp_path / "out", batch_size=3,
+                               progress=False)
+        with pytest.raises(dpa.InputError, match="dtype: 'float64' there, None now"):  # scores of another dtype
+            dpa.attribute_file(copy.deepcopy(model).float(), tok, prompts, tmp_path / "out", batch_size=3,
                                progress=False)
 
     @pytest.mark.parametrize("content, message", [

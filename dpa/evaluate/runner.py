@@ -35,7 +35,7 @@ from ..weights import FAMILIES, PathWeights
 from .auc import auc_summary
 from .curves import (GRANULARITIES, ONE_KIND, ComponentUnits, Unit, component_curves, component_units,
                      fraction_grid, input_curves)
-from ..result import check_run_config, run_folder, write_text
+from ..result import check_run_config, model_identity, run_folder, write_text
 from .datasets import CHAT_DATASETS, DATASETS, GENERATED, DataError, load_examples
 from .filter import Verdict, check
 from .prompts import check_prompt, encode_example
@@ -259,7 +259,7 @@ def evaluate(model: nn.Module, tokenizer, settings: Settings, out: str | Path, *
                              n_generated=settings.n_generated)  # missing or malformed data: before any file
     out = run_folder(out, DataError)
     identity = {**settings.identity(), "weights": settings.weights.to_dict(),
-                "model": getattr(model.config, "_name_or_path", "")}
+                **model_identity(model, _unembedding(model).dtype)}
     if group.main:
         check_run_config(out, identity, DataError)
     group.barrier()
