@@ -1,0 +1,88 @@
+"""Two methods on the same samples: the paired difference of their total AUCs, with a bootstrap interval.
+
+    python benchmarks/paired.py RUN:METHOD RUN:METHOD [--mode paper|clean] [--resamples 2000] [--seed 0]
+
+    python benchmarks/paired.py \\
+        benchmarks/results/gemma-3-270m/sweep-squad_v2.0-input-attention:'dpa[0,0,1,0.5,0.5]' \\
+        benchmarks/results/gemma-3-270m/squad_v2.0-input:mean_attention
+
+RUN is a folder of ``dpa evaluate`` or ``dpa sweep`` (its ``samples.jsonl``); METHOD a method name in it (a sweep
+names its points ``dpa[q,k,v,gate,up]``). Only the samples both runs hold are compared, and both runs must be of
+the same dataset and unit. A benchmark's total AUC is the mean of the per-sample totals (the trapezoid is linear in
+the curve), so the difference of two methods' totals is the mean of the per-sample differences; its 95% interval
+comes from resampling the samples (paired: one resample draws the same samples for both methods). Wins count the
+samples where the first method's total is strictly higher.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+
+from dpa.evaluate.auc import auc
+from dpa.evaluate.curves import fraction_grid
+
+
+def per_sample_totals(run: Path, method: str, mode: str = "paper") -> dict[int, float]:
+    """Each sample's total AUC (recovery - disruption) for one method of a run, by sample index."""
+    config = json.loads((run / "config.json").read_text(encoding="utf-8"))
+    fractions = fraction_grid(config["dataset"], config["unit"])
+    prefix = "paper_" if mode == "paper" else ""
+    out = {}
+    with open(run / "samples.jsonl", encoding="utf-8") as f:
+        for line in f:
+            if not line.endswith("\n"):  # a line cut off by an interrupted run
+                continue
+            row = json.loads(line)
+            if row["method"] != method:
+                continue
+            curve = lambda kind: row.get(prefix + kind, row[kind])  # noqa: E731 (rows of older runs: clean only)
+            out[row["index"]] = (auc(fractions, curve("recovery"), curve="recovery", unit=config["unit"], mode=mode)
+                                 - auc(fractions, curve("disruption"), curve="disruption", unit=config["unit"],
+                                       mode=mode))
+    if not out:
+        raise SystemExit(f"{run}: no samples of method {method!r}")
+    return out
+
+
+def compare(a: dict[int, float], b: dict[int, float], *, resamples: int = 2000, seed: int = 0) -> dict:
+    """Mean totals, their difference with a paired bootstrap 95% interval, and wins, on the common samples."""
+    common = sorted(a.keys() & b.keys())
+    diff = [a[i] - b[i] for i in common]
+    n = len(diff)
+    rng = random.Random(seed)
+    means = sorted(sum(diff[rng.randrange(n)] for _ in range(n)) / n for _ in range(resamples))
+    return {"samples": n, "a": sum(a[i] for i in common) / n, "b": sum(b[i] for i in common) / n,
+            "difference": sum(diff) / n, "interval": (means[int(0.025 * resamples)], means[int(0.975 * resamples) - 1]),
+            "wins": sum(d > 0 for d in diff), "losses": sum(d < 0 for d in diff)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("a", help="RUN:METHOD")
+    p.add_argument("b", help="RUN:METHOD")
+    p.add_argument("--mode", choices=("paper", "clean"), default="paper")
+    p.add_argument("--resamples", type=int, default=2000)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    runs = []
+    for spec in (args.a, args.b):
+        run, sep, method = spec.partition(":")
+        if not sep or not method:
+            raise SystemExit(f"{spec!r}: give RUN:METHOD")
+        runs.append((Path(run), method))
+    configs = [json.loads((run / "config.json").read_text(encoding="utf-8")) for run, _ in runs]
+    if {(c["dataset"], c["unit"]) for c in configs} != {(configs[0]["dataset"], configs[0]["unit"])}:
+        raise SystemExit("the two runs are of different datasets or units")
+    r = compare(*(per_sample_totals(run, method, args.mode) for run, method in runs), resamples=args.resamples,
+                seed=args.seed)
+    lo, hi = r["interval"]
+    print(f"{r['samples']} common samples, total AUC ({args.mode} mode): {runs[0][1]} {r['a']:.2f}, "
+          f"{runs[1][1]} {r['b']:.2f}; difference {r['difference']:+.2f}, 95% interval [{lo:+.2f}, {hi:+.2f}]; "
+          f"higher on {r['wins']}, lower on {r['losses']}")
+
+
+if __name__ == "__main__":
+    main()
