@@ -13,6 +13,8 @@ in it, which this diagnosis found to be why DPA lost. It measures:
 * the sample's total AUC (paper mode) for each method, and who wins;
 * the prompt length, where the answer sits in the context, where its tokens rank under each method;
 * which kind of context unit each method ranks first: the answer span, the question, the first context token;
+* the sign of the answer's first token's score: a needed token scored below 0 is ranked among the last, so it stays
+  ablated in recovery until the end of the curve, and intact in disruption;
 * the same for DPA with other path weights (value only; query and key only): where the question's credit comes from;
 * how each method's |score| over the whole prompt splits between the units, the question, the rest of the template
   and the first token (the attention sink): whether the template or the first token dominates.
@@ -93,6 +95,7 @@ def features(scores: torch.Tensor, sp: dict[str, list[int]], units: list[int]) -
     total = float(mass.sum()) or 1.0
     rest = sorted(set(range(len(scores))) - set(units) - set(sp["question"]) - {0})
     return {"answer_rank": min(where[p] for p in sp["answer"] if p in where) / n,
+            "answer_score": float(scores[sp["answer"][0]]),  # the answer's first token, in logit units
             "question_in_top10": sum(p in set(sp["question"]) for p in top) / len(top),
             "question_share_of_units": len([p for p in sp["question"] if p in where]) / n,
             "first_unit_rank": where[units[0]] / n,
@@ -161,13 +164,15 @@ def report(out: list[dict]) -> str:
              f"{out[0]['units']})", "",
              f"DPA's total AUC beats mean attention's on {sum(d > 0 for d in diff)} of {len(out)} samples "
              f"(median difference {med(diff):+.1f}).", "",
-             ("| ranking | answer token ranked first | median rank of the answer (fraction of units) | "
-              + ("question tokens among the top 10% | " if question else "") + "first context token's median rank |"),
-             "|---|---:|---:|" + ("---:|" if question else "") + "---:|"]
+             ("| ranking | answer token ranked first | answer's first token scored below 0 | median rank of the answer "
+              "(fraction of units) | " + ("question tokens among the top 10% | " if question else "")
+              + "first context token's median rank |"),
+             "|---|---:|---:|---:|" + ("---:|" if question else "") + "---:|"]
     for name in names:
         f = [r[name] for r in out]
         question_top = f"{statistics.mean(x['question_in_top10'] for x in f):.0%} | " if question else ""
         lines.append(f"| {name} | {sum(x['answer_rank'] == 0 for x in f)} of {len(f)} | "
+                     f"{sum(x['answer_score'] < 0 for x in f)} of {len(f)} | "
                      f"{med([x['answer_rank'] for x in f]):.3f} | {question_top}"
                      f"{med([x['first_unit_rank'] for x in f]):.2f} |")
     lines += ["", "Where each method's |score| over the whole prompt goes (mean share): the context units other than "
