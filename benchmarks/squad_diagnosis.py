@@ -15,7 +15,8 @@ in it, which this diagnosis found to be why DPA lost. It measures:
 * which kind of context unit each method ranks first: the answer span, the question, the first context token;
 * the sign of the answer's first token's score: a needed token scored below 0 is ranked among the last, so it stays
   ablated in recovery until the end of the curve, and intact in disruption;
-* the same for DPA with other path weights (value only; query and key only): where the question's credit comes from;
+* the same for DPA with other path weights (value only; query and key only; key only): which path gives the question
+  its credit, and which path scores the answer below zero where the default does;
 * how each method's |score| over the whole prompt splits between the units, the question, the rest of the template
   and the first token (the attention sink): whether the template or the first token dominates.
 
@@ -43,7 +44,7 @@ from dpa.evaluate.prompts import encode_example, prompt_text
 from dpa.models import DEFAULT_MODEL
 
 WEIGHTS = {"default": dpa.PathWeights(), "value only": dpa.PathWeights(0, 0, 1, 0.5, 0.5),
-           "query+key only": dpa.PathWeights(0.5, 0.5, 0, 0.5, 0.5)}
+           "query+key only": dpa.PathWeights(0.5, 0.5, 0, 0.5, 0.5), "key only": dpa.PathWeights(0, 1, 0, 0.5, 0.5)}
 
 
 def totals(row: dict, fractions) -> dict[str, float]:
