@@ -21,7 +21,7 @@ import json
 import random
 from pathlib import Path
 
-from dpa.evaluate.auc import auc
+from dpa.evaluate.auc import auc_summary
 from dpa.evaluate.curves import fraction_grid
 
 
@@ -29,7 +29,6 @@ def per_sample_totals(run: Path, method: str, mode: str = "paper") -> dict[int, 
     """Each sample's total AUC (recovery - disruption) for one method of a run, by sample index."""
     config = json.loads((run / "config.json").read_text(encoding="utf-8"))
     fractions = fraction_grid(config["dataset"], config["unit"])
-    prefix = "paper_" if mode == "paper" else ""
     out = {}
     with open(run / "samples.jsonl", encoding="utf-8") as f:
         for line in f:
@@ -38,10 +37,10 @@ def per_sample_totals(run: Path, method: str, mode: str = "paper") -> dict[int, 
             row = json.loads(line)
             if row["method"] != method:
                 continue
-            curve = lambda kind: row.get(prefix + kind, row[kind])  # noqa: E731 (rows of older runs: clean only)
-            out[row["index"]] = (auc(fractions, curve("recovery"), curve="recovery", unit=config["unit"], mode=mode)
-                                 - auc(fractions, curve("disruption"), curve="disruption", unit=config["unit"],
-                                       mode=mode))
+            paper = (row.get("paper_disruption", row["disruption"]),  # rows of older runs hold the clean curves
+                     row.get("paper_recovery", row["recovery"]))
+            out[row["index"]] = auc_summary(fractions, row["disruption"], row["recovery"], unit=config["unit"],
+                                            paper=paper)[mode]["total"]
     if not out:
         raise SystemExit(f"{run}: no samples of method {method!r}")
     return out
