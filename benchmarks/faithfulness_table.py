@@ -7,7 +7,9 @@ four tables, one column per dataset × unit, one row per method: total AUC in pa
 AUC in clean mode, seconds per sample (the attribution call alone), and that time as a multiple
 of DPA's on the same sample (the median over samples of the per-sample ratio, read from
 ``samples.jsonl``: the methods of one sample run back to back, so the ratio survives a busy
-machine better than the seconds do). The paper's Llama-3.1-8B-Instruct figures for DPA and the
+machine better than the seconds do). Where a run folder holds ``timing.json`` (``bench_methods.py``: the
+attribution calls timed again, alone, in one process), its two time tables take that file's figures instead,
+and the column's name carries a dagger. The paper's Llama-3.1-8B-Instruct figures for DPA and the
 best baseline are printed under them.
 """
 
@@ -91,14 +93,24 @@ def main() -> None:
     print(table(results, lambda m: m["auc"]["paper"]["total"], ".2f"))
     print("Total AUC, clean mode\n")
     print(table(results, lambda m: m["auc"]["clean"]["total"], ".2f"))
-    print("Seconds per sample, attribution call alone (fastest in bold)\n")
-    print(table(results, lambda m: m["seconds_per_sample"], ".3f", best=min))
-    print("Time per sample as a multiple of DPA's on the same sample (median over samples)\n")
+    timed = {}
     for run, res in results.items():
         ratios = time_ratios(root / run, res["n_evaluated"])
         for name, m in res["methods"].items():
             m["time_ratio"] = ratios.get(name, float("nan"))
-    print(table(results, lambda m: m["time_ratio"], ".2f", best=None))
+        if (root / run / "timing.json").exists():
+            timed[run] = json.loads((root / run / "timing.json").read_text())
+            for name, m in res["methods"].items():
+                m["seconds_per_sample"] = timed[run]["mean_seconds"][name]
+                m["time_ratio"] = timed[run]["median_ratio_to_dpa"][name]
+    times = {(f"{r} †" if r in timed else r): res for r, res in results.items()}
+    print("Seconds per sample, attribution call alone (fastest in bold)\n")
+    print(table(times, lambda m: m["seconds_per_sample"], ".3f", best=min))
+    print("Time per sample as a multiple of DPA's on the same sample (median over samples)\n")
+    print(table(times, lambda m: m["time_ratio"], ".2f", best=None))
+    for r, t in timed.items():
+        print(f"† {r}: timed again by bench_methods.py ({t['date']}, {len(t['indices'])} samples, {t['machine']}), "
+              "not in the evaluation run\n")
     print("The paper, Llama-3.1-8B-Instruct, total AUC (paper mode)\n")
     print("| run | DPA | best baseline |\n|---|---:|---|")
     for r in RUNS:

@@ -1,0 +1,95 @@
+"""Seconds of each attribution method alone, on the samples of a finished `dpa evaluate` run, in one process.
+
+    python benchmarks/bench_methods.py RUN_FOLDER --data-dir ../shared/data [--samples 12] [--threads 1] [--out FILE]
+
+An evaluation run times each method's attribution call (its ``seconds`` rows), but a run that is paused,
+resumed over several sessions, or shares the cores with another job mixes machines in one column. This
+script measures those calls again and nothing else: the first ``--samples`` valid samples of RUN_FOLDER (its
+``filter.jsonl``: no filter pass), every method of the run's ``results.json`` as the registry builds it from
+the run's settings, on the run's model in float32. Within a sample the methods run back to back, in an order
+rotated from sample to sample, so that a slower minute or a warm cache favours none. Prints and writes the
+mean and median seconds of each method and the median over samples of its per-sample ratio to DPA's, the figure that
+survives a busy machine best.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+import torch
+
+import dpa
+from dpa.evaluate.datasets import load_examples
+from dpa.evaluate.prompts import encode_example
+from dpa.evaluate.runner import Settings, resolve_methods
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from squad_diagnosis import run_config  # noqa: E402  (a run's units, prompt form and model)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run", type=Path, help="a finished `dpa evaluate` folder (input unit)")
+    p.add_argument("--data-dir", required=True, help="the benchmark data folder (../shared/data)")
+    p.add_argument("--samples", type=int, default=12, help="valid samples to time (default 12)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (the evaluation runs used 1)")
+    p.add_argument("--out", type=Path, default=None, help="JSON file (default: RUN/timing.json)")
+    args = p.parse_args(argv)
+    if args.samples < 1:
+        p.error("--samples must be at least 1")
+    torch.set_num_threads(args.threads)
+    config = json.loads((args.run / "config.json").read_text(encoding="utf-8"))
+    if config["unit"] != "input":
+        p.error("this script times input-attribution runs (a component run also needs its unit sets)")
+    _, prompt, model_name = run_config(args.run)  # the units do not matter here: no method sees them
+    names = list(json.loads((args.run / "results.json").read_text(encoding="utf-8"))["methods"])
+    settings = Settings(dataset=config["dataset"], unit="input", methods=tuple(names), steps=config["steps"],
+                        seed=config["seed"], weights=dpa.PathWeights(**config["weights"]), prompt=prompt)
+    methods = resolve_methods(settings)
+    model, tokenizer = dpa.load_model(model_name, device="cpu")
+    verdicts = [json.loads(x) for x in (args.run / "filter.jsonl").read_text(encoding="utf-8").splitlines() if x]
+    valid = sorted(v["index"] for v in verdicts if v["valid"])[:args.samples]
+    examples = load_examples(config["dataset"], args.data_dir, seed=config["seed"], n_generated=config["n_generated"])
+    machine = f"CPU {platform.processor() or platform.machine()}, {torch.get_num_threads()} thread(s) (torch {torch.__version__})"
+    print(f"{config['dataset']}: {len(valid)} samples x {len(names)} methods, {config.get('model')} on {machine}",
+          flush=True)
+
+    seconds: dict[str, list[float]] = {n: [] for n in names}
+    n_tokens = []
+    for k, index in enumerate(valid):
+        sample = encode_example(tokenizer, examples[index], settings.prompt)
+        n_tokens.append(sample.n_tokens)
+        order = names[k % len(names):] + names[:k % len(names)]
+        for name in order:
+            start = time.perf_counter()
+            methods[name](model, tokenizer, sample.input_ids, sample.target_id, position=sample.position,
+                          contrast=sample.contrast_id if config["contrast"] else None)  # as the run's _measure
+            seconds[name].append(time.perf_counter() - start)
+        print(f"  sample {index} ({sample.n_tokens} tokens): "
+              + ", ".join(f"{n} {seconds[n][-1]:.2f}" for n in names), flush=True)
+
+    ratio = {n: statistics.median(s / d for s, d in zip(seconds[n], seconds["dpa"])) for n in names}
+    median = {n: statistics.median(seconds[n]) for n in names}
+    mean = {n: statistics.fmean(seconds[n]) for n in names}  # what an evaluation's seconds_per_sample is
+    print("\n| method | seconds per sample (mean) | (median) | multiple of DPA (median per sample) |\n|---|---:|---:|---:|")
+    for n in names:
+        print(f"| {n} | {mean[n]:.3f} | {median[n]:.3f} | {ratio[n]:.2f} |")
+    out = args.out or args.run / "timing.json"
+    out.write_text(json.dumps({
+        "what": "attribution call alone, methods interleaved per sample (bench_methods.py)",
+        "date": date.today().isoformat(), "machine": machine, "run": args.run.name, "indices": valid,
+        "n_tokens": n_tokens, "mean_seconds": mean, "median_seconds": median, "median_ratio_to_dpa": ratio, "seconds": seconds,
+    }, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
