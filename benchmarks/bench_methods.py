@@ -1,11 +1,11 @@
 """Seconds of each attribution method alone, on the samples of a finished `dpa evaluate` run, in one process.
 
-    python benchmarks/bench_methods.py RUN_FOLDER --data-dir ../shared/data [--samples 12] [--threads 1] [--out FILE]
+    python benchmarks/bench_methods.py RUN_FOLDER [--data-dir ../shared/data] [--samples N] [--threads 1] [--out FILE]
 
 An evaluation run times each method's attribution call (its ``seconds`` rows), but a run that is paused,
 resumed over several sessions, or shares the cores with another job mixes machines in one column. This
-script measures those calls again and nothing else: the first ``--samples`` valid samples of RUN_FOLDER (its
-``filter.jsonl``: no filter pass), every method of the run's ``results.json`` as the registry builds it from
+script measures those calls again and nothing else: the samples RUN_FOLDER evaluated, or the first ``--samples``
+of them (its ``filter.jsonl``: no filter pass), every method of the run's ``results.json`` as the registry builds it from
 the run's settings, on the run's model in float32. Within a sample the methods run back to back, in an order
 rotated from sample to sample, so that a slower minute or a warm cache favours none. Prints and writes the
 mean and median seconds of each method and the median over samples of its per-sample ratio to DPA's, the figure that
@@ -37,25 +37,26 @@ from squad_diagnosis import run_config  # noqa: E402  (a run's units, prompt for
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run", type=Path, help="a finished `dpa evaluate` folder (input unit)")
-    p.add_argument("--data-dir", required=True, help="the benchmark data folder (../shared/data)")
-    p.add_argument("--samples", type=int, default=12, help="valid samples to time (default 12)")
+    p.add_argument("--data-dir", default=None, help="the benchmark data folder (default: found as dpa evaluate finds it)")
+    p.add_argument("--samples", type=int, default=None, help="valid samples to time (default: as many as the run)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (the evaluation runs used 1)")
     p.add_argument("--out", type=Path, default=None, help="JSON file (default: RUN/timing.json)")
     args = p.parse_args(argv)
-    if args.samples < 1:
+    if args.samples is not None and args.samples < 1:
         p.error("--samples must be at least 1")
     torch.set_num_threads(args.threads)
     config = json.loads((args.run / "config.json").read_text(encoding="utf-8"))
     if config["unit"] != "input":
         p.error("this script times input-attribution runs (a component run also needs its unit sets)")
     _, prompt, model_name = run_config(args.run)  # the units do not matter here: no method sees them
-    names = list(json.loads((args.run / "results.json").read_text(encoding="utf-8"))["methods"])
+    results = json.loads((args.run / "results.json").read_text(encoding="utf-8"))
+    names = list(results["methods"])
     settings = Settings(dataset=config["dataset"], unit="input", methods=tuple(names), steps=config["steps"],
                         seed=config["seed"], weights=dpa.PathWeights(**config["weights"]), prompt=prompt)
     methods = resolve_methods(settings)
     model, tokenizer = dpa.load_model(model_name, device="cpu")
     verdicts = [json.loads(x) for x in (args.run / "filter.jsonl").read_text(encoding="utf-8").splitlines() if x]
-    valid = sorted(v["index"] for v in verdicts if v["valid"])[:args.samples]
+    valid = sorted(v["index"] for v in verdicts if v["valid"])[:args.samples or results["n_evaluated"]]
     examples = load_examples(config["dataset"], args.data_dir, seed=config["seed"], n_generated=config["n_generated"])
     machine = f"CPU {platform.processor() or platform.machine()}, {torch.get_num_threads()} thread(s) (torch {torch.__version__})"
     print(f"{config['dataset']}: {len(valid)} samples x {len(names)} methods, {config.get('model')} on {machine}",
