@@ -6,7 +6,8 @@
         benchmarks/results/gemma-3-270m/sweep-squad_v2.0-input-attention:'dpa[0,0,1,0.5,0.5]' \\
         benchmarks/results/gemma-3-270m/squad_v2.0-input:mean_attention
 
-RUN is a folder of ``dpa evaluate`` or ``dpa sweep`` (its ``samples.jsonl``); METHOD a method name in it (a sweep
+RUN is a folder of ``dpa evaluate`` or ``dpa sweep`` (its ``samples.jsonl``, and the ranks' parts of a torchrun
+that is still going); METHOD a method name in it (a sweep
 names its points ``dpa[q,k,v,gate,up]``). Only the samples both runs hold are compared, and both runs must be of
 the same dataset and unit. A benchmark's total AUC is the mean of the per-sample totals (the trapezoid is linear in
 the curve), so the difference of two methods' totals is the mean of the per-sample differences; its 95% interval
@@ -30,9 +31,12 @@ def per_sample_totals(run: Path, method: str, mode: str = "paper") -> dict[int, 
     config = json.loads((run / "config.json").read_text(encoding="utf-8"))
     fractions = fraction_grid(config["dataset"], config["unit"])
     out = {}
-    with open(run / "samples.jsonl", encoding="utf-8") as f:
-        for line in f:
-            if not line.endswith("\n"):  # a line cut off by an interrupted run
+    parts = [run / "samples.jsonl", *sorted(run.glob("samples.rank*.jsonl"))]  # a torchrun not yet merged
+    for part in parts:
+        if not part.exists():
+            continue
+        for line in part.read_text(encoding="utf-8").splitlines(keepends=True):
+            if not line.endswith("\n"):  # a line cut off by an interrupted run (the file is only read)
                 continue
             row = json.loads(line)
             if row["method"] != method:
