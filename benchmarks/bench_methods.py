@@ -1,6 +1,7 @@
 """Seconds of each attribution method alone, on the samples of a finished `dpa evaluate` run, in one process.
 
     python benchmarks/bench_methods.py RUN_FOLDER [--data-dir ../shared/data] [--samples N] [--threads 1] [--out FILE]
+    torchrun --nproc-per-node 2 benchmarks/bench_methods.py RUN_FOLDER ...   # one rank per core, as the runs
 
 An evaluation run times each method's attribution call (its ``seconds`` rows), but a run that is paused,
 resumed over several sessions, or shares the cores with another job mixes machines in one column. This
@@ -9,7 +10,8 @@ of them (its ``filter.jsonl``: no filter pass), every method of the run's ``resu
 the run's settings, on the run's model in float32. Within a sample the methods run back to back, in an order
 rotated from sample to sample, so that a slower minute or a warm cache favours none. Prints and writes the
 mean and median seconds of each method and the median over samples of its per-sample ratio to DPA's, the figure that
-survives a busy machine best.
+survives a busy machine best. Under ``torchrun`` each rank times every N-th sample and rank 0 gathers them
+(``torch.distributed``), the condition of an evaluation run under ``torchrun`` with ``--threads 1``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pathlib import Path
 import torch
 
 import dpa
+from dpa import distributed
 from dpa.evaluate.datasets import load_examples
 from dpa.evaluate.prompts import encode_example
 from dpa.evaluate.runner import Settings, resolve_methods
@@ -62,19 +65,33 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{config['dataset']}: {len(valid)} samples x {len(names)} methods, {config.get('model')} on {machine}",
           flush=True)
 
-    seconds: dict[str, list[float]] = {n: [] for n in names}
-    n_tokens = []
-    for k, index in enumerate(valid):
-        sample = encode_example(tokenizer, examples[index], settings.prompt)
-        n_tokens.append(sample.n_tokens)
-        order = names[k % len(names):] + names[:k % len(names)]
-        for name in order:
-            start = time.perf_counter()
-            methods[name](model, tokenizer, sample.input_ids, sample.target_id, position=sample.position,
-                          contrast=sample.contrast_id if config["contrast"] else None)  # as the run's _measure
-            seconds[name].append(time.perf_counter() - start)
-        print(f"  sample {index} ({sample.n_tokens} tokens): "
-              + ", ".join(f"{n} {seconds[n][-1]:.2f}" for n in names), flush=True)
+    with distributed.group() as group:
+        mine = {}  # sample index -> (tokens, {method: seconds})
+        for k, index in enumerate(valid):
+            if not group.mine(k):
+                continue
+            sample = encode_example(tokenizer, examples[index], settings.prompt)
+            order = names[k % len(names):] + names[:k % len(names)]
+            row = {}
+            for name in order:
+                start = time.perf_counter()
+                methods[name](model, tokenizer, sample.input_ids, sample.target_id, position=sample.position,
+                              contrast=sample.contrast_id if config["contrast"] else None)  # as the run's _measure
+                row[name] = time.perf_counter() - start
+            mine[index] = (sample.n_tokens, row)
+            print(f"  [rank {group.rank}] sample {index} ({sample.n_tokens} tokens): "
+                  + ", ".join(f"{n} {row[n]:.2f}" for n in names), flush=True)
+        parts = [mine]
+        if group.world > 1:
+            parts = [None] * group.world
+            torch.distributed.all_gather_object(parts, mine)
+        world = group.world
+    if not group.main:
+        return 0
+    rows = {index: r for part in parts for index, r in part.items()}
+    n_tokens = [rows[i][0] for i in valid]
+    seconds = {n: [rows[i][1][n] for i in valid] for n in names}
+    machine += f", {world} process(es)"
 
     ratio = {n: statistics.median(s / d for s, d in zip(seconds[n], seconds["dpa"])) for n in names}
     median = {n: statistics.median(seconds[n]) for n in names}
