@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import time
@@ -34,6 +33,7 @@ from dpa.evaluate.prompts import encode_example
 from dpa.evaluate.runner import Settings, resolve_methods
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import machine_label  # noqa: E402
 from squad_diagnosis import run_config  # noqa: E402  (a run's units, prompt form and model)
 
 
@@ -47,6 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.samples is not None and args.samples < 1:
         p.error("--samples must be at least 1")
+    if args.threads < 1:
+        p.error("--threads must be at least 1")
+    if not (args.run / "results.json").is_file() or not (args.run / "config.json").is_file():
+        p.error(f"{args.run} is not a finished `dpa evaluate` folder (no results.json and config.json)")
     torch.set_num_threads(args.threads)
     config = json.loads((args.run / "config.json").read_text(encoding="utf-8"))
     if config["unit"] != "input":
@@ -61,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     verdicts = [json.loads(x) for x in (args.run / "filter.jsonl").read_text(encoding="utf-8").splitlines() if x]
     valid = sorted(v["index"] for v in verdicts if v["valid"])[:args.samples or results["n_evaluated"]]
     examples = load_examples(config["dataset"], args.data_dir, seed=config["seed"], n_generated=config["n_generated"])
-    machine = f"CPU {platform.processor() or platform.machine()}, {torch.get_num_threads()} thread(s) (torch {torch.__version__})"
+    machine = machine_label(torch.device("cpu"))
     print(f"{config['dataset']}: {len(valid)} samples x {len(names)} methods, {config.get('model')} on {machine}",
           flush=True)
 

@@ -8,7 +8,7 @@ AUC in clean mode, seconds per sample (the attribution call alone), and that tim
 of DPA's on the same sample (the median over samples of the per-sample ratio, read from
 ``samples.jsonl``: the methods of one sample run back to back, so the ratio survives a busy
 machine better than the seconds do). Where a run folder holds ``timing.json`` (``bench_methods.py``: the
-attribution calls timed again, alone, in one process), its two time tables take that file's figures instead,
+attribution calls timed again on a quiet machine, in one run), its two time tables take that file's figures instead,
 and the column's name carries a dagger. The paper's Llama-3.1-8B-Instruct figures for DPA and the
 best baseline are printed under them.
 """
@@ -95,14 +95,15 @@ def main() -> None:
     print(table(results, lambda m: m["auc"]["clean"]["total"], ".2f"))
     timed = {}
     for run, res in results.items():
-        ratios = time_ratios(root / run, res["n_evaluated"])
-        for name, m in res["methods"].items():
-            m["time_ratio"] = ratios.get(name, float("nan"))
         if (root / run / "timing.json").exists():
             timed[run] = json.loads((root / run / "timing.json").read_text())
             for name, m in res["methods"].items():
                 m["seconds_per_sample"] = timed[run]["mean_seconds"][name]
                 m["time_ratio"] = timed[run]["median_ratio_to_dpa"][name]
+            continue
+        ratios = time_ratios(root / run, res["n_evaluated"])
+        for name, m in res["methods"].items():
+            m["time_ratio"] = ratios.get(name, float("nan"))
     times = {(f"{r} †" if r in timed else r): res for r, res in results.items()}
     print("Seconds per sample, attribution call alone (fastest in bold)\n")
     print(table(times, lambda m: m["seconds_per_sample"], ".3f", best=min))
