@@ -307,7 +307,11 @@ def test_the_instrumented_forward_is_the_models(model):
     scores = Scores.empty(spec, 1, len(ids), torch.float64, req.device, False)
     with instrument(model, req, weights=dpa.PathWeights(), scores=scores, lean=False) as session:
         hidden = session.forward()
-    assert torch.equal(spec.unembed(model)(hidden), pre_cap_logits(model, ids))
+    ours, theirs = spec.unembed(model)(hidden), pre_cap_logits(model, ids)
+    if spec.n_experts == 0:  # the model's own modules, the same kernels on the same inputs: bit for bit
+        assert torch.equal(ours, theirs)
+    else:  # dpa runs the experts itself (experts.py): the same sums in another order, equal to float64 rounding
+        torch.testing.assert_close(ours, theirs, rtol=1e-13, atol=1e-13)
     cap = spec.final_softcap  # and the model's own logits are the pre-cap ones, soft-capped
     torch.testing.assert_close(plain, spec.unembed(model)(hidden) if cap is None else
                                torch.tanh(spec.unembed(model)(hidden) / cap) * cap, rtol=1e-13, atol=1e-13)
