@@ -269,3 +269,53 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.write_sep("-", "book timings")
         for line in lines:
             terminalreporter.write_line(line)
+
+
+# The benchmark data (../shared/data next to the repository, or $DPA_DATA; dpa.evaluate.find_data_dir). A test that
+# reads it takes the ``benchmark_data`` fixture: a missing folder fails that test, naming the path, so that
+# `bash .ci/test` never passes without having run them; `--no-data` skips them on purpose, and says so at the end.
+NO_DATA_REASON = "--no-data: benchmark data tests skipped on purpose"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--no-data", action="store_true",
+                     help="skip the tests that read the benchmark data (../shared/data or $DPA_DATA) on purpose, "
+                          "with a summary line; without it a missing data folder fails them")
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(_DataSummary(), "dpa-benchmark-data-summary")
+
+
+@pytest.fixture
+def benchmark_data(request):
+    """The folder holding the benchmark data files; fails naming the path when it is missing (skips under
+    --no-data)."""
+    import os
+    from pathlib import Path
+
+    from dpa.evaluate import DataError, find_data_dir
+
+    if request.config.getoption("--no-data"):
+        pytest.skip(NO_DATA_REASON)
+    try:
+        return find_data_dir()
+    except DataError as err:
+        if os.environ.get("DPA_DATA"):
+            problem = f"DPA_DATA={os.environ['DPA_DATA']} is not a folder"
+        else:
+            default = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+            problem = f"{default} is not a folder ({' '.join(str(err).split())})"
+        pytest.fail(f"benchmark data missing: {problem}. Put the data there or set DPA_DATA=DIR, or pass --no-data "
+                    "(bash .ci/test --no-data) to skip the data tests on purpose", pytrace=False)
+
+
+class _DataSummary:
+    """The end-of-run line that says how many data tests --no-data skipped (under -q too)."""
+
+    def pytest_terminal_summary(self, terminalreporter, exitstatus, config):
+        skipped = [r for r in terminalreporter.stats.get("skipped", [])
+                   if isinstance(r.longrepr, tuple) and NO_DATA_REASON in str(r.longrepr[2])]
+        if skipped:
+            terminalreporter.write_sep("!", f"{len(skipped)} benchmark data tests skipped because of --no-data "
+                                            "(they were not run: their results are unchecked)", yellow=True)

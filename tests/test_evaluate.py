@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import math
 import subprocess
 import sys
@@ -140,12 +139,12 @@ class TestData:
         with pytest.raises(DataError, match="subject"):
             subject_name("Ann met Bob. Carl gave it to", "Ann")
 
-    @pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="needs ../shared/data")
-    def test_shared_files_load(self):
-        assert len(load_examples("known_1000")) == 1209
-        ioi = load_examples("ioi")
+    def test_shared_files_load(self, benchmark_data):  # conftest.py: missing data fails, --no-data skips
+        data = benchmark_data
+        assert len(load_examples("known_1000", data)) == 1209
+        ioi = load_examples("ioi", data)
         assert len(ioi) == 841 and all(ex.contrast and ex.contrast != ex.answer for ex in ioi)
-        assert len(load_examples("squad_v2.0")) == 1978 and len(load_examples("imdb")) == 1000
+        assert len(load_examples("squad_v2.0", data)) == 1978 and len(load_examples("imdb", data)) == 1000
 
     def test_generated_ioi(self):
         records = generate_ioi(40, seed=3)
@@ -662,19 +661,9 @@ def test_two_gloo_processes_under_torchrun_give_one_process_results(tmp_path):
             assert (tmp_path / "sweep-2" / "sweep.csv").read_text().count("\n") == 3
 
 
-def _data_or_skip() -> Path:
-    try:
-        return find_data_dir()
-    except DataError:
-        if os.environ.get("CI"):  # CI always has ../shared/data: missing data there is a failure
-            raise
-        pytest.skip("benchmark data not found (../shared/data or $DPA_DATA)")
-
-
 @pytest.mark.slow
-def test_dpa_evaluate_command_end_to_end(tmp_path):
+def test_dpa_evaluate_command_end_to_end(benchmark_data, tmp_path):
     """The command of issue 3, as a user runs it (a fresh process, the default model), on 2 samples."""
-    _data_or_skip()
     methods = "dpa,gradient,input_x_gradient,integrated_gradients,random"
     out = tmp_path / "run"
     proc = subprocess.run([sys.executable, "-m", "dpa", "evaluate", "--dataset", "known_1000", "--unit", "input",
@@ -710,9 +699,9 @@ def default_model():
     ("known_1000", "component", "dpa,dpa_mid,atp,random"),
     ("ioi", "component", "dpa,attn_only"),
 ])
-def test_evaluate_each_dataset_and_unit(default_model, tmp_path, dataset, unit, methods):
+def test_evaluate_each_dataset_and_unit(benchmark_data, default_model, tmp_path, dataset, unit, methods):
     """Two valid samples of each other dataset x unit of the paper's tables, in process (one model load)."""
-    data = _data_or_skip()
+    data = benchmark_data  # missing data fails (conftest.py), --no-data skips before the model loads
     if dataset in VALID:
         records = json.loads((data / f"{dataset}.json").read_text())
         write_data(tmp_path / "data", dataset, [records[i] for i in VALID[dataset]])
