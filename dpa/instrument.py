@@ -42,7 +42,7 @@ from torch.utils.checkpoint import checkpoint
 from .errors import ModelStateError
 from .families import check_experts, layer_modules
 from .linearise import Scores, Tap, freeze_norm, keep_input, linearise_layer, wrap
-from .request import Request
+from .request import Request, check_loaded
 from .weights import PathWeights
 
 # --- what a session records ---
@@ -84,58 +84,146 @@ def _lock(model: nn.Module) -> threading.Lock:
 @contextmanager
 def exclusive(model: nn.Module) -> Iterator[None]:
     """Hold the model's lock (other threads wait); the same thread re-entering is an error."""
+    undo: list[Callable[[], None]] = []
+    try:
+        _hold(model, undo)
+        yield
+    finally:
+        run_all(reversed(undo))
+
+
+def _hold(model: nn.Module, undo: list) -> None:
+    """Take the model's lock for this thread (refusing a re-entry from the same thread); ``undo`` gets the
+    steps that let it go again (idempotent: see ``run_all``)."""
     active = getattr(_ACTIVE, "models", None)
     if active is None:
         active = _ACTIVE.models = set()
     if id(model) in active:
         raise ModelStateError("dpa is already running on this model in this thread (a call from inside a hook "
                               "or callback of another dpa call); make the calls one after another")
-    with _lock(model):
-        active.add(id(model))
-        try:
-            yield
-        finally:
-            active.discard(id(model))
+    lock, held = _lock(model), [False]
+
+    def release() -> None:
+        if held[0]:
+            held[0] = False
+            lock.release()
+
+    undo.append(release)
+    undo.append(lambda: active.discard(id(model)))
+    held[0] = lock.acquire()  # one statement: no interrupt lands between taking the lock and noting it
+    active.add(id(model))
+
+
+# --- putting the model back: every step runs, whatever interrupts it ---
+
+_MISSING = object()
+# A module's hook dictionaries (torch keeps the with-kwargs and always-called flags beside the hooks): restored
+# as they were, so a hook registered during a call -- dpa's, or one left by an interrupt -- never stays.
+_HOOK_DICTS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks",
+               "_forward_pre_hooks_with_kwargs", "_backward_hooks", "_backward_pre_hooks")
+
+
+def run_all(steps) -> None:
+    """Run every step of a restore: each is idempotent, so one that raises (a KeyboardInterrupt from inside it,
+    a library's error) is tried again, up to three times, and the others run whatever it did; SIGINT is held
+    while they run (the main thread) and delivered after. The first exception is raised once all have run."""
+    first: BaseException | None = None
+    with _held_interrupts():
+        for step in steps:
+            for _ in range(3):
+                try:
+                    step()
+                    break
+                except BaseException as err:  # noqa: BLE001 - raised below, after the other steps
+                    first = err if first is None else first
+    if first is not None:
+        raise first
 
 
 @contextmanager
-def _model_state(model: nn.Module) -> Iterator[Callable[[nn.Module, Callable], None]]:
-    """Eval mode and no parameter gradients inside; yields ``override(module, forward)`` for instance
-    forwards. Mode, flags and forwards are restored on exit, whatever happened inside. A module with
-    foreign hooks or a patched forward is refused first, before anything changes."""
+def _held_interrupts() -> Iterator[None]:
+    """SIGINT (Ctrl-C) noted, not raised, inside; delivered again on exit. Signals reach the main thread only,
+    so elsewhere (and where Python does not own the handler) this does nothing."""
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    try:
+        previous = signal.getsignal(signal.SIGINT)
+        if previous is None:  # a handler installed outside Python: leave it alone
+            raise ValueError
+        signal.signal(signal.SIGINT, lambda signum, _frame: held.append(signum))
+    except (ValueError, TypeError, OSError):
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if held:
+            signal.raise_signal(signal.SIGINT)  # to the handler the caller had: KeyboardInterrupt by default
+
+
+class _Saved:
+    """What a dpa call changes or could leave changed, as it was: each module's train flag, instance ``forward``
+    (or its absence) and hook dictionaries, each parameter's ``requires_grad``. ``steps()``: the idempotent steps
+    that put them back (``run_all``)."""
+
+    def __init__(self, modules: list[nn.Module]):
+        self.modules = [(m, m.training, m.__dict__.get("forward", _MISSING),
+                         {a: dict(d) for a in _HOOK_DICTS if (d := getattr(m, a, None))}) for m in modules]
+        params = {id(p): p for m in modules for p in m._parameters.values() if p is not None}
+        self.params = [(p, p.requires_grad) for p in params.values()]
+
+    def steps(self) -> list[Callable[[], None]]:
+        return ([functools.partial(_put_back, *saved) for saved in self.modules]
+                + [functools.partial(_put_flag, p, flag) for p, flag in self.params])
+
+
+def _put_back(m: nn.Module, training: bool, forward, hooks: dict) -> None:
+    if forward is _MISSING:
+        m.__dict__.pop("forward", None)
+    elif m.__dict__.get("forward", _MISSING) is not forward:
+        m.__dict__["forward"] = forward
+    for name in _HOOK_DICTS:
+        d, want = getattr(m, name, None), hooks.get(name, {})
+        if d is not None and (len(d) != len(want) or any(d.get(k, _MISSING) is not v for k, v in want.items())):
+            d.clear()
+            d.update(want)
+    if m.training != training:
+        m.training = training
+
+
+def _put_flag(p: nn.Parameter, flag: bool) -> None:
+    if p.requires_grad != flag:
+        p.requires_grad_(flag)
+
+
+def _model_state(model: nn.Module, undo: list) -> Callable[[nn.Module, Callable], None]:
+    """Eval mode and no parameter gradients; returns ``override(module, forward)`` for instance forwards.
+    ``undo`` gets the steps that put everything back as it was (``_Saved``), whatever happens inside. A module
+    with foreign hooks or a patched forward, or offloaded weights, is refused first, before anything changes."""
     check_global_hooks()
-    training, grads = [], {}
-    for name, m in model.named_modules():  # one pass: foreign hooks, train mode, parameters that need grad
+    check_loaded(model)
+    modules = []
+    for name, m in model.named_modules():  # one pass: foreign hooks, and what to put back
         check_module_hooks(name, m)
-        if m.training:
-            training.append(m)
-        for p in m._parameters.values():
-            if p is not None and p.requires_grad:
-                grads[id(p)] = p
-    grads = list(grads.values())
-    overridden: list[tuple[nn.Module, object]] = []
-    missing = object()
+        modules.append(m)
+    saved = _Saved(modules)
+    undo.extend(saved.steps())
+    for m, training, _, _ in saved.modules:
+        if training:
+            m.training = False
+    for p, flag in saved.params:
+        if flag:
+            p.requires_grad_(False)
 
     def override(module: nn.Module, forward: Callable) -> None:
-        overridden.append((module, module.__dict__.get("forward", missing)))
         module.__dict__["forward"] = forward  # what nn.Module.__setattr__ does for a plain attribute
 
-    try:
-        for m in training:
-            m.training = False
-        for p in grads:
-            p.requires_grad_(False)
-        yield override
-    finally:
-        for module, previous in reversed(overridden):
-            if previous is missing:
-                module.__dict__.pop("forward", None)
-            else:
-                module.__dict__["forward"] = previous
-        for p in grads:
-            p.requires_grad_(True)
-        for m in training:
-            m.training = True
+    return override
 
 
 # Hooks that never change a value: transformers' output capturing (records outputs) and the hook
@@ -268,14 +356,16 @@ def instrument(model: nn.Module, request: Request, *, weights: PathWeights | Non
         for i, layer in enumerate(spec.layers(model)):
             check_experts(layer, spec.parts, i)
     recording = Recording()
-    with ExitStack() as stack:
-        stack.enter_context(exclusive(model))
-        override = stack.enter_context(_model_state(model))
+    undo: list[Callable[[], None]] = []  # run in reverse, all of them, whatever happens (run_all)
+    try:
+        _hold(model, undo)
+        override = _model_state(model, undo)
+        stack = ExitStack()  # grad modes (thread-local): closing twice is a no-op
+        undo.append(stack.close)
         stack.enter_context(torch.inference_mode(False))
         stack.enter_context(torch.enable_grad() if (weights is not None if grad is None else grad) else torch.no_grad())
         session = Session(model, request, weights, scores, recording, set(record))
-        handles: list = []
-        stack.callback(lambda: [h.remove() for h in handles])
+        handles: list = []  # removed with the rest by _Saved (hook dictionaries as they were)
         hook = lambda module, fn, pre=False: handles.append(  # noqa: E731
             module.register_forward_pre_hook(fn) if pre else module.register_forward_hook(fn))
         layers = layer_modules(model, spec)
@@ -329,6 +419,8 @@ def instrument(model: nn.Module, request: Request, *, weights: PathWeights | Non
                 if _release_memory is not None and spec.device(model).type == "cpu":
                     hook(mods.layer, _trim, pre=True)
         yield session
+    finally:
+        run_all(reversed(undo))
 
 
 def _keep_layer_input(store: dict, i: int) -> Callable:

@@ -235,10 +235,58 @@ def check_model(model: nn.Module) -> ModelSpec:
     """The model's spec, after the checks every call needs (family, device)."""
     if not isinstance(model, nn.Module):
         raise InputError(f"model must be a transformers *ForCausalLM model, got {type(model).__name__}")
+    check_loaded(model)
     spec = spec_for(model)
     if spec.device(model).type == "meta":
         raise ModelStateError("the model's weights are on the meta device (not loaded); load them before attributing")
+    check_attention(model, spec)
     return spec
+
+
+def _offloads(hook) -> bool:
+    """Whether an accelerate hook (``module._hf_hook``, or one inside a ``SequentialHook``) loads the module's
+    weights at forward time (``AlignDevicesHook(offload=True)``: cpu_offload, disk_offload, a device_map with
+    "cpu" or "disk" entries beside an accelerator)."""
+    return bool(getattr(hook, "offload", False)) or any(_offloads(h) for h in getattr(hook, "hooks", None) or ())
+
+
+def check_loaded(model: nn.Module) -> None:
+    """Every weight where dpa reads it: no module offloaded by accelerate (its weights kept on the meta device,
+    loaded into the module for each forward and dropped after), no parameter or buffer on the meta device. dpa
+    reads weights directly (norms' gains, projections, the unembedding, a circuit's writes) and runs blocks of the
+    model on their own, so an offloaded module would give meta-tensor errors or wrong numbers; refused by name,
+    before anything runs (so nothing offloaded is ever loaded into memory by dpa)."""
+    for name, m in model.named_modules():
+        if _offloads(getattr(m, "_hf_hook", None)):
+            raise ModelStateError(
+                f"{name or 'the model'} is offloaded (weights on the meta device, loaded by accelerate at forward "
+                "time); dpa reads weights directly and does not read offloaded weights: load the model without "
+                "offload (no \"cpu\" or \"disk\" in device_map beside an accelerator, no accelerate.cpu_offload or "
+                "disk_offload), or with a device_map on devices that hold all the weights")
+        for kind, tensors in (("parameter", m._parameters), ("buffer", m._buffers)):
+            for key, t in tensors.items():
+                if t is not None and t.device.type == "meta":
+                    raise ModelStateError(f"{name + '.' if name else ''}{key} (a {kind}) is on the meta device (not "
+                                          "loaded); load the model's weights before attributing")
+
+
+# Where dpa's backward (and the plain forward) run through the model's own attention kernel: the implementations
+# whose kernel has a backward on the CPU. FlexAttention has none there (and no float64): torch raises.
+CPU_ATTENTION = ("eager", "sdpa")
+
+
+def check_attention(model: nn.Module, spec: ModelSpec) -> None:
+    """An attention implementation dpa can run and differentiate where the model is: on the CPU, eager or sdpa."""
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if impl is None or impl in CPU_ATTENTION:
+        return
+    for i, layer in enumerate(spec.layers(model)):
+        p = next(layer.parameters(), None)
+        if p is not None and p.device.type == "cpu":
+            raise UnsupportedModelError(
+                f"attn_implementation={impl!r} on the CPU (layers[{i}] is there): dpa's scores are a backward pass "
+                f"through the model's attention kernel, and {impl} has none on the CPU; load the model with "
+                f"attn_implementation in {CPU_ATTENTION} (what dpa supports on the CPU), or run it on a GPU")
 
 
 @dataclass(frozen=True)
