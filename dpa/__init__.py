@@ -3,7 +3,7 @@
 from .attribute import attribute
 from .batch import attribute_file, read_results
 from .circuit import Circuit, Node, circuit
-from .errors import (DPAError, InputError, InputTypeError, ModelStateError, NonFiniteError, TargetError,
+from .errors import (DPAError, InputError, InputTypeError, ModelStateError, NonFiniteError, OutputError, TargetError,
                      TargetWarning, UnsupportedModelError)
 from .families import Family, ModelSpec, spec_for
 from .result import Attribution, Component, TargetInfo
@@ -11,7 +11,7 @@ from .weights import PathWeights
 
 __all__ = [
     "Attribution", "Circuit", "Component", "Node", "DPAError", "Family", "InputError", "InputTypeError", "ModelSpec", "ModelStateError",
-    "NonFiniteError", "PathWeights", "TargetError", "TargetInfo", "TargetWarning", "UnsupportedModelError", "attribute", "attribute_file", "circuit", "read_results",
+    "NonFiniteError", "OutputError", "PathWeights", "TargetError", "TargetInfo", "TargetWarning", "UnsupportedModelError", "attribute", "attribute_file", "circuit", "read_results",
     "load_model", "spec_for",
 ]
 __version__ = "0.1.0"

@@ -5,7 +5,9 @@
     dpa.read_results("runs/p")                                      ->  [dpa.Attribution, ...] in input order
 
 Input: JSON lines ``{"prompt": ..., "target": ..., "contrast": ..., "position": ..., "id": ...}`` (all but the
-prompt optional), or plain text, one prompt a line. Every record is checked by the request step before any
+prompt optional), or plain text, one prompt a line: the format given (``format=``, ``--format``), else the
+extension's (``.jsonl`` / ``.ndjson`` / ``.json``, ``.txt``), else guessed, refused when the lines leave it open
+(``read_prompts``). Lines end at "\\n" only. Every record is checked by the request step before any
 attribution; a bad one (not JSON, no prompt, an empty prompt, a target that is not one token, ...) goes to
 ``errors.jsonl`` with its line number and is skipped, never attributed.
 
@@ -17,8 +19,11 @@ Output folder:
   are the results: a run killed at any moment loses at most the batch in flight.
 * ``results.jsonl`` (one line per prompt, input order), ``errors.jsonl`` and ``summary.json``: written
   atomically when the run ends, from the batch files.
-* ``config.json``: the settings; a run started again with the same ``--out`` skips the batches that are
-  there, and refuses other settings.
+* ``config.json``: the settings, the prompt file's sha256 and format, and the model's name, dtype and weights'
+  fingerprint; a run started again with the same ``--out`` skips the batches that are there, and refuses other
+  settings or other weights (a model folder overwritten since). A batch file that cannot be read (cut short,
+  not a dpa file), of another run, or that does not hold its batch's prompts with scores of the right shapes
+  is refused by name (delete it to attribute its batch again), never merged.
 
 The plan (which prompts form which batch) depends only on the input and the settings, not on how many
 processes run it; under torchrun rank r takes batches r, r + N, ..., and rank 0 writes the merged files once
@@ -30,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -41,7 +47,8 @@ from . import distributed, request
 from .attribute import attribute
 from .checks import check_bool, check_choice, check_int
 from .errors import DPAError, InputError, InputTypeError
-from .result import Attribution, check_run_config, model_identity, publish, run_folder, write_text
+from .files import check_run_config, model_identity, run_folder, run_id, split_lines, write_bytes, write_text
+from .result import Attribution
 from .weights import PathWeights
 
 TENSORS = ("token_scores", "head_scores", "neuron_scores")
@@ -60,16 +67,44 @@ class Record:
     position: int | None = None
 
 
-def read_prompts(path: str | os.PathLike) -> tuple[list[Record], list[dict]]:
+FORMATS = ("jsonl", "text")
+EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".txt": "text"}
+BOM = "\ufeff"
+
+
+@dataclass(frozen=True)
+class PromptFile:
+    """A prompt file as read: its records, the errors of its other lines, and what identifies it."""
+
+    records: list[Record]
+    errors: list[dict]
+    sha256: str
+    format: str  # jsonl or text, as read
+    legacy_format: str  # what dpa before formats were explicit made of it (to resume a folder of then)
+
+
+def read_prompts(path: str | os.PathLike, format: str | None = None) -> tuple[list[Record], list[dict]]:
     """The records of a prompt file and the errors of the lines that are not records.
 
-    JSON lines when the file ends in ``.jsonl`` / ``.json`` or its first non-blank line starts with ``{``;
-    otherwise plain text, one prompt a line. Blank lines are skipped."""
+    ``format``: ``"jsonl"`` (one JSON object a line) or ``"text"`` (one prompt a line); None: by the extension
+    (``.jsonl``, ``.ndjson``, ``.json``: JSON lines; ``.txt``: text), else guessed from the lines: text when no
+    line is a JSON object, JSON lines when every line is one (or a comment), refused when some are and some
+    are not. A line ends at "\\n" (or "\\r\\n") only. Blank lines are skipped; in JSON lines, so are comment
+    lines (``#`` or ``//`` first). A byte-order mark (U+FEFF) at the start of a line (a file joined to
+    another) is dropped; one inside a text line is that line's error."""
+    loaded = _load_prompts(path, format)
+    return loaded.records, loaded.errors
+
+
+def _load_prompts(path, format: str | None) -> PromptFile:
     if not isinstance(path, (str, os.PathLike)):
         raise InputTypeError(f"prompts must be the path of a file, got {type(path).__name__}")
+    if format is not None:
+        check_choice("format", format, FORMATS)
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8-sig")
+        data = path.read_bytes()  # bytes: no newline translation (a lone "\r" is a character of its line)
+        text = data.decode("utf-8")
     except FileNotFoundError:
         raise InputError(f"no prompt file {str(path)!r}") from None
     except IsADirectoryError:
@@ -79,15 +114,25 @@ def read_prompts(path: str | os.PathLike) -> tuple[list[Record], list[dict]]:
         raise InputError(f"{str(path)!r} is not UTF-8 text ({err.reason} at byte {err.start})") from None
     except OSError as err:
         raise InputError(f"cannot read {str(path)!r}: {err.strerror or err}") from None
-    lines = text.splitlines()
+    lines = [ln.removeprefix(BOM) for ln in split_lines(text)]
     first = next((ln.strip() for ln in lines if ln.strip()), "")
-    jsonl = path.suffix.lower() in (".jsonl", ".json") or first.startswith("{")
+    legacy = "jsonl" if path.suffix.lower() in (".jsonl", ".json") or first.startswith("{") else "text"
+    fmt = format or EXTENSIONS.get(path.suffix.lower()) or _guess_format(path, lines)
+    if fmt == "jsonl" and first.startswith("[") and _is_json_list(text):
+        raise InputError(f"{str(path)!r} holds one JSON list; a prompt file holds one JSON object a line "
+                         f"(JSON lines): write each record on a line of its own")
     records, errors = [], []
     for n, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
-        if not jsonl:
-            records.append(Record(line=n, id=str(n), prompt=raw))
+        if fmt == "text":
+            if BOM in raw:
+                errors.append({"line": n, "id": str(n), "error": "a byte-order mark (U+FEFF, invisible) inside the "
+                               "line; remove it (U+2060 is the word joiner), or give the prompt as JSON"})
+            else:
+                records.append(Record(line=n, id=str(n), prompt=raw))
+            continue
+        if raw.lstrip().startswith(("#", "//")):  # no JSON value starts so: a comment line
             continue
         try:
             row = json.loads(raw)
@@ -105,7 +150,40 @@ def read_prompts(path: str | os.PathLike) -> tuple[list[Record], list[dict]]:
     if len(set(ids)) != len(ids):
         dup = next(i for i in ids if ids.count(i) > 1)
         raise InputError(f"{str(path)!r}: the id {dup!r} is used by more than one record; ids must be unique")
-    return records, errors
+    return PromptFile(records, errors, hashlib.sha256(data).hexdigest(), fmt, legacy)
+
+
+def _guess_format(path: Path, lines: list[str]) -> str:
+    """The format of a file whose extension says none: text when no line is a JSON object, JSON lines when every
+    non-blank line is one or a comment; anything else is refused (which is meant cannot be told)."""
+    kinds = [_line_kind(ln) for ln in lines if ln.strip()]
+    if "object" not in kinds:
+        return "text"
+    if all(k in ("object", "comment") for k in kinds):
+        return "jsonl"
+    n = next(i for i, ln in enumerate(lines, start=1) if ln.strip() and _line_kind(ln) == "other")
+    raise InputError(f"cannot tell whether {str(path)!r} is JSON lines or text: some lines are JSON objects, line "
+                     f"{n} is not; give the format (--format jsonl or --format text; format= in Python), or name "
+                     f"the file .jsonl or .txt")
+
+
+def _line_kind(line: str) -> str:
+    stripped = line.strip()
+    if stripped.startswith(("#", "//")):
+        return "comment"
+    if stripped.startswith("{"):
+        try:
+            return "object" if isinstance(json.loads(stripped), dict) else "other"
+        except json.JSONDecodeError:
+            pass
+    return "other"
+
+
+def _is_json_list(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), list)
+    except json.JSONDecodeError:
+        return False
 
 
 def _record_problem(row: Any) -> str | None:
@@ -142,12 +220,13 @@ class Options:
 def attribute_file(model: nn.Module, tokenizer, prompts: str | os.PathLike, out: str | os.PathLike, *,
                    target: str | int | None = None, contrast: str | int | None = None, kind: str = "logit",
                    weights: PathWeights | None = None, multi_token: str = "error", batch_size: int = 8,
-                   top: int = 10, progress: bool = True) -> dict:
+                   top: int = 10, progress: bool = True, format: str | None = None) -> dict:
     """Attribute every prompt of the file ``prompts`` into the folder ``out`` (see the module docstring).
 
     target / contrast: for records that name none (default: the model's prediction, no contrast).
     batch_size: prompts per forward and backward pass, grouped by length. top: components kept per prompt in
-    ``results.jsonl`` (every score is in the batch files). Returns the summary (also ``summary.json``).
+    ``results.jsonl`` (every score is in the batch files). format: ``"jsonl"`` or ``"text"`` (None: by the
+    file's extension, else guessed; see ``read_prompts``). Returns the summary (also ``summary.json``).
     Under torchrun every rank calls this; each attributes its share, rank 0 writes the merged files.
     """
     opts = Options(target=target, contrast=contrast, kind=check_choice("kind", kind, ("logit", "logprob")),
@@ -161,18 +240,20 @@ def attribute_file(model: nn.Module, tokenizer, prompts: str | os.PathLike, out:
     request.check_tokenizer(tokenizer)
     if tokenizer is None:
         raise InputError("attribute_file reads text prompts: it needs the tokenizer")
-    records, errors = read_prompts(prompts)
-    n_prompts = len(records) + len(errors)  # every non-blank line
+    loaded = _load_prompts(prompts, format)
+    records, errors = loaded.records, list(loaded.errors)
+    n_prompts = len(records) + len(errors)  # every non-blank line but comments
     if not isinstance(out, (str, os.PathLike)):
         raise InputTypeError(f"out must be a folder (a str or path), got {type(out).__name__}")
     out = run_folder(out)
     group = distributed.current()
-    identity = {"format": FORMAT, "prompts_sha256": _sha256(Path(prompts)),
+    identity = {"format": FORMAT, "prompts_sha256": loaded.sha256, "prompts_format": loaded.format,
                 **model_identity(model, spec.unembed(model).weight.dtype), "target": opts.target,
                 "contrast": opts.contrast, "kind": opts.kind, "weights": opts.weights.to_dict(),
                 "multi_token": opts.multi_token, "batch_size": opts.batch_size, "top": opts.top}
+    run = run_id(identity)
     if group.main:
-        check_run_config(out, identity)
+        check_run_config(out, identity, legacy={"prompts_format": loaded.legacy_format})
         (out / "scores").mkdir(exist_ok=True)
         for stale in (out / "scores").glob(".batch-*.tmp"):  # left by a killed run; no rank writes yet
             stale.unlink()
@@ -188,8 +269,8 @@ def attribute_file(model: nn.Module, tokenizer, prompts: str | os.PathLike, out:
             errors.append({"line": r.line, "id": r.id, "error": f"{type(err).__name__}: {err}"})
     good = sorted((r for r in records if r.line in lengths), key=lambda r: (lengths[r.line], r.line))
     plan = [good[i:i + opts.batch_size] for i in range(0, len(good), opts.batch_size)]
-    done = {p.name for p in (out / "scores").glob("batch-*.safetensors")}
-    mine = [(b, batch) for b, batch in enumerate(plan) if group.mine(b) and _shard_name(b) not in done]
+    done = _check_shards(out, plan, run)  # every rank alike (read-only), so that a refusal stops them all
+    mine = [(b, batch) for b, batch in enumerate(plan) if group.mine(b) and b not in done]
     from tqdm.auto import tqdm
 
     start = time.perf_counter()
@@ -198,7 +279,8 @@ def attribute_file(model: nn.Module, tokenizer, prompts: str | os.PathLike, out:
     failed = None
     try:
         for b, batch in mine:
-            _write_shard(out / "scores" / _shard_name(b), *_attribute_batch(model, tokenizer, batch, opts), opts.top)
+            _write_shard(out / "scores" / _shard_name(b), *_attribute_batch(model, tokenizer, batch, opts), opts.top,
+                         run)
             bar.update(len(batch))
     except BaseException as err:  # noqa: BLE001  told to the other ranks, so that none waits for ever
         failed = err
@@ -211,7 +293,7 @@ def attribute_file(model: nn.Module, tokenizer, prompts: str | os.PathLike, out:
     group.barrier()
     summary = None
     if group.main:
-        summary = _merge(out, n_prompts, errors, plan, identity, time.perf_counter() - start, group.world)
+        summary = _merge(out, n_prompts, errors, plan, identity, run, time.perf_counter() - start, group.world)
     group.barrier()
     return summary if summary is not None else json.loads((out / "summary.json").read_text())
 
@@ -222,10 +304,6 @@ def _or(value, default):
 
 def _shard_name(b: int) -> str:
     return f"batch-{b:06d}.safetensors"
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _attribute_batch(model, tokenizer, batch: list[Record], opts: Options) -> tuple[list[tuple[Record, Attribution]],
@@ -261,43 +339,137 @@ def _meta(r: Record, res: Attribution, top: int) -> dict:
             "top_components": {sign: [c._asdict() for c in cs] for sign, cs in comps.items()}}
 
 
-def _write_shard(path: Path, done: list[tuple[Record, Attribution]], errors: list[dict], top: int) -> None:
+def _write_shard(path: Path, done: list[tuple[Record, Attribution]], errors: list[dict], top: int,
+                 run: str) -> None:
     """The batch's tensors and records in one safetensors file, written whole or not at all."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     tensors = {f"{r.line}/{name}": getattr(res, name).detach().cpu().contiguous() for r, res in done
                for name in TENSORS}
-    meta = {"format": FORMAT, "records": json.dumps([_meta(r, res, top) for r, res in done]),
+    meta = {"format": FORMAT, "run": run, "records": json.dumps([_meta(r, res, top) for r, res in done]),
             "errors": json.dumps(errors)}
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        save_file(tensors, str(tmp), metadata=meta)
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        publish(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    write_bytes(path, save(tensors, metadata=meta))
 
 
-def _read_shard(path: Path) -> tuple[list[dict], list[dict], Any]:
+SHARD = re.compile(r"batch-(\d{6})\.safetensors")
+WHAT_TO_DO = "delete it (its batch is attributed again when the run is resumed) or use a new --out folder"
+
+
+def _shard_files(out: Path) -> dict[int, Path]:
+    """The batch files of ``out/scores`` by batch number; a file named like one but not as dpa names them is
+    refused."""
+    found = {}
+    for path in sorted((out / "scores").glob("batch-*.safetensors")):
+        m = SHARD.fullmatch(path.name)
+        if m is None:
+            raise InputError(f"{path} is not a file dpa writes (batch-NNNNNN.safetensors); move it out of the folder")
+        found[int(m.group(1))] = path
+    return found
+
+
+def _read_shard(path: Path, run: str | None = None, lines: list[int] | None = None,
+                shapes: list | None = None) -> tuple[list[dict], list[dict], Any]:
+    """A batch file's records, errors and open handle, each checked: readable, dpa's, of ``run`` (when the file
+    says), holding the prompts of ``lines`` (when given), a tensor for each score, token scores one a token, head
+    and neuron scores in two dimensions (their shapes appended to ``shapes``, for ``_check_shapes``). Anything
+    else: ``InputError`` naming the file and what to do."""
     from safetensors import safe_open
 
-    handle = safe_open(str(path), framework="pt")
-    meta = handle.metadata() or {}
+    try:
+        handle = safe_open(str(path), framework="pt")
+        meta = handle.metadata() or {}
+    except Exception as err:  # noqa: BLE001  safetensors' own error (no subclass of OSError) or an OSError
+        raise InputError(f"{path} cannot be read ({' '.join(str(err).split())}): it was cut short or is not a dpa "
+                         f"batch file; {WHAT_TO_DO}") from None
     if meta.get("format") != FORMAT:
-        raise InputError(f"{path} is not a dpa batch file")
-    return json.loads(meta["records"]), json.loads(meta["errors"]), handle
+        raise InputError(f"{path} is not a dpa batch file (format {meta.get('format')!r}, not {FORMAT!r}); "
+                         f"move it out of the folder")
+    if run is not None and meta.get("run", run) != run:  # files of dpa before run names are checked below only
+        raise InputError(f"{path} is a batch of another run (run {meta['run']}, this folder's is {run}): copied "
+                         f"from another folder, or left by other settings; {WHAT_TO_DO}")
+    try:
+        records, errors = json.loads(meta["records"]), json.loads(meta["errors"])
+    except (KeyError, TypeError, json.JSONDecodeError):
+        records = errors = None
+    if not (isinstance(records, list) and isinstance(errors, list) and all(
+            isinstance(x, dict) and isinstance(x.get("line"), int) for x in records + errors) and all(
+            isinstance(r.get("tokens"), list) for r in records)):
+        raise InputError(f"{path}: its records are damaged; {WHAT_TO_DO}")
+    held = sorted(x["line"] for x in records + errors)
+    if lines is not None and held != sorted(lines):
+        raise InputError(f"{path} holds the prompts of lines {_span(held)}, but this run's batch of that number is "
+                         f"lines {_span(sorted(lines))}: a file of another run; {WHAT_TO_DO}")
+    keys = set(handle.keys())
+    for r in records:
+        for name in TENSORS:
+            key = f"{r['line']}/{name}"
+            shape = tuple(handle.get_slice(key).get_shape()) if key in keys else None
+            if shape is None:
+                raise InputError(f"{path}: the {name} of line {r['line']} are missing; {WHAT_TO_DO}")
+            if name == "token_scores" and shape != (len(r["tokens"]),):
+                raise InputError(f"{path}: the token_scores of line {r['line']} are of shape {list(shape)}, not "
+                                 f"[{len(r['tokens'])}] (one a token); {WHAT_TO_DO}")
+            if name != "token_scores" and len(shape) != 2:
+                raise InputError(f"{path}: the {name} of line {r['line']} are of shape {list(shape)}, not "
+                                 f"[layers, units]; {WHAT_TO_DO}")
+            if shapes is not None and name != "token_scores":
+                shapes.append((path, r["line"], name, shape))
+    return records, errors, handle
 
 
-def _merge(out: Path, n_prompts: int, errors: list[dict], plan: list[list[Record]], identity: dict,
+def _check_shapes(shapes: list) -> None:
+    """Head (and neuron) scores of one shape in every batch file: a file whose shape is not the most common one
+    is refused by name (both files named, when two disagree alone)."""
+    from collections import Counter
+
+    for name in ("head_scores", "neuron_scores"):
+        seen = [(path, line, shape) for path, line, n, shape in shapes if n == name]
+        counts = Counter(shape for _, _, shape in seen).most_common()
+        if len(counts) < 2:
+            continue
+        common = counts[0][0]
+        path, line, shape = next(x for x in seen if x[2] != common)
+        if counts[0][1] == counts[1][1]:
+            first = next(x for x in seen if x[2] == common)
+            raise InputError(f"{first[0]} and {path} disagree: the {name} of line {first[1]} are of shape "
+                             f"{list(common)}, those of line {line} {list(shape)}; one is damaged or of another "
+                             f"run: delete it (its batch is attributed again when the run is resumed)")
+        raise InputError(f"{path}: the {name} of line {line} are of shape {list(shape)}, not {list(common)} as in "
+                         f"the other batch files; {WHAT_TO_DO}")
+
+
+def _span(lines: list[int]) -> str:
+    return ", ".join(map(str, lines[:6])) + (", ..." if len(lines) > 6 else "") if lines else "none"
+
+
+def _check_shards(out: Path, plan: list[list[Record]], run: str) -> set[int]:
+    """The batches of ``plan`` already in ``out/scores``, each file checked (``_read_shard``); a file of no batch
+    of the plan is refused."""
+    shapes: list = []
+    done = set()
+    for b, path in _shard_files(out).items():
+        if b >= len(plan):
+            raise InputError(f"{path} is batch {b}, but this run has {len(plan)} batches: a file of another run; "
+                             f"{WHAT_TO_DO}")
+        _read_shard(path, run, [r.line for r in plan[b]], shapes)
+        done.add(b)
+    _check_shapes(shapes)
+    return done
+
+
+def _merge(out: Path, n_prompts: int, errors: list[dict], plan: list[list[Record]], identity: dict, run: str,
            seconds: float, world: int) -> dict:
     """Rank 0, once every rank is done: results.jsonl in input order, errors.jsonl, summary.json."""
     rows, late = [], []
-    for path in sorted((out / "scores").glob("batch-*.safetensors")):
-        r, e, _ = _read_shard(path)
+    shapes: list = []
+    for b, path in _shard_files(out).items():
+        if b >= len(plan):
+            raise InputError(f"{path} is batch {b}, but this run has {len(plan)} batches: a file of another run; "
+                             f"{WHAT_TO_DO}")
+        r, e, _ = _read_shard(path, run, [x.line for x in plan[b]], shapes)
         rows += [{**x, "file": f"scores/{path.name}"} for x in r]
         late += e
+    _check_shapes(shapes)
     rows.sort(key=lambda x: x["line"])
     every = sorted(errors + late, key=lambda x: x["line"])
     write_text(out / "results.jsonl", "".join(json.dumps(x) + "\n" for x in rows))
@@ -317,11 +489,29 @@ def read_results(out: str | os.PathLike) -> list[Attribution]:
     if not folder.is_dir():
         raise InputError(f"{str(out)!r} holds no dpa batch results (no scores/ folder)")
     keep = {f.name for f in fields(Attribution)} | {"score_dtype"}
+    run, shards, shapes, where = _folder_run(Path(out)), [], [], {}
+    for path in _shard_files(Path(out)).values():  # every file checked before any is read
+        rows, _, handle = _read_shard(path, run, shapes=shapes)
+        for row in rows:
+            if row["line"] in where:
+                raise InputError(f"{where[row['line']]} and {path} both hold line {row['line']}: one is a file of "
+                                 f"another run; delete it, or read a folder of one run")
+            where[row["line"]] = path
+        shards.append((rows, handle))
+    _check_shapes(shapes)
     found = []
-    for path in sorted(folder.glob("batch-*.safetensors")):
-        rows, _, handle = _read_shard(path)
+    for rows, handle in shards:
         for row in rows:
             data = {k: v for k, v in row.items() if k in keep}
             data.update({name: handle.get_tensor(f"{row['line']}/{name}").tolist() for name in TENSORS})
             found.append((row["line"], Attribution.from_dict(data)))
     return [res for _, res in sorted(found, key=lambda x: x[0])]
+
+
+def _folder_run(out: Path) -> str | None:
+    """The run name of the folder's config.json (None if it has none that reads)."""
+    try:
+        config = json.loads((out / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return run_id(config) if isinstance(config, dict) else None

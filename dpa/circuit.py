@@ -172,8 +172,11 @@ class Circuit:
                     weights=self.weights.to_dict(), positions=self.positions, nodes=nodes, edges=edges)
 
     def save_json(self, path) -> None:
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(self.to_json(), f)
+        """Write ``to_json()`` to ``path`` (atomically: a full disk leaves an existing file whole; ``-``, a device
+        or a FIFO written straight; see ``dpa.files``); a failure is a ``dpa.OutputError`` naming the path."""
+        from .files import write_text
+
+        write_text(path, json.dumps(self.to_json()))
 
     def verify(self, model: nn.Module, tokenizer, edge) -> dict[str, float]:
         """Path patching on the real model: remove out_u from the residual stream *as read by v's block only*

@@ -40,7 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("prompt", metavar="PROMPT", nargs="?", help="the prompt (or give --prompts FILE)")
     p.add_argument("--prompts", type=Path, metavar="FILE",
                    help="a file of prompts: JSON lines {\"prompt\", \"target\", \"contrast\", \"position\", \"id\"} "
-                        "or one prompt a line; needs --out")
+                        "or one prompt a line (lines end at \\n only); needs --out")
+    p.add_argument("--format", choices=("jsonl", "text"),
+                   help="with --prompts: the file's format (default: by its extension, .jsonl/.ndjson/.json or "
+                        ".txt; else guessed from its lines, and refused when they leave it open)")
     p.add_argument("--out", type=Path, metavar="DIR",
                    help="with --prompts: the results folder (started again, the run resumes; read it back with "
                         "dpa.read_results)")
@@ -121,8 +124,8 @@ def run_attribute(args: argparse.Namespace, *, parser: argparse.ArgumentParser) 
         parser.error("give a PROMPT or --prompts FILE (one of them)")
     if args.prompts is not None:
         return _run_file(args, parser, weights)
-    if args.out is not None or args.quiet:
-        parser.error("--out and --quiet go with --prompts FILE (for one prompt, use --json or --html)")
+    if args.out is not None or args.quiet or args.format is not None:
+        parser.error("--out, --quiet and --format go with --prompts FILE (for one prompt, use --json or --html)")
     if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
         raise InputError("torchrun splits a file of prompts over its processes: use --prompts FILE --out DIR")
     _check_outputs(args, parser)
@@ -245,10 +248,9 @@ def _run_file(args: argparse.Namespace, parser: argparse.ArgumentParser, weights
                          "in --out")
     if args.batch_size < 1:
         parser.error("--batch-size must be at least 1")
-    if not args.prompts.is_file():
-        raise InputError(f"no prompt file {str(args.prompts)!r}")
     from . import batch, distributed, models
 
+    batch.read_prompts(args.prompts, args.format)  # an unreadable file, or one of no clear format: before the model
     if args.device is not None:
         models.check_device(args.device)
     models.resolve(args.model)
@@ -260,7 +262,7 @@ def _run_file(args: argparse.Namespace, parser: argparse.ArgumentParser, weights
             model, tokenizer, args.prompts, args.out, target=args.target, contrast=args.contrast,
             kind="logprob" if args.logprob else "logit", weights=weights,
             multi_token="first" if args.first_token else "error", batch_size=args.batch_size, top=args.top,
-            progress=not args.quiet)
+            progress=not args.quiet, format=args.format)
         if group.main:
             print(f"{summary['attributed']} of {summary['prompts']} prompts attributed into {args.out} "
                   f"({summary['errors']} errors: {args.out / 'errors.jsonl'}); read them with "

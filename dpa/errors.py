@@ -15,6 +15,13 @@ class InputError(DPAError, ValueError):
     """A prompt or option that cannot be attributed (empty, too long, wrong type or value)."""
 
 
+class OutputError(InputError):
+    """A file that cannot be written where asked (a directory, a full disk, no permission): the message names the
+    path and the system's reason, ``errno`` holds its code (None where dpa refused the path itself)."""
+
+    errno: int | None = None
+
+
 class InputTypeError(InputError, TypeError):
     """An argument of the wrong type (a string where a number goes, a float where a token id goes)."""
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -15,6 +14,7 @@ from torch import Tensor
 
 from .checks import check_choice, check_int
 from .errors import InputError, InputTypeError
+from .files import check_run_config, model_identity, run_folder, write_text  # noqa: F401  (their old home)
 from .weights import PathWeights
 
 
@@ -292,76 +292,3 @@ def _decode(x):
     if isinstance(x, list):
         return [_decode(v) for v in x]
     return math.nan if x is None else x
-
-
-def run_folder(out: str | os.PathLike, error: type[Exception] = InputError) -> Path:
-    """The output folder of a run (``dpa evaluate``, ``dpa attribute --prompts``), made if missing; a file of that
-    name, or a folder that cannot be made, raises ``error``."""
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise error(f"--out {out} is a file; the results go into a folder (give a new folder name)")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise error(f"cannot create the output folder {out}: {err.strerror or err}") from None
-    return out
-
-
-def model_identity(model, dtype: torch.dtype) -> dict:
-    """The model part of a run's identity: its name, and its dtype where that is not float32 (the dtype of every
-    run before dtypes were recorded), so that a run in bfloat16 is never resumed in float32, nor the reverse."""
-    out = {"model": getattr(model.config, "_name_or_path", "")}
-    if dtype != torch.float32:
-        out["dtype"] = str(dtype).removeprefix("torch.")
-    return out
-
-
-def check_run_config(out: Path, identity: dict, error: type[Exception] = InputError) -> None:
-    """A run's settings in ``out/config.json``: written by the first run; a later run with other settings is
-    refused (``InputError`` naming what differs), an unreadable config raises ``error``."""
-    path = out / "config.json"
-    if not path.exists():
-        write_text(path, json.dumps(identity, indent=1) + "\n")
-        return
-    try:
-        old = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise error(f"{path} is not a run's config (not valid JSON); use a new --out folder") from None
-    if not isinstance(old, dict):
-        raise error(f"{path} is not a run's config; use a new --out folder")
-    diff = {k: (old.get(k), identity.get(k)) for k in sorted(identity.keys() | old.keys())  # a key on one side only
-            if old.get(k) != identity.get(k)}  # differs too: settings recorded only off their default (prompt, dtype)
-    if diff:
-        changes = "; ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in diff.items())
-        raise InputError(f"{out} holds a run with other settings ({changes}); use a new --out folder")
-
-
-def publish(tmp: str | Path, path: Path) -> None:
-    """Rename the finished temporary file ``tmp`` to ``path`` (atomic), with the mode of the file it replaces,
-    or the umask's for a new one (temporary files are made private)."""
-    try:
-        mode = path.stat().st_mode & 0o777
-    except FileNotFoundError:
-        umask = os.umask(0)
-        os.umask(umask)
-        mode = 0o666 & ~umask
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
-
-
-def write_text(path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically: a temporary file beside it, then a rename, so a crash or a
-    full disk never leaves a truncated file (nor destroys what was there). Errors name the path."""
-    path = Path(path)
-    tmp = None
-    try:
-        if path.is_dir():
-            raise InputError(f"cannot write {str(path)!r}: it is a directory; give a file name")
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:100]}.", suffix=".tmp", dir=path.parent or ".")
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        publish(tmp, path)
-    except OSError as err:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
-        raise InputError(f"cannot write {str(path)!r}: {err.strerror or err}") from None

@@ -14,6 +14,20 @@ def _pyplot():
     return plt
 
 
+def _save(plt, fig, path: str | Path) -> None:
+    """The figure through dpa's one writer (atomic; a device or FIFO written straight; errors name the path)."""
+    import io
+
+    from ..files import write_bytes
+
+    buf = io.BytesIO()
+    try:
+        fig.savefig(buf, dpi=120, format=Path(path).suffix.lstrip(".").lower() or "png")
+    finally:
+        plt.close(fig)
+    write_bytes(path, buf.getvalue())
+
+
 def _x_scale(ax, results: dict) -> None:
     if results["unit"] == "component":
         ax.set_xscale("log")
@@ -52,8 +66,7 @@ def plot_curves(results: dict, path: str | Path) -> None:
     unit = results["unit"] + (f", {results['component_units']}" if results.get("component_units") else "")
     fig.suptitle(f"{results['dataset']} — {unit} units — {results['model']} — {results['n_evaluated']} samples")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def plot_auc(results: dict, path: str | Path) -> None:
@@ -71,8 +84,7 @@ def plot_auc(results: dict, path: str | Path) -> None:
     ax.legend(fontsize=8)
     ax.set_title(f"{results['dataset']}, {results['unit']} units, {results['n_evaluated']} samples", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def plot_sweep(summary: dict, path: str | Path) -> None:
@@ -90,5 +102,4 @@ def plot_sweep(summary: dict, path: str | Path) -> None:
         ax.legend(fontsize=8)
     fig.suptitle(f"DPA sensitivity — {summary['dataset']}, {summary['unit']} units — {summary['n_evaluated']} samples")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(plt, fig, path)

@@ -17,6 +17,7 @@ import math
 import os
 import platform
 import time
+import warnings
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
@@ -35,7 +36,7 @@ from ..weights import FAMILIES, PathWeights
 from .auc import auc_summary
 from .curves import (GRANULARITIES, ONE_KIND, ComponentUnits, Unit, component_curves, component_units,
                      fraction_grid, input_curves)
-from ..result import check_run_config, model_identity, run_folder, write_text
+from ..files import check_run_config, model_identity, run_folder, run_id, split_lines, write_text
 from .datasets import CHAT_DATASETS, DATASETS, GENERATED, DataError, load_examples
 from .filter import Verdict, check
 from .prompts import check_prompt, encode_example
@@ -159,11 +160,18 @@ def resolve_methods(settings: Settings) -> dict[str, Callable]:
 
 class Store:
     """The run folder's JSON-lines files: filter verdicts and per-sample results. Rank r of a torchrun appends to
-    its own part (``samples.rank<r>.jsonl``); rank 0 to ``samples.jsonl``, and it merges the parts at the end."""
+    its own part (``samples.rank<r>.jsonl``); rank 0 to ``samples.jsonl``, and it merges the parts at the end.
 
-    def __init__(self, out: Path, rank: int = 0):
+    ``run``: the run's name (``dpa.files.run_id`` of its identity), stamped on every row written; a row stamped
+    with another (a file copied from another folder) is refused by file and line (``DataError``), a row with
+    none (dpa before run names) is read. A last line cut short (a run killed while appending) is dropped, and
+    this rank's own file cut back to its last whole line; another line that is not a record is measured again,
+    with a warning naming the file and the lines."""
+
+    def __init__(self, out: Path, rank: int = 0, run: str | None = None):
         self.out = out
         self.rank = rank
+        self.run = run
         self.verdicts: dict[int, dict] = {r["index"]: r for r in self._read_all("filter")}
         self.samples: dict[tuple[int, str], dict] = {(r["index"], r["method"]): r for r in self._read_all("samples")}
 
@@ -178,32 +186,54 @@ class Store:
     def _read(self, path: Path) -> list[dict]:
         if not path.exists():
             return []
-        text = path.read_text(encoding="utf-8")
+        try:
+            text = path.read_bytes().decode("utf-8")  # bytes: lines end at "\\n" alone (files.split_lines)
+        except (UnicodeDecodeError, OSError) as err:
+            raise DataError(f"cannot read {path} ({err}); move it out of the folder (what it held is measured "
+                            f"again) or use a new --out folder") from None
         if text and not text.endswith("\n"):  # cut short by an interruption: drop the partial line
             text = text[:text.rfind("\n") + 1]
             if path.name == self._name(path.name.split(".")[0]):  # this rank's own file only
-                path.write_text(text, encoding="utf-8")
-        rows = []
-        for line in text.splitlines():  # a corrupt line (or one that is not a record) is run again
+                write_text(path, text)
+        rows, bad = [], []
+        for n, line in enumerate(split_lines(text), start=1):  # a corrupt line (or not a record) is run again
             try:
                 row = json.loads(line)
             except json.JSONDecodeError:
-                continue
+                row = None
             if isinstance(row, dict) and isinstance(row.get("index"), int) and (
                     not path.name.startswith("samples") or isinstance(row.get("method"), str)):
+                if self.run is not None and row.get("run", self.run) != self.run:
+                    raise DataError(f"{path}, line {n}: a row of another run (run {row['run']}, this folder's is "
+                                    f"{self.run}), from a file copied from another folder? Move the file out of "
+                                    f"the folder, or use a new --out folder")
                 rows.append(row)
+            elif line.strip():
+                bad.append(n)
+        if bad:
+            warnings.warn(f"{path}: line(s) {', '.join(map(str, bad[:10]))}{', ...' if len(bad) > 10 else ''} "
+                          f"are not records dpa wrote; what they held is measured again", stacklevel=2)
         return rows
 
+    def _stamp(self, row: dict) -> dict:
+        return row if self.run is None else {**row, "run": self.run}
+
     def _append(self, kind: str, row: dict) -> None:
-        with open(self.out / self._name(kind), "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(row) + "\n")
+        path = self.out / self._name(kind)
+        try:
+            with open(path, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(row) + "\n")
+        except OSError as err:
+            raise DataError(f"cannot write {path}: {err.strerror or err}") from None
 
     def add_verdict(self, row: dict, write: bool = True) -> None:
+        row = self._stamp(row)
         self.verdicts[row["index"]] = row
         if write:
             self._append("filter", row)
 
     def add_sample(self, row: dict) -> None:
+        row = self._stamp(row)
         self.samples[(row["index"], row["method"])] = row
         self._append("samples", row)
 
@@ -263,7 +293,8 @@ def evaluate(model: nn.Module, tokenizer, settings: Settings, out: str | Path, *
     if group.main:
         check_run_config(out, identity, DataError)
     group.barrier()
-    store = Store(out, rank=group.rank)
+    run = run_id(identity)
+    store = Store(out, rank=group.rank, run=run)
     fractions = fraction_grid(settings.dataset, settings.unit)
     total = min(settings.limit or len(examples), len(examples))
     total = len(range(group.rank, total, group.world))
@@ -301,7 +332,7 @@ def evaluate(model: nn.Module, tokenizer, settings: Settings, out: str | Path, *
         raise InputError("another rank of this torchrun failed; see its message")
     group.barrier()
     if group.main:
-        store = Store(out)  # every rank's samples
+        store = Store(out, run=run)  # every rank's samples
         store.merge(chosen, list(methods))
         results = summarize(settings, methods, store, chosen, fractions, model, n_checked=len(store.verdicts))
         write_results(results, out, figures=figures)

@@ -1,0 +1,263 @@
+"""Files in and out, in one place: lines as JSON Lines defines them, every output written by one helper, and a
+run folder's identity (its settings and the model's weights).
+
+Lines (``split_lines``): a line ends at ``"\\n"`` (a ``"\\r"`` before it is dropped), nothing else: U+2028,
+U+2029, U+0085, form feed, vertical tab and the \\x1c-\\x1e separators are characters of the line, as in a JSON
+string written with ``ensure_ascii=False`` or a plain-text prompt (``str.splitlines`` splits at all of them).
+
+Outputs (``write_text`` / ``write_bytes``; every file dpa writes goes through them):
+
+* ``-``: standard output.
+* a new path or a regular file: written atomically, a temporary file beside it renamed over it, so a crash or a
+  full disk never leaves a truncated file and never destroys what was there; the file keeps its mode.
+* a symbolic link: its target, resolved, written atomically (the link stays a link).
+* a character device or a FIFO (``/dev/stdout``, ``/dev/null``, a named pipe), or a path through an open file
+  descriptor (``/dev/fd/N``, ``/proc/self/fd/N``): written straight, never replaced (renaming a file over
+  ``/dev/stdout`` as root would replace the device).
+* a directory, a block device or a socket: refused by name.
+
+A failure raises ``OutputError`` naming the path and the reason the system gave (e.g. ``No space left on device
+(ENOSPC)``).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import stat
+import sys
+import tempfile
+from pathlib import Path
+
+from .errors import InputError, OutputError
+
+WEIGHTS_KEY = "weights_sha256"
+
+
+def split_lines(text: str) -> list[str]:
+    """``text``'s lines, split at ``"\\n"`` only (a ``"\\r"`` ending a line is dropped, so ``"\\r\\n"`` works too);
+    no empty last line for a text that ends in a newline."""
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [ln[:-1] if ln.endswith("\r") else ln for ln in lines]
+
+
+# --- outputs ---------------------------------------------------------------------------------------------------
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` by the rules of this module's docstring."""
+    if not isinstance(text, str):
+        raise TypeError(f"write_text writes a str, got {type(text).__name__}")
+    _write(path, text.encode("utf-8"))
+
+
+def write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` by the rules of this module's docstring."""
+    _write(path, bytes(data))
+
+
+def _reason(err: OSError) -> str:
+    code = errno.errorcode.get(err.errno or 0)
+    text = err.strerror or str(err)
+    return f"{text} ({code})" if code else text
+
+
+def _fail(path: str, reason: str, code: int | None = None, hint: str = "") -> OutputError:
+    error = OutputError(f"cannot write {path!r}: {reason}{hint}")
+    error.errno = code
+    return error
+
+
+def _follow(path: str) -> tuple[str, bool]:
+    """The file ``path`` names once its symbolic links are followed, and whether one of them went through an
+    open file descriptor (``/dev/fd``, ``/proc/*/fd``: a link that names no path to write beside)."""
+    seen = 0
+    through_fd = path.startswith(("/dev/fd/", "/proc/")) or path in ("/dev/stdout", "/dev/stderr")
+    while not through_fd and os.path.islink(path) and seen < 40:
+        target = os.readlink(path)
+        through_fd = target.startswith(("/dev/fd/", "/proc/"))
+        path = os.path.join(os.path.dirname(path), target)
+        seen += 1
+    return path, through_fd
+
+
+def _write(path: str | os.PathLike, data: bytes) -> None:
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"an output path must be a str or a path, got {type(path).__name__}")
+    name = os.fspath(path)
+    if name == "-":
+        return _straight(name, None, data)
+    if not name:
+        raise _fail(name, "an empty file name", errno.ENOENT)
+    try:
+        target, through_fd = _follow(name)
+        st = os.stat(name if through_fd else target)  # a descriptor's link names no path: the kernel follows it
+    except FileNotFoundError:
+        st = None
+    except OSError as err:  # a link loop, a name too long, a folder we may not enter
+        raise _fail(name, _reason(err), err.errno) from None
+    link = f" (a link to {target})" if target != name and not through_fd else ""
+    if st is None:
+        _atomic(name, target, data, link)
+    elif stat.S_ISDIR(st.st_mode):
+        raise _fail(name, f"it is a directory{link}; give a file name", errno.EISDIR)
+    elif stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode) or through_fd:
+        _straight(name, target, data)
+    elif stat.S_ISREG(st.st_mode):
+        _atomic(name, target, data, link, mode=st.st_mode & 0o7777)
+    else:
+        kind = "a block device" if stat.S_ISBLK(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode) else \
+            "not a regular file"
+        raise _fail(name, f"it is {kind}{link}; give a regular file", errno.EINVAL)
+
+
+def _straight(name: str, target: str | None, data: bytes) -> None:
+    """Standard output (``-``), a device, a FIFO or an open descriptor: written in place (appended to, for a
+    descriptor that is a file, so what was printed before stays), never renamed over."""
+    for stream in (sys.stdout, sys.stderr):  # what Python printed before comes first
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    try:
+        if target is None:
+            sys.stdout.buffer.write(data) if hasattr(sys.stdout, "buffer") else sys.stdout.write(data.decode())
+            sys.stdout.flush()
+            return
+        with open(name, "ab") as fh:
+            fh.write(data)
+    except OSError as err:
+        raise _fail(name if target is not None else "-", _reason(err), err.errno) from None
+
+
+def _atomic(name: str, target: str, data: bytes, link: str, mode: int | None = None) -> None:
+    """A temporary file beside ``target``, flushed to disk, given the mode of the file it replaces (or the
+    umask's for a new one; temporary files are private), then renamed over ``target``."""
+    folder = os.path.dirname(target) or "."
+    if not os.path.isdir(folder):
+        raise _fail(name, f"no folder {folder}{link}", errno.ENOENT)
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(target)[:100]}.", suffix=".tmp", dir=folder)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if mode is None:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask
+        os.chmod(tmp, mode)
+        os.replace(tmp, target)
+        tmp = None
+    except OSError as err:
+        raise _fail(name, _reason(err) + link, err.errno) from None
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+
+# --- run folders -------------------------------------------------------------------------------------------------
+
+def run_folder(out: str | os.PathLike, error: type[Exception] = InputError) -> Path:
+    """The output folder of a run (``dpa evaluate``, ``dpa attribute --prompts``), made if missing; a file of that
+    name, or a folder that cannot be made, raises ``error``."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise error(f"--out {out} is a file; the results go into a folder (give a new folder name)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise error(f"cannot create the output folder {out}: {err.strerror or err}") from None
+    return out
+
+
+def weights_fingerprint(model, samples: int = 256) -> str:
+    """A fingerprint of the model's loaded weights, in milliseconds: sha256 over every parameter's name, shape
+    and dtype and the exact bits of ``samples`` of its values at evenly spaced positions (all of them for a
+    small tensor). The same weights give the same fingerprint on any device; another checkpoint (retrained,
+    fine-tuned, another seed: values that differ nearly everywhere), another architecture, a renamed, reshaped or
+    recast parameter give another one. It does not see an edit confined to values between the sampled positions.
+    A parameter offloaded to the ``meta`` device counts by its name, shape and dtype alone."""
+    import torch
+
+    h = hashlib.sha256()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            h.update(f"{name}\0{tuple(p.shape)}\0{p.dtype}\0".encode())
+            n = p.numel()
+            if n == 0 or p.device.type == "meta":
+                continue
+            k = min(samples, n)
+            idx = torch.arange(k, dtype=torch.int64) * (n - 1) // max(k - 1, 1)
+            values = p.detach()[torch.unravel_index(idx.to(p.device), p.shape)] if p.dim() else p.detach().reshape(1)
+            values = values.cpu().contiguous()
+            try:
+                h.update(values.view(torch.uint8).numpy().tobytes())
+            except (RuntimeError, TypeError):  # a dtype numpy or view cannot take: its values as text
+                h.update(repr(values.tolist()).encode())
+    return h.hexdigest()
+
+
+def model_identity(model, dtype) -> dict:
+    """The model part of a run's identity: its name, its dtype where that is not float32 (the dtype of every run
+    before dtypes were recorded), so that a run in bfloat16 is never resumed in float32, nor the reverse; and the
+    fingerprint of its weights (``weights_fingerprint``), so that a folder is never resumed with other weights
+    under the same name (a model folder overwritten since)."""
+    import torch
+
+    out = {"model": getattr(model.config, "_name_or_path", "")}
+    if dtype != torch.float32:
+        out["dtype"] = str(dtype).removeprefix("torch.")
+    out[WEIGHTS_KEY] = weights_fingerprint(model)
+    return out
+
+
+def run_id(identity: dict) -> str:
+    """A short name of a run's identity, stamped on what it writes, so that a file of another run is known."""
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def check_run_config(out: Path, identity: dict, error: type[Exception] = InputError,
+                     legacy: dict | None = None) -> None:
+    """A run's settings in ``out/config.json``: written by the first run; a later run with other settings is
+    refused (``InputError`` naming what differs; other weights name both models and fingerprints), an unreadable
+    config raises ``error``. ``legacy``: values to assume for keys a config of an older dpa lacks; the weights'
+    fingerprint, which no older config holds, is taken as the current one (that folder's weights are unknown)
+    and recorded from then on."""
+    path = out / "config.json"
+    if not path.exists():
+        write_text(path, json.dumps(identity, indent=1) + "\n")
+        return
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise error(f"{path} is not a run's config (not valid JSON); use a new --out folder") from None
+    except OSError as err:
+        raise error(f"cannot read {path}: {err.strerror or err}") from None
+    if not isinstance(old, dict):
+        raise error(f"{path} is not a run's config; use a new --out folder")
+    assumed = {k: v for k, v in {**({WEIGHTS_KEY: identity[WEIGHTS_KEY]} if WEIGHTS_KEY in identity else {}),
+                                  **(legacy or {})}.items() if k not in old}
+    full = {**old, **assumed}
+    diff = {k: (full.get(k), identity.get(k)) for k in sorted(identity.keys() | full.keys())  # a key on one side
+            if full.get(k) != identity.get(k)}  # only differs too: settings recorded only off their default
+    if diff:
+        changes = "; ".join(_change(k, a, b, old, identity) for k, (a, b) in diff.items())
+        raise InputError(f"{out} holds a run with other settings ({changes}); use a new --out folder")
+    if assumed:  # a folder of an older dpa: what it did not record is recorded now
+        write_text(path, json.dumps(identity, indent=1) + "\n")
+
+
+def _change(key: str, a, b, old: dict, new: dict) -> str:
+    if key != WEIGHTS_KEY:
+        return f"{key}: {a!r} there, {b!r} now"
+    return (f"the weights: {old.get('model')!r} with weights fingerprint {str(a)[:16]} there, {new.get('model')!r} "
+            f"with fingerprint {str(b)[:16]} now (the model folder was overwritten since that run, or another "
+            f"model has its name)")
