@@ -79,6 +79,17 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--html", type=Path, metavar="FILE", help="write the graph as a standalone offline HTML page")
     c.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
     c.set_defaults(func=functools.partial(run_circuit, parser=c))
+    t = commands.add_parser(
+        "selftest", help="check dpa on this machine's devices (CPU, CUDA, MPS): identities and one real model",
+        description="On each device: the identities of method.md section 5 on a tiny random model of every family "
+                    "(the forward oracle, completeness, component sums, lean = full, batch = single, and on an "
+                    "accelerator every score equal to the CPU's), one attribution on the default model, and the cost "
+                    "of DPA against a gradient. Exits with 1 if a check fails.")
+    t.add_argument("--device", action="append", metavar="DEVICE",
+                   help="a device to check (repeat for several; default: the CPU and every GPU torch sees)")
+    t.add_argument("--families", metavar="A,B,...", help="families to check (default: every family)")
+    t.add_argument("--no-model", action="store_true", help="skip the default model (tiny models only)")
+    t.set_defaults(func=run_selftest)
     if add_evaluate_commands is not None:
         add_evaluate_commands(commands)
     return parser
@@ -268,6 +279,13 @@ def _run_file(args: argparse.Namespace, parser: argparse.ArgumentParser, weights
                   f"({summary['errors']} errors: {args.out / 'errors.jsonl'}); read them with "
                   f"dpa.read_results({str(args.out)!r})")
     return 0
+
+
+def run_selftest(args) -> int:
+    from . import selftest
+
+    families = [f.strip() for f in args.families.split(",") if f.strip()] if args.families else None
+    return 0 if selftest.run(args.device, families, model=not args.no_model) else 1
 
 
 def main(argv: list[str] | None = None) -> int:

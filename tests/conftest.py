@@ -9,50 +9,10 @@ import transformers
 # Filled by tests/test_book.py's ``built_book`` fixture: {"seconds": build time, "notebooks": {name: seconds}}.
 BOOK_BUILD = pytest.StashKey[dict]()
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3")  # the SwiGLU families the book's hand rules are written for
-ALL_FAMILIES = (*FAMILIES, "gemma2", "gemma3_text", "smollm3", "olmo2", "phi3",  # every family dpa supports:
-                "gpt2", "gpt_neox")  # the autograd suite (test_families_autograd)
-MHA_ONLY = ("gpt2", "gpt_neox")  # families whose configs have no KV-head setting
-MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss")
-ALL_FAMILIES = (*ALL_FAMILIES, *MOE_FAMILIES)
-LAYOUTS = {"mha": 4, "gqa": 2, "mqa": 1}  # KV heads for 4 query heads
+from dpa.tiny import FAMILIES as ALL_FAMILIES  # every family dpa supports: the autograd suite
+from dpa.tiny import LAYOUTS, MHA_ONLY, MOE_FAMILIES, random_ids, tiny_config, tiny_model  # noqa: F401 (re-exported)
 
-_CONFIGS = {
-    "llama": transformers.LlamaConfig,
-    "mistral": transformers.MistralConfig,
-    "qwen2": transformers.Qwen2Config,
-    "qwen3": transformers.Qwen3Config,
-    "gemma3_text": transformers.Gemma3TextConfig,
-    "smollm3": transformers.SmolLM3Config,
-    "olmo2": transformers.Olmo2Config,
-    "gemma2": transformers.Gemma2Config,
-    "phi3": transformers.Phi3Config,
-    "gpt2": transformers.GPT2Config,
-    "gpt_neox": transformers.GPTNeoXConfig,
-    "mixtral": transformers.MixtralConfig,
-    "qwen2_moe": transformers.Qwen2MoeConfig,
-    "qwen3_moe": transformers.Qwen3MoeConfig,
-    "olmoe": transformers.OlmoeConfig,
-    "gpt_oss": transformers.GptOssConfig,
-}
-_MODELS = {
-    "llama": transformers.LlamaForCausalLM,
-    "mistral": transformers.MistralForCausalLM,
-    "qwen2": transformers.Qwen2ForCausalLM,
-    "qwen3": transformers.Qwen3ForCausalLM,
-    "gemma3_text": transformers.Gemma3ForCausalLM,
-    "smollm3": transformers.SmolLM3ForCausalLM,
-    "olmo2": transformers.Olmo2ForCausalLM,
-    "gemma2": transformers.Gemma2ForCausalLM,
-    "phi3": transformers.Phi3ForCausalLM,
-    "gpt2": transformers.GPT2LMHeadModel,
-    "gpt_neox": transformers.GPTNeoXForCausalLM,
-    "mixtral": transformers.MixtralForCausalLM,
-    "qwen2_moe": transformers.Qwen2MoeForCausalLM,
-    "qwen3_moe": transformers.Qwen3MoeForCausalLM,
-    "olmoe": transformers.OlmoeForCausalLM,
-    "gpt_oss": transformers.GptOssForCausalLM,
-}
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3")  # the SwiGLU families the book's hand rules are written for
 
 
 def _float64_rms_forward(original):
@@ -155,85 +115,10 @@ def _float64_eager(original):
     return forward
 
 
-def tiny_config(family: str, kv_heads: int = 2, **overrides):
-    kwargs = dict(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
-                  num_key_value_heads=kv_heads, max_position_embeddings=64, rms_norm_eps=1e-2, head_dim=8)
-    if family == "mistral":
-        kwargs["sliding_window"] = 5  # short enough to matter on the test prompts
-    if family == "qwen2":
-        kwargs.pop("head_dim")
-    if family == "smollm3":  # the middle layer without RoPE (NoPE), as every fourth in SmolLM3
-        kwargs.update(no_rope_layers=[1, 0, 1], pad_token_id=0, bos_token_id=1, eos_token_id=2)
-        kwargs.pop("head_dim")  # SmolLM3 derives it (32 / 4 = 8, as for the others)
-    if family == "olmo2":  # derives head_dim (32 / 4 = 8)
-        kwargs.pop("head_dim")
-        kwargs.update(pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    if family in ("gemma3_text", "gemma2"):  # a local (sliding) layer between global ones; 1/sqrt(6) scaling
-        kwargs.update(sliding_window=5, layer_types=["full_attention", "sliding_attention", "full_attention"],
-                      query_pre_attn_scalar=6, pad_token_id=0)
-    if family == "gemma2":  # soft-caps small enough to matter on tiny random weights
-        kwargs.update(attn_logit_softcapping=1.5, final_logit_softcapping=2.0, bos_token_id=1, eos_token_id=2)
-    if family == "phi3":  # derives head_dim; a rotary half of each head (partial_rotary_factor, as Phi-4-mini)
-        kwargs.pop("head_dim")
-        kwargs.update(pad_token_id=0, bos_token_id=1, eos_token_id=2,
-                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})
-    if family in MOE_FAMILIES:  # four experts, two per token; Qwen2-MoE's shared expert; both router kinds
-        kwargs.update(num_experts_per_tok=2, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-        kwargs["num_local_experts" if family == "mixtral" else "num_experts"] = 4
-        if family not in ("mixtral", "gpt_oss"):
-            kwargs.update(norm_topk_prob=family == "qwen3_moe")
-        if family in ("qwen2_moe", "qwen3_moe"):
-            kwargs.update(moe_intermediate_size=12)
-        if family == "qwen2_moe":
-            kwargs.update(shared_expert_intermediate_size=16)
-            kwargs.pop("head_dim")
-        if family == "olmoe":
-            kwargs.pop("head_dim")
-            kwargs.update(intermediate_size=12)
-        if family == "gpt_oss":  # sliding and full layers, attention sinks, biases; a limit small enough to clamp
-            kwargs.pop("num_experts")
-            kwargs.update(num_local_experts=4, intermediate_size=12, swiglu_limit=0.3, sliding_window=5,
-                          layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-                          rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
-    if family == "gpt2":
-        kwargs = dict(vocab_size=96, n_embd=32, n_inner=48, n_layer=3, n_head=4, n_positions=64,
-                      bos_token_id=1, eos_token_id=2, layer_norm_epsilon=1e-2)
-    if family == "gpt_neox":  # partial rotary (a quarter of each head, Pythia's), parallel residuals
-        kwargs.pop("head_dim"), kwargs.pop("num_key_value_heads"), kwargs.pop("rms_norm_eps")
-        kwargs.update(layer_norm_eps=1e-2, bos_token_id=1, eos_token_id=2,
-                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25})
-    kwargs.update(overrides)
-    return _CONFIGS[family](**kwargs)
-
-
-def tiny_model(family: str, kv_heads: int = 2, seed: int = 0, **overrides):
-    """A float64 model with every parameter random (norm gammas and biases too, so they are tested)."""
-    torch.manual_seed(seed)
-    config = tiny_config(family, kv_heads, **overrides)
-    if family in MOE_FAMILIES:  # transformers' default, grouped_mm, has no float64 kernel
-        config._experts_implementation = "eager"
-    model = _MODELS[family](config).double().eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1 + 0.3 * torch.randn_like(p))
-            elif name.endswith("bias"):
-                p.copy_(0.5 * torch.randn_like(p))
-            else:
-                p.copy_(torch.randn_like(p) * p.shape[-1] ** -0.5)
-    model.requires_grad_(False)
-    return model
-
-
 @pytest.fixture(params=[(f, l) for f in FAMILIES for l in LAYOUTS], ids=lambda p: f"{p[0]}-{p[1]}")
 def family_model(request):
     family, layout = request.param
     return tiny_model(family, LAYOUTS[layout])
-
-
-def random_ids(n: int, vocab: int = 96, seed: int = 1) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, vocab, (n,), generator=g)
 
 
 def edited_run(model, ids, attn=None, neurons=None):
