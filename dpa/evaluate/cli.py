@@ -48,10 +48,12 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, metavar="N",
                    help="CPU threads for torch (default: torch's choice; 1 is often fastest on a busy machine)")
     p.add_argument("--component-units", choices=("fine", "coarse", "edges", "neurons"), default="fine",
-                   help="fine: edges and position-level neurons, ranked jointly (the paper); coarse: heads and "
+                   help="fine: edges and position-level neurons, ranked jointly (the paper's units; in paper mode counted as "
+                        "the reference code counts them, results README); coarse: heads and "
                         "neurons; edges / neurons: the fine units of one kind only, the other left intact")
-    p.add_argument("--no-contrast", action="store_true",
-                   help="IOI: attribute the answer's logit instead of logit(IO) - logit(S)")
+    p.add_argument("--contrast", action=argparse.BooleanOptionalAction, default=False,
+                   help="IOI: attribute logit(IO) - logit(S), a variant; the default, --no-contrast, attributes the "
+                        "IO logit as the reference code does (the metric is p(IO) either way)")
     p.add_argument("--seed", type=int, default=0, help="random baseline and tie-breaking seed")
     p.add_argument("--batch-size", type=int, default=16, metavar="B", help="ablated copies per forward pass")
     p.add_argument("--n-generated", type=int, default=1000, metavar="N", help="ioi_templates: prompts to generate")
@@ -104,7 +106,7 @@ def _settings(args, **extra):
     if args.n_generated < 1:
         raise InputError("--n-generated must be at least 1")
     return Settings(dataset=args.dataset, unit=args.unit, limit=args.limit, component_units=args.component_units,
-                    contrast=not args.no_contrast, seed=args.seed, batch_size=args.batch_size,
+                    contrast=args.contrast, seed=args.seed, batch_size=args.batch_size,
                     data_dir=args.data_dir, n_generated=args.n_generated, filter=args.filter, prompt=args.prompt, **extra)
 
 

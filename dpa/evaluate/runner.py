@@ -60,7 +60,8 @@ class Settings:
     limit: int | None = None  # valid samples to evaluate (None: all)
     component_units: str = "fine"  # fine: edges + position-level neurons; coarse: heads + neurons; edges; neurons
     weights: PathWeights = field(default_factory=PathWeights)  # for DPA
-    contrast: bool = True  # IOI: attribute logit(IO) - logit(S); the metric stays p(IO)
+    contrast: bool = False  # IOI: True attributes logit(IO) - logit(S) (a variant); False the IO logit, as the
+    # reference code does. The metric is p(IO) either way
     seed: int = 0  # random baseline and tie-breaking
     steps: int = 20  # integrated gradients
     batch_size: int = 16  # ablated copies per forward pass
