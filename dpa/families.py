@@ -28,7 +28,11 @@ BRANCHES = ("query", "key", "value", "gate", "up")
 # "blocks": one after the other ([q | k | v], Phi-3 and GPT-2; [gate | up], Phi-3);
 # "per_head": per head, each head's [q | k | v] in turn (GPT-NeoX).
 LAYOUTS = ("blocks", "per_head")
-ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope")
+ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope")  # tests/test_rope_scaling.py
+# RoPE types whose frequencies transformers recomputes from the sequence length (``dynamic_rope_update``): from
+# the longest prompt of a padded batch. LongRoPE picks its short or long factors by it (longer than
+# ``original_max_position_embeddings``: long); dynamic NTK rescales its base beyond ``max_position_embeddings``.
+LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
 # Keys that carry no semantics for the forward pass, beyond those known by what they are (``_is_bookkeeping``:
 # private keys, token ids and strings, a GGUF's quantization_config): names, flags of the output, training.
 METADATA_KEYS = frozenset({
@@ -320,12 +324,11 @@ def check_config(config) -> Family:
         raise _config_error("mlp_bias", True, "MLP biases are inputs no token owns")
     if getattr(config, "pretraining_tp", 1) != 1:
         raise _config_error("pretraining_tp", config.pretraining_tp, "sliced projections are not supported")
-    rope = dict(getattr(config, "rope_parameters", None) or {})
-    per_type = rope if rope and all(isinstance(v, dict) for v in rope.values()) else {"": rope}  # Gemma: by layer type
-    for rope in per_type.values():
+    for rope in rope_settings(config):
         rope_type = rope.get("rope_type", "default")
         if rope_type not in ROPE_TYPES:
-            raise _config_error("rope_type", rope_type, f"known RoPE types are {', '.join(ROPE_TYPES)}")
+            raise _config_error("rope_type", rope_type, f"dpa attributes {model_type} with RoPE of the types "
+                                f"{', '.join(ROPE_TYPES)} (each tested against autograd)")
         factor = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
         if factor not in (None, 1, 1.0) and not family.partial_rotary:
             raise _config_error("partial_rotary_factor", factor, f"the {model_type} description rotates whole "
@@ -334,6 +337,31 @@ def check_config(config) -> Family:
         if kind not in ("full_attention", "sliding_attention"):
             raise _config_error(f"layer_types[{i}]", kind, "only full and sliding attention are supported")
     return family
+
+
+def rope_settings(config) -> list[dict]:
+    """The RoPE parameters of each layer type: one dict for most models, one per layer type for Gemma 3
+    (``rope_parameters`` keyed by ``full_attention`` / ``sliding_attention``)."""
+    rope = dict(getattr(config, "rope_parameters", None) or {})
+    return [dict(r) for r in rope.values()] if rope and all(isinstance(v, dict) for v in rope.values()) else [rope]
+
+
+def rope_depends_on_length(config) -> bool:
+    """Whether the model's rotary frequencies depend on the sequence length (``LENGTH_DEPENDENT_ROPE``):
+    transformers then takes them from the longest prompt of a padded batch, so dpa computes each prompt's
+    rotary as for that prompt alone (``rules.rope.each_prompt_alone``)."""
+    return any(r.get("rope_type", "default") in LENGTH_DEPENDENT_ROPE for r in rope_settings(config))
+
+
+def context_length(config, max_position_embeddings: int | None = None) -> int:
+    """The longest prompt dpa attributes: ``max_position_embeddings``, or, where every layer's RoPE is
+    dynamic NTK scaling, ``factor`` times it: transformers rescales the rotary base for a sequence longer than
+    ``max_position_embeddings`` (the scaling's purpose), up to the ``factor``-fold context it is configured for."""
+    n = config.max_position_embeddings if max_position_embeddings is None else max_position_embeddings
+    ropes = rope_settings(config)
+    if all(r.get("rope_type", "default") == "dynamic" for r in ropes):
+        return int(n * min(float(r.get("factor", 1.0)) for r in ropes))
+    return n
 
 
 def activation_kind(config, family: Family) -> str:
@@ -513,7 +541,7 @@ def _spec_for(model: nn.Module, config) -> ModelSpec:
         family=family.model_type, parts=family,
         n_layers=config.num_hidden_layers, d_model=config.hidden_size, d_mlp=d_mlp,
         n_heads=n_heads, n_kv_heads=n_kv_heads, d_head=d_head, rms_eps=norm_eps(get(model, family.final_norm)),
-        vocab_size=config.vocab_size, max_positions=config.max_position_embeddings,
+        vocab_size=config.vocab_size, max_positions=context_length(config),
         qkv_bias=get(first, family.branches["query"]).bias is not None, qk_norm=family.head_norms is not None,
         sliding_windows=_sliding_windows(config, family),
         rotary_layers=_rotary_layers(config, family), activation=activation_kind(config, family),

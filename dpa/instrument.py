@@ -40,9 +40,10 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from .errors import ModelStateError
-from .families import check_experts, layer_modules
+from .families import check_experts, get, layer_modules, rope_depends_on_length
 from .linearise import Scores, Tap, freeze_norm, keep_input, linearise_layer, wrap
 from .request import Request, check_loaded
+from .rules.rope import each_prompt_alone
 from .weights import PathWeights
 
 # --- what a session records ---
@@ -313,6 +314,9 @@ class Session:
             args["inputs_embeds"] = inputs_embeds
         else:
             args["input_ids"] = req.input_ids if input_ids is None else input_ids
+        if self.spec.parts.rotary is not None and rope_depends_on_length(self.model.config):  # LongRoPE, dynamic NTK
+            with each_prompt_alone(get(self.model, self.spec.parts.rotary)):  # a prompt's rotary never its batch's
+                return self.spec.base(self.model)(**args).last_hidden_state
         return self.spec.base(self.model)(**args).last_hidden_state
 
     def embed(self, input_ids: Tensor | None = None) -> Tensor:

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from .checks import check_int
 from .errors import InputError, InputTypeError, ModelStateError, TargetError, UnsupportedModelError
-from .families import ModelSpec, spec_for
+from .families import ModelSpec, context_length, spec_for
 from .targets import TargetSpec, token_id, token_text
 from .weights import PathWeights
 
@@ -385,7 +385,7 @@ def sizes_of(config) -> Sizes:
                 return getattr(config, alias)
         raise UnsupportedModelError(f"the model's config has no {key}")
 
-    return Sizes(vocab_size=read("vocab_size"), max_positions=read("max_position_embeddings"),
+    return Sizes(vocab_size=read("vocab_size"), max_positions=context_length(config, read("max_position_embeddings")),
                  d_model=read("hidden_size"))
 
 
