@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -30,7 +31,7 @@ from torch import Tensor, nn
 
 from . import request as requests
 from .checks import check_bool
-from .errors import InputError, UnsupportedModelError
+from .errors import InputError, ModelStateError, UnsupportedModelError
 from .families import ModelSpec, layer_modules, norm_eps, weight_rows
 from .request import Prompt
 from .result import TargetInfo
@@ -89,6 +90,7 @@ class Circuit:
     _reads: dict = field(default_factory=dict, repr=False)  # unit node -> G_v [pos width] at its tap
     _direction: Tensor | None = field(default=None, repr=False)  # the target direction u [d_model]
     _spec: ModelSpec | None = field(default=None, repr=False)
+    _model: ModelIdentity | None = field(default=None, repr=False)  # what verify and patch_read must be given
 
     def __len__(self) -> int:
         return len(self.nodes)
@@ -196,6 +198,49 @@ class Circuit:
         return patch_read(self, model, tokenizer, node, position, corrupt)
 
 
+class ModelIdentity:
+    """The model a circuit was computed on, with the weights it had: the object itself (a weak reference: a copy,
+    even with equal weights, is another model) and, per parameter, its name, shape, dtype, device, storage and
+    version counter (an in-place edit, a replaced parameter, ``model.to`` all change one of them), and a few of its
+    values spread over it (an edit through ``.data``, which the version counter does not count, where it lands on
+    one of them). Reading it costs one small gather per parameter."""
+
+    SAMPLES = 16
+
+    def __init__(self, model: nn.Module):
+        self.ref = weakref.ref(model)
+        self.params = self._read(model)
+
+    @classmethod
+    def _read(cls, model: nn.Module) -> list[tuple]:
+        with torch.no_grad():
+            out = []
+            for name, p in model.named_parameters():
+                flat = p.detach().reshape(-1)
+                at = torch.linspace(0, max(flat.numel() - 1, 0), min(cls.SAMPLES, flat.numel()), device=p.device)
+                values = flat[at.long()].to(torch.float64).cpu().numpy().tobytes() if p.device.type != "meta" else b""
+                out.append((name, tuple(p.shape), p.dtype, p.device, p.data_ptr(), p._version, values))
+            return out
+
+    def check(self, model: nn.Module) -> None:
+        """Refuse ``model`` unless it is the model the circuit was computed on, its weights unchanged since."""
+        if self.ref() is not model:
+            raise InputError("model: this circuit was computed on another model (an object with the same sizes, or a "
+                             "copy); verify it on the model dpa.circuit was given, or compute the circuit again on "
+                             "this one")
+        now = self._read(model)
+        if [p[0] for p in now] != [p[0] for p in self.params]:
+            raise ModelStateError("model: its parameters changed since the circuit was computed (added, removed or "
+                                  "renamed); compute the circuit again")
+        for was, new in zip(self.params, now):
+            if was != new:
+                how = ("shape" if was[1] != new[1] else "dtype" if was[2] != new[2] else "device" if was[3] != new[3]
+                       else "storage" if was[4] != new[4] else "values")
+                raise ModelStateError(f"model: {new[0]} (its {how}) changed since the circuit was computed (edited in "
+                                      "place, replaced or moved): the circuit's edges are not this model's; compute "
+                                      "the circuit again")
+
+
 def _num(x) -> float | None:
     v = float(x)
     return v if math.isfinite(v) else None
@@ -259,6 +304,7 @@ def circuit(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contras
                          weights=weights, multi_token=multi_token, batch=False)
     spec = req.spec
     dtype = torch.float64 if spec.embed(model).weight.dtype == torch.float64 else torch.float32
+    identity = ModelIdentity(model)
     graph = _Graph(nodes, positions, spec.n_experts > 0)
     run = _run(model, req, dtype, lean=False, edges=False, neuron_positions=False, effective_targets=False,
                neuron_target="output", probabilities=True, graph=graph)
@@ -268,7 +314,7 @@ def circuit(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contras
                    out_rest=g["out_rest"], in_positions=g["in_positions"], tokens=info.tokens, token_ids=info.token_ids, target=info.target,
                    target_logit=info.target_logit, weights=req.weights, positions=positions,
                    model_name=info.model_name, _writes=g["writes"], _embeddings=g["embeddings"], _reads=g["reads"], _direction=g["direction"],
-                   _spec=spec)
+                   _spec=spec, _model=identity)
 
 
 def _assemble(parent: Circuit | None, nodes: list[Node], edges: Tensor, scores: Tensor, rest: Tensor,

@@ -116,6 +116,15 @@ def _forward_with(model: nn.Module, req, pre_hooks: list, term: _ExpertTerm | No
                 h.remove()
 
 
+def _same_model(circ, model: nn.Module) -> None:
+    """The model must be the one the circuit was computed on, its weights unchanged (``ModelIdentity``): the
+    circuit's writes, gradients and edges are that model's, and on another they would be silently wrong."""
+    if circ._model is None:
+        raise InputError("this circuit does not record the model it was computed on (built by hand?): compute it "
+                         "with dpa.circuit to verify it")
+    circ._model.check(model)
+
+
 def path_patch(circ, model: nn.Module, tokenizer, edge) -> dict[str, Any]:
     if not isinstance(edge, (tuple, list)) or len(edge) != 2:
         raise InputError(f"edge must be (source, destination), got {edge!r}")
@@ -130,6 +139,7 @@ def path_patch(circ, model: nn.Module, tokenizer, edge) -> dict[str, Any]:
     if circ._writes is None:
         raise InputError("this circuit was loaded without its tensors (from JSON): compute it again to verify edges")
     req = requests.build(model, tokenizer, circ.token_ids, None, batch=False)
+    _same_model(circ, model)
     spec = req.spec
     if spec.d_model != circ._writes.shape[-1] or req.n_tokens != len(circ.token_ids):
         raise InputError("this circuit was computed on another model (its sizes differ)")
@@ -220,7 +230,10 @@ def patch_read(circ, model: nn.Module, tokenizer, node, position: int, corrupt) 
         raise InputError(f"patch_read takes a head, a neuron or an expert, not {v.kind} ({v.label})")
     if isinstance(position, bool) or not isinstance(position, int) or not 0 <= position < len(circ.tokens):
         raise InputError(f"position must be an int in [0, {len(circ.tokens)}), got {position!r}")
+    if circ._writes is None:
+        raise InputError("this circuit was loaded without its tensors (from JSON): compute it again to patch reads")
     clean_req = requests.build(model, tokenizer, circ.token_ids, None, batch=False)
+    _same_model(circ, model)
     bad_req = requests.build(model, tokenizer, corrupt, None, batch=False)
     if bad_req.n_tokens != clean_req.n_tokens:
         raise InputError(f"the corrupt prompt has {bad_req.n_tokens} tokens, the circuit's {clean_req.n_tokens}: "
