@@ -349,7 +349,7 @@ def rope_settings(config) -> list[dict]:
 def rope_depends_on_length(config) -> bool:
     """Whether the model's rotary frequencies depend on the sequence length (``LENGTH_DEPENDENT_ROPE``):
     transformers then takes them from the longest prompt of a padded batch, so dpa computes each prompt's
-    rotary as for that prompt alone (``rules.rope.each_prompt_alone``)."""
+    rotary as for that prompt alone (``rotary.each_prompt_alone``)."""
     return any(r.get("rope_type", "default") in LENGTH_DEPENDENT_ROPE for r in rope_settings(config))
 
 

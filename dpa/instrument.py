@@ -43,7 +43,7 @@ from .errors import ModelStateError
 from .families import check_experts, get, layer_modules, rope_depends_on_length
 from .linearise import Scores, Tap, freeze_norm, keep_input, linearise_layer, wrap
 from .request import Request, check_loaded
-from .rules.rope import each_prompt_alone
+from .rotary import each_prompt_alone
 from .weights import PathWeights
 
 # --- what a session records ---

@@ -211,7 +211,9 @@ def test_a_batch_gives_each_prompt_its_single_result(family, kind):
     assert not torch.allclose(own[torch.arange(len(prompts)), req.positions], alone, rtol=1e-6, atol=1e-6)
 
     batch = dpa.attribute(model, None, prompts, target=TARGET, edges=True)
-    for p, b in zip(prompts, batch):
+    lean = dpa.attribute(model, None, prompts, target=TARGET, edges=True, memory="lean")  # layers run again
+    for p, b, c in zip(prompts, batch, lean):
+        same(c, b)
         same(b, dpa.attribute(build(family, kind), None, p, target=TARGET, edges=True))  # on a fresh model
         same(b, dpa.attribute(model, None, p, target=TARGET, edges=True))  # after the batch and the others
         assert b.target_logit == pytest.approx(float(build(family, kind)(p[None]).logits[0, -1, TARGET]), abs=1e-10)
