@@ -42,8 +42,9 @@ def attribute(model: nn.Module, tokenizer, prompt: Prompt | list[Prompt], target
 
     prompt: a string, a list/LongTensor of token ids, or a list of those (a batch; one
     ``Attribution`` per prompt). target: a token string or id (default: the model's own
-    prediction), or a float tensor [d_model] (a direction on the final normalised
-    residual). contrast: a foil token (target minus foil logit). kind="logprob"
+    prediction), or a float tensor of shape exactly [d_model] (a direction on the final normalised
+    residual, on any device: moved to the model's; a batch takes a list of them, one per prompt).
+    contrast: a foil token (target minus foil logit). kind="logprob"
     attributes log p(target) with p held fixed. position: the target position (default:
     the last token; negative counts from the end). memory: "full" keeps the whole graph of the
     forward pass, "lean" recomputes one decoder layer at a time in the backward, "auto" (default)

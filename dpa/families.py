@@ -376,6 +376,43 @@ def activation_kind(config, family: Family) -> str:
     return kinds[value]
 
 
+def _computes(module: nn.Module, kind: str) -> bool:
+    """Whether an activation module computes the activation ``kind`` (s * ratio(s), linearise.ACTIVATION_RATIO):
+    its own forward on a probe over [-8, 8] in float64, against the formula."""
+    from .linearise import ACTIVATION_RATIO
+
+    s = torch.linspace(-8, 8, 161, dtype=torch.float64)
+    try:
+        with torch.no_grad():
+            out = module.forward(s)
+    except Exception:  # noqa: BLE001 -- a module that cannot run on the probe computes no kind dpa knows
+        return False
+    want = s * ACTIVATION_RATIO[kind](s)
+    return isinstance(out, torch.Tensor) and out.shape == s.shape and torch.allclose(
+        out.to(torch.float64), want, rtol=1e-6, atol=1e-9)
+
+
+def check_activations(model: nn.Module, family: Family, kind: str) -> None:
+    """Every activation module dpa linearises must compute the kind the config names (``activation_kind``):
+    the gate rule's frozen factor is that kind's, while the value is the module's own. A module computing
+    another function (``mlp.act_fn = nn.GELU()`` in a SiLU model) is refused by name, never linearised wrongly."""
+    from .linearise import ACTIVATION_RATIO
+
+    paths = [p for p in (family.activation, family.moe and family.moe.shared and family.moe.shared + ".act_fn") if p]
+    key, _ = family.activation_config
+    for i, layer in enumerate(get(model, family.layers)):
+        for path in paths:
+            module = get(layer, path)
+            if not _computes(module, kind):
+                other = [k for k in ACTIVATION_RATIO if k != kind and _computes(module, k)]
+                found = f"it computes {other[0]}" if other else "it computes none of " + ", ".join(ACTIVATION_RATIO)
+                raise UnsupportedModelError(
+                    f"unsupported module: layers[{i}].{path} is a {type(module).__name__} that does not compute "
+                    f"{kind}, the activation the config names ({key}={getattr(model.config, key, None)!r}); {found}. "
+                    "dpa linearises the activation the config names, so it refuses rather than attribute with "
+                    "another activation's gate rule")
+
+
 def _is_bookkeeping(key: str, value) -> bool:
     """A config key that says where the model came from rather than what its forward pass computes, known by
     what it is: transformers' private keys (``_name_or_path``, ``_model_name_or_path`` of a GGUF, ...), token
@@ -416,13 +453,34 @@ def _sliding_windows(config, family: Family) -> tuple[int | None, ...]:
     return tuple(window if t == "sliding_attention" else None for t in types)
 
 
+def _projection_classes() -> tuple[type, ...]:
+    from transformers.pytorch_utils import Conv1D
+
+    return (nn.Linear, Conv1D)
+
+
 def is_projection(module: nn.Module) -> bool:
-    """nn.Linear, or GPT-2's Conv1D (the same map with its weight stored [in, out])."""
-    return isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"
+    """nn.Linear, or GPT-2's Conv1D (the same map with its weight stored [in, out]), or a subclass of either
+    that keeps its forward (a parametrization, a marker class): a module that computes exactly what its
+    ``weight`` and ``bias`` say, which dpa may read instead of running it. A subclass with a forward of its
+    own (a LoRA written as a Linear) computes something else: not a projection (``why_not_projection``)."""
+    return any(isinstance(module, base) and type(module).forward is base.forward for base in _projection_classes())
+
+
+def why_not_projection(module: nn.Module) -> str:
+    """What a module that is not a projection is, for the refusal that names it."""
+    name = type(module).__name__
+    if isinstance(module, _projection_classes()):
+        return (f"a {name}, a subclass of {type(module).__mro__[1].__name__} with a forward of its own (an "
+                "adapter such as LoRA?), so its weight is not what it computes")
+    return f"a {name}, not a Linear (an adapter wrapping one, such as LoRA?)"
 
 
 def weight_rows(module: nn.Module) -> torch.Tensor:
-    """A projection's weight as [out, in] (nn.Linear's layout) whatever its class."""
+    """A projection's weight as [out, in] (nn.Linear's layout) whatever its class: what ``is_projection``
+    vouches the module computes."""
+    if not is_projection(module):
+        raise UnsupportedModelError(f"unsupported module: {why_not_projection(module)}; dpa reads its weight")
     return module.weight if isinstance(module, nn.Linear) else module.weight.T
 
 
@@ -470,8 +528,11 @@ def _check_modules(model: nn.Module, family: Family) -> None:
     except AttributeError as err:
         raise UnsupportedModelError(f"{type(model).__name__} does not have the modules of a {family.model_type} "
                                     f"*ForCausalLM model ({err})") from None
+    if not is_projection(unembed):
+        raise UnsupportedModelError(f"unsupported module: {family.unembed} is {why_not_projection(unembed)}; dpa "
+                                    "reads the unembedding's weight for the target direction")
     if getattr(unembed, "bias", None) is not None:
-        raise UnsupportedModelError("unsupported module: lm_head has a bias")
+        raise UnsupportedModelError(f"unsupported module: {family.unembed} has a bias")
     for name, p in model.named_parameters():
         if not p.is_floating_point():
             raise UnsupportedModelError(f"unsupported module: {name} is quantized ({p.dtype}); load the model in a "
@@ -481,17 +542,19 @@ def _check_modules(model: nn.Module, family: Family) -> None:
         for branch, path in family.branches.items():
             proj = get(layer, path)
             if not is_projection(proj):
-                raise UnsupportedModelError(f"unsupported module: layers[{i}].{path} is not a plain Linear (MoE?)")
+                raise UnsupportedModelError(f"unsupported module: layers[{i}].{path} is {why_not_projection(proj)}")
             if proj.bias is not None and not family.biases and branch not in family.biased_branches:
                 what = "attention_bias=True" if branch in ("query", "key", "value") else "an MLP bias"
                 raise UnsupportedModelError(f"unsupported config setting {what} (layers[{i}].{path} has a bias)")
         if family.moe is not None:
             check_experts(layer, family, i)
-        for path in (family.heads, family.neurons):
+        shared = (family.moe.shared + ".down_proj",) if family.moe is not None and family.moe.shared else ()
+        for path in (family.heads, family.neurons, *shared):
             if path is None:  # a mixture of experts: check_experts
                 continue
             if not is_projection(get(layer, path)):
-                raise UnsupportedModelError(f"unsupported module: layers[{i}].{path} is not a plain Linear")
+                raise UnsupportedModelError(f"unsupported module: layers[{i}].{path} is "
+                                            f"{why_not_projection(get(layer, path))}; dpa reads its weight")
             if getattr(get(layer, path), "bias", None) is not None and not family.biases:
                 raise UnsupportedModelError(f"unsupported module: layers[{i}].{path} has a bias (attention_bias?)")
         for path in family.norms:
@@ -507,11 +570,13 @@ _SPECS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def spec_for(model: nn.Module) -> ModelSpec:
     """Check ``model`` and return its ``ModelSpec``; raises ``UnsupportedModelError``.
 
-    The checks run again whenever the config changes (its settings are compared on every call)."""
+    The checks run again whenever the model is not the one last checked: its config's settings and its modules
+    (``module_state``) are compared on every call, so a model edited since (a layer, a projection or a norm
+    replaced, an adapter injected) is checked, and its modules looked up (``layer_modules``), as a fresh one."""
     config = getattr(model, "config", None)
     if config is None:
         raise UnsupportedModelError(f"{type(model).__name__} is not a transformers model (no .config)")
-    fingerprint = repr(sorted(config.__dict__.items(), key=lambda kv: kv[0]))
+    fingerprint = (repr(sorted(config.__dict__.items(), key=lambda kv: kv[0])), module_state(model))
     cached = _SPECS.get(model)
     if cached is not None and cached[0] == fingerprint:
         return cached[1]
@@ -520,9 +585,39 @@ def spec_for(model: nn.Module) -> ModelSpec:
     return spec
 
 
+def module_state(model: nn.Module) -> list:
+    """What the checks and the modules dpa looks up depend on, besides the config, walked from ``model``: each
+    module's class, its parameters (name, identity, dtype, shape) and its children (name and the object itself,
+    kept alive by the list, so that no other module can take its place unseen; a parameter's identity matters
+    only where dpa keeps the object, which then stays alive too: GPT-OSS's sinks). Equal lists: the same modules
+    at the same places, the same parameters. About 1 ms per call on a 135M-parameter model."""
+    state: list = []
+    add = state.append
+    seen, stack = {id(model)}, [model]
+    while stack:
+        m = stack.pop()
+        add(type(m))
+        params, children = m._parameters, m._modules
+        add(len(params))
+        for name, p in params.items():
+            add(name)
+            if p is None:
+                add(None)
+            else:
+                add(id(p)), add(p.dtype), add(p.shape)
+        add(len(children))
+        for name, child in children.items():
+            add(name), add(child)
+            if child is not None and id(child) not in seen:
+                seen.add(id(child))
+                stack.append(child)
+    return state
+
+
 def _spec_for(model: nn.Module, config) -> ModelSpec:
     family = check_config(config)
     _check_modules(model, family)
+    check_activations(model, family, activation_kind(config, family))
     first = get(model, family.layers)[0]
     n_heads = config.num_attention_heads
     d_head = in_features(get(first, family.heads)) // n_heads  # the output projection reads every head

@@ -410,12 +410,16 @@ def _targets(tokenizer, spec, n: int, target, contrast, kind: str, multi_token: 
         if isinstance(tg, Tensor) and (tg.is_floating_point() or tg.is_complex()):
             if kind != "logit" or foil is not None:
                 raise TargetError("a vector target cannot be combined with a contrast or the logprob kind")
-            if tg.is_complex() or tg.numel() != spec.d_model:
-                raise TargetError(f"a vector target must be a real [d_model={spec.d_model}] tensor, got "
-                                  f"{tg.dtype} of shape {tuple(tg.shape)}")
+            if tg.is_complex() or tuple(tg.shape) != (spec.d_model,):  # [1, d_model] too: no silent flattening
+                raise TargetError(f"a vector target must be a real 1-D [d_model={spec.d_model}] tensor (one "
+                                  f"direction; a batch takes a list of them, one per prompt), got {tg.dtype} of "
+                                  f"shape {tuple(tg.shape)}")
+            if tg.device.type == "meta":  # any other device: moved to the model's (targets.target_direction)
+                raise TargetError("the vector target is on the meta device (a tensor without values); pass it "
+                                  "with its values, on any device")
             if not torch.isfinite(tg).all():
                 raise TargetError("the vector target holds NaN or infinite values")
-            out.append(TargetSpec("vector", vector=tg.detach().flatten()))
+            out.append(TargetSpec("vector", vector=tg.detach()))
             continue
         resolve = lambda t, what: token_id(  # noqa: E731
             tokenizer, _scalar_id(t, what), spec.vocab_size, multi_token=multi_token, what=what)

@@ -1,0 +1,369 @@
+"""The model as it really is: edited after a first call, adapted, hooked, parametrized, given odd targets.
+
+dpa checks a model once and reuses what it looked up; these tests edit the model *after* a first call (a
+decoder layer, a projection or a norm replaced, an adapter injected, an activation swapped) and require exactly
+the result that a freshly built model with the same edit gets, or the same refusal, by name. A projection dpa
+reads by its weight (the unembedding, o_proj, down_proj, and the branches) must compute what that weight says:
+an ``nn.Linear`` subclass whose forward adds a low-rank term is refused, one that keeps Linear's forward (a
+parametrization, a marker subclass) is read as it computes. Every call leaves the model as it was.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.nn.utils import parametrize
+
+import dpa
+from dpa.errors import ModelStateError, TargetError, UnsupportedModelError
+
+from .conftest import random_ids, tiny_model
+
+IDS = random_ids(7)
+TARGET = 5
+
+
+def attribute(model, **kw):
+    return dpa.attribute(model, None, IDS, TARGET, **kw)
+
+
+def assert_same(a, b):
+    """Bit for bit: the same modules, weights and arithmetic give the same numbers."""
+    assert a.target_logit == b.target_logit
+    for name in ("token_scores", "head_scores", "neuron_scores", "edge_scores"):
+        x, y = getattr(a, name), getattr(b, name)
+        assert (x is None) == (y is None), name
+        if x is not None:
+            assert torch.equal(x, y), name
+
+
+def state(model):
+    """What a call must leave as it was: every module at its place, forwards, hooks, flags and weights."""
+    return ([(n, id(m), type(m), "forward" in m.__dict__, m.training, len(m._forward_hooks),
+              len(m._forward_pre_hooks), len(m._backward_hooks)) for n, m in model.named_modules()],
+            [(n, id(p), p.requires_grad, p.dtype, p.shape, p.detach().clone()) for n, p in model.named_parameters()])
+
+
+def assert_state(model, before):
+    after = state(model)
+    assert after[0] == before[0]
+    assert len(after[1]) == len(before[1])
+    for x, y in zip(after[1], before[1]):
+        assert x[:5] == y[:5] and torch.equal(x[5], y[5]), x[0]
+
+
+def own_logit(model, target=TARGET):
+    """The model's own logit of ``target`` at the last position (its own forward, unembedding included)."""
+    with torch.no_grad():
+        return float(model(IDS[None]).logits[0, -1, target])
+
+
+# --- edits, each seeded so that a fresh model gets the very same one ---
+
+def _seeded(module, seed=7):
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            p.copy_((1 + 0.3 * torch.randn_like(p)) if "norm" in name or name == "weight" and p.dim() == 1
+                    else torch.randn_like(p) * p.shape[-1] ** -0.5)
+    return module.double().eval()
+
+
+def new_layer(model):
+    layer = model.model.layers[1]
+    model.model.layers[1] = _seeded(type(layer)(model.config, 1))
+
+
+def new_projection(model):
+    model.model.layers[0].mlp.up_proj = _seeded(nn.Linear(32, 48, bias=False))
+
+
+def new_output_projection(model):
+    model.model.layers[2].self_attn.o_proj = _seeded(nn.Linear(32, 32, bias=False))
+
+
+def new_norm(model):
+    norm = model.model.layers[0].input_layernorm
+    model.model.layers[0].input_layernorm = _seeded(type(norm)(32, eps=0.05))
+
+
+def swapped_projections(model):
+    attn = model.model.layers[1].self_attn
+    attn.q_proj, attn.o_proj = attn.o_proj, attn.q_proj  # both [32 32] with 4 heads of 8
+
+
+def new_gpt2_block(model):
+    block = model.transformer.h[0]
+    model.transformer.h[0] = _seeded(type(block)(model.config, layer_idx=0))
+
+
+EDITS = {"layer": ("llama", new_layer), "projection": ("llama", new_projection),
+         "output-projection": ("llama", new_output_projection), "norm": ("llama", new_norm),
+         "swapped": ("llama", swapped_projections), "gpt2-block": ("gpt2", new_gpt2_block),
+         "qwen2-moe-layer": ("qwen2_moe", new_layer)}
+
+
+@pytest.mark.parametrize("edit", EDITS)
+def test_edited_after_a_call_is_a_fresh_model(edit):
+    """A first call, then the edit: the result is the fresh edited model's, bit for bit, edges included."""
+    family, change = EDITS[edit]
+    fresh = tiny_model(family, 4)
+    change(fresh)
+    want = attribute(fresh, edges=family != "qwen2_moe")
+    model = tiny_model(family, 4)
+    attribute(model, edges=family != "qwen2_moe")  # dpa has checked and looked up the unedited model
+    change(model)
+    got = attribute(model, edges=family != "qwen2_moe")
+    assert_same(got, want)
+    assert got.target_logit == pytest.approx(own_logit(model), abs=1e-12)
+
+
+def test_edited_layer_scores_are_not_stale():
+    """The symptom itself: the replaced layer's heads and neurons score (the taps sit on its modules)."""
+    model = tiny_model("llama", 4)
+    attribute(model)
+    new_layer(model)
+    res = attribute(model)
+    assert res.head_scores[1].abs().sum() > 0 and res.neuron_scores[1].abs().sum() > 0
+    assert res.token_scores.sum() + res.bias_share == pytest.approx(res.target_logit) or not res.weights.conservative
+
+
+def test_edited_circuit_is_a_fresh_model():
+    fresh = tiny_model("llama", 4)
+    new_projection(fresh)
+    want = dpa.circuit(fresh, None, IDS, TARGET, nodes=8)
+    model = tiny_model("llama", 4)
+    dpa.circuit(model, None, IDS, TARGET, nodes=8)
+    new_projection(model)
+    got = dpa.circuit(model, None, IDS, TARGET, nodes=8)
+    assert [n.label for n in got.nodes] == [n.label for n in want.nodes]
+    assert torch.equal(got.edges, want.edges)
+
+
+# --- adapters: a wrapper module, and a Linear subclass whose forward adds a low-rank term ---
+
+class LoraWrapper(nn.Module):
+    """An adapter as peft writes it: the base Linear inside, a low-rank term beside it."""
+
+    def __init__(self, base: nn.Linear, rank: int = 2):
+        super().__init__()
+        self.base_layer = base
+        self.lora_A = nn.Linear(base.in_features, rank, bias=False, dtype=base.weight.dtype)
+        self.lora_B = nn.Linear(rank, base.out_features, bias=False, dtype=base.weight.dtype)
+        nn.init.normal_(self.lora_B.weight)
+
+    def forward(self, x):
+        return self.base_layer(x) + self.lora_B(self.lora_A(x))
+
+
+class LoraLinear(nn.Linear):
+    """A LoRA written as an nn.Linear subclass: its weight alone is not what it computes."""
+
+    def __init__(self, base: nn.Linear, rank: int = 2):
+        super().__init__(base.in_features, base.out_features, bias=base.bias is not None, dtype=base.weight.dtype)
+        with torch.no_grad():
+            self.weight.copy_(base.weight)
+        torch.manual_seed(3)
+        self.A = nn.Parameter(torch.randn(rank, base.in_features, dtype=base.weight.dtype))
+        self.B = nn.Parameter(torch.randn(base.out_features, rank, dtype=base.weight.dtype))
+
+    def forward(self, x):
+        return super().forward(x) + x @ self.A.T @ self.B.T
+
+
+class MarkedLinear(nn.Linear):
+    """A subclass that changes nothing it computes (Linear's own forward)."""
+
+
+def put(model, path: str, module: nn.Module) -> None:
+    """Replace the submodule at a dotted path."""
+    parent, _, name = path.rpartition(".")
+    setattr(dpa.families.get(model, parent) if parent else model, name, module)
+
+
+def _adapt(path: str, kind):
+    def edit(model):
+        put(model, path, kind(dpa.families.get(model, path)))
+    return edit
+
+
+ADAPTED = {  # (path, adapter, the module path the refusal names)
+    "wrapper-up": ("model.layers.0.mlp.up_proj", LoraWrapper, "layers[0].mlp.up_proj"),
+    "subclass-up": ("model.layers.0.mlp.up_proj", LoraLinear, "layers[0].mlp.up_proj"),
+    "subclass-query": ("model.layers.1.self_attn.q_proj", LoraLinear, "layers[1].self_attn.q_proj"),
+    "subclass-o": ("model.layers.1.self_attn.o_proj", LoraLinear, "layers[1].self_attn.o_proj"),
+    "subclass-down": ("model.layers.2.mlp.down_proj", LoraLinear, "layers[2].mlp.down_proj"),
+    "subclass-unembed": ("lm_head", LoraLinear, "lm_head"),
+    "wrapper-unembed": ("lm_head", LoraWrapper, "lm_head"),
+}
+
+
+@pytest.mark.parametrize("case", ADAPTED)
+@pytest.mark.parametrize("edges", [False, True], ids=["scores", "edges"])
+def test_adapter_refused_by_name(case, edges):
+    """Injected after a first call or built in, the same refusal naming the module and what it is."""
+    path, kind, named = ADAPTED[case]
+    fresh = tiny_model("llama", 4)
+    _adapt(path, kind)(fresh)
+    with pytest.raises(UnsupportedModelError, match=named.replace("[", r"\[").replace("]", r"\]")) as first:
+        attribute(fresh, edges=edges)
+    assert kind.__name__ in str(first.value)
+    model = tiny_model("llama", 4)
+    attribute(model, edges=edges)
+    _adapt(path, kind)(model)
+    before = state(model)
+    with pytest.raises(UnsupportedModelError) as again:
+        attribute(model, edges=edges)
+    assert str(again.value) == str(first.value)
+    assert_state(model, before)
+
+
+def test_adapter_on_unembedding_refused_in_circuits_and_verify():
+    """The circuit's target direction and its edges' writes are read from weights: refused, not agreed with."""
+    model = tiny_model("llama", 4)
+    circ = dpa.circuit(model, None, IDS, TARGET, nodes=6)
+    _adapt("lm_head", LoraLinear)(model)
+    with pytest.raises(UnsupportedModelError, match="lm_head"):
+        dpa.circuit(model, None, IDS, TARGET, nodes=6)
+    with pytest.raises(UnsupportedModelError, match="lm_head"):
+        circ.verify(model, None, (circ.units[0], "target"))
+    _adapt("model.layers.0.self_attn.o_proj", LoraLinear)(tiny := tiny_model("llama", 4))
+    with pytest.raises(UnsupportedModelError, match=r"layers\[0\].self_attn.o_proj"):
+        dpa.circuit(tiny, None, IDS, TARGET, nodes=6)
+
+
+@pytest.mark.parametrize("path", ["lm_head", "model.layers.0.mlp.up_proj", "model.layers.1.self_attn.o_proj",
+                                  "model.layers.2.mlp.down_proj"])
+def test_subclass_keeping_linear_forward_is_read_as_linear(path):
+    plain = tiny_model("llama", 4)
+    want = attribute(plain, edges=True)
+    model = tiny_model("llama", 4)
+    old = dpa.families.get(model, path)
+    marked = MarkedLinear(old.in_features, old.out_features, bias=False, dtype=old.weight.dtype)
+    with torch.no_grad():
+        marked.weight.copy_(old.weight)
+    put(model, path, marked)
+    assert_same(attribute(model, edges=True), want)
+
+
+class Doubled(nn.Module):
+    def forward(self, w):
+        return 2 * w
+
+
+@pytest.mark.parametrize("path", ["lm_head", "model.layers.0.mlp.up_proj", "model.layers.1.self_attn.o_proj",
+                                  "model.layers.2.mlp.down_proj", "model.layers.1.post_attention_layernorm",
+                                  "model.norm"])
+def test_parametrization_is_read_as_it_computes(path):
+    """A parametrized weight is what the module computes with: the same result as the weight materialised."""
+    materialised = tiny_model("llama", 4)
+    with torch.no_grad():
+        dpa.families.get(materialised, path).weight.mul_(2)
+    want = attribute(materialised, neuron_target="mid", edges=True)
+    model = tiny_model("llama", 4)
+    attribute(model)  # and after a first call
+    parametrize.register_parametrization(dpa.families.get(model, path), "weight", Doubled())
+    before = state(model)
+    got = attribute(model, neuron_target="mid", edges=True)
+    assert_state(model, before)
+    torch.testing.assert_close(got.token_scores, want.token_scores, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got.neuron_scores, want.neuron_scores, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got.edge_scores, want.edge_scores, rtol=1e-12, atol=1e-12)
+    assert got.target_logit == pytest.approx(own_logit(model), abs=1e-12)
+
+
+@pytest.mark.parametrize("path", ["lm_head", "model.layers.0.mlp.up_proj", "model.layers.2.mlp.down_proj"])
+@pytest.mark.parametrize("pre", [False, True], ids=["hook", "pre-hook"])
+def test_hooks_refused_by_name(path, pre):
+    """A hook may change what a module computes, and dpa reads these by weight: refused, the hook left in place."""
+    model = tiny_model("llama", 4)
+    attribute(model)
+    module = dpa.families.get(model, path)
+    handle = (module.register_forward_pre_hook(lambda m, a: (a[0] * 2,)) if pre
+              else module.register_forward_hook(lambda m, a, out: out * 2))
+    before = state(model)
+    with pytest.raises(ModelStateError, match=path.split(".")[-1]):
+        attribute(model)
+    assert_state(model, before)
+    handle.remove()
+    attribute(model)
+
+
+# --- an activation module that contradicts the config ---
+
+ACTIVATIONS = {  # family, path, module replacing it, whether it computes the config's activation, the name refused
+    "llama-gelu": ("llama", "model.layers.1.mlp.act_fn", lambda: nn.GELU(), False, "layers[1].mlp.act_fn"),
+    "llama-tanh": ("llama", "model.layers.0.mlp.act_fn", lambda: nn.Tanh(), False, "layers[0].mlp.act_fn"),
+    "llama-torch-silu": ("llama", "model.layers.1.mlp.act_fn", lambda: nn.SiLU(), True, None),
+    "gemma3-erf-gelu": ("gemma3_text", "model.layers.2.mlp.act_fn", lambda: nn.GELU(), False, "layers[2].mlp.act_fn"),
+    "gemma3-tanh-gelu": ("gemma3_text", "model.layers.2.mlp.act_fn", lambda: nn.GELU(approximate="tanh"), True, None),
+    "gpt2-silu": ("gpt2", "transformer.h.0.mlp.act", lambda: nn.SiLU(), False, "layers[0].mlp.act"),
+    "mixtral-gelu": ("mixtral", "model.layers.0.mlp.experts.act_fn", lambda: nn.GELU(), False,
+                     "layers[0].mlp.experts.act_fn"),
+    "qwen2-moe-shared-gelu": ("qwen2_moe", "model.layers.1.mlp.shared_expert.act_fn", lambda: nn.GELU(), False,
+                              "layers[1].mlp.shared_expert.act_fn"),
+}
+
+
+@pytest.mark.parametrize("case", ACTIVATIONS)
+def test_activation_module_against_config(case):
+    """Linearised by the config's kind, the module must compute that kind: another function is refused by name
+    (fresh or edited after a call); another module computing the same function gives the same scores."""
+    family, path, make, same, named = ACTIVATIONS[case]
+    plain = attribute(tiny_model(family, 4))
+    model = tiny_model(family, 4)
+    attribute(model)
+    put(model, path, make())
+    if same:
+        res = attribute(model)
+        torch.testing.assert_close(res.token_scores, plain.token_scores, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(res.neuron_scores, plain.neuron_scores, rtol=1e-12, atol=1e-12)
+        return
+    before = state(model)
+    with pytest.raises(UnsupportedModelError) as err:
+        attribute(model)
+    assert named in str(err.value) and type(make()).__name__ in str(err.value)
+    assert_state(model, before)
+    fresh = tiny_model(family, 4)
+    put(fresh, path, make())
+    with pytest.raises(UnsupportedModelError) as again:
+        attribute(fresh)
+    assert str(again.value) == str(err.value)
+
+
+# --- vector targets: [d_model] only, on the model's device ---
+
+@pytest.mark.parametrize("shape", [(1, 32), (16, 2), (32, 1), (2, 2, 8)], ids=str)
+def test_vector_target_of_another_shape_refused(shape):
+    model = tiny_model("llama", 4)
+    with pytest.raises(TargetError, match=r"\[d_model=32\].*" + r"\(" + ", ".join(map(str, shape))):
+        dpa.attribute(model, None, IDS, torch.ones(shape, dtype=torch.float64))
+
+
+def test_vector_target_on_meta_refused():
+    model = tiny_model("llama", 4)
+    with pytest.raises(TargetError, match="meta"):
+        dpa.attribute(model, None, IDS, torch.ones(32, dtype=torch.float64, device="meta"))
+
+
+def test_vector_target_forms():
+    """[d_model] in any float dtype, requiring grad or not, strided: the direction itself."""
+    model = tiny_model("llama", 4)
+    torch.manual_seed(0)
+    u = torch.randn(32, dtype=torch.float64)
+    want = dpa.attribute(model, None, IDS, u)
+    with torch.no_grad():
+        final = dpa.spec_for(model).base(model)(input_ids=IDS[None]).last_hidden_state[0, -1]
+    assert want.target_logit == pytest.approx(float(final @ u), abs=1e-12)
+    strided = torch.stack([u, u], 1)[:, 0]
+    assert not strided.is_contiguous()
+    assert_same(dpa.attribute(model, None, IDS, strided), want)
+    assert_same(dpa.attribute(model, None, IDS, u.clone().requires_grad_(True)), want)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a second device")
+def test_vector_target_on_another_device_moved():
+    model = tiny_model("llama", 4)
+    u = torch.randn(32, dtype=torch.float64)
+    assert_same(dpa.attribute(model, None, IDS, u.cuda()), dpa.attribute(model, None, IDS, u))
