@@ -222,7 +222,8 @@ def test_a_batch_gives_each_prompt_its_single_result(family, kind):
 @pytest.mark.parametrize("family,kind", [c for c in LENGTH_DEPENDENT if c[1] == "dynamic"])
 def test_what_ran_before_does_not_change_a_prompt(family, kind):
     """transformers' dynamic NTK keeps the longest length it has seen: after a longer prompt, its own forward
-    rotates a shorter one past max_position_embeddings with the longer one's base. dpa's scores do not follow."""
+    rotates a shorter one past max_position_embeddings with the longer one's base. dpa's scores do not follow,
+    nor do the evaluation's ablated copies."""
     model, fresh = build(family, kind), build(family, kind)
     ids, longer = random_ids(19, seed=3), random_ids(30, seed=4)
     want = dpa.attribute(fresh, None, ids, target=TARGET)
@@ -231,6 +232,12 @@ def test_what_ran_before_does_not_change_a_prompt(family, kind):
         stale = model(ids[None]).logits[0, -1]
     assert not torch.allclose(stale, fresh(ids[None]).logits[0, -1], rtol=1e-6, atol=1e-6)  # the test can fail
     same(dpa.attribute(model, None, ids, target=TARGET), want)
+    from dpa.evaluate.ablation import input_ablation_probs  # the evaluation's forwards: copies of one prompt
+
+    model(longer[None])
+    probs = input_ablation_probs(model, ids, torch.ones(3, len(ids)), len(ids) - 1, TARGET)
+    p = fresh(ids[None]).logits[0, -1].softmax(-1)[TARGET]
+    torch.testing.assert_close(probs, p.expand(3), rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("kind", ["longrope", "dynamic"])
