@@ -188,9 +188,15 @@ def _put_back(m: nn.Module, training: bool, forward, hooks: dict) -> None:
         m.__dict__.pop("forward", None)
     elif m.__dict__.get("forward", _MISSING) is not forward:
         m.__dict__["forward"] = forward
+    added = {k for k, fn in getattr(m, "_forward_hooks", {}).items()  # transformers' output-capturing hooks, put
+             if k not in hooks.get("_forward_hooks", {}) and _harmless(fn)}  # there by the model's own forward: kept
     for name in _HOOK_DICTS:
         d, want = getattr(m, name, None), hooks.get(name, {})
-        if d is not None and (len(d) != len(want) or any(d.get(k, _MISSING) is not v for k, v in want.items())):
+        if d is None:
+            continue
+        if added:
+            want = {**want, **{k: v for k, v in d.items() if k in added}}
+        if len(d) != len(want) or any(d.get(k, _MISSING) is not v for k, v in want.items()):
             d.clear()
             d.update(want)
     if m.training != training:
@@ -247,13 +253,17 @@ def check_global_hooks() -> None:
                                   f"attributes{_HINT}")
 
 
+def _harmless(fn) -> bool:
+    return (getattr(fn, "__module__", "").startswith(_HARMLESS_HOOK_MODULES)
+            or getattr(fn, "__qualname__", "") in _HARMLESS_HOOKS)
+
+
 def check_module_hooks(name: str, module: nn.Module) -> None:
     """Refuse a module carrying hooks from outside dpa, or a forward patched on the instance: a silently
     wrong attribution otherwise. transformers' output-capturing hooks and accelerate's device hooks pass."""
     for kind in ("forward", "forward_pre", "backward", "backward_pre"):
         for fn in getattr(module, f"_{kind}_hooks").values():
-            if not (getattr(fn, "__module__", "").startswith(_HARMLESS_HOOK_MODULES)
-                    or getattr(fn, "__qualname__", "") in _HARMLESS_HOOKS):
+            if not _harmless(fn):
                 raise ModelStateError(
                     f"the model has a {kind.replace('_', '-')} hook on {name or 'the model itself'} "
                     f"({getattr(fn, '__qualname__', type(fn).__name__)}): it could change what dpa attributes{_HINT}")

@@ -185,6 +185,18 @@ class TestInterruptInsideTheRestore:
         assert {k: v for k, v in after.items() if k != "requires_grad"} == {
             k: v for k, v in before.items() if k != "requires_grad"}
 
+    def test_hooks_the_models_own_forward_installs_stay(self):
+        """transformers installs its output-capturing hooks during a forward (config.output_hidden_states) and
+        marks the model as having them: the restore removes dpa's hooks only, or the model's later
+        ``output_hidden_states=True`` would return nothing."""
+        model = tiny_model("llama", 2)
+        model.config.output_hidden_states = True
+        ids = random_ids(6)
+        dpa.attribute(model, None, ids, target=3, edges=True)
+        assert any(layer._forward_hooks for layer in model.model.layers)
+        out = model(ids[None], output_hidden_states=True)
+        assert len(out.hidden_states) == len(model.model.layers) + 1
+
     @pytest.mark.parametrize("entry", ["circuit", "verify", "patch_read"])
     def test_circuits_restore_after_an_interrupt(self, entry):
         model = trainable()
