@@ -70,7 +70,7 @@ def main() -> None:
     p.add_argument("--nodes", type=int, nargs="+", default=[16, 64, 256])
     p.add_argument("--nodes-length", type=int, default=128, help="prompt length of the nodes sweep")
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--eap-repeats", type=int, default=1)
+    p.add_argument("--eap-repeats", type=int, default=3)
     args = p.parse_args()
     import dpa
 
@@ -79,8 +79,10 @@ def main() -> None:
     for n in args.lengths:
         ids = make_ids(tok, n)
         target = int(ids[-1])
-        circ = dpa.circuit(model, None, ids[:16], target=target, nodes=64)  # warm-up
-        dpa.attribute(model, None, ids[:16], target=target)
+        dpa.attribute(model, None, ids, target=target)  # warm-up of every method at the measured length
+        circ = dpa.circuit(model, None, ids, target=target, nodes=64)
+        if args.eap_repeats:
+            eap(model, circ, ids)
         times = {"dpa": [], "circuit": [], "eap": []}
         for r in range(args.repeats):
             times["dpa"].append(timed(lambda: dpa.attribute(model, None, ids, target=target)))
@@ -102,7 +104,9 @@ def main() -> None:
               f"= {row['eap_over_dpa']:.1f}x DPA = {row['eap_over_circuit']:.1f}x circuit", flush=True)
     ids = make_ids(tok, args.nodes_length)
     target = int(ids[-1])
+    dpa.attribute(model, None, ids, target=target)  # warm-up at the measured length
     for k in args.nodes:
+        dpa.circuit(model, None, ids, target=target, nodes=k)
         times = {"dpa": [], "circuit": []}
         for _ in range(args.repeats):
             times["dpa"].append(timed(lambda: dpa.attribute(model, None, ids, target=target)))

@@ -11,9 +11,13 @@ components: seconds to score a growing set of components — one layer's heads, 
   + autograd backward pass timed in the same run. Patching of the largest sets is extrapolated
   from its measured seconds per unit unless --full is given (the table says which).
 length: seconds and peak memory of DPA (token, head and neuron scores) in full and lean memory
-  mode from 128 to 4096 tokens, with a forward + backward pass for scale; each figure comes from a
-  fresh process: the resident set above the loaded model, and the whole process's peak resident
-  set. Where both modes ran, the largest difference of their scores relative to the largest score.
+  mode from 128 to 4096 tokens, against a forward + backward pass. Time and memory are measured
+  apart. Time: in this process, at each length every mode is run once to warm up at that length,
+  then --repeats rounds run the modes interleaved (a busy machine slows all of them alike); each
+  mode's median, and the median of the per-round ratios to the forward + backward pass. Nothing
+  else runs inside a timed call. Memory: each mode in a fresh process (the resident set above the
+  loaded model, sampled by a thread, and the whole process's peak), untimed. Where both modes ran,
+  the largest difference of their scores relative to the largest score.
 """
 
 from __future__ import annotations
@@ -135,16 +139,41 @@ def length_child(args) -> None:
     else:
         fn = lambda: dpa.attribute(model, None, ids, target=target, memory=args.child)  # noqa: E731
     forward_backward(model, ids[:16], target)  # warm-up of kernels and allocator on a short input
-    with peak_memory(device) as peak:
-        sync(device)
-        t0 = time.perf_counter()
+    with peak_memory(device) as peak:  # memory only: a sampling thread runs meanwhile, so this call is not timed
         res = fn()
-        sync(device)
-        seconds = time.perf_counter() - t0
     if args.scores and res is not None:
         torch.save({k: getattr(res, k) for k in ("token_scores", "head_scores", "neuron_scores")}, args.scores)
     process_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # bytes (Linux reports KiB)
-    print(json.dumps({"seconds": seconds, "peak_mib": peak.mib, "process_peak_mib": process_peak / 2**20}))
+    print(json.dumps({"peak_mib": peak.mib, "process_peak_mib": process_peak / 2**20}))
+
+
+def length_times(model, tok, n: int, modes: list[str], repeats: int) -> dict:
+    """Seconds of each mode at ``n`` tokens: one warm-up call each at that length, then ``repeats`` interleaved
+    rounds; medians, and the median of each round's ratio to the forward + backward pass."""
+    import dpa
+
+    device = model.model.embed_tokens.weight.device
+    ids = make_ids(tok, n).to(device)
+    target = int(ids[-1])
+    calls = {m: (lambda: forward_backward(model, ids, target)) if m == "forward_backward"
+             else (lambda m=m: dpa.attribute(model, None, ids, target=target, memory=m)) for m in modes}
+    for fn in calls.values():
+        fn()
+    times = {m: [] for m in modes}
+    for _ in range(repeats):
+        for m, fn in calls.items():
+            sync(device)
+            t0 = time.perf_counter()
+            fn()
+            sync(device)
+            times[m].append(time.perf_counter() - t0)
+    out = {f"{m}_s": statistics.median(v) for m, v in times.items()}
+    out["repeats"] = repeats
+    if "forward_backward" in times:
+        for m in modes:
+            if m != "forward_backward":
+                out[f"{m}_over_fb"] = statistics.median(a / b for a, b in zip(times[m], times["forward_backward"]))
+    return out
 
 
 def length(args, model, tok) -> dict:
@@ -162,14 +191,16 @@ def length(args, model, tok) -> dict:
                 print(f"{n} tokens {mode}: failed: {row[f'{mode}_error']}", flush=True)
                 continue
             res = json.loads(out.stdout.strip().splitlines()[-1])
-            row[f"{mode}_s"], row[f"{mode}_peak_mib"] = res["seconds"], res["peak_mib"]
-            row[f"{mode}_process_peak_mib"] = res["process_peak_mib"]
+            row[f"{mode}_peak_mib"], row[f"{mode}_process_peak_mib"] = res["peak_mib"], res["process_peak_mib"]
+        ran = [m for m in args.modes if f"{m}_error" not in row]
+        row.update(length_times(model, tok, n, ran, args.repeats if n <= args.long else args.long_repeats))
         files = [os.path.join(tmp, f"{m}-{n}.pt") for m in ("full", "lean")]
         if all(os.path.exists(f) for f in files):  # lean against full: the largest relative difference
             full, lean = (torch.load(f) for f in files)
             row["lean_vs_full_rel"] = max(float((lean[k] - full[k]).abs().max() / full[k].abs().max()) for k in full)
         rows.append(row)
-        fmt = lambda m: (f"{m} {row[m + '_s']:7.2f} s {row[m + '_peak_mib'] / 1024:6.2f} GiB"  # noqa: E731
+        fmt = lambda m: (f"{m} {row[m + '_s']:7.2f} s" + (f" ({row[m + '_over_fb']:.2f}x)" if m + "_over_fb" in row  # noqa: E731
+                                                             else "") + f" {row[m + '_peak_mib'] / 1024:6.2f} GiB"
                          if m + "_s" in row else f"{m} failed")
         agree = f" | lean vs full {row['lean_vs_full_rel']:.1e}" if "lean_vs_full_rel" in row else ""
         print(f"{n:5d} tokens | " + " | ".join(fmt(m) for m in args.modes) + agree, flush=True)
@@ -184,6 +215,9 @@ def main() -> None:
     p.add_argument("--modes", nargs="+", default=["forward_backward", "full", "lean"],
                    choices=["forward_backward", "full", "lean"], help="what 'length' measures at each length")
     p.add_argument("--full", action="store_true", help="measure patching of every set (no extrapolation)")
+    p.add_argument("--repeats", type=int, default=5, help="'length': interleaved timing rounds per length")
+    p.add_argument("--long", type=int, default=1024, help="'length': lengths above this use --long-repeats")
+    p.add_argument("--long-repeats", type=int, default=3)
     p.add_argument("--scores", help=argparse.SUPPRESS)  # a child writes its scores here
     args = p.parse_args()
     if args.child:
