@@ -222,12 +222,18 @@ class ModelIdentity:
                 out.append((name, tuple(p.shape), p.dtype, p.device, p.data_ptr(), p._version, values))
             return out
 
+    def __getstate__(self) -> dict:  # a pickled circuit keeps its weights' record, not the object: unpickled (in
+        return {"params": self.params}  # another process, say) it is verified on no model
+
+    def __setstate__(self, state: dict) -> None:
+        self.params, self.ref = state["params"], lambda: None
+
     def check(self, model: nn.Module) -> None:
         """Refuse ``model`` unless it is the model the circuit was computed on, its weights unchanged since."""
         if self.ref() is not model:
             raise InputError("model: this circuit was computed on another model (an object with the same sizes, or a "
-                             "copy); verify it on the model dpa.circuit was given, or compute the circuit again on "
-                             "this one")
+                             "copy; an unpickled circuit keeps no model); verify it on the model dpa.circuit was "
+                             "given, or compute the circuit again on this one")
         now = self._read(model)
         if [p[0] for p in now] != [p[0] for p in self.params]:
             raise ModelStateError("model: its parameters changed since the circuit was computed (added, removed or "

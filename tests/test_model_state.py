@@ -319,6 +319,15 @@ class TestCircuitModel:
         with pytest.raises(InputError, match="computed on another model"):
             circ.verify(copy.deepcopy(model), None, (head, "target"))
 
+    def test_a_pickled_circuit_is_verified_on_no_model(self, computed):
+        import pickle
+
+        model, _, circ, head = computed
+        again = pickle.loads(pickle.dumps(circ))
+        assert torch.equal(again.edges, circ.edges)
+        with pytest.raises(InputError, match="computed on another model"):
+            again.verify(model, None, (head, "target"))
+
     @pytest.mark.parametrize("edit", ["in_place", "data", "replaced", "dtype"])
     def test_the_same_model_edited_since_is_refused(self, edit):
         model = tiny_model("llama", 2)
