@@ -413,6 +413,46 @@ def check_activations(model: nn.Module, family: Family, kind: str) -> None:
                     "another activation's gate rule")
 
 
+def check_norms(model: nn.Module, family: Family) -> None:
+    """Every norm dpa freezes must compute its kind's arithmetic (``linearise.NORM_KINDS``) with its own weight
+    (and bias) and epsilon: the frozen backward is built from them, the value is the module's own. A norm computing
+    something else (a subclass with another forward, an adapter) is refused by name. Checked on a probe [4, width]
+    in the norm's dtype and device against the arithmetic in float64, to the dtype's rounding."""
+    from .linearise import NORM_KINDS
+
+    arithmetic = NORM_KINDS[family.norm_kind]
+    layers = get(model, family.layers)
+    where = [(f"layers[{i}].{path}", get(layer, path)) for i, layer in enumerate(layers)
+             for path in (*family.norms, *(family.head_norms or ()))] + [(family.final_norm, get(model, family.final_norm))]
+    probes: dict = {}
+    for name, norm in where:
+        w = getattr(norm, "weight", None)
+        if not isinstance(w, torch.Tensor) or w.dim() != 1:
+            raise UnsupportedModelError(f"unsupported module: {name} is a {type(norm).__name__} without a 1-D weight "
+                                        f"(the {family.norm_kind} norm of the {family.model_type} description has one)")
+        key = (w.shape[0], w.dtype, w.device)
+        if key not in probes:
+            g = torch.Generator().manual_seed(0)
+            probes[key] = (3 * torch.randn(4, w.shape[0], generator=g, dtype=torch.float64)).to(w.device, w.dtype)
+        x = probes[key]
+        beta = getattr(norm, "bias", None)
+        with torch.no_grad():
+            try:
+                own = norm.forward(x)
+            except Exception as err:  # noqa: BLE001
+                raise UnsupportedModelError(f"unsupported module: {name} ({type(norm).__name__}) does not run as a "
+                                            f"norm over its weight's width ({err})") from None
+            extra = () if beta is None else (beta.detach().double(),)
+            want = arithmetic(x.double(), w.detach().double(), norm_eps(norm), *extra)[0]
+        miss = (own.double() - want).norm() / want.norm() if isinstance(own, torch.Tensor) and own.shape == x.shape \
+            else float("inf")
+        if not miss <= 1e-5 + 16 * torch.finfo(w.dtype).eps:
+            raise UnsupportedModelError(
+                f"unsupported module: {name} is a {type(norm).__name__} that does not compute the "
+                f"{family.norm_kind} norm of its weight (relative difference {float(miss):.2g} on a probe); dpa "
+                "freezes a norm from its weight and epsilon, so it refuses a norm that computes something else")
+
+
 def _is_bookkeeping(key: str, value) -> bool:
     """A config key that says where the model came from rather than what its forward pass computes, known by
     what it is: transformers' private keys (``_name_or_path``, ``_model_name_or_path`` of a GGUF, ...), token
@@ -618,6 +658,7 @@ def _spec_for(model: nn.Module, config) -> ModelSpec:
     family = check_config(config)
     _check_modules(model, family)
     check_activations(model, family, activation_kind(config, family))
+    check_norms(model, family)
     first = get(model, family.layers)[0]
     n_heads = config.num_attention_heads
     d_head = in_features(get(first, family.heads)) // n_heads  # the output projection reads every head

@@ -290,6 +290,55 @@ def test_hooks_refused_by_name(path, pre):
     attribute(model)
 
 
+# --- a norm whose forward is not its weight's arithmetic ---
+
+def _norm_class(model, path, forward):
+    norm = dpa.families.get(model, path)
+    return type("Edited" + type(norm).__name__, (type(norm),), {"forward": forward} if forward else {})
+
+
+NORMS = {  # family, path, forward of a subclass (None: the class's own), the name refused (None: accepted)
+    "llama-doubled": ("llama", "model.layers.1.post_attention_layernorm",
+                      lambda self, x: 2 * super(type(self), self).forward(x), "layers[1].post_attention_layernorm"),
+    "llama-final-shifted": ("llama", "model.norm", lambda self, x: super(type(self), self).forward(x) + 0.1,
+                            "model.norm"),
+    "qwen3-head-norm": ("qwen3", "model.layers.0.self_attn.k_norm", lambda self, x: x,
+                        "layers[0].self_attn.k_norm"),
+    "gpt2-layernorm": ("gpt2", "transformer.h.2.ln_1", lambda self, x: torch.nn.functional.layer_norm(
+        x, self.normalized_shape, self.weight, None, self.eps), "layers[2].ln_1"),
+    "llama-marked": ("llama", "model.layers.1.input_layernorm", None, None),
+}
+
+
+@pytest.mark.parametrize("case", NORMS)
+def test_norm_computing_something_else_refused(case):
+    """dpa freezes a norm from its weight and epsilon: a norm whose forward computes something else is refused by
+    name (edited after a call, or fresh); a subclass keeping the arithmetic gives the same scores."""
+    family, path, forward, named = NORMS[case]
+    plain = attribute(tiny_model(family, 4))
+
+    def edit(model):
+        norm = dpa.families.get(model, path)
+        norm.__class__ = _norm_class(model, path, forward)
+
+    model = tiny_model(family, 4)
+    attribute(model)
+    edit(model)
+    if named is None:
+        assert_same(attribute(model), plain)
+        return
+    before = state(model)
+    with pytest.raises(UnsupportedModelError) as err:
+        attribute(model)
+    assert named in str(err.value) and "Edited" in str(err.value)
+    assert_state(model, before)
+    fresh = tiny_model(family, 4)
+    edit(fresh)
+    with pytest.raises(UnsupportedModelError) as again:
+        attribute(fresh)
+    assert str(again.value) == str(err.value)
+
+
 # --- an activation module that contradicts the config ---
 
 ACTIVATIONS = {  # family, path, module replacing it, whether it computes the config's activation, the name refused
