@@ -657,6 +657,11 @@ def module_state(model: nn.Module) -> list:
 def _spec_for(model: nn.Module, config) -> ModelSpec:
     family = check_config(config)
     _check_modules(model, family)
+    n = len(get(model, family.layers))
+    if n != config.num_hidden_layers:  # Llama-like models run the config's first n, GPT-2 runs them all
+        raise UnsupportedModelError(f"unsupported module: {family.layers} holds {n} layers, while the config's "
+                                    f"num_hidden_layers is {config.num_hidden_layers}; dpa attributes the layers the "
+                                    "model runs, so the two must agree (set num_hidden_layers when removing layers)")
     check_activations(model, family, activation_kind(config, family))
     check_norms(model, family)
     first = get(model, family.layers)[0]

@@ -141,6 +141,42 @@ def test_edited_circuit_is_a_fresh_model():
     assert torch.equal(got.edges, want.edges)
 
 
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_layers_and_config_must_agree(family):
+    """Layers removed or added without the config: refused by name (not a KeyError, not scores left out); with
+    the config set too, the pruned model is attributed as a fresh one pruned alike."""
+    def prune(model, config=True):
+        base = dpa.spec_for(model).base(model)
+        name = dpa.spec_for(model).parts.layers.rsplit(".", 1)[1]
+        setattr(base, name, getattr(base, name)[:2])
+        if config:
+            model.config.num_hidden_layers = 2
+            if getattr(model.config, "layer_types", None):
+                model.config.layer_types = model.config.layer_types[:2]
+
+    def grow(model):
+        layers = dpa.spec_for(model).layers(model)
+        layers.append(_seeded(type(layers[0])(model.config, layer_idx=3)))
+
+    for edit, what in ((lambda m: prune(m, config=False), "holds 2 layers"), (grow, "holds 4 layers")):
+        model = tiny_model(family, 4)
+        attribute(model, edges=True)
+        edit(model)
+        before = state(model)
+        with pytest.raises(UnsupportedModelError, match=what + ".*num_hidden_layers is 3"):
+            attribute(model, edges=True)
+        assert_state(model, before)
+    fresh = tiny_model(family, 4)
+    prune(fresh)
+    model = tiny_model(family, 4)
+    attribute(model, edges=True)
+    prune(model)
+    got = attribute(model, edges=True)
+    assert_same(got, attribute(fresh, edges=True))
+    assert got.head_scores.shape[0] == 2
+    assert got.target_logit == pytest.approx(own_logit(model), abs=1e-12)
+
+
 # --- adapters: a wrapper module, and a Linear subclass whose forward adds a low-rank term ---
 
 class LoraWrapper(nn.Module):
