@@ -195,9 +195,10 @@ def weights_fingerprint(model, samples: int = 256) -> str:
             if n == 0 or p.device.type == "meta":
                 continue
             k = min(samples, n)
-            idx = torch.arange(k, dtype=torch.int64) * (n - 1) // max(k - 1, 1)
-            values = p.detach()[torch.unravel_index(idx.to(p.device), p.shape)] if p.dim() else p.detach().reshape(1)
-            values = values.cpu().contiguous()
+            idx = torch.arange(k, dtype=torch.int64, device=p.device) * (n - 1) // max(k - 1, 1)
+            t = p.detach()
+            values = (t.view(-1)[idx] if t.is_contiguous() else t[torch.unravel_index(idx, t.shape)] if t.dim()
+                      else t.reshape(1)).cpu()  # no copy of the whole tensor, only of its samples
             try:
                 h.update(values.view(torch.uint8).numpy().tobytes())
             except (RuntimeError, TypeError):  # a dtype numpy or view cannot take: its values as text
