@@ -319,7 +319,10 @@ class Session:
         if padded and rows != req.batch:
             raise ValueError("edited copies of a padded batch are not supported; use one prompt")
         position_ids = req.position_ids if rows == req.batch else req.position_ids.expand(rows, -1)
-        args = dict(attention_mask=req.mask.long() if padded else None, position_ids=position_ids, use_cache=False)
+        # No attention mask: dpa pads on the right, and under causal attention a real token never reads a later
+        # one, so the real rows are what they would be with the mask; the padded rows then read real tokens
+        # instead of nothing (a fully masked row is NaN in some eager kernels, e.g. Gemma 2's in float64).
+        args = dict(attention_mask=None, position_ids=position_ids, use_cache=False)
         if inputs_embeds is not None:
             args["inputs_embeds"] = inputs_embeds
         else:

@@ -112,6 +112,7 @@ def _float64_eager(original):
             scores = scores + attention_mask
         weights = scores.softmax(-1)
         return (weights @ repeat_kv(value, groups)).transpose(1, 2).contiguous(), weights
+    forward.original = original
     return forward
 
 

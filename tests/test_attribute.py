@@ -152,6 +152,23 @@ class TestBatching:
             assert b.target_logit == pytest.approx(single.target_logit, abs=1e-10)
             assert b.target.position == single.target.position == len(p) - 1
 
+    @pytest.mark.parametrize("family", ["gemma2", "gemma3_text", "mistral", "gpt_oss"])
+    def test_padding_longer_than_the_sliding_window(self, family, monkeypatch):
+        """A padded row past a local layer's window has no real key to read: dpa must not mask it out (Gemma 2's own
+        eager attention, float32 softmax of float64 scores, made such a row NaN and the batch failed)."""
+        from transformers.models.gemma2 import modeling_gemma2
+
+        eager = modeling_gemma2.eager_attention_forward
+        monkeypatch.setattr(modeling_gemma2, "eager_attention_forward", getattr(eager, "original", eager))
+        model = tiny_model(family, 2)
+        prompts = [random_ids(14, seed=1), random_ids(3, seed=2)]  # 11 padded positions, windows of 5
+        batch = dpa.attribute(model, None, prompts, target=TARGET)
+        for p, b in zip(prompts, batch):
+            single = dpa.attribute(model, None, p, target=TARGET)
+            # HF's Gemma 2 takes its softmax in float32: equal to float32 rounding
+            torch.testing.assert_close(b.token_scores, single.token_scores, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(b.head_scores, single.head_scores, rtol=1e-5, atol=1e-6)
+
     def test_per_sample_targets_and_positions(self):
         model = tiny_model("llama", 2)
         prompts = [random_ids(9, seed=1), random_ids(6, seed=2)]
