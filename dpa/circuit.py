@@ -213,14 +213,10 @@ class ModelIdentity:
 
     @classmethod
     def _read(cls, model: nn.Module) -> list[tuple]:
-        with torch.no_grad():
-            out = []
-            for name, p in model.named_parameters():
-                flat = p.detach().reshape(-1)
-                at = torch.linspace(0, max(flat.numel() - 1, 0), min(cls.SAMPLES, flat.numel()), device=p.device)
-                values = flat[at.long()].to(torch.float64).cpu().numpy().tobytes() if p.device.type != "meta" else b""
-                out.append((name, tuple(p.shape), p.dtype, p.device, p.data_ptr(), p._version, values))
-            return out
+        from .files import sampled_bits
+
+        return [(name, tuple(p.shape), p.dtype, p.device, p.data_ptr(), p._version, sampled_bits(p, cls.SAMPLES))
+                for name, p in model.named_parameters()]
 
     def __getstate__(self) -> dict:  # a pickled circuit keeps its weights' record, not the object: unpickled (in
         return {"params": self.params}  # another process, say) it is verified on no model

@@ -188,22 +188,31 @@ def weights_fingerprint(model, samples: int = 256) -> str:
     import torch
 
     h = hashlib.sha256()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            h.update(f"{name}\0{tuple(p.shape)}\0{p.dtype}\0".encode())
-            n = p.numel()
-            if n == 0 or p.device.type == "meta":
-                continue
-            k = min(samples, n)
-            idx = torch.arange(k, dtype=torch.int64, device=p.device) * (n - 1) // max(k - 1, 1)
-            t = p.detach()
-            values = (t.view(-1)[idx] if t.is_contiguous() else t[torch.unravel_index(idx, t.shape)] if t.dim()
-                      else t.reshape(1)).cpu()  # no copy of the whole tensor, only of its samples
-            try:
-                h.update(values.view(torch.uint8).numpy().tobytes())
-            except (RuntimeError, TypeError):  # a dtype numpy or view cannot take: its values as text
-                h.update(repr(values.tolist()).encode())
+    for name, p in model.named_parameters():
+        h.update(f"{name}\0{tuple(p.shape)}\0{p.dtype}\0".encode())
+        h.update(sampled_bits(p, samples))
     return h.hexdigest()
+
+
+def sampled_bits(p, samples: int) -> bytes:
+    """The exact bits of ``samples`` values of tensor ``p`` at evenly spaced positions (all of them for a small
+    tensor), read without copying the whole tensor; empty for an empty or ``meta`` tensor. What a model's
+    identity reads of each weight (``weights_fingerprint``, ``circuit.ModelIdentity``)."""
+    import torch
+
+    n = p.numel()
+    if n == 0 or p.device.type == "meta":
+        return b""
+    k = min(samples, n)
+    with torch.no_grad():
+        idx = torch.arange(k, dtype=torch.int64, device=p.device) * (n - 1) // max(k - 1, 1)
+        t = p.detach()
+        values = (t.view(-1)[idx] if t.is_contiguous() else t[torch.unravel_index(idx, t.shape)] if t.dim()
+                  else t.reshape(1)).cpu()
+    try:
+        return values.view(torch.uint8).numpy().tobytes()
+    except (RuntimeError, TypeError):  # a dtype numpy or view cannot take: its values as text
+        return repr(values.tolist()).encode()
 
 
 def model_identity(model, dtype) -> dict:
