@@ -22,14 +22,17 @@ recomputed once per model. A sweep's other points are DPA under other weights; i
 were measured with ``--threads 1``; so is this.
 
 Tolerances. The committed rows were written by earlier versions of the code with torch 2.13 on a CPU of another
-kind (this one is AVX2): today's code reproduces p(target) to 2e-5 relative and almost every AUC to 1e-3 or better
-(an AUC is in percent of p_clean times a fraction: 0 ... 100 per curve). The exception is component units, where a
-few of 10^5 ... 10^6 units have near-equal scores: rounding reorders them, and at the grid's last fraction (0.45)
-that moves p. Gemma's IFR on IOI sample 5 moved its paper-mode recovery AUC by 1.94 so; so components are allowed
-3 AUC points, inputs 0.5. A genuine regression moves far more: the committed sweeps show that changing a path weight
-by 0.25 moves a sample's AUC beyond 0.5 on 79% (Known 1000) to 99% (SQuAD, both models) of input samples and beyond
-3 on 90% of component samples, and each folder compares two or more DPA rows. Counts (tokens, units), the sample
-ids and the filter's decisions (valid, reason, predicted token) must be equal.
+kind (this one is AVX2): today's code reproduces p(target) to 2e-5 relative, every input AUC to 2.2e-4 and every
+component AUC to 8e-3 (an AUC is in percent of p_clean times a fraction: 0 ... 100 per curve), with one exception.
+Among 10^5 ... 10^6 component units some have near-equal scores: rounding reorders them, and at the grid's last
+fraction (0.45) that moves p. Gemma's IFR on IOI sample 5 moved its paper-mode recovery AUC by 1.94 so; that row
+alone (``NEAR_TIES``) is allowed 3 points. Otherwise input AUCs are allowed 0.01 (45 times what rounding did) and
+component AUCs 0.05 (6 times). A genuine regression moves more: the committed sweeps show that changing a path
+weight by 0.25 moves a sample's AUC beyond 0.5 on 79% (Known 1000) to 99% (SQuAD, both models) of input samples and
+beyond 3 on 90% of component samples; DPA's value-path weight lowered by a fifth (run once for issue 30) moved the
+DPA rows of 14 of the 15 folders by 0.04 to 170 points (the exception: Known 1000's sweep point, whose 5-token
+ranking it left as it was). Counts (tokens, units), the sample ids and the filter's decisions (valid, reason,
+predicted token) must be equal.
 
 A bfloat16 model (``squad_v2.0-input-bfloat16``) gets its filter verdicts recomputed, not its rows. On a CPU without
 native bfloat16 matrix products (AVX2, as here) one row costs about 85 s of CPU, and its rounding is not the
@@ -57,7 +60,9 @@ pytestmark = pytest.mark.slow
 
 P_RTOL = 1e-3  # p(target) of the filter and p_clean of a row, relative (seen: up to 2e-5)
 BF16_P_RTOL = 0.15  # the filter's p(target) in a bfloat16 model (seen: up to 9%, see the docstring)
-AUC_ATOL = {"input": 0.5, "component": 3.0}  # each AUC of a sample, absolute, in AUC points (see the docstring)
+AUC_ATOL = {"input": 0.01, "component": 0.05}  # each AUC of a sample, absolute, in AUC points (see the docstring)
+# Rows measured to sit on near-tied units (folder, sample, method): their AUCs are allowed this much.
+NEAR_TIES = {("gemma-3-270m/ioi-component", 5, "ifr"): 3.0}
 N_SAMPLES = 2
 N_DROPPED = 2
 LONG = 64  # tokens: a folder's second sample longer than this (SQuAD, IMDb) is checked by its filter verdict alone
@@ -243,7 +248,7 @@ def compare_row(run: Run, old: dict, new: dict) -> list[str]:
     problems += [f"{where}: {key} {old[key]:.6g} -> {new[key]:.6g}" for key in ("p_clean", "paper_p_clean")
                  if key in old and not math.isclose(old[key], new[key], rel_tol=P_RTOL)]
     a, b = sample_aucs(run, old), sample_aucs(run, new)
-    tol = AUC_ATOL[run.settings.unit]
+    tol = NEAR_TIES.get((run.label(), old["index"], old["method"]), AUC_ATOL[run.settings.unit])
     problems += [f"{where}: {mode} {part} AUC {a[mode][part]:.4f} -> {b[mode][part]:.4f}"
                  for mode in a for part in a[mode] if not abs(a[mode][part] - b[mode][part]) <= tol]
     return problems
