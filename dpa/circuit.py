@@ -215,8 +215,14 @@ class ModelIdentity:
     def _read(cls, model: nn.Module) -> list[tuple]:
         from .files import sampled_bits
 
-        return [(name, tuple(p.shape), p.dtype, p.device, p.data_ptr(), p._version, sampled_bits(p, cls.SAMPLES))
-                for name, p in model.named_parameters()]
+        tensors = [*model.named_parameters(), *(("buffer " + n, b) for n, b in model.named_buffers())]
+        out = [(name, tuple(p.shape), p.dtype, p.device, p.data_ptr(), p._version, sampled_bits(p, cls.SAMPLES))
+               for name, p in tensors]
+        settings = [(f"setting {name}.{k}" if name else f"setting {k}", v) for name, m in model.named_modules()
+                    for k, v in vars(m).items() if not k.startswith("_") and k != "training"
+                    and isinstance(v, (bool, int, float, str, type(None)))]  # a norm's eps, an attention's scaling
+        config = getattr(model, "config", None)
+        return out + settings + [("config", repr(sorted(vars(config).items())) if config is not None else None)]
 
     def __getstate__(self) -> dict:  # a pickled circuit keeps its weights' record, not the object: unpickled (in
         return {"params": self.params}  # another process, say) it is verified on no model
@@ -232,12 +238,12 @@ class ModelIdentity:
                              "given, or compute the circuit again on this one")
         now = self._read(model)
         if [p[0] for p in now] != [p[0] for p in self.params]:
-            raise ModelStateError("model: its parameters changed since the circuit was computed (added, removed or "
-                                  "renamed); compute the circuit again")
+            raise ModelStateError("model: its parameters, buffers or module settings changed since the circuit was "
+                                  "computed (added, removed or renamed); compute the circuit again")
         for was, new in zip(self.params, now):
             if was != new:
-                how = ("shape" if was[1] != new[1] else "dtype" if was[2] != new[2] else "device" if was[3] != new[3]
-                       else "storage" if was[4] != new[4] else "values")
+                how = ("value" if len(was) == 2 else "shape" if was[1] != new[1] else "dtype" if was[2] != new[2]
+                       else "device" if was[3] != new[3] else "storage" if was[4] != new[4] else "values")
                 raise ModelStateError(f"model: {new[0]} (its {how}) changed since the circuit was computed (edited in "
                                       "place, replaced or moved): the circuit's edges are not this model's; compute "
                                       "the circuit again")

@@ -268,6 +268,10 @@ def check_loaded(model: nn.Module) -> None:
                 if t is not None and t.device.type == "meta":
                     raise ModelStateError(f"{name + '.' if name else ''}{key} (a {kind}) is on the meta device (not "
                                           "loaded); load the model's weights before attributing")
+                if t is not None and t.is_inference():  # autograd cannot save them for the backward
+                    raise ModelStateError(f"{name + '.' if name else ''}{key} (a {kind}) is an inference tensor (the "
+                                          "model was built or loaded inside torch.inference_mode()); dpa runs a "
+                                          "backward through the model: load it outside inference_mode")
 
 
 # Where dpa's backward (and the plain forward) run through the model's own attention kernel: the implementations

@@ -12,6 +12,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Iterator
 
+import torch
 from torch import Tensor, nn
 
 
@@ -42,6 +43,7 @@ def each_prompt_alone(rotary: nn.Module) -> Iterator[None]:
             cos[rows], sin[rows] = c, s
         return cos, sin
 
+    state = _RotaryState(rotary)
     rotary.forward = forward
     try:
         yield
@@ -50,3 +52,29 @@ def each_prompt_alone(rotary: nn.Module) -> Iterator[None]:
             rotary.forward = own
         else:
             del rotary.forward
+        state.restore()
+
+
+class _RotaryState:
+    """What running the rotary module changes (dynamic NTK's ``inv_freq`` and cached length, LongRoPE's
+    attributes), put back afterwards: the model's own next forward is what it would have been without dpa."""
+
+    def __init__(self, rotary: nn.Module):
+        self.rotary = rotary
+        self.buffers = {k: (v, v.clone()) for k, v in rotary._buffers.items() if v is not None}
+        self.attrs = {k: v for k, v in vars(rotary).items() if not k.startswith("_") and k not in ("training", "forward")}
+
+    def restore(self) -> None:
+        r = self.rotary
+        for k in [k for k in r._buffers if k not in self.buffers]:
+            del r._buffers[k]
+        for k, (tensor, values) in self.buffers.items():
+            if not torch.equal(tensor, values):
+                tensor.copy_(values)
+            r._buffers[k] = tensor
+        for k in [k for k in vars(r) if not k.startswith("_") and k not in ("training", "forward")
+                  and k not in self.attrs]:
+            delattr(r, k)
+        for k, v in self.attrs.items():
+            if vars(r).get(k, self) is not v:
+                object.__setattr__(r, k, v)

@@ -58,6 +58,10 @@ def token_id(tokenizer, token: str | int, vocab_size: int, *, multi_token: str =
     if unk is not None and unk in ids and token != getattr(tokenizer, "unk_token", None):
         raise TargetError(f"{what} {token!r} is not in the tokenizer's vocabulary (it maps to the unknown token "
                           f"{tokenizer.unk_token!r}); pass a token the model knows, or its id")
+    outside = [i for i in ids if not 0 <= i < vocab_size]
+    if outside:  # a token added to the tokenizer, the model's embeddings not resized
+        raise TargetError(f"{what} {token!r} is token id {outside[0]} of the tokenizer, outside the model's vocabulary "
+                          f"(size {vocab_size}): tokens added to the tokenizer need model.resize_token_embeddings")
     if len(ids) != 1:
         pieces = [token_text(tokenizer, i) for i in ids]
         if multi_token == "first" and ids:

@@ -452,3 +452,16 @@ def test_vector_target_on_another_device_moved():
     model = tiny_model("llama", 4)
     u = torch.randn(32, dtype=torch.float64)
     assert_same(dpa.attribute(model, None, IDS, u.cuda()), dpa.attribute(model, None, IDS, u))
+
+
+def test_a_token_added_to_the_tokenizer_but_not_the_model_is_refused_by_name():
+    """A target or contrast string the tokenizer knows and the model does not (tokens added, embeddings not
+    resized): the same TargetError as an int id outside the vocabulary, not torch's IndexError."""
+    from .test_evaluate import word_tokenizer
+
+    tok = word_tokenizer()
+    tok.add_tokens(["newword"])  # id 96; the tiny model has 96 rows
+    model = tiny_model("llama")
+    for kwargs in (dict(target="newword"), dict(target="w5", contrast="newword")):
+        with pytest.raises(dpa.TargetError, match="resize_token_embeddings"):
+            dpa.attribute(model, tok, "w4 w5 w6", **kwargs)

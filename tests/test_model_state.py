@@ -407,3 +407,29 @@ def test_threads_mixing_attribute_circuits_and_verify_equal_sequential_calls():
     for name, exp in expected.items():
         assert len(results[name]) == 2 and all(torch.equal(r, exp) for r in results[name]), name
     assert state(model) == before
+
+
+@pytest.mark.parametrize("edit", ["eps", "buffer", "scaling", "config"])
+def test_verify_refuses_a_model_whose_settings_changed(edit):
+    """A circuit's model identity covers what the parameters do not: a norm's epsilon, a buffer (the rotary
+    frequencies), a module's scalar setting (the attention's scaling), the config."""
+    model = tiny_model("llama")
+    circ = dpa.circuit(model, None, random_ids(8), target=5, nodes=8)
+    edge = (circ.nodes[circ.units[0]].label, "target")
+    if edit == "eps":
+        model.model.layers[0].input_layernorm.variance_epsilon *= 2
+    elif edit == "buffer":
+        model.model.rotary_emb.inv_freq.mul_(1.5)
+    elif edit == "scaling":
+        model.model.layers[1].self_attn.scaling *= 1.1
+    else:
+        model.config.rms_norm_eps *= 2
+    with pytest.raises(ModelStateError, match="changed since the circuit was computed"):
+        circ.verify(model, None, edge)
+
+
+def test_inference_tensors_are_refused_by_name():
+    with torch.inference_mode():
+        model = tiny_model("llama")
+    with pytest.raises(ModelStateError, match="inference tensor"):
+        dpa.attribute(model, None, random_ids(6), target=5)

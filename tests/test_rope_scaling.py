@@ -286,3 +286,22 @@ def test_dynamic_ntk_context_is_factor_times_max_position_embeddings():
         dpa.attribute(model, None, random_ids(2 * ORIGINAL + 1), target=TARGET)
     plain = build("llama", None)  # every other type: max_position_embeddings
     assert dpa.spec_for(plain).max_positions == request.sizes_of(plain.config).max_positions == 64
+
+
+@pytest.mark.parametrize("kind", ["dynamic", "longrope"])
+def test_the_rotary_module_is_left_as_it_was(kind):
+    """Running each prompt's rotary alone changes the module (dynamic NTK's inv_freq and cached length, LongRoPE's
+    attributes): a dpa call must leave the model's next plain forward as it would have been."""
+    family = "phi3" if kind == "longrope" else "llama"
+    seen, plain = build(family, kind), build(family, kind)
+    long, mid, short = random_ids(30, seed=4), random_ids(20, seed=5), random_ids(5, seed=6)
+    with torch.no_grad():
+        seen(long[None]), plain(long[None])  # both have seen a long prompt: dynamic NTK keeps its length
+    rotary = seen.model.rotary_emb
+    before = {k: v for k, v in vars(rotary).items() if not k.startswith("_")}
+    buffers = {k: v.clone() for k, v in rotary._buffers.items()}
+    dpa.attribute(seen, None, [short, mid], target=3)
+    assert {k: v for k, v in vars(rotary).items() if not k.startswith("_")}.keys() == before.keys()
+    assert all(torch.equal(rotary._buffers[k], v) for k, v in buffers.items())
+    with torch.no_grad():
+        assert torch.equal(seen(mid[None]).logits, plain(mid[None]).logits)
