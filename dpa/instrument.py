@@ -39,7 +39,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from .errors import ModelStateError
+from .errors import ModelStateError, UnsupportedModelError
 from .families import check_experts, get, layer_modules, rope_depends_on_length
 from .linearise import Scores, Tap, freeze_norm, keep_input, linearise_layer, wrap
 from .request import Request, check_loaded
@@ -228,9 +228,32 @@ def _model_state(model: nn.Module, undo: list) -> Callable[[nn.Module, Callable]
             p.requires_grad_(False)
 
     def override(module: nn.Module, forward: Callable) -> None:
-        module.__dict__["forward"] = forward  # what nn.Module.__setattr__ does for a plain attribute
+        def run(*args, **kwargs):
+            ran.add(id(module))
+            return forward(*args, **kwargs)
 
+        overridden[id(module)] = module
+        module.__dict__["forward"] = run  # what nn.Module.__setattr__ does for a plain attribute
+
+    ran: set[int] = set()
+    overridden: dict[int, nn.Module] = {}
+    override.ran, override.modules = ran, overridden  # Session.forward checks that each of them ran
     return override
+
+
+def check_all_ran(model: nn.Module, override) -> None:
+    """Every module dpa put its rules or taps on ran in the model's forward: a forward that computes a block without
+    calling them (a fused kernel patched in, F.silu called in place of the activation module) would leave that
+    part of the model unlinearised and its scores wrong, silently; refused by name."""
+    missing = [i for i in override.modules if i not in override.ran]
+    if missing:
+        names = {id(m): name for name, m in model.named_modules()}
+        shown = ", ".join(names.get(i, type(override.modules[i]).__name__) for i in missing[:4])
+        raise UnsupportedModelError(
+            f"{shown}{' and others' if len(missing) > 4 else ''} did not run in the model's forward (a forward "
+            "patched to compute its block without calling these modules: a fused kernel, or F.silu in place of "
+            "the activation module?); dpa linearises and taps the modules themselves, so their part would be "
+            "left out: restore the model's own forward before attributing")
 
 
 # Hooks that never change a value: transformers' output capturing (records outputs) and the hook
@@ -327,10 +350,17 @@ class Session:
             args["inputs_embeds"] = inputs_embeds
         else:
             args["input_ids"] = req.input_ids if input_ids is None else input_ids
+        overridden = getattr(self, "overridden", None)
+        if overridden is not None:
+            overridden.ran.clear()
         if self.spec.parts.rotary is not None and rope_depends_on_length(self.model.config):  # LongRoPE, dynamic NTK
             with each_prompt_alone(get(self.model, self.spec.parts.rotary)):  # a prompt's rotary never its batch's
-                return self.spec.base(self.model)(**args).last_hidden_state
-        return self.spec.base(self.model)(**args).last_hidden_state
+                hidden = self.spec.base(self.model)(**args).last_hidden_state
+        else:
+            hidden = self.spec.base(self.model)(**args).last_hidden_state
+        if overridden is not None:
+            check_all_ran(self.model, overridden)
+        return hidden
 
     def embed(self, input_ids: Tensor | None = None) -> Tensor:
         """Token embeddings [rows pos d_model] (what the input ablation zeroes)."""
@@ -382,6 +412,7 @@ def instrument(model: nn.Module, request: Request, *, weights: PathWeights | Non
         stack.enter_context(torch.inference_mode(False))
         stack.enter_context(torch.enable_grad() if (weights is not None if grad is None else grad) else torch.no_grad())
         session = Session(model, request, weights, scores, recording, set(record))
+        session.overridden = override
         handles: list = []  # removed with the rest by _Saved (hook dictionaries as they were)
         hook = lambda module, fn, pre=False: handles.append(  # noqa: E731
             module.register_forward_pre_hook(fn) if pre else module.register_forward_hook(fn))

@@ -465,3 +465,20 @@ def test_a_token_added_to_the_tokenizer_but_not_the_model_is_refused_by_name():
     for kwargs in (dict(target="newword"), dict(target="w5", contrast="newword")):
         with pytest.raises(dpa.TargetError, match="resize_token_embeddings"):
             dpa.attribute(model, tok, "w4 w5 w6", **kwargs)
+
+
+def test_a_forward_that_skips_the_activation_module_is_refused(monkeypatch):
+    """A class-level patch computing SwiGLU in one expression (as fused-kernel libraries do) never calls act_fn:
+    its scores would leave the gate path unlinearised. Refused by name, the model left as it was."""
+    from torch.nn import functional as F
+    from transformers.models.llama import modeling_llama
+
+    model = tiny_model("llama")
+    before = dpa.attribute(model, None, random_ids(7), target=5)
+    monkeypatch.setattr(modeling_llama.LlamaMLP, "forward",
+                        lambda self, x: self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x)))
+    with pytest.raises(UnsupportedModelError, match=r"model\.layers\.0\.mlp\.act_fn.*did not run"):
+        dpa.attribute(model, None, random_ids(7), target=5)
+    monkeypatch.undo()
+    after = dpa.attribute(model, None, random_ids(7), target=5)
+    assert torch.equal(after.token_scores, before.token_scores)
