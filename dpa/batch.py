@@ -102,6 +102,10 @@ def _load_prompts(path, format: str | None) -> PromptFile:
     if format is not None:
         check_choice("format", format, FORMATS)
     path = Path(path)
+    if path.exists() and not path.is_dir() and not path.is_file():
+        raise InputError(f"{str(path)!r} is not a regular file (a pipe, FIFO or device: /dev/stdin, <(...)): it can "
+                         "be read only once, and a results folder resumes from the same file; save the prompts to a "
+                         "file first")
     try:
         data = path.read_bytes()  # bytes: no newline translation (a lone "\r" is a character of its line)
         text = data.decode("utf-8")
@@ -248,7 +252,7 @@ def attribute_file(model: nn.Module, tokenizer, prompts: str | os.PathLike, out:
     out = run_folder(out)
     group = distributed.current()
     identity = {"format": FORMAT, "prompts_sha256": loaded.sha256, "prompts_format": loaded.format,
-                **model_identity(model, spec.unembed(model).weight.dtype), "target": opts.target,
+                **model_identity(model, spec.unembed(model).weight.dtype, tokenizer), "target": opts.target,
                 "contrast": opts.contrast, "kind": opts.kind, "weights": opts.weights.to_dict(),
                 "multi_token": opts.multi_token, "batch_size": opts.batch_size, "top": opts.top}
     run = run_id(identity)

@@ -34,6 +34,8 @@ from pathlib import Path
 from .errors import InputError, OutputError
 
 WEIGHTS_KEY = "weights_sha256"
+TOKENIZER_KEY = "tokenizer_sha256"
+FINGERPRINTS = (WEIGHTS_KEY, TOKENIZER_KEY)  # what an older config lacks is taken as the current one
 
 
 def split_lines(text: str) -> list[str]:
@@ -215,7 +217,21 @@ def sampled_bits(p, samples: int) -> bytes:
         return repr(values.tolist()).encode()
 
 
-def model_identity(model, dtype) -> dict:
+def tokenizer_fingerprint(tokenizer) -> str:
+    """sha256 of what turns text into ids: a fast tokenizer's whole definition (vocabulary, merges, normaliser,
+    pre-tokeniser), else its vocabulary and special tokens, with its class."""
+    h = hashlib.sha256(type(tokenizer).__name__.encode())
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and hasattr(backend, "to_str"):
+        h.update(backend.to_str().encode())
+    else:
+        h.update(repr(sorted(tokenizer.get_vocab().items())).encode())
+    h.update(repr(sorted(getattr(tokenizer, "special_tokens_map", {}).items())).encode())
+    h.update(repr(getattr(tokenizer, "add_bos_token", None)).encode())
+    return h.hexdigest()
+
+
+def model_identity(model, dtype, tokenizer=None) -> dict:
     """The model part of a run's identity: its name, its dtype where that is not float32 (the dtype of every run
     before dtypes were recorded), so that a run in bfloat16 is never resumed in float32, nor the reverse; and the
     fingerprint of its weights (``weights_fingerprint``), so that a folder is never resumed with other weights
@@ -226,6 +242,8 @@ def model_identity(model, dtype) -> dict:
     if dtype != torch.float32:
         out["dtype"] = str(dtype).removeprefix("torch.")
     out[WEIGHTS_KEY] = weights_fingerprint(model)
+    if tokenizer is not None:  # the same weights with another tokenizer see other ids
+        out[TOKENIZER_KEY] = tokenizer_fingerprint(tokenizer)
     return out
 
 
@@ -253,7 +271,7 @@ def check_run_config(out: Path, identity: dict, error: type[Exception] = InputEr
         raise error(f"cannot read {path}: {err.strerror or err}") from None
     if not isinstance(old, dict):
         raise error(f"{path} is not a run's config; use a new --out folder")
-    assumed = {k: v for k, v in {**({WEIGHTS_KEY: identity[WEIGHTS_KEY]} if WEIGHTS_KEY in identity else {}),
+    assumed = {k: v for k, v in {**{k: identity[k] for k in FINGERPRINTS if k in identity},
                                   **(legacy or {})}.items() if k not in old}
     full = {**old, **assumed}
     diff = {k: (full.get(k), identity.get(k)) for k in sorted(identity.keys() | full.keys())  # a key on one side

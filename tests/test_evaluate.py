@@ -464,6 +464,26 @@ def tiny_dataset(model, folder: Path, n: int = 4) -> None:
 
 
 class TestRunner:
+    def test_a_resume_on_other_data_or_another_tokenizer_is_refused(self, llama, tmp_path):
+        """A run resumed with a data file whose records moved (or another tokenizer) would mix two datasets:
+        refused by name, where the old verdicts and rows would be reused."""
+        from dpa.evaluate.datasets import DataError
+
+        tok = word_tokenizer()
+        tiny_dataset(llama, tmp_path / "data")
+        settings = Settings(dataset="known_1000", unit="input", methods=("random",), limit=2, min_probability=0.0,
+                            data_dir=str(tmp_path / "data"))
+        evaluate(llama, tok, settings, tmp_path / "run", progress=False, figures=False)
+        records = json.loads((tmp_path / "data" / "known_1000.json").read_text())
+        write_data(tmp_path / "moved", "known_1000", records[::-1])
+        with pytest.raises(DataError, match="sample 0 was record '0'.*is record '3'"):
+            evaluate(llama, tok, Settings(**{**settings.__dict__, "data_dir": str(tmp_path / "moved")}),
+                     tmp_path / "run", progress=False, figures=False)
+        other = word_tokenizer()
+        other.add_tokens(["extra"])
+        with pytest.raises(ValueError, match="tokenizer_sha256"):
+            evaluate(llama, other, settings, tmp_path / "run", progress=False, figures=False)
+
     def test_evaluate_writes_results_and_resumes(self, llama, tmp_path):
         tok = word_tokenizer()
         tiny_dataset(llama, tmp_path / "data")

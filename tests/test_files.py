@@ -416,3 +416,12 @@ def test_cli_json_through_a_symlink_keeps_the_link(capsys, folder, tmp_path):
     code = main(["circuit", PROMPT, "--model", str(folder), "--nodes", "4", "--json", str(tmp_path / "link.json")])
     assert code == 0, capsys.readouterr().err
     assert (tmp_path / "link.json").is_symlink() and json.loads((tmp_path / "real.json").read_text())["nodes"]
+
+
+def test_a_prompt_file_that_can_be_read_only_once_is_refused(tmp_path):
+    """A FIFO, pipe or /dev/stdin can be read once; the CLI checks the file before the model loads, and a resume
+    reads it again: refused by name instead of attributing an empty second read."""
+    fifo = tmp_path / "prompts.fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(dpa.InputError, match="not a regular file"):
+        dpa.batch.read_prompts(fifo, format="text")

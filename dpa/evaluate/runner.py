@@ -290,7 +290,7 @@ def evaluate(model: nn.Module, tokenizer, settings: Settings, out: str | Path, *
                              n_generated=settings.n_generated)  # missing or malformed data: before any file
     out = run_folder(out, DataError)
     identity = {**settings.identity(), "weights": settings.weights.to_dict(),
-                **model_identity(model, _unembedding(model).dtype)}
+                **model_identity(model, _unembedding(model).dtype, tokenizer)}
     if group.main:
         check_run_config(out, identity, DataError)
     group.barrier()
@@ -311,6 +311,11 @@ def evaluate(model: nn.Module, tokenizer, settings: Settings, out: str | Path, *
                 v: Verdict = check(model, tokenizer, sample, max_tokens=settings.max_tokens,
                                    min_probability=settings.min_probability, correct_only=settings.filter == "paper")
                 store.add_verdict({"index": index, "id": example.id, **asdict(v)}, write=group.main)
+            elif str(store.verdicts[index].get("id", example.id)) != str(example.id):
+                raise DataError(f"{out / 'filter.jsonl'}: sample {index} was record {store.verdicts[index]['id']!r} "
+                                f"when this folder was started, and is record {example.id!r} in the data now "
+                                "(another data file, or its records reordered): resume with the data the run started "
+                                "with, or use a new --out folder")
             if not store.verdicts[index]["valid"]:
                 bar.set_postfix(checked=index + 1, valid=len(chosen))
                 continue
