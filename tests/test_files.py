@@ -25,14 +25,7 @@ from dpa.evaluate.runner import Settings, Store, evaluate
 from .test_cli import PROMPT, save_tiny_model
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory) -> Path:
-    return save_tiny_model(tmp_path_factory.mktemp("files-model"))
-
-
-@pytest.fixture(scope="module")
-def tiny(folder):
-    return dpa.load_model(str(folder), device="cpu", dtype=torch.float64)
+from .test_batch import folder, tiny  # noqa: E402,F401 (the saved tiny model and its loaded copy)
 
 
 def prompts_of(path, **kw) -> tuple[list[str], dict[int, str]]:
