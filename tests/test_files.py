@@ -22,7 +22,7 @@ from dpa.cli import main
 from dpa.evaluate import datasets
 from dpa.evaluate.runner import Settings, Store, evaluate
 
-from .test_cli import PROMPT, save_tiny_model
+from .test_cli import PROMPT
 
 
 from .test_batch import folder, tiny  # noqa: E402,F401 (the saved tiny model and its loaded copy)
