@@ -126,45 +126,63 @@ _HOOK_DICTS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_a
 
 def run_all(steps) -> None:
     """Run every step of a restore: each is idempotent, so one that raises (a KeyboardInterrupt from inside it,
-    a library's error) is tried again, up to three times, and the others run whatever it did; SIGINT is held
-    while they run (the main thread) and delivered after. The first exception is raised once all have run."""
-    first: BaseException | None = None
-    with _held_interrupts():
-        for step in steps:
-            for _ in range(3):
-                try:
-                    step()
-                    break
-                except BaseException as err:  # noqa: BLE001 - raised below, after the other steps
-                    first = err if first is None else first
-    if first is not None:
-        raise first
+    a library's error) is tried again, up to three times, and the others run whatever it did. Signals with a
+    Python handler (SIGINT's KeyboardInterrupt, a harness's SIGALRM timeout) are held while they run (the main
+    thread) and delivered after; an exception landing between two steps (an asynchronous one) is caught by the
+    outer loop, which goes on from the step it was on. The first exception is raised once all have run."""
+    pending = list(steps)
+    tries = [0] * len(pending)
+    errors: list[BaseException] = []
+    with _held_signals():
+        while pending:
+            try:
+                while pending:  # a step is dropped once it ran, or failed three times
+                    tries[-len(pending)] += 1
+                    if _ran(pending[0], errors) or tries[-len(pending)] >= 3:
+                        pending.pop(0)
+            except BaseException as err:  # noqa: BLE001 - an exception outside a step: go on where it was
+                errors.append(err)
+    if errors:
+        raise errors[0]
+
+
+def _ran(step: Callable[[], None], errors: list) -> bool:
+    """Run one restore step; False, with its exception noted, if it raised."""
+    try:
+        step()
+        return True
+    except BaseException as err:  # noqa: BLE001 - raised by run_all, after the other steps
+        errors.append(err)
+        return False
 
 
 @contextmanager
-def _held_interrupts() -> Iterator[None]:
-    """SIGINT (Ctrl-C) noted, not raised, inside; delivered again on exit. Signals reach the main thread only,
-    so elsewhere (and where Python does not own the handler) this does nothing."""
+def _held_signals() -> Iterator[None]:
+    """Every signal with a Python handler is noted, not handled, inside, and raised again on exit, to the handler
+    the caller had (SIGINT: KeyboardInterrupt by default). Signals reach the main thread only, so elsewhere this
+    does nothing; handlers installed outside Python are left alone."""
     import signal
 
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     held: list[int] = []
+    previous: dict[int, Callable] = {}
     try:
-        previous = signal.getsignal(signal.SIGINT)
-        if previous is None:  # a handler installed outside Python: leave it alone
-            raise ValueError
-        signal.signal(signal.SIGINT, lambda signum, _frame: held.append(signum))
-    except (ValueError, TypeError, OSError):
-        yield
-        return
-    try:
+        for sig in signal.valid_signals():
+            try:
+                handler = signal.getsignal(sig)
+            except (ValueError, OSError):
+                continue
+            if callable(handler):  # a Python handler (default_int_handler included): it could raise in a step
+                previous[sig] = handler
+                signal.signal(sig, lambda signum, _frame: held.append(signum))
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
-        if held:
-            signal.raise_signal(signal.SIGINT)  # to the handler the caller had: KeyboardInterrupt by default
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for sig in dict.fromkeys(held):
+            signal.raise_signal(sig)
 
 
 class _Saved:
@@ -290,6 +308,10 @@ def check_module_hooks(name: str, module: nn.Module) -> None:
                 raise ModelStateError(
                     f"the model has a {kind.replace('_', '-')} hook on {name or 'the model itself'} "
                     f"({getattr(fn, '__qualname__', type(fn).__name__)}): it could change what dpa attributes{_HINT}")
+    if type(module).__name__ == "OptimizedModule" and hasattr(module, "_orig_mod"):
+        raise ModelStateError(f"{name or 'the model'} is a torch.compile'd module: dpa runs the model's own modules "
+                              f"eagerly, with its rules on them; put the original back ({name or 'model'}._orig_mod) "
+                              "before attributing")
     if "forward" in module.__dict__ and not hasattr(module, "_hf_hook"):
         raise ModelStateError(f"{name or 'the model'}.forward is replaced on the instance "
                               f"({getattr(module.forward, '__qualname__', module.forward)!r}): dpa cannot vouch "

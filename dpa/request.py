@@ -263,6 +263,13 @@ def check_loaded(model: nn.Module) -> None:
                 "time); dpa reads weights directly and does not read offloaded weights: load the model without "
                 "offload (no \"cpu\" or \"disk\" in device_map beside an accelerator, no accelerate.cpu_offload or "
                 "disk_offload), or with a device_map on devices that hold all the weights")
+        params = getattr(m, "parametrizations", None)
+        if isinstance(params, nn.ModuleDict) and any(p.training and any(True for _ in p.buffers(recurse=False))
+                                                     for p in params.modules()):
+            raise ModelStateError(  # spectral_norm's power iteration: each read of the weight changes its buffers
+                f"{name or 'the model'} has a parametrization ({', '.join(params)}) with state (buffers) in train "
+                "mode, where reading the weight may update that state (spectral_norm's power iteration), and dpa "
+                "reads weights before it switches the model to eval: call model.eval() before attributing")
         for kind, tensors in (("parameter", m._parameters), ("buffer", m._buffers)):
             for key, t in tensors.items():
                 if t is not None and t.device.type == "meta":

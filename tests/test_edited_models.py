@@ -309,6 +309,29 @@ def test_parametrization_is_read_as_it_computes(path):
     assert got.target_logit == pytest.approx(own_logit(model), abs=1e-12)
 
 
+def test_a_train_mode_parametrization_is_refused_before_its_weight_is_read():
+    """spectral_norm updates its buffers each time the weight is read in train mode, and dpa reads weights (the
+    family check) before it switches the model to eval: refused by name, with the buffers as they were."""
+    model = tiny_model("llama", 2)
+    down = model.model.layers[0].mlp.down_proj
+    torch.nn.utils.parametrizations.spectral_norm(down)
+    model.train()
+    u = down.parametrizations.weight[0]._u.clone()
+    with pytest.raises(ModelStateError, match=r"model.layers.0.mlp.down_proj has a parametrization .*model.eval\(\)"):
+        attribute(model)
+    assert torch.equal(u, down.parametrizations.weight[0]._u)
+    model.eval()
+    attribute(model)  # in eval mode the parametrization is read as it computes
+    assert torch.equal(u, down.parametrizations.weight[0]._u)
+
+
+def test_a_compiled_layer_is_refused_by_name():
+    model = tiny_model("llama", 2)
+    model.model.layers[1] = torch.compile(model.model.layers[1], backend="eager")
+    with pytest.raises(ModelStateError, match=r"model.layers.1 is a torch.compile'd module.*_orig_mod"):
+        attribute(model)
+
+
 @pytest.mark.parametrize("path", ["lm_head", "model.layers.0.mlp.up_proj", "model.layers.2.mlp.down_proj"])
 @pytest.mark.parametrize("pre", [False, True], ids=["hook", "pre-hook"])
 def test_hooks_refused_by_name(path, pre):

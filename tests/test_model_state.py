@@ -5,6 +5,7 @@ one that fails, the model is exactly as it was; what dpa cannot attribute is ref
 from __future__ import annotations
 
 import collections
+import inspect
 import signal
 import threading
 
@@ -163,6 +164,69 @@ class TestInterruptInsideTheRestore:
         monkeypatch.undo()
         assert state(model) == before
         assert signal.getsignal(signal.SIGINT) is handler
+
+    def test_a_timeout_signal_during_the_restore_is_held_until_it_is_done(self, monkeypatch):
+        """A harness's per-call timeout (a SIGALRM handler that raises) landing in the restore: held like SIGINT,
+        delivered to that handler once every step ran."""
+        class Timeout(Exception):
+            pass
+
+        def on_alarm(*_):
+            raise Timeout
+
+        model = trainable()
+        before = state(model)
+        previous = signal.signal(signal.SIGALRM, on_alarm)
+        try:
+            fired = flaky_restore(monkeypatch, model, action=lambda: signal.raise_signal(signal.SIGALRM))
+            with pytest.raises(Timeout):
+                dpa.attribute(model, None, random_ids(8), target=3, edges=True)
+            assert fired[0].fired == 1
+            monkeypatch.undo()
+            assert state(model) == before
+            assert signal.getsignal(signal.SIGALRM) is on_alarm
+        finally:
+            signal.signal(signal.SIGALRM, previous)
+
+    @pytest.mark.parametrize("at", range(0, 40, 3))
+    def test_an_exception_between_two_restore_steps(self, at):
+        """An asynchronous exception landing on any line of the loop over the restore's steps, outside every step
+        (here raised by a trace function on its ``at``-th line event): the loop goes on from the step it was on, the
+        model leaves as it came and its lock is free for the next call, from this thread or another."""
+        import sys
+
+        from dpa import instrument
+
+        model = trainable()
+        before = state(model)
+        code, seen = instrument.run_all.__code__, [0]
+        lines = inspect.getsource(instrument.run_all).splitlines()
+        first = code.co_firstlineno + next(i for i, line in enumerate(lines) if "while pending:  #" in line)
+        last = code.co_firstlineno + next(i for i, line in enumerate(lines) if "pending.pop(0)" in line)
+
+        def local(frame, event, arg):
+            if event == "line" and first <= frame.f_lineno <= last:  # the loop over the steps
+                seen[0] += 1
+                if seen[0] == at + 1:
+                    raise KeyboardInterrupt
+            return local
+
+        sys.settrace(lambda frame, event, arg: local if frame.f_code is code else None)
+        try:
+            try:
+                dpa.attribute(model, None, random_ids(8), target=3)
+            except KeyboardInterrupt:
+                pass
+        finally:
+            sys.settrace(None)
+        assert seen[0] > at  # the exception was raised
+        assert state(model) == before
+        done = []
+        other = threading.Thread(target=lambda: done.append(dpa.attribute(model, None, random_ids(8), target=3)))
+        other.start()
+        other.join(60)
+        assert done, "the model's lock was not released"
+        assert state(model) == before
 
     def test_a_restore_step_that_keeps_failing_leaves_the_others_done(self, monkeypatch):
         """A step that raises every time (a library's bug): its error is raised after every other step ran."""
