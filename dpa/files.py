@@ -3,7 +3,14 @@ run folder's identity (its settings and the model's weights).
 
 Lines (``split_lines``): a line ends at ``"\\n"`` (a ``"\\r"`` before it is dropped), nothing else: U+2028,
 U+2029, U+0085, form feed, vertical tab and the \\x1c-\\x1e separators are characters of the line, as in a JSON
-string written with ``ensure_ascii=False`` or a plain-text prompt (``str.splitlines`` splits at all of them).
+string written with ``ensure_ascii=False`` or a plain-text prompt (``str.splitlines`` splits at all of them). A
+text with no ``"\\n"`` at all but a ``"\\r"`` is of the old Mac convention: its lines end at ``"\\r"``.
+
+Inputs (``read_text``, ``decode_text``, ``read_json``, ``load_json``; every file dpa reads in this module and in
+``result`` goes through them): UTF-8 text (a UTF-8 byte-order mark at its start dropped), not empty; a
+compressed file, one in UTF-16 or UTF-32, or one of other bytes is refused by name, saying which it looks like.
+JSON is strict about keys: an object that has a key twice is refused by name (Python's parser keeps the last
+value, JavaScript's too, others the first: which one was meant cannot be told).
 
 Outputs (``write_text`` / ``write_bytes``; every file dpa writes goes through them):
 
@@ -22,6 +29,7 @@ A failure raises ``OutputError`` naming the path and the reason the system gave 
 
 from __future__ import annotations
 
+import codecs
 import errno
 import hashlib
 import json
@@ -30,6 +38,7 @@ import stat
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from .errors import InputError, OutputError
 
@@ -40,11 +49,97 @@ FINGERPRINTS = (WEIGHTS_KEY, TOKENIZER_KEY)  # what an older config lacks is tak
 
 def split_lines(text: str) -> list[str]:
     """``text``'s lines, split at ``"\\n"`` only (a ``"\\r"`` ending a line is dropped, so ``"\\r\\n"`` works too);
-    no empty last line for a text that ends in a newline."""
-    lines = text.split("\n")
+    no empty last line for a text that ends in a newline. A text with a ``"\\r"`` and no ``"\\n"`` is split at
+    ``"\\r"`` (the old Mac convention: read as one line, a whole file would be one prompt); in a text with both, a
+    lone ``"\\r"`` is a character of its line, like the other separators."""
+    lines = text.split("\r" if "\r" in text and "\n" not in text else "\n")
     if lines[-1] == "":
         lines.pop()
     return [ln[:-1] if ln.endswith("\r") else ln for ln in lines]
+
+
+# --- inputs ------------------------------------------------------------------------------------------------------
+
+# What the first bytes of a file that is not UTF-8 text say it is (looked at only once UTF-8 decoding has failed,
+# so a text that happens to begin with "BZh" or "PK" is read as text).
+SIGNATURES = ((b"\x1f\x8b", "is gzip-compressed; decompress it first (gunzip)"),
+              (b"BZh", "is bzip2-compressed; decompress it first (bunzip2)"),
+              (b"\xfd7zXZ\x00", "is xz-compressed; decompress it first (unxz)"),
+              (b"\x28\xb5\x2f\xfd", "is zstd-compressed; decompress it first (unzstd)"),
+              (b"PK\x03\x04", "is a zip archive (or a spreadsheet); extract the file, or save it as text"),
+              *((bom, f"is not UTF-8 ({code} byte-order mark); convert it (iconv -f {code} -t UTF-8)")
+                for bom, code in ((codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"),  # UTF-32 LE's
+                                  (codecs.BOM_UTF16_LE, "UTF-16"), (codecs.BOM_UTF16_BE, "UTF-16"))))  # first
+NUL = "holds NUL bytes: UTF-16 or UTF-32 text without a byte-order mark, or no text at all; save it as UTF-8"
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: str):
+        self.key = key
+
+
+def decode_text(data: bytes, name: str, error: type[Exception] = InputError) -> str:
+    """``data``, the bytes of the file ``name``, as text: UTF-8, a UTF-8 byte-order mark at the start dropped.
+    Anything else raises ``error`` naming the file and saying what it looks like: compressed, UTF-16 or UTF-32
+    (by its byte-order mark, or by the NUL bytes of one without: those decode as UTF-8, every other character a
+    NUL), other bytes (where the first is), or empty (nothing but blank space: nothing to read)."""
+    why = None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        text, why = "", f"is not UTF-8 text ({err.reason} at byte {err.start}); save it as UTF-8"
+    if why or "\0" in text:
+        why = next((what for magic, what in SIGNATURES if data.startswith(magic)), NUL if b"\0" in data else why)
+        raise error(f"{name!r} {why}")
+    text = text.removeprefix("\ufeff")
+    if not text.strip():
+        raise error(f"{name!r} is empty" + (" (blank space only)" if text else ""))
+    return text
+
+
+def read_text(path: str | os.PathLike, what: str = "file", error: type[Exception] = InputError) -> str:
+    """The text of the file ``path`` (``decode_text``); a missing file, a folder or a file that cannot be read
+    raises ``error`` naming it (``what``: what the file is, in the message)."""
+    name = os.fsdecode(path)
+    try:
+        data = Path(name).read_bytes()
+    except FileNotFoundError:
+        raise error(f"no {what} {name!r}") from None
+    except IsADirectoryError:
+        raise error(f"{name!r} is a folder; give a {what}") from None
+    except OSError as err:
+        raise error(f"cannot read the {what} {name!r}: {_reason(err)}") from None
+    return decode_text(data, name, error)
+
+
+def load_json(text: str, name: str, error: type[Exception] = InputError) -> Any:
+    """``text`` parsed as JSON; ``name`` says in messages what it is (a quoted file name, "the JSON text"). Text
+    that is not JSON, nested too deeply for the parser, or an object with a key twice raises ``error``."""
+    try:
+        return json.loads(text, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as err:
+        raise error(f"{name} has the key {err.key!r} twice in one object (which value is meant cannot be "
+                    f"told); keep one") from None
+    except json.JSONDecodeError as err:
+        raise error(f"{name} is not valid JSON ({err.msg} at line {err.lineno}, column {err.colno})") from None
+    except RecursionError:
+        raise error(f"{name} cannot be read: lists or objects nested too deeply") from None
+    except ValueError as err:  # an integer of over 4300 digits
+        raise error(f"{name} cannot be read as JSON ({err})") from None
+
+
+def read_json(path: str | os.PathLike, what: str = "file", error: type[Exception] = InputError) -> Any:
+    """The JSON value the file ``path`` holds (``read_text``, then ``load_json``)."""
+    return load_json(read_text(path, what, error), repr(os.fsdecode(path)), error)
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
 
 
 # --- outputs ---------------------------------------------------------------------------------------------------
@@ -264,11 +359,9 @@ def check_run_config(out: Path, identity: dict, error: type[Exception] = InputEr
         write_text(path, json.dumps(identity, indent=1) + "\n")
         return
     try:
-        old = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise error(f"{path} is not a run's config (not valid JSON); use a new --out folder") from None
-    except OSError as err:
-        raise error(f"cannot read {path}: {err.strerror or err}") from None
+        old = read_json(path, "run config", error)
+    except error as err:
+        raise error(f"{err}; use a new --out folder") from None
     if not isinstance(old, dict):
         raise error(f"{path} is not a run's config; use a new --out folder")
     assumed = {k: v for k, v in {**{k: identity[k] for k in FINGERPRINTS if k in identity},

@@ -6,15 +6,15 @@ import json
 import math
 import os
 from dataclasses import MISSING, asdict, dataclass, field, fields
-from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 import torch
 from torch import Tensor
 
-from .checks import check_choice, check_int
+from .checks import _show, check_bool, check_choice, check_float, check_int
 from .errors import InputError, InputTypeError
 from .files import check_run_config, model_identity, run_folder, write_text  # noqa: F401  (their old home)
+from .files import load_json, read_json
 from .weights import PathWeights
 
 
@@ -179,55 +179,45 @@ class Attribution:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Attribution:
-        """The result ``to_dict`` wrote (a result saved with ``top_neurons`` has ``neuron_scores=None``)."""
+        """The result ``to_dict`` wrote (a result saved with ``top_neurons`` has ``neuron_scores=None``). Every
+        field is checked once, by name (``InputTypeError``: a wrong type, ``InputError``: a wrong value): a score
+        field is a floating-point tensor or lists nested to its number of dimensions of numbers (null: NaN, as
+        ``to_dict`` writes NaN and infinities), read as ``score_dtype`` (default float32); an integer tensor, a
+        string or a bool among numbers, a non-finite target logit or probability are refused; then the fields
+        must fit together (one token score a token, ...)."""
         if not isinstance(data, dict):
             raise InputTypeError(f"an Attribution is read from a dict (as to_dict writes), got {type(data).__name__}")
-        missing = [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING
-                   and f.name not in data]
-        if missing:
-            raise InputError(f"not an Attribution dict: missing {', '.join(missing)}")
-        data = dict(data)
-        data.pop("top_neurons", None)
-        data.pop("caveats", None)  # derived from the weights
-        dtype = getattr(torch, str(data.pop("score_dtype", "float32")), None)
-        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise InputError("not an Attribution dict: score_dtype is not a floating-point dtype")
+        data = {k: v for k, v in data.items() if k not in ("top_neurons", "caveats")}  # caveats: from the weights
         try:
-            for name in ("token_scores", "head_scores", "neuron_scores", "edge_scores", "neuron_position_scores",
-                         "effective_targets", "position_scores", "expert_scores", "expert_position_scores"):
-                if data.get(name) is not None:
-                    data[name] = torch.tensor(_decode(data[name]), dtype=dtype)
-            data["target"] = TargetInfo(**data["target"])
-            data["weights"] = PathWeights(**data["weights"])
-            data["top_predictions"] = [tuple(p) for p in data.get("top_predictions", [])]
-            result = cls(**data)
-        except (TypeError, ValueError, KeyError) as err:
-            if isinstance(err, InputError):
-                raise
-            raise InputError(f"not an Attribution dict: {err}") from None
-        problem = result._shape_problem()
-        if problem:
-            raise InputError(f"not an Attribution dict: {problem}")
+            name = data.pop("score_dtype", "float32")
+            dtype = getattr(torch, name, None) if isinstance(name, str) else None
+            if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+                raise InputError(f"score_dtype {name!r} is not a floating-point dtype")
+            scores = {field: (lambda f, v, d=dims: _scores(f, v, d, dtype)) for field, dims in SCORES.items()}
+            result = _record("", data, cls, {**FIELDS, **scores})
+            problem = result._shape_problem()
+            if problem:
+                raise InputError(problem)
+        except InputError as err:
+            raise type(err)(f"not an Attribution dict: {err}") from None
         return result
 
     def _shape_problem(self) -> str | None:
-        """What does not fit together in a result read from outside (None when everything does)."""
-        n = len(self.tokens) if isinstance(self.tokens, list) else -1
-        if n < 1 or not all(isinstance(t, str) for t in self.tokens):
+        """What does not fit together in a result read from outside (None when everything fits), once each field
+        is of its type (``from_dict``'s readers)."""
+        n = len(self.tokens)
+        if n < 1:
             return "tokens must be a non-empty list of strings"
-        if not isinstance(self.token_ids, list) or len(self.token_ids) != n or not all(
-                isinstance(i, int) and not isinstance(i, bool) for i in self.token_ids):
+        if len(self.token_ids) != n:
             return f"token_ids must be {n} ints, one per token"
         if self.special is not None and len(self.special) != n:
             return f"special has {len(self.special)} entries for {n} tokens"
         if tuple(self.token_scores.shape) != (n,):
             return f"token_scores has shape {tuple(self.token_scores.shape)} for {n} tokens"
-        if self.head_scores.dim() != 2:
-            return f"head_scores must be [layer, head], got shape {tuple(self.head_scores.shape)}"
         layers, heads = self.head_scores.shape
         d_mlp = None
         if self.neuron_scores is not None:
-            if self.neuron_scores.dim() != 2 or self.neuron_scores.shape[0] != layers:
+            if self.neuron_scores.shape[0] != layers:
                 return f"neuron_scores must be [{layers} layers, d_mlp], got {tuple(self.neuron_scores.shape)}"
             d_mlp = self.neuron_scores.shape[1]
         expect = {"edge_scores": (layers, heads, n, n), "neuron_position_scores": (layers, n, d_mlp),
@@ -236,37 +226,153 @@ class Attribution:
                   "expert_position_scores": (layers, n, None if self.expert_scores is None else self.expert_scores.shape[1])}
         for name, shape in expect.items():
             t = getattr(self, name)
-            if t is not None and (t.dim() != len(shape) or any(w is not None and w != g
-                                                               for w, g in zip(shape, t.shape))):
+            if t is not None and any(w is not None and w != g for w, g in zip(shape, t.shape)):
                 return f"{name} has shape {tuple(t.shape)}, expected {tuple('?' if w is None else w for w in shape)}"
-        if self.d_expert is not None and (not isinstance(self.d_expert, int) or isinstance(self.d_expert, bool)
-                                          or self.d_expert < 1 or self.expert_scores is None or d_mlp is None
-                                          or self.d_expert > d_mlp):
+        if self.d_expert is not None and (self.expert_scores is None or d_mlp is None or self.d_expert > d_mlp):
             return f"d_expert {self.d_expert!r} does not fit the expert and neuron scores"
-        if not isinstance(self.target.position, int) or not 0 <= self.target.position < n:
+        if self.target.position >= n:
             return f"target.position {self.target.position!r} is outside the {n} tokens"
         return None
 
     @classmethod
     def from_json(cls, source: str | os.PathLike) -> Attribution:
-        """The result ``to_json`` wrote: JSON text, or the path of a file holding it."""
-        if isinstance(source, os.PathLike):
-            source = os.fspath(source)
-        if not isinstance(source, str):
+        """The result ``to_json`` wrote: JSON text, or the path of a file holding it (UTF-8; what else it is, e.g.
+        gzip-compressed or UTF-16, is refused by name: ``files.read_text``). A path object (``pathlib.Path``, any
+        ``os.PathLike``) is always a file; a ``str`` is JSON text when it starts with ``{`` (after blank space),
+        or with ``[`` and names no file (a list: refused as not a result), else the path of a file; so a file
+        whose name starts with ``{`` is given as a ``Path``. A key twice in one object is refused."""
+        if not isinstance(source, (str, os.PathLike)):
             raise InputTypeError(f"from_json takes JSON text or a file path, got {type(source).__name__}")
-        if not source.strip():
+        if isinstance(source, str) and not source.strip():
             raise InputError("from_json got an empty string: give JSON text or the path of a result file")
-        text = source
-        if not source.lstrip().startswith(("{", "[")):
-            try:
-                text = Path(source).read_text(encoding="utf-8-sig")
-            except OSError as err:
-                raise InputError(f"cannot read the result file {source!r}: {err.strerror or err}") from None
+        text = source.lstrip() if isinstance(source, str) else ""
+        if text.startswith("{") or (text.startswith("[") and not os.path.lexists(source)):
+            return cls.from_dict(load_json(source, "the JSON text"))
+        data = read_json(source, "result file")
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise InputError(f"not valid JSON ({err.msg} at line {err.lineno}, column {err.colno})") from None
-        return cls.from_dict(data)
+            return cls.from_dict(data)
+        except InputError as err:
+            raise type(err)(f"{os.fsdecode(source)!r}: {err}") from None
+
+
+# --- reading a saved result: one reader a field, each naming the field in its messages ------------------------
+
+# The score fields and their number of dimensions ([layer, head], [pos], ...); only the first two are required.
+SCORES = {"token_scores": 1, "head_scores": 2, "neuron_scores": 2, "edge_scores": 4, "neuron_position_scores": 3,
+          "effective_targets": 3, "position_scores": 1, "expert_scores": 2, "expert_position_scores": 3}
+REQUIRED_SCORES = ("token_scores", "head_scores")
+
+
+def _record(name: str, value: Any, cls: type, readers: dict[str, Any] | None) -> Any:
+    """The dataclass ``cls`` from the dict ``value`` (the field ``name`` of a saved result; "" for the result
+    itself): unknown and missing fields refused by name, each field read by its reader (None: by ``cls``)."""
+    where = f"{name}." if name else ""
+    if not isinstance(value, dict):
+        raise InputTypeError(f"{name} must be an object (a dict), got {_show(value)}")
+    known = [f.name for f in fields(cls)]
+    unknown = [str(k) for k in value if k not in known]
+    if unknown:
+        raise InputError(f"unknown field(s) {', '.join(where + k for k in unknown)}")
+    missing = [where + f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING
+               and f.name not in value]
+    if missing:
+        raise InputError(f"missing {', '.join(missing)}")
+    return cls(**{k: v if readers is None else readers[k](where + k, v) for k, v in value.items()})
+
+
+def _optional(read):
+    return lambda name, value: None if value is None else read(name, value)
+
+
+def _list_of(read):
+    def read_list(name: str, value: Any) -> list:
+        if not isinstance(value, (list, tuple)):
+            raise InputTypeError(f"{name} must be a list, got {_show(value)}")
+        return [read(f"{name}[{i}]", v) for i, v in enumerate(value)]
+    return read_list
+
+
+def _text(name: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise InputTypeError(f"{name} must be a string, got {_show(value)}")
+    return value
+
+
+def _index(name: str, value: Any) -> int:
+    return check_int(name, value, low=0)
+
+
+def _count(name: str, value: Any) -> int:
+    return check_int(name, value, low=1)
+
+
+def _probability(name: str, value: Any) -> float:
+    return check_float(name, value, low=0, high=1)
+
+
+def _prediction(name: str, value: Any) -> tuple[str, float]:
+    if not isinstance(value, (list, tuple)) or len(value) != 2:
+        raise InputTypeError(f"{name} must be a [token, probability] pair, got {_show(value)}")
+    return _text(f"{name}[0]", value[0]), _probability(f"{name}[1]", value[1])
+
+
+TARGET_FIELDS = {
+    "kind": lambda name, value: check_choice(name, value, ("token", "contrast", "logprob", "vector")),
+    "position": _index, "token": _optional(_text), "token_id": _optional(_index), "contrast": _optional(_text),
+    "contrast_id": _optional(_index), "probability": _optional(_probability),
+    "logprob": _optional(lambda name, value: check_float(name, value, high=0)), "hint": _optional(_text),
+    "capped_logit": _optional(check_float),
+}
+FIELDS = {  # every field of Attribution but the scores (SCORES), whose reader depends on score_dtype
+    "tokens": _list_of(_text), "token_ids": _list_of(_index), "target_logit": check_float,
+    "target": lambda name, value: _record(name, value, TargetInfo, TARGET_FIELDS),
+    "weights": lambda name, value: _record(name, value, PathWeights, None),  # PathWeights checks its numbers
+    "completeness_gap": check_float, "bias_share": check_float, "n_kv_heads": _optional(_count),
+    "special": _optional(_list_of(check_bool)), "top_predictions": _list_of(_prediction), "method": _text,
+    "model_name": _text, "neuron_target": lambda name, value: check_choice(name, value, ("output", "mid")),
+    "d_expert": _optional(_count),
+}
+
+
+def _scores(name: str, value: Any, dims: int, dtype: torch.dtype) -> Tensor | None:
+    """A score field as a tensor of ``dtype``: a floating-point tensor of ``dims`` dimensions, or lists nested
+    ``dims`` deep of numbers (None: NaN); None where the field is optional."""
+    if value is None and name not in REQUIRED_SCORES:
+        return None
+    if isinstance(value, Tensor):
+        if not value.is_floating_point():  # an integer tensor would pass for scores rounded to whole numbers
+            raise InputTypeError(f"{name} must hold floating-point scores, got a tensor of "
+                                 f"{str(value.dtype).removeprefix('torch.')}")
+        t = value.detach().to("cpu", dtype)
+    else:
+        numbers = _numbers(name, value, dims)
+        try:
+            t = torch.tensor(numbers, dtype=dtype)
+        except ValueError:  # lists of one depth not all of one length
+            raise InputError(f"{name} is ragged: its lists are not all of one length") from None
+    if t.dim() != dims:
+        raise InputError(f"{name} must have {dims} dimensions, got shape {tuple(t.shape)}")
+    return t
+
+
+def _numbers(name: str, value: Any, dims: int) -> list:
+    """``value`` checked to be lists nested ``dims`` deep of numbers or None (NaN): each as a float."""
+    if not isinstance(value, (list, tuple)):
+        raise InputTypeError(f"{name} must be a list{' of lists' * (dims - 1)} of numbers, got {_show(value)}")
+    if dims > 1:
+        return [_numbers(f"{name}[{i}]", v, dims - 1) for i, v in enumerate(value)]
+    return [v if type(v) is float else _number(f"{name}[{i}]", v) for i, v in enumerate(value)]  # float: at once
+
+
+def _number(name: str, value: Any) -> float:
+    if value is None:  # to_dict writes NaN and infinities as null
+        return math.nan
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InputTypeError(f"{name} must be a number or null, got {_show(value)}")
+    try:
+        return float(value)
+    except OverflowError:
+        raise InputError(f"{name} is out of the range of a float: {_show(value)}") from None
 
 
 def _as_list(t: Tensor, float32: bool) -> list:
@@ -287,8 +393,3 @@ def _encode(x):
         return [_encode(v) for v in x]
     return None if isinstance(x, float) and not math.isfinite(x) else x
 
-
-def _decode(x):
-    if isinstance(x, list):
-        return [_decode(v) for v in x]
-    return math.nan if x is None else x

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import errno
+import gzip
 import json
 import os
 import stat
@@ -118,6 +119,89 @@ def test_cli_format_option_and_a_refusal_before_the_model_loads(capsys, folder, 
     assert len(rows) == 2 and rows[1]["tokens"][1:] == ["paris", "is"] and "city" in rows[0]["tokens"]
     with pytest.raises(SystemExit):
         main(["attribute", PROMPT, "--format", "text", "--model", str(folder)])
+
+
+def test_split_lines_splits_an_old_mac_text_at_carriage_returns():
+    """A text with "\\r" and no "\\n" (CR-only line ends) was one line; where "\\n" ends lines, a lone "\\r" stays."""
+    assert files.split_lines("the city\rof paris\r") == ["the city", "of paris"]
+    assert files.split_lines("the city\rof paris") == ["the city", "of paris"]
+    assert files.split_lines("the city\r\rof paris\r") == ["the city", "", "of paris"]
+    assert files.split_lines("the city\rof\nparis\r\n") == ["the city\rof", "paris"]
+    assert files.split_lines("") == [] and files.split_lines("a") == ["a"]
+
+
+@pytest.mark.parametrize("name, fmt", [("p.txt", "text"), ("p.jsonl", "jsonl")])
+def test_a_prompt_file_with_cr_only_line_ends_is_split_at_them(tmp_path, name, fmt):
+    """Saved by an old Mac editor: was one prompt holding the whole file (text), or one JSON error (JSON lines)."""
+    lines = ["the city of", "paris is"]
+    path = tmp_path / name
+    path.write_bytes("\r".join(json.dumps({"prompt": p}) if fmt == "jsonl" else p for p in lines).encode() + b"\r")
+    assert prompts_of(path) == (lines, {})
+
+
+NOT_TEXT = {  # bytes of a prompt file, what the message says
+    "gzip": (gzip.compress, "is gzip-compressed; decompress it first"),
+    "utf-16": (lambda b: b.decode().encode("utf-16"), r"is not UTF-8 \(UTF-16 byte-order mark\)"),
+    "utf-16-no-bom": (lambda b: b.decode().encode("utf-16-le"), "holds NUL bytes: UTF-16 or UTF-32"),
+    "empty": (lambda b: b"", "is empty"),
+}
+
+
+@pytest.mark.parametrize("kind", NOT_TEXT)
+def test_decode_text_says_what_a_file_that_is_not_utf8_text_is(kind):
+    """The one step every file dpa reads goes through (files.decode_text): was a raw UnicodeDecodeError, or a
+    UTF-16 file without a byte-order mark read as text with a NUL after every character."""
+    encode, message = NOT_TEXT[kind]
+    with pytest.raises(dpa.InputError, match=f"'p.txt' {message}"):
+        files.decode_text(encode(b"the city of\nparis is\n"), "p.txt")
+    assert files.decode_text(b"\xef\xbb\xbfthe city\n", "p.txt") == "the city\n"  # a UTF-8 byte-order mark: dropped
+    assert files.decode_text(b"BZh is text\n", "p.txt") == "BZh is text\n"  # a signature counts only in non-UTF-8
+
+
+# batch.read_prompts does not call files.decode_text yet, nor refuse a file of no prompts or a .csv (batch.py is
+# another engineer's): these say what it must do, and fail (strict) once it does, to have their mark removed.
+WIRING = pytest.mark.xfail(strict=True, reason="batch.read_prompts: decode_text, no prompts, .csv not wired yet")
+
+
+@WIRING
+@pytest.mark.parametrize("kind", NOT_TEXT)
+def test_a_prompt_file_that_is_not_utf8_text_says_what_it_is(tmp_path, kind):
+    encode, message = NOT_TEXT[kind]
+    path = tmp_path / "p.txt"
+    path.write_bytes(encode(b"the city of\nparis is\n"))
+    with pytest.raises(dpa.InputError, match=message):
+        batch.read_prompts(path)
+
+
+@WIRING
+@pytest.mark.parametrize("content", ["\n\n", "# a comment\n// another\n"])
+def test_a_prompt_file_of_no_prompts_is_refused_by_name(tmp_path, content):
+    """It 'succeeded' with nothing to do."""
+    path = tmp_path / "p.jsonl"
+    path.write_text(content)
+    with pytest.raises(dpa.InputError, match="p.jsonl.* no prompts|p.jsonl.* is empty"):
+        batch.read_prompts(path)
+
+
+@WIRING
+def test_a_csv_prompt_file_is_refused_naming_the_formats(tmp_path):
+    """A .csv file was guessed to be text: its header row attributed as a prompt, each row with its commas."""
+    path = tmp_path / "p.csv"
+    path.write_text("prompt,target\nthe city of, paris\n")
+    with pytest.raises(dpa.InputError, match=r"p\.csv.*(jsonl|JSON lines).*text"):
+        batch.read_prompts(path)
+
+
+def test_a_run_config_with_a_key_twice_or_compressed_is_refused_by_name(tmp_path):
+    """json.loads kept the last of two values of a key: a config edited by hand resumed with one of them."""
+    identity = {"model": "m", "target": None}
+    config = tmp_path / "config.json"
+    config.write_text('{"model": "m", "target": null, "model": "other"}')
+    with pytest.raises(dpa.InputError, match=r"config\.json' has the key 'model' twice.*use a new --out folder"):
+        files.check_run_config(tmp_path, identity)
+    config.write_bytes(gzip.compress(json.dumps(identity).encode()))
+    with pytest.raises(datasets.DataError, match=r"config\.json' is gzip-compressed"):  # the caller's error class
+        files.check_run_config(tmp_path, identity, datasets.DataError)
 
 
 def test_the_evaluation_store_reads_lines_as_json_lines(tmp_path):
