@@ -6,8 +6,12 @@ import pytest
 import torch
 import transformers
 
-# Filled by tests/test_book.py's ``built_book`` fixture: {"seconds": build time, "notebooks": {name: seconds}}.
+# Filled by tests/test_book.py's ``built_book`` fixture: {"seconds": build time, "notebooks": {name: seconds},
+# "reused": names of notebooks whose nbmake run the build used}.
 BOOK_BUILD = pytest.StashKey[dict]()
+# Filled by the nbmake runs of this session (``_keep_nbmake_runs``): {absolute notebook path: executed notebook} for
+# each notebook that ran without error, so that the book build shows those outputs instead of executing it again.
+EXECUTED_NOTEBOOKS: dict = {}
 
 from dpa.tiny import FAMILIES as ALL_FAMILIES  # every family dpa supports: the autograd suite
 from dpa.tiny import LAYOUTS, MHA_ONLY, MOE_FAMILIES, random_ids, tiny_config, tiny_model  # noqa: F401 (re-exported)
@@ -143,8 +147,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     build = config.stash.get(BOOK_BUILD, None)
     if build:
         slowest = sorted(build["notebooks"].items(), key=lambda item: -item[1])[:5]
-        lines.append(f"book built in {build['seconds']:.0f} s (jupyter-book build -W, every notebook executed); "
-                     "slowest: " + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in slowest))
+        executed = (f"{len(build['reused'])} notebooks shown from their nbmake run, {len(build['notebooks'])} executed"
+                    if build["reused"] else "every notebook executed")
+        lines.append(f"book built in {build['seconds']:.0f} s (jupyter-book build -W, {executed})"
+                     + ("; slowest: " + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in slowest)
+                        if slowest else ""))
     runs = [r for key in ("passed", "failed") for r in terminalreporter.stats.get(key, [])
             if getattr(r, "when", None) == "call" and r.nodeid.split("::")[0].endswith(".ipynb")]
     if runs:
@@ -171,6 +178,37 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.pluginmanager.register(_DataSummary(), "dpa-benchmark-data-summary")
+    _keep_nbmake_runs()
+
+
+def _keep_nbmake_runs():
+    """Every notebook runs once per test session: nbmake executes it (its asserts are the test) and the book build
+    (tests/test_book.py) takes that executed copy from EXECUTED_NOTEBOOKS instead of executing it a second time. A
+    notebook nbmake did not run in this session (``pytest tests/test_book.py`` alone) or that failed is executed by
+    the build as usual."""
+    try:
+        from nbmake.nb_run import NotebookRun
+    except ImportError:  # without nbmake the build executes everything
+        return
+    if getattr(NotebookRun.execute, "_dpa_keeps_runs", False):
+        return
+    execute = NotebookRun.execute
+
+    def keep(self):
+        result = execute(self)
+        if result.error is None:
+            EXECUTED_NOTEBOOKS[str(self.filename.resolve())] = result.nb
+        return result
+
+    keep._dpa_keeps_runs = True
+    NotebookRun.execute = keep
+
+
+def pytest_collection_modifyitems(config, items):
+    """The tests that read the built book run after the notebooks, so that the build can reuse their runs."""
+    def reads_book(item):
+        return "built_book" in getattr(item, "fixturenames", ())
+    items[:] = [i for i in items if not reads_book(i)] + [i for i in items if reads_book(i)]
 
 
 @pytest.fixture

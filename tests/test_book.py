@@ -2,9 +2,10 @@
 and the built pages in Chromium opened from disk with the network blocked.
 
 The notebooks themselves run under ``pytest --nbmake book/`` (their asserts are the tests).
-Building executes every notebook (some load the default model), so the build and the page tests
+Building executes the notebooks (some load the default model), so the build and the page tests
 are marked ``slow``; the build runs once per module into a temporary folder and the browser tests
-read that output. To check an existing build instead, point ``DPA_BOOK_HTML`` at its ``_build/html``.
+read that output. A notebook that nbmake ran in the same session is not executed again: the build
+shows that run's outputs (tests/conftest.py keeps them; they go into the build's execution cache). To check an existing build instead, point ``DPA_BOOK_HTML`` at its ``_build/html``.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ import sys
 import time
 from pathlib import Path
 
+import nbformat
 import pytest
 import yaml
 
 from .browser_utils import browser  # noqa: F401 (fixture)
-from .conftest import BOOK_BUILD
+from .conftest import BOOK_BUILD, EXECUTED_NOTEBOOKS
 
 ROOT = Path(__file__).resolve().parents[1]
 BOOK = ROOT / "book"
@@ -75,23 +77,59 @@ class TestCommittedNotebooks:
         assert re.search(r"\bassert\b|assert_close", source)
 
 
+def build_config(out: Path) -> tuple[Path, list[str]]:
+    """_config.yml for a build into ``out`` that takes each notebook nbmake already ran in this session from an
+    execution cache holding that run (the others are executed). Returns the config and the reused notebooks."""
+    from jupyter_cache import get_cache
+    from jupyter_cache.base import CacheBundleIn
+
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    cache = get_cache(str(out / "execution-cache"))
+    reused = []
+    for path in notebooks():
+        executed = EXECUTED_NOTEBOOKS.get(str(path.resolve()))
+        if executed is None:
+            continue
+        # the committed notebook with the run's outputs: the cache matches notebooks by their code and metadata,
+        # and the run added timings to each cell's metadata
+        nb = nbformat.read(str(path), as_version=4)
+        if [c.source for c in nb.cells] != [c.source for c in executed.cells]:
+            continue  # edited since nbmake ran it: the build executes it
+        for cell, ran in zip(nb.cells, executed.cells):
+            if cell.cell_type == "code":
+                cell.outputs, cell.execution_count = ran.outputs, ran.execution_count
+        nb.metadata.update({k: v for k, v in executed.metadata.items() if k in ("language_info", "widgets")})
+        cache.cache_notebook_bundle(CacheBundleIn(nb, str(path)), check_validity=False, overwrite=True)
+        reused.append(path.stem)
+    config["execute"].update(execute_notebooks="cache", cache=str(out / "execution-cache"))
+    # paths in the config are read from the config's folder: name them absolutely
+    config["sphinx"]["local_extensions"] = {name: str(ROOT / folder)
+                                            for name, folder in config["sphinx"]["local_extensions"].items()}
+    path = out / "_config.yml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path, reused
+
+
 @pytest.fixture(scope="module")
 def built_book(tmp_path_factory, pytestconfig) -> Path:
-    """Build the book once (executing every notebook) into a temporary folder; return its html/.
+    """Build the book once into a temporary folder (executing the notebooks nbmake did not run in this session);
+    return its html/.
 
-    The build time and each notebook's execution time go to the terminal summary (tests/conftest.py)."""
+    The build time and each executed notebook's time go to the terminal summary (tests/conftest.py)."""
     if os.environ.get("DPA_BOOK_HTML"):
         return Path(os.environ["DPA_BOOK_HTML"])
     out = tmp_path_factory.mktemp("book")
+    config, reused = build_config(out)
     jb = Path(sys.executable).with_name("jupyter-book")  # this interpreter's CLI (there is no python -m entry)
     cmd = [str(jb if jb.exists() else "jupyter-book"), "build", str(ROOT), "--path-output", str(out), "-W", "-n",
-           "--keep-going"]
+           "--keep-going", "--config", str(config)]
     start = time.monotonic()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1500)
     log = proc.stdout + proc.stderr
     seconds = time.monotonic() - start
     executed = re.finditer(r"([\w.-]+)\.ipynb: Executed notebook in ([\d.]+) seconds", log)
-    pytestconfig.stash[BOOK_BUILD] = {"seconds": seconds, "notebooks": {m[1]: float(m[2]) for m in executed}}
+    pytestconfig.stash[BOOK_BUILD] = {"seconds": seconds, "notebooks": {m[1]: float(m[2]) for m in executed},
+                                      "reused": reused}
     assert proc.returncode == 0, f"jupyter-book build failed ({proc.returncode}):\n{log[-6000:]}"
     print(f"book built in {seconds:.0f} s")
     return out / "_build" / "html"
@@ -99,6 +137,15 @@ def built_book(tmp_path_factory, pytestconfig) -> Path:
 
 @pytest.mark.slow
 class TestBuild:
+    def test_each_notebook_ran_once(self, built_book, pytestconfig):
+        """A notebook nbmake ran is shown from that run (the cache matched it), every other one is executed."""
+        build = pytestconfig.stash.get(BOOK_BUILD, None)
+        if build is None:
+            pytest.skip("DPA_BOOK_HTML: an existing build")
+        executed, reused = set(build["notebooks"]), set(build["reused"])
+        assert not executed & reused, f"executed again although nbmake ran them: {sorted(executed & reused)}"
+        assert executed | reused == {p.stem for p in notebooks()}
+
     def test_every_chapter_is_a_page(self, built_book):
         for name in toc_files():
             assert (built_book / f"{name}.html").is_file(), name
