@@ -2,7 +2,7 @@
 
     dpa attribute --prompts prompts.jsonl --out runs/p        (torchrun --nproc-per-node N -m dpa ... splits it)
     dpa.attribute_file(model, tokenizer, "prompts.jsonl", "runs/p")  ->  summary dict
-    dpa.read_results("runs/p")                                      ->  [dpa.Attribution, ...] in input order
+    dpa.read_results("runs/p")                ->  [dpa.Attribution, ...] in input order, each with .line and .id
 
 Input: JSON lines ``{"prompt": ..., "target": ..., "contrast": ..., "position": ..., "id": ...}`` (all but the
 prompt optional), or plain text, one prompt a line: the format given (``format=``, ``--format``), else the
@@ -21,9 +21,10 @@ Output folder:
   atomically when the run ends, from the batch files.
 * ``config.json``: the settings, the prompt file's sha256 and format, and the model's name, dtype and weights'
   fingerprint; a run started again with the same ``--out`` skips the batches that are there, and refuses other
-  settings or other weights (a model folder overwritten since). A batch file that cannot be read (cut short,
-  not a dpa file), of another run, or that does not hold its batch's prompts with scores of the right shapes
-  is refused by name (delete it to attribute its batch again), never merged.
+  settings or other weights (a model folder overwritten since; ``dpa.locks``). A batch file that cannot be read
+  (cut short, not a dpa file), of another run, or that does not hold its batch's prompts, each a whole record
+  with scores of the right shapes, is refused by name (delete it to attribute its batch again), never merged.
+* ``.dpa.lock``, while a run writes the folder: a second run on it is refused (``dpa.locks``).
 
 The plan (which prompts form which batch) depends only on the input and the settings, not on how many
 processes run it; under torchrun rank r takes batches r, r + N, ..., and rank 0 writes the merged files once
@@ -37,17 +38,17 @@ import json
 import os
 import re
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
-from . import distributed, request
+from . import distributed, locks, request
 from .attribute import attribute
 from .checks import check_bool, check_choice, check_int
 from .errors import DPAError, InputError, InputTypeError
-from .files import check_run_config, model_identity, run_folder, run_id, split_lines, write_bytes, write_text
+from .files import model_identity, run_folder, run_id, split_lines, write_bytes, write_text
 from .result import Attribution
 from .weights import PathWeights
 
@@ -125,7 +126,7 @@ def _load_prompts(path, format: str | None) -> PromptFile:
     if fmt == "jsonl" and first.startswith("[") and _is_json_list(text):
         raise InputError(f"{str(path)!r} holds one JSON list; a prompt file holds one JSON object a line "
                          f"(JSON lines): write each record on a line of its own")
-    records, errors = [], []
+    records, errors, named = [], [], set()  # named: the lines whose record gives an id
     for n, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
@@ -150,10 +151,16 @@ def _load_prompts(path, format: str | None) -> PromptFile:
             continue
         records.append(Record(line=n, id=str(row.get("id", n)), prompt=row["prompt"], target=row.get("target"),
                               contrast=row.get("contrast"), position=row.get("position")))
-    ids = [r.id for r in records]
-    if len(set(ids)) != len(ids):
-        dup = next(i for i in ids if ids.count(i) > 1)
-        raise InputError(f"{str(path)!r}: the id {dup!r} is used by more than one record; ids must be unique")
+        if "id" in row:
+            named.add(n)
+    first: dict[str, Record] = {}
+    for r in records:
+        if r.id in first:  # a record without an id is named by its line number: say so, it may be the clash
+            a, b = (f"line {x.line}" + ("" if x.line in named else " (no \"id\": named by its line number)")
+                    for x in (first[r.id], r))
+            raise InputError(f"{str(path)!r}: {a} and {b} have the same id {r.id!r} (ids are compared as text); give "
+                             f"each record an id of its own")
+        first[r.id] = r
     return PromptFile(records, errors, hashlib.sha256(data).hexdigest(), fmt, legacy)
 
 
@@ -255,51 +262,52 @@ def attribute_file(model: nn.Module, tokenizer, prompts: str | os.PathLike, out:
                 **model_identity(model, spec.unembed(model).weight.dtype, tokenizer), "target": opts.target,
                 "contrast": opts.contrast, "kind": opts.kind, "weights": opts.weights.to_dict(),
                 "multi_token": opts.multi_token, "batch_size": opts.batch_size, "top": opts.top}
-    run = run_id(identity)
-    if group.main:
-        check_run_config(out, identity, legacy={"prompts_format": loaded.legacy_format})
-        (out / "scores").mkdir(exist_ok=True)
-        for stale in (out / "scores").glob(".batch-*.tmp"):  # left by a killed run; no rank writes yet
-            stale.unlink()
-    group.barrier()
-    lengths: dict[int, int] = {}
-    for r in records:  # the request step, without the model: a bad record is reported, never attributed
-        try:
-            enc = request.encode(tokenizer, spec, r.prompt, _or(r.target, opts.target),
-                                 contrast=_or(r.contrast, opts.contrast), kind=opts.kind, position=r.position,
-                                 multi_token=opts.multi_token, batch=False)
-            lengths[r.line] = len(enc.rows[0])
-        except DPAError as err:
-            errors.append({"line": r.line, "id": r.id, "error": f"{type(err).__name__}: {err}"})
-    good = sorted((r for r in records if r.line in lengths), key=lambda r: (lengths[r.line], r.line))
-    plan = [good[i:i + opts.batch_size] for i in range(0, len(good), opts.batch_size)]
-    done = _check_shards(out, plan, run)  # every rank alike (read-only), so that a refusal stops them all
-    mine = [(b, batch) for b, batch in enumerate(plan) if group.mine(b) and b not in done]
-    from tqdm.auto import tqdm
+    # one run at a time in the folder, and only the run it holds (rank 0 locks it for every rank)
+    with locks.start(out, identity, group, legacy={"prompts_format": loaded.legacy_format}) as identity:
+        run = run_id(identity)
+        if group.main:
+            (out / "scores").mkdir(exist_ok=True)
+            for stale in (out / "scores").glob(".batch-*.tmp"):  # left by a killed run; no rank writes yet
+                stale.unlink()
+        group.barrier()
+        lengths: dict[int, int] = {}
+        for r in records:  # the request step, without the model: a bad record is reported, never attributed
+            try:
+                enc = request.encode(tokenizer, spec, r.prompt, _or(r.target, opts.target),
+                                     contrast=_or(r.contrast, opts.contrast), kind=opts.kind, position=r.position,
+                                     multi_token=opts.multi_token, batch=False)
+                lengths[r.line] = len(enc.rows[0])
+            except DPAError as err:
+                errors.append({"line": r.line, "id": r.id, "error": f"{type(err).__name__}: {err}"})
+        good = sorted((r for r in records if r.line in lengths), key=lambda r: (lengths[r.line], r.line))
+        plan = [good[i:i + opts.batch_size] for i in range(0, len(good), opts.batch_size)]
+        done = _check_shards(out, plan, run)  # every rank alike (read-only), so that a refusal stops them all
+        mine = [(b, batch) for b, batch in enumerate(plan) if group.mine(b) and b not in done]
+        from tqdm.auto import tqdm
 
-    start = time.perf_counter()
-    bar = tqdm(total=sum(len(batch) for _, batch in mine), unit="prompt", disable=not progress or not mine,
-               desc=f"attributing{f' (rank {group.rank} of {group.world})' if group.world > 1 else ''}")
-    failed = None
-    try:
-        for b, batch in mine:
-            _write_shard(out / "scores" / _shard_name(b), *_attribute_batch(model, tokenizer, batch, opts), opts.top,
-                         run)
-            bar.update(len(batch))
-    except BaseException as err:  # noqa: BLE001  told to the other ranks, so that none waits for ever
-        failed = err
-    finally:
-        bar.close()
-    if not group.all_ok(failed is None):
-        if failed is not None:
-            raise failed
-        raise InputError("another rank of this torchrun failed; see its message")
-    group.barrier()
-    summary = None
-    if group.main:
-        summary = _merge(out, n_prompts, errors, plan, identity, run, time.perf_counter() - start, group.world)
-    group.barrier()
-    return summary if summary is not None else json.loads((out / "summary.json").read_text())
+        start = time.perf_counter()
+        bar = tqdm(total=sum(len(batch) for _, batch in mine), unit="prompt", disable=not progress or not mine,
+                   desc=f"attributing{f' (rank {group.rank} of {group.world})' if group.world > 1 else ''}")
+        failed = None
+        try:
+            for b, batch in mine:
+                _write_shard(out / "scores" / _shard_name(b), *_attribute_batch(model, tokenizer, batch, opts),
+                             opts.top, run)
+                bar.update(len(batch))
+        except BaseException as err:  # noqa: BLE001  told to the other ranks, so that none waits for ever
+            failed = err
+        finally:
+            bar.close()
+        if not group.all_ok(failed is None):
+            if failed is not None:
+                raise failed
+            raise InputError("another rank of this torchrun failed; see its message")
+        group.barrier()
+        summary = None
+        if group.main:
+            summary = _merge(out, n_prompts, errors, plan, identity, run, time.perf_counter() - start, group.world)
+        group.barrier()
+        return summary if summary is not None else json.loads((out / "summary.json").read_text())
 
 
 def _or(value, default):
@@ -374,9 +382,11 @@ def _shard_files(out: Path) -> dict[int, Path]:
 def _read_shard(path: Path, run: str | None = None, lines: list[int] | None = None,
                 shapes: list | None = None) -> tuple[list[dict], list[dict], Any]:
     """A batch file's records, errors and open handle, each checked: readable, dpa's, of ``run`` (when the file
-    says), holding the prompts of ``lines`` (when given), a tensor for each score, token scores one a token, head
-    and neuron scores in two dimensions (their shapes appended to ``shapes``, for ``_check_shapes``). Anything
-    else: ``InputError`` naming the file and what to do."""
+    says), holding the prompts of ``lines`` (when given), each record whole (what ``read_results`` makes a
+    ``dpa.Attribution`` of: an edited or damaged one fails here, by file and line, on resume as on reading), a
+    tensor for each score, token scores one a token, head and neuron scores in two dimensions (their shapes
+    appended to ``shapes``, for ``_check_shapes``). Anything else: ``InputError`` naming the file and what to do.
+    The one reader of batch files: resume (``_check_shards``), merge and ``read_results`` all read through it."""
     from safetensors import safe_open
 
     try:
@@ -397,7 +407,9 @@ def _read_shard(path: Path, run: str | None = None, lines: list[int] | None = No
         records = errors = None
     if not (isinstance(records, list) and isinstance(errors, list) and all(
             isinstance(x, dict) and isinstance(x.get("line"), int) for x in records + errors) and all(
-            isinstance(r.get("tokens"), list) for r in records)):
+            isinstance(r.get("tokens"), list) and isinstance(r.get("id"), str) and isinstance(
+                r.get("top_components"), dict) for r in records) and all(
+            isinstance(e.get("error"), str) for e in errors)):
         raise InputError(f"{path}: its records are damaged; {WHAT_TO_DO}")
     held = sorted(x["line"] for x in records + errors)
     if lines is not None and held != sorted(lines):
@@ -405,9 +417,10 @@ def _read_shard(path: Path, run: str | None = None, lines: list[int] | None = No
                          f"lines {_span(sorted(lines))}: a file of another run; {WHAT_TO_DO}")
     keys = set(handle.keys())
     for r in records:
+        got = {}
         for name in TENSORS:
             key = f"{r['line']}/{name}"
-            shape = tuple(handle.get_slice(key).get_shape()) if key in keys else None
+            shape = got[name] = tuple(handle.get_slice(key).get_shape()) if key in keys else None
             if shape is None:
                 raise InputError(f"{path}: the {name} of line {r['line']} are missing; {WHAT_TO_DO}")
             if name == "token_scores" and shape != (len(r["tokens"]),):
@@ -418,7 +431,22 @@ def _read_shard(path: Path, run: str | None = None, lines: list[int] | None = No
                                  f"[layers, units]; {WHAT_TO_DO}")
             if shapes is not None and name != "token_scores":
                 shapes.append((path, r["line"], name, shape))
+        d = r.get("d_expert")  # the neuron scores' width matters to d_expert alone: no bigger stand-in is built
+        width = d if isinstance(d, int) and 0 < d <= got["neuron_scores"][1] else 0
+        try:
+            _attribution(r, {"token_scores": [0.0] * len(r["tokens"]), "head_scores": [[]] * got["head_scores"][0],
+                             "neuron_scores": [[0.0] * width] * got["neuron_scores"][0]})
+        except InputError as err:
+            raise InputError(f"{path}: the record of line {r['line']} is damaged ({err}); {WHAT_TO_DO}") from None
     return records, errors, handle
+
+
+KEEP = frozenset({f.name for f in fields(Attribution)} | {"score_dtype"})  # a record's fields of a result
+
+
+def _attribution(record: dict, scores: dict) -> Attribution:
+    """The ``dpa.Attribution`` of a batch file's record and its ``scores`` (nested lists, by name)."""
+    return Attribution.from_dict({**{k: v for k, v in record.items() if k in KEEP}, **scores})
 
 
 def _check_shapes(shapes: list) -> None:
@@ -486,13 +514,18 @@ def _merge(out: Path, n_prompts: int, errors: list[dict], plan: list[list[Record
 
 def read_results(out: str | os.PathLike) -> list[Attribution]:
     """The results of ``attribute_file`` (or ``dpa attribute --prompts``) in ``out``, as ``dpa.Attribution``s in
-    input order. Reads the batch files, so it works on a run that was interrupted (what is there so far)."""
+    input order. Reads the batch files, so it works on a run that was interrupted (what is there so far).
+
+    A prompt that was refused (``errors.jsonl``) or not attributed yet has no result, so the list is not one
+    result per line of the prompt file: each result says which prompt it is, ``res.line`` (the 1-based line of
+    the prompt file) and ``res.id`` (the record's ``"id"``, as text; its line number, as text, when it has none).
+    Match results to prompts by them, e.g. ``{res.id: res for res in read_results(out)}``, never by position.
+    (``line`` and ``id`` are attributes of the object read, not fields: ``to_json`` does not write them.)"""
     if not isinstance(out, (str, os.PathLike)):
         raise InputTypeError(f"out must be a results folder (a str or path), got {type(out).__name__}")
     folder = Path(out) / "scores"
     if not folder.is_dir():
         raise InputError(f"{str(out)!r} holds no dpa batch results (no scores/ folder)")
-    keep = {f.name for f in fields(Attribution)} | {"score_dtype"}
     run, shards, shapes, where = _folder_run(Path(out)), [], [], {}
     for path in _shard_files(Path(out)).values():  # every file checked before any is read
         rows, _, handle = _read_shard(path, run, shapes=shapes)
@@ -506,16 +539,13 @@ def read_results(out: str | os.PathLike) -> list[Attribution]:
     found = []
     for rows, handle in shards:
         for row in rows:
-            data = {k: v for k, v in row.items() if k in keep}
-            data.update({name: handle.get_tensor(f"{row['line']}/{name}").tolist() for name in TENSORS})
-            found.append((row["line"], Attribution.from_dict(data)))
-    return [res for _, res in sorted(found, key=lambda x: x[0])]
+            res = _attribution(row, {name: handle.get_tensor(f"{row['line']}/{name}").tolist() for name in TENSORS})
+            res.line, res.id = row["line"], row["id"]
+            found.append(res)
+    return sorted(found, key=lambda res: res.line)
 
 
 def _folder_run(out: Path) -> str | None:
     """The run name of the folder's config.json (None if it has none that reads)."""
-    try:
-        config = json.loads((out / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return run_id(config) if isinstance(config, dict) else None
+    config = locks.folder_config(out)
+    return None if config is None else run_id(config)

@@ -127,13 +127,13 @@ class TestFile:
         with pytest.raises(dpa.InputError, match="prompts_sha256"):
             dpa.attribute_file(model, tok, many(tmp_path / "q.jsonl", 5, seed=1), tmp_path / "out", batch_size=3,
                                progress=False)
-        with pytest.raises(dpa.InputError, match="dtype: 'float64' there, None now"):  # scores of another dtype
+        with pytest.raises(dpa.InputError, match="asks for float32, but .* holds a run in float64"):  # another dtype
             dpa.attribute_file(copy.deepcopy(model).float(), tok, prompts, tmp_path / "out", batch_size=3,
                                progress=False)
 
     @pytest.mark.parametrize("content, message", [
         (None, "no prompt file"), ("FOLDER", "is a folder"), (b"\xff\xfe bad", "not UTF-8"),
-        ('{"prompt": "a", "id": 1}\n{"prompt": "b", "id": 1}\n', "used by more than one record"),
+        ('{"prompt": "a", "id": 1}\n{"prompt": "b", "id": 1}\n', "line 1 and line 2 have the same id '1'"),
     ])
     def test_unreadable_prompt_files(self, tiny, tmp_path, content, message):
         model, tok = tiny
@@ -231,3 +231,4 @@ def test_two_gloo_processes_give_one_process_output(folder, tmp_path):
     assert (tmp_path / "one" / "results.jsonl").read_text() == (tmp_path / "two" / "results.jsonl").read_text()
     summary = json.loads((tmp_path / "two" / "summary.json").read_text())
     assert summary["processes"] == 2 and summary["attributed"] == 30
+    assert not (tmp_path / "two" / ".dpa.lock").exists()  # rank 0 held the folder for the run, and let it go

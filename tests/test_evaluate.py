@@ -516,7 +516,7 @@ class TestRunner:
         # the model's dtype is part of the run (float32 is recorded by its absence): a float64 folder is
         # refused to the same model in float32, though the float32 identity has no dtype key to compare
         assert json.loads((out / "config.json").read_text())["dtype"] == "float64"
-        with pytest.raises(ValueError, match="dtype: 'float64' there, None now"):
+        with pytest.raises(ValueError, match="asks for float32, but .* holds a run in float64"):
             evaluate(tiny_model("llama", kv_heads=2).float(), tok, settings, out, progress=False)
 
     def test_component_run_and_sweep(self, llama, tmp_path):
@@ -629,6 +629,13 @@ class TestCLI:
         assert all(m["n_samples"] == 2 for m in results["methods"].values())
         for name in ("results.csv", "results.md", "curves.png", "auc.png", "samples.jsonl", "filter.jsonl"):
             assert (out / name).is_file()
+        assert f"wrote {out / 'results.json'}, results.csv, results.md, curves.png and auc.png" in printed
+        code = main(["evaluate", "--dataset", "known_1000", "--unit", "input", "--methods", "dpa,random,gradient",
+                     "--limit", "2", "--data-dir", str(tmp_path / "data"), "--model", str(folder), "--device", "cpu",
+                     "--threads", "1", "--out", str(out), "--quiet", "--no-figures"])  # resumed: nothing to measure
+        printed = capsys.readouterr().out
+        assert code == 0 and f"wrote {out / 'results.json'}, results.csv and results.md\n" in printed
+        assert "figures" not in printed and "png" not in printed
 
 
 def test_two_gloo_processes_under_torchrun_give_one_process_results(tmp_path):
@@ -679,6 +686,7 @@ def test_two_gloo_processes_under_torchrun_give_one_process_results(tmp_path):
                 b["methods"][name]["auc"]["paper"]["total"], rel=1e-6, abs=1e-6)
         if command == "sweep":
             assert (tmp_path / "sweep-2" / "sweep.csv").read_text().count("\n") == 3
+            assert "sweep.json and sweep.csv (6 samples)" in one.stdout  # --no-figures: no sweep.png claimed
 
 
 @pytest.mark.slow

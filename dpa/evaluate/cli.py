@@ -120,9 +120,17 @@ def _load(args, group):
     return dpa.load_model(args.model, device=distributed.device_for(group, args.device),
                           dtype=getattr(torch, args.dtype))
 
-def _report(path: Path) -> None:
+
+def _wrote(path: Path, names: list[str]) -> str:
+    """'wrote DIR/a, b and c': the files this run wrote, named from what it was asked (--no-figures: none)."""
+    return f"wrote {path / names[0]}" + "".join(f", {n}" for n in names[1:-1]) + f" and {names[-1]}"
+
+
+def _report(path: Path, results: dict, figures: bool) -> None:
+    from .runner import figure_files
+
     print((path / "results.md").read_text(), end="")
-    print(f"wrote {path / 'results.json'}, results.csv, results.md and figures")
+    print(_wrote(path, ["results.json", "results.csv", "results.md", *figure_files(results, figures)]))
 
 
 def _user_errors(run):
@@ -155,9 +163,9 @@ def run_evaluate(args) -> int:
     resolve_methods(settings)  # unknown names fail before the model loads
     with distributed.group() as group:
         model, tokenizer = _load(args, group)
-        evaluate(model, tokenizer, settings, args.out, progress=not args.quiet, figures=not args.no_figures)
+        results = evaluate(model, tokenizer, settings, args.out, progress=not args.quiet, figures=not args.no_figures)
         if group.main:
-            _report(args.out)
+            _report(args.out, results, not args.no_figures)
     return 0
 
 
@@ -182,7 +190,8 @@ def run_sweep(args) -> int:
                         progress=not args.quiet, figures=not args.no_figures)
         if group.main:
             print((args.out / "sweep.csv").read_text(), end="")
-            print(f"wrote {args.out / 'sweep.json'}, sweep.csv and sweep.png ({summary['n_evaluated']} samples)")
+            names = ["sweep.json", "sweep.csv", *(() if args.no_figures else ("sweep.png",))]
+            print(f"{_wrote(args.out, names)} ({summary['n_evaluated']} samples)")
     return 0
 
 

@@ -10,6 +10,7 @@ written from the first ``limit`` valid samples.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import json
@@ -22,12 +23,12 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 from torch import nn
 
-from .. import distributed
+from .. import distributed, locks
 from ..families import spec_for
 from ..baselines import COMPONENT_METHODS, INPUT_METHODS
 from ..checks import check_bool, check_choice, check_float, check_int
@@ -36,7 +37,7 @@ from ..weights import FAMILIES, PathWeights
 from .auc import auc_summary
 from .curves import (GRANULARITIES, ONE_KIND, ComponentUnits, Unit, component_curves, component_units,
                      fraction_grid, input_curves)
-from ..files import check_run_config, model_identity, run_folder, run_id, split_lines, write_text
+from ..files import model_identity, run_folder, run_id, split_lines, write_text
 from .datasets import CHAT_DATASETS, DATASETS, GENERATED, DataError, load_examples
 from .filter import Verdict, check
 from .prompts import check_prompt, encode_example
@@ -265,8 +266,17 @@ def evaluate(model: nn.Module, tokenizer, settings: Settings, out: str | Path, *
 
     Under torchrun (an initialised torch.distributed process group) rank r of N measures the valid samples
     r, r + N, ... and writes its own part; rank 0 merges the parts and writes the results once every rank is
-    done (``dpa.distributed``), so the folder is what one process would have written.
+    done (``dpa.distributed``), so the folder is what one process would have written. The run holds the folder
+    while it writes it: a second run on it is refused (``dpa.locks``).
     """
+    with _running(model, tokenizer, settings, out, methods=methods, progress=progress, figures=figures) as results:
+        return results
+
+
+@contextlib.contextmanager
+def _running(model: nn.Module, tokenizer, settings: Settings, out: str | Path, *,
+             methods: dict[str, Callable] | None, progress: bool, figures: bool) -> Iterator[dict]:
+    """``evaluate``, yielding its results while the run still holds the folder (a sweep writes its files then)."""
     from tqdm.auto import tqdm
 
     if not isinstance(settings, Settings):
@@ -291,59 +301,59 @@ def evaluate(model: nn.Module, tokenizer, settings: Settings, out: str | Path, *
     out = run_folder(out, DataError)
     identity = {**settings.identity(), "weights": settings.weights.to_dict(),
                 **model_identity(model, _unembedding(model).dtype, tokenizer)}
-    if group.main:
-        check_run_config(out, identity, DataError)
-    group.barrier()
-    run = run_id(identity)
-    store = Store(out, rank=group.rank, run=run)
-    fractions = fraction_grid(settings.dataset, settings.unit)
-    total = min(settings.limit or len(examples), len(examples))
-    total = len(range(group.rank, total, group.world))
-    chosen: list[int] = []
-    bar = tqdm(total=total, desc=f"{settings.dataset} {settings.unit}", unit="sample", disable=not progress)
-    failed = None
-    try:
-        for index, example in enumerate(examples):
-            if settings.limit is not None and len(chosen) >= settings.limit:
-                break
-            sample = encode_example(tokenizer, example, settings.prompt)
-            if index not in store.verdicts:
-                v: Verdict = check(model, tokenizer, sample, max_tokens=settings.max_tokens,
-                                   min_probability=settings.min_probability, correct_only=settings.filter == "paper")
-                store.add_verdict({"index": index, "id": example.id, **asdict(v)}, write=group.main)
-            elif str(store.verdicts[index].get("id", example.id)) != str(example.id):
-                raise DataError(f"{out / 'filter.jsonl'}: sample {index} was record {store.verdicts[index]['id']!r} "
-                                f"when this folder was started, and is record {example.id!r} in the data now "
-                                "(another data file, or its records reordered): resume with the data the run started "
-                                "with, or use a new --out folder")
-            if not store.verdicts[index]["valid"]:
-                bar.set_postfix(checked=index + 1, valid=len(chosen))
-                continue
-            chosen.append(index)
-            if not group.mine(len(chosen) - 1):
-                continue
-            units = _sample_units(sample, spec, settings) if settings.unit == "component" else None
-            for name, fn in methods.items():
-                if (index, name) in store.samples and _complete(store.samples[(index, name)], settings, model):
+    # one run at a time in the folder, and only the run it holds (rank 0 locks it for every rank)
+    with locks.start(out, identity, group, DataError) as identity:
+        run = run_id(identity)
+        store = Store(out, rank=group.rank, run=run)
+        fractions = fraction_grid(settings.dataset, settings.unit)
+        total = min(settings.limit or len(examples), len(examples))
+        total = len(range(group.rank, total, group.world))
+        chosen: list[int] = []
+        bar = tqdm(total=total, desc=f"{settings.dataset} {settings.unit}", unit="sample", disable=not progress)
+        failed = None
+        try:
+            for index, example in enumerate(examples):
+                if settings.limit is not None and len(chosen) >= settings.limit:
+                    break
+                sample = encode_example(tokenizer, example, settings.prompt)
+                if index not in store.verdicts:
+                    v: Verdict = check(model, tokenizer, sample, max_tokens=settings.max_tokens,
+                                       min_probability=settings.min_probability,
+                                       correct_only=settings.filter == "paper")
+                    store.add_verdict({"index": index, "id": example.id, **asdict(v)}, write=group.main)
+                elif str(store.verdicts[index].get("id", example.id)) != str(example.id):
+                    raise DataError(f"{out / 'filter.jsonl'}: sample {index} was record "
+                                    f"{store.verdicts[index]['id']!r} when this folder was started, and is record "
+                                    f"{example.id!r} in the data now (another data file, or its records reordered): "
+                                    "resume with the data the run started with, or use a new --out folder")
+                if not store.verdicts[index]["valid"]:
+                    bar.set_postfix(checked=index + 1, valid=len(chosen))
                     continue
-                bar.set_postfix(checked=index + 1, valid=len(chosen), method=name)
-                store.add_sample(_measure(model, tokenizer, settings, sample, index, name, fn, units, fractions))
-            bar.update(1)
-    except BaseException as err:  # noqa: BLE001  told to the other ranks, so that none waits for ever
-        failed = err
-    bar.close()
-    if not group.all_ok(failed is None):
-        if failed is not None:
-            raise failed
-        raise InputError("another rank of this torchrun failed; see its message")
-    group.barrier()
-    if group.main:
-        store = Store(out, run=run)  # every rank's samples
-        store.merge(chosen, list(methods))
-        results = summarize(settings, methods, store, chosen, fractions, model, n_checked=len(store.verdicts))
-        write_results(results, out, figures=figures)
-    group.barrier()
-    return results if group.main else json.loads((out / "results.json").read_text(encoding="utf-8"))
+                chosen.append(index)
+                if not group.mine(len(chosen) - 1):
+                    continue
+                units = _sample_units(sample, spec, settings) if settings.unit == "component" else None
+                for name, fn in methods.items():
+                    if (index, name) in store.samples and _complete(store.samples[(index, name)], settings, model):
+                        continue
+                    bar.set_postfix(checked=index + 1, valid=len(chosen), method=name)
+                    store.add_sample(_measure(model, tokenizer, settings, sample, index, name, fn, units, fractions))
+                bar.update(1)
+        except BaseException as err:  # noqa: BLE001  told to the other ranks, so that none waits for ever
+            failed = err
+        bar.close()
+        if not group.all_ok(failed is None):
+            if failed is not None:
+                raise failed
+            raise InputError("another rank of this torchrun failed; see its message")
+        group.barrier()
+        if group.main:
+            store = Store(out, run=run)  # every rank's samples
+            store.merge(chosen, list(methods))
+            results = summarize(settings, methods, store, chosen, fractions, model, n_checked=len(store.verdicts))
+            write_results(results, out, figures=figures)
+        group.barrier()
+        yield results if group.main else json.loads((out / "results.json").read_text(encoding="utf-8"))
 
 
 def _sample_units(sample, spec, settings: Settings) -> dict[str | None, tuple[ComponentUnits, ComponentUnits]]:
@@ -491,13 +501,18 @@ def markdown_table(results: dict) -> str:
     return head + "\n".join(lines) + "\n"
 
 
+def figure_files(results: dict, figures: bool = True) -> tuple[str, ...]:
+    """The figures ``write_results`` writes: none when asked for none, or when no method has results."""
+    return ("curves.png", "auc.png") if figures and results["methods"] else ()
+
+
 def write_results(results: dict, out: Path, *, figures: bool = True) -> None:
     write_text(out / "results.json", json.dumps(results, indent=1) + "\n")  # each file atomically
     rows = [",".join(f"{r[c]:.6g}" if isinstance(r[c], float) else str(r[c]) for c in CSV_COLUMNS)
             for r in table_rows(results)]
     write_text(out / "results.csv", "\n".join([",".join(CSV_COLUMNS), *rows]) + "\n")
     write_text(out / "results.md", markdown_table(results))
-    if figures and results["methods"]:
+    if figure_files(results, figures):
         from .plots import plot_auc, plot_curves
 
         plot_curves(results, out / "curves.png")
@@ -533,11 +548,14 @@ def sweep(model: nn.Module, tokenizer, settings: Settings, out: str | Path, *, f
     if not isinstance(settings, Settings):
         raise InputTypeError(f"settings must be a dpa.evaluate.Settings, got {type(settings).__name__}")
     methods, points = sweep_methods(settings, families, ps)
-    out = Path(out)
-    results = evaluate(model, tokenizer, replace(settings, methods=tuple(methods)), out, methods=methods,
-                       progress=progress, figures=False)
-    if not distributed.current().main:  # rank 0 writes the sweep's files
-        return json.loads((out / "results.json").read_text(encoding="utf-8"))
+    with _running(model, tokenizer, replace(settings, methods=tuple(methods)), out, methods=methods,
+                  progress=progress, figures=False) as results:  # the sweep's files too, while it holds the folder
+        if not distributed.current().main:  # rank 0 writes the sweep's files
+            return results
+        return _write_sweep(settings, results, points, Path(out), figures)
+
+
+def _write_sweep(settings: Settings, results: dict, points: list[dict], out: Path, figures: bool) -> dict:
     for point in points:
         m = results["methods"].get(point["method"])
         point["auc"] = None if m is None else m["auc"]
