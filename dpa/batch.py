@@ -298,10 +298,7 @@ def attribute_file(model: nn.Module, tokenizer, prompts: str | os.PathLike, out:
             failed = err
         finally:
             bar.close()
-        if not group.all_ok(failed is None):
-            if failed is not None:
-                raise failed
-            raise InputError("another rank of this torchrun failed; see its message")
+        group.stop_together(failed)
         group.barrier()
         summary = None
         if group.main:

@@ -46,6 +46,14 @@ class Group:
         torch.distributed.all_reduce(flag)
         return int(flag.item()) == 0
 
+    def stop_together(self, failed: BaseException | None) -> None:
+        """Raise on every rank if one failed (``failed``: this rank's error, or None): its error on that rank, a
+        pointer to it on the others, so that none waits for ever at the next collective."""
+        if not self.all_ok(failed is None):
+            if failed is not None:
+                raise failed
+            raise InputError("another rank of this torchrun failed; see its message")
+
 
 SINGLE = Group()
 

@@ -68,10 +68,7 @@ def hold(out: Path, group: distributed.Group = distributed.SINGLE,
         except BaseException as err:  # noqa: BLE001  told to the other ranks below
             failed = err
     try:
-        if not group.all_ok(failed is None):
-            if failed is not None:
-                raise failed
-            raise InputError(f"rank 0 of this torchrun refused the folder {out}; see its message")
+        group.stop_together(failed)
         yield
     finally:
         if held is not None:

@@ -23,7 +23,7 @@ from dpa import batch
 from dpa.cli import main
 from dpa.evaluate.runner import Settings, evaluate, sweep
 
-from .test_batch import cli, folder, many, tiny, write_records  # noqa: F401 (the saved tiny model and its loaded copy)
+from .test_batch import cli, folder, many, tiny, torchrun, write_records  # noqa: F401 (the saved tiny model and its loaded copy)
 from .test_evaluate import tiny_dataset, word_tokenizer
 from .test_files import other_weights
 from .conftest import tiny_model
@@ -129,6 +129,21 @@ def test_an_evaluation_sweep_or_command_on_a_folder_another_run_holds_is_refused
         holder.wait()
     assert evaluate(llama, tok, settings, out, progress=False, figures=False)["n_evaluated"] == 2
     assert not (out / ".dpa.lock").exists()
+
+
+def test_a_torchrun_on_a_folder_another_run_holds_is_refused_on_every_rank(folder, tmp_path):
+    """The lock is the run's: rank 0 takes it for both ranks, and its refusal stops rank 1 too (no wait)."""
+    out = tmp_path / "out"
+    holder = locked_elsewhere(out)
+    try:
+        proc = torchrun("attribute", "--prompts", str(many(tmp_path / "p.jsonl", 4)), "--model", str(folder),
+                        "--out", str(out), "--quiet")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert proc.returncode != 0 and f"error: another run is writing the folder {out}" in proc.stderr, proc.stderr
+    assert "error: another rank of this torchrun failed; see its message" in proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == [".dpa.lock"]
 
 
 def test_a_run_holds_its_folder_in_this_process_too_and_frees_it_after_an_error(run, tiny, monkeypatch):

@@ -342,10 +342,7 @@ def _running(model: nn.Module, tokenizer, settings: Settings, out: str | Path, *
         except BaseException as err:  # noqa: BLE001  told to the other ranks, so that none waits for ever
             failed = err
         bar.close()
-        if not group.all_ok(failed is None):
-            if failed is not None:
-                raise failed
-            raise InputError("another rank of this torchrun failed; see its message")
+        group.stop_together(failed)
         group.barrier()
         if group.main:
             store = Store(out, run=run)  # every rank's samples
