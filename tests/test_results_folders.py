@@ -23,7 +23,8 @@ from dpa import batch
 from dpa.cli import main
 from dpa.evaluate.runner import Settings, evaluate, sweep
 
-from .test_batch import cli, folder, many, tiny, torchrun, write_records  # noqa: F401 (the saved tiny model and its loaded copy)
+from .test_batch import folder, tiny  # noqa: F401 (the saved tiny model and its loaded copy)
+from .test_batch import cli, many, torchrun, write_records
 from .test_evaluate import tiny_dataset, word_tokenizer
 from .test_files import other_weights
 from .conftest import tiny_model
