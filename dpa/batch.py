@@ -48,7 +48,7 @@ from . import distributed, locks, request
 from .attribute import attribute
 from .checks import check_bool, check_choice, check_int
 from .errors import DPAError, InputError, InputTypeError
-from .files import model_identity, run_folder, run_id, split_lines, write_bytes, write_text
+from .files import decode_text, model_identity, run_folder, run_id, split_lines, write_bytes, write_text
 from .result import Attribution
 from .weights import PathWeights
 
@@ -90,9 +90,11 @@ def read_prompts(path: str | os.PathLike, format: str | None = None) -> tuple[li
     ``format``: ``"jsonl"`` (one JSON object a line) or ``"text"`` (one prompt a line); None: by the extension
     (``.jsonl``, ``.ndjson``, ``.json``: JSON lines; ``.txt``: text), else guessed from the lines: text when no
     line is a JSON object, JSON lines when every line is one (or a comment), refused when some are and some
-    are not. A line ends at "\\n" (or "\\r\\n") only. Blank lines are skipped; in JSON lines, so are comment
-    lines (``#`` or ``//`` first). A byte-order mark (U+FEFF) at the start of a line (a file joined to
-    another) is dropped; one inside a text line is that line's error."""
+    are not; a ``.csv`` or ``.tsv`` file is refused unless ``format`` is given. A line ends at "\\n" (or "\\r\\n")
+    only, or at "\\r" in a file with no "\\n" (``files.split_lines``). Blank lines are skipped; in JSON lines, so
+    are comment lines (``#`` or ``//`` first). A byte-order mark (U+FEFF) at the start of a line (a file joined to
+    another) is dropped; one inside a text line is that line's error. The file must be UTF-8 text holding at least
+    one prompt: anything else (compressed, UTF-16, empty) is refused naming the file (``files.decode_text``)."""
     loaded = _load_prompts(path, format)
     return loaded.records, loaded.errors
 
@@ -108,17 +110,19 @@ def _load_prompts(path, format: str | None) -> PromptFile:
                          "be read only once, and a results folder resumes from the same file; save the prompts to a "
                          "file first")
     try:
-        data = path.read_bytes()  # bytes: no newline translation (a lone "\r" is a character of its line)
-        text = data.decode("utf-8")
+        data = path.read_bytes()  # bytes: no newline translation (split_lines says where a line ends)
     except FileNotFoundError:
         raise InputError(f"no prompt file {str(path)!r}") from None
     except IsADirectoryError:
         raise InputError(f"{str(path)!r} is a folder; give a file of prompts (JSON lines or one prompt a line)") \
             from None
-    except UnicodeDecodeError as err:
-        raise InputError(f"{str(path)!r} is not UTF-8 text ({err.reason} at byte {err.start})") from None
     except OSError as err:
         raise InputError(f"cannot read {str(path)!r}: {err.strerror or err}") from None
+    text = decode_text(data, str(path))  # UTF-8, or what it is instead (compressed, UTF-16, empty) by name
+    if format is None and path.suffix.lower() in (".csv", ".tsv"):  # guessed as text, a header row is a prompt
+        raise InputError(f"{str(path)!r} is a {path.suffix} file; prompts are JSON lines (.jsonl, .ndjson, .json: "
+                         "one object a line) or text (.txt: one prompt a line): convert it, or give --format text "
+                         "(format='text') to attribute every line, a header too, as a prompt")
     lines = [ln.removeprefix(BOM) for ln in split_lines(text)]
     first = next((ln.strip() for ln in lines if ln.strip()), "")
     legacy = "jsonl" if path.suffix.lower() in (".jsonl", ".json") or first.startswith("{") else "text"
@@ -153,6 +157,8 @@ def _load_prompts(path, format: str | None) -> PromptFile:
                               contrast=row.get("contrast"), position=row.get("position")))
         if "id" in row:
             named.add(n)
+    if not records and not errors:
+        raise InputError(f"{str(path)!r} holds no prompts (only blank or comment lines)")
     first: dict[str, Record] = {}
     for r in records:
         if r.id in first:  # a record without an id is named by its line number: say so, it may be the clash

@@ -158,12 +158,8 @@ def test_decode_text_says_what_a_file_that_is_not_utf8_text_is(kind):
     assert files.decode_text(b"BZh is text\n", "p.txt") == "BZh is text\n"  # a signature counts only in non-UTF-8
 
 
-# batch.read_prompts does not call files.decode_text yet, nor refuse a file of no prompts or a .csv (batch.py is
-# another engineer's): these say what it must do, and fail (strict) once it does, to have their mark removed.
-WIRING = pytest.mark.xfail(strict=True, reason="batch.read_prompts: decode_text, no prompts, .csv not wired yet")
+# A prompt file goes through the same reading step (batch.read_prompts):
 
-
-@WIRING
 @pytest.mark.parametrize("kind", NOT_TEXT)
 def test_a_prompt_file_that_is_not_utf8_text_says_what_it_is(tmp_path, kind):
     encode, message = NOT_TEXT[kind]
@@ -173,7 +169,6 @@ def test_a_prompt_file_that_is_not_utf8_text_says_what_it_is(tmp_path, kind):
         batch.read_prompts(path)
 
 
-@WIRING
 @pytest.mark.parametrize("content", ["\n\n", "# a comment\n// another\n"])
 def test_a_prompt_file_of_no_prompts_is_refused_by_name(tmp_path, content):
     """It 'succeeded' with nothing to do."""
@@ -183,7 +178,6 @@ def test_a_prompt_file_of_no_prompts_is_refused_by_name(tmp_path, content):
         batch.read_prompts(path)
 
 
-@WIRING
 def test_a_csv_prompt_file_is_refused_naming_the_formats(tmp_path):
     """A .csv file was guessed to be text: its header row attributed as a prompt, each row with its commas."""
     path = tmp_path / "p.csv"
