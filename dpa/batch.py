@@ -48,7 +48,7 @@ from . import distributed, locks, request
 from .attribute import attribute
 from .checks import check_bool, check_choice, check_int
 from .errors import DPAError, InputError, InputTypeError
-from .files import decode_text, model_identity, run_folder, run_id, split_lines, write_bytes, write_text
+from .files import decode_text, load_json, model_identity, run_folder, run_id, split_lines, write_bytes, write_text
 from .result import Attribution
 from .weights import PathWeights
 
@@ -144,9 +144,9 @@ def _load_prompts(path, format: str | None) -> PromptFile:
         if raw.lstrip().startswith(("#", "//")):  # no JSON value starts so: a comment line
             continue
         try:
-            row = json.loads(raw)
-        except json.JSONDecodeError as err:
-            errors.append({"line": n, "error": f"not valid JSON ({err.msg} at column {err.colno})"})
+            row = load_json(raw, "the line")  # dpa's one JSON reader: a key twice in a record is refused
+        except InputError as err:
+            errors.append({"line": n, "error": str(err)})
             continue
         problem = _record_problem(row)
         if problem:

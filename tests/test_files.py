@@ -186,6 +186,16 @@ def test_a_csv_prompt_file_is_refused_naming_the_formats(tmp_path):
         batch.read_prompts(path)
 
 
+def test_a_prompt_record_with_a_key_twice_is_that_lines_error(tmp_path):
+    """json.loads kept the last "prompt" of a record written with two: the other prompt was attributed silently."""
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt": "the city of"}\n{"prompt": "a", "target": " b", "prompt": "c"}\n')
+    records, errors = batch.read_prompts(path)
+    assert [r.line for r in records] == [1]
+    assert errors == [{"line": 2, "error": "the line has the key 'prompt' twice in one object (which value is meant "
+                                           "cannot be told); keep one"}]
+
+
 def test_a_run_config_with_a_key_twice_or_compressed_is_refused_by_name(tmp_path):
     """json.loads kept the last of two values of a key: a config edited by hand resumed with one of them."""
     identity = {"model": "m", "target": None}
