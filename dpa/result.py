@@ -183,16 +183,18 @@ class Attribution:
         field is checked once, by name (``InputTypeError``: a wrong type, ``InputError``: a wrong value): a score
         field is a floating-point tensor or lists nested to its number of dimensions of numbers (null: NaN, as
         ``to_dict`` writes NaN and infinities), read as ``score_dtype`` (default float32); an integer tensor, a
-        string or a bool among numbers, a non-finite target logit or probability are refused; then the fields
-        must fit together (one token score a token, ...)."""
+        string or a bool among numbers, a non-finite target logit or probability are refused, as are a number too
+        large for ``score_dtype`` (1e39 in float32: it would read as infinity) and a tensor with no values (on the
+        meta device); ``score_dtype`` is float16, bfloat16, float32 or float64. Then the fields must fit together
+        (one token score a token, ...)."""
         if not isinstance(data, dict):
             raise InputTypeError(f"an Attribution is read from a dict (as to_dict writes), got {type(data).__name__}")
         data = {k: v for k, v in data.items() if k not in ("top_neurons", "caveats")}  # caveats: from the weights
         try:
             name = data.pop("score_dtype", "float32")
             dtype = getattr(torch, name, None) if isinstance(name, str) else None
-            if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-                raise InputError(f"score_dtype {name!r} is not a floating-point dtype")
+            if dtype not in SCORE_DTYPES:  # float8/float4: signs and infinities lost, or no conversion at all
+                raise InputError(f"score_dtype {name!r} is not one of {', '.join(map(repr, SCORE_DTYPES_NAMES))}")
             scores = {field: (lambda f, v, d=dims: _scores(f, v, d, dtype)) for field, dims in SCORES.items()}
             result = _record("", data, cls, {**FIELDS, **scores})
             problem = result._shape_problem()
@@ -240,14 +242,27 @@ class Attribution:
         gzip-compressed or UTF-16, is refused by name: ``files.read_text``). A path object (``pathlib.Path``, any
         ``os.PathLike``) is always a file; a ``str`` is JSON text when it starts with ``{`` (after blank space),
         or with ``[`` and names no file (a list: refused as not a result), else the path of a file; so a file
-        whose name starts with ``{`` is given as a ``Path``. A key twice in one object is refused."""
+        whose name starts with ``{`` is given as a ``Path`` (a ``str`` that is not valid JSON and names a file says
+        so). A byte-order mark (U+FEFF) first in a ``str`` is dropped (text read from a file saved with one). A key
+        twice in one object is refused."""
         if not isinstance(source, (str, os.PathLike)):
             raise InputTypeError(f"from_json takes JSON text or a file path, got {type(source).__name__}")
-        if isinstance(source, str) and not source.strip():
-            raise InputError("from_json got an empty string: give JSON text or the path of a result file")
+        if isinstance(source, str):
+            source = source.removeprefix("\ufeff")
+            if not source.strip():
+                raise InputError("from_json got an empty string: give JSON text or the path of a result file")
         text = source.lstrip() if isinstance(source, str) else ""
         if text.startswith("{") or (text.startswith("[") and not os.path.lexists(source)):
-            return cls.from_dict(load_json(source, "the JSON text"))
+            try:
+                data = load_json(source, "the JSON text")
+            except InputError as err:
+                if text.startswith("{") and os.path.lexists(source):  # lexists: False for a name too long
+                    raise type(err)(f"{err}; a file of that name exists: pass pathlib.Path({source!r}) to read "
+                                    f"it") from None
+                raise
+            return cls.from_dict(data)
+        if "\0" in os.fsdecode(source):  # os.stat's raw ValueError
+            raise InputError(f"no result file {os.fsdecode(source)!r}: a path cannot hold a NUL character")
         data = read_json(source, "result file")
         try:
             return cls.from_dict(data)
@@ -261,6 +276,8 @@ class Attribution:
 SCORES = {"token_scores": 1, "head_scores": 2, "neuron_scores": 2, "edge_scores": 4, "neuron_position_scores": 3,
           "effective_targets": 3, "position_scores": 1, "expert_scores": 2, "expert_position_scores": 3}
 REQUIRED_SCORES = ("token_scores", "head_scores")
+SCORE_DTYPES_NAMES = ("float16", "bfloat16", "float32", "float64")
+SCORE_DTYPES = tuple(getattr(torch, n) for n in SCORE_DTYPES_NAMES)
 
 
 def _record(name: str, value: Any, cls: type, readers: dict[str, Any] | None) -> Any:
@@ -343,15 +360,25 @@ def _scores(name: str, value: Any, dims: int, dtype: torch.dtype) -> Tensor | No
         if not value.is_floating_point():  # an integer tensor would pass for scores rounded to whole numbers
             raise InputTypeError(f"{name} must hold floating-point scores, got a tensor of "
                                  f"{str(value.dtype).removeprefix('torch.')}")
-        t = value.detach().to("cpu", dtype)
+        if value.is_meta:  # no values to read (a raw NotImplementedError on copying)
+            raise InputError(f"{name} is a tensor on the meta device: it holds no values")
+        source = value.detach()
+        t = source.to("cpu", dtype)
     else:
-        numbers = _numbers(name, value, dims)
+        source = numbers = _numbers(name, value, dims)
         try:
             t = torch.tensor(numbers, dtype=dtype)
         except ValueError:  # lists of one depth not all of one length
             raise InputError(f"{name} is ragged: its lists are not all of one length") from None
     if t.dim() != dims:
         raise InputError(f"{name} must have {dims} dimensions, got shape {tuple(t.shape)}")
+    if t.isinf().any():  # rare: only then the check that no finite number became an infinity in dtype
+        was = source.cpu() if isinstance(source, Tensor) else torch.tensor(source, dtype=torch.float64)
+        overflow = (t.isinf() & was.isfinite()).nonzero()
+        if len(overflow):
+            at = "".join(f"[{i}]" for i in overflow[0].tolist())
+            raise InputError(f"{name}{at} is out of the range of {str(dtype).removeprefix('torch.')} (score_dtype): "
+                             f"{was[tuple(overflow[0].tolist())].item()!r}")
     return t
 
 

@@ -78,6 +78,31 @@ def test_a_result_file_that_is_not_utf8_json_says_what_it_is(tmp_path, encoding)
     assert str(path) in str(info.value)
 
 
+def test_json_text_with_a_byte_order_mark_is_text():
+    """Text read with open().read() from a file saved with a BOM was taken as a path: 'File name too long'."""
+    assert Attribution.from_json("\ufeff" + result().to_json()).tokens == ["The", " city"]
+    assert Attribution.from_json("\ufeff \n" + result().to_json()).tokens == ["The", " city"]
+
+
+def test_a_nul_in_a_path_is_a_dpa_error(tmp_path):
+    with pytest.raises(InputError, match="cannot hold a NUL character"):  # was a raw ValueError
+        Attribution.from_json("results/a\0.json")
+    with pytest.raises(InputError, match="cannot hold a NUL character"):
+        Attribution.from_json(tmp_path / "a\0.json")
+
+
+def test_a_str_naming_a_file_that_starts_with_a_brace_says_to_pass_a_path(tmp_path, monkeypatch):
+    """'{x}.json' naming a file was parsed as JSON text: 'not valid JSON' with no word of the file."""
+    monkeypatch.chdir(tmp_path)
+    result().to_json(tmp_path / "{x}.json")
+    with pytest.raises(InputError, match=r"not valid JSON .*; a file of that name exists: pass "
+                                         r"pathlib\.Path\('\{x\}\.json'\) to read it"):
+        Attribution.from_json("{x}.json")
+    with pytest.raises(InputError, match="not valid JSON") as info:  # no such file: nothing said of one
+        Attribution.from_json("{y}.json")
+    assert "file of that name" not in str(info.value)
+
+
 def test_a_utf8_byte_order_mark_is_read(tmp_path):
     path = tmp_path / "r.json"
     path.write_bytes(b"\xef\xbb\xbf" + result().to_json().encode())
@@ -149,8 +174,18 @@ BAD_FIELDS = [
     ({"neuron_target": "input"}, InputError, "neuron_target must be one of"),
     ({"n_kv_heads": 0}, InputError, "n_kv_heads must be at least 1"),
     ({"d_expert": "4"}, InputTypeError, "d_expert must be an int"),
-    ({"score_dtype": "int64"}, InputError, "score_dtype 'int64' is not a floating-point dtype"),
-    ({"score_dtype": 32}, InputError, "score_dtype 32 is not a floating-point dtype"),
+    ({"score_dtype": "int64"}, InputError, "score_dtype 'int64' is not one of 'float16', 'bfloat16', 'float32', "),
+    ({"score_dtype": 32}, InputError, "score_dtype 32 is not one of"),
+    ({"score_dtype": "float8_e4m3fn"}, InputError, "score_dtype 'float8_e4m3fn' is not one of"),  # read, rounded
+    ({"score_dtype": "float8_e8m0fnu"}, InputError, "score_dtype 'float8_e8m0fnu' is not one of"),  # signs lost
+    ({"score_dtype": "float4_e2m1fn_x2"}, InputError, "score_dtype 'float4_e2m1fn_x2'"),  # a raw RuntimeError
+    ({"score_dtype": "float32", "token_scores": [1e39, 1.0]}, InputError,  # was read as inf
+     r"token_scores\[0\] is out of the range of float32 \(score_dtype\): 1e\+39"),
+    ({"score_dtype": "float16", "head_scores": [[0.0, 1.0, 2.0], [3.0, 7e4, 5.0]]}, InputError,
+     r"head_scores\[1\]\[1\] is out of the range of float16"),
+    ({"score_dtype": "float32", "token_scores": torch.tensor([1.0, -1e39], dtype=torch.float64)}, InputError,
+     r"token_scores\[1\] is out of the range of float32"),
+    ({"token_scores": torch.empty(2, device="meta")}, InputError, "token_scores is a tensor on the meta device"),
     ({"colour": "red"}, InputError, r"unknown field\(s\) colour"),
 ]
 
