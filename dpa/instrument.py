@@ -29,6 +29,7 @@ serialises calls from several threads.
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 import weakref
 from contextlib import ExitStack, contextmanager
@@ -71,7 +72,12 @@ class Recording:
 
 _LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _LOCKS_GUARD = threading.Lock()
-_ACTIVE = threading.local()
+# The call holding each model's lock: (its thread, the generator of its ``session``/``exclusive``, its undo steps).
+# A call whose restore was cut short (an asynchronous exception landing before the restore could hold signals)
+# has finished its generator and still holds the lock: the next call, from any thread, runs its restore (every
+# step is idempotent) and goes on, instead of waiting for ever or refusing.
+_OWNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_HEAL_GUARD = threading.Lock()
 
 
 def _lock(model: nn.Module) -> threading.Lock:
@@ -95,24 +101,55 @@ def exclusive(model: nn.Module) -> Iterator[None]:
 
 def _hold(model: nn.Module, undo: list) -> None:
     """Take the model's lock for this thread (refusing a re-entry from the same thread); ``undo`` gets the
-    steps that let it go again (idempotent: see ``run_all``)."""
-    active = getattr(_ACTIVE, "models", None)
-    if active is None:
-        active = _ACTIVE.models = set()
-    if id(model) in active:
-        raise ModelStateError("dpa is already running on this model in this thread (a call from inside a hook "
-                              "or callback of another dpa call); make the calls one after another")
+    steps that let it go again (idempotent: see ``run_all``). Called from the generator of a ``contextmanager``
+    (``session``, ``exclusive``), whose state tells whether the call that holds the lock is still running."""
+    me, gen = threading.current_thread(), _calling_generator()
     lock, held = _lock(model), [False]
+    while True:
+        owner = _finish_stale(model)
+        if owner is not None and owner[0] is me:
+            raise ModelStateError("dpa is already running on this model in this thread (a call from inside a hook "
+                                  "or callback of another dpa call); make the calls one after another")
+        if lock.acquire(timeout=0.25):
+            held[0] = True
+            break
 
     def release() -> None:
         if held[0]:
             held[0] = False
             lock.release()
 
+    def forget() -> None:
+        with _LOCKS_GUARD:
+            if _OWNERS.get(model, (None, None))[1] is gen:
+                del _OWNERS[model]
+
     undo.append(release)
-    undo.append(lambda: active.discard(id(model)))
-    held[0] = lock.acquire()  # one statement: no interrupt lands between taking the lock and noting it
-    active.add(id(model))
+    undo.append(forget)
+    with _LOCKS_GUARD:
+        _OWNERS[model] = (me, gen, undo)
+
+
+def _calling_generator():
+    """The generator of the contextmanager whose entry called ``_hold`` (None if called otherwise)."""
+    frame = sys._getframe(3)  # _hold <- the generator's frame <- contextlib's __enter__
+    cm = frame.f_locals.get("self") if frame.f_code.co_name == "__enter__" else None
+    return getattr(cm, "gen", None)
+
+
+def _finish_stale(model: nn.Module):
+    """The call holding ``model``, after running the restore of one that ended without it (then None)."""
+    with _HEAL_GUARD:  # one thread at a time puts a model back
+        with _LOCKS_GUARD:
+            owner = _OWNERS.get(model)
+        if owner is None or owner[1] is None or owner[1].gi_frame is not None:  # none, or still running
+            return owner
+        try:
+            run_all(reversed(owner[2]))  # lets the lock go, forgets the owner
+        except Exception as err:  # noqa: BLE001 - said by name
+            raise ModelStateError(f"an earlier dpa call on this model ended before putting it back, and putting it "
+                                  f"back now failed ({type(err).__name__}: {err}); load the model again") from err
+        return None
 
 
 # --- putting the model back: every step runs, whatever interrupts it ---
@@ -128,12 +165,14 @@ def run_all(steps) -> None:
     """Run every step of a restore: each is idempotent, so one that raises (a KeyboardInterrupt from inside it,
     a library's error) is tried again, up to three times, and the others run whatever it did. Signals with a
     Python handler (SIGINT's KeyboardInterrupt, a harness's SIGALRM timeout) are held while they run (the main
-    thread) and delivered after; an exception landing between two steps (an asynchronous one) is caught by the
-    outer loop, which goes on from the step it was on. The first exception is raised once all have run."""
-    pending = list(steps)
+    thread) and delivered after; holding them is the first step, so a signal landing while it is set up is caught
+    like an exception landing between two steps: the loop goes on from the step it was on. The first exception is
+    raised once all have run."""
+    held = _HeldSignals()
+    pending = [held.hold, *steps]
     tries = [0] * len(pending)
     errors: list[BaseException] = []
-    with _held_signals():
+    try:
         while pending:
             try:
                 while pending:  # a step is dropped once it ran, or failed three times
@@ -142,6 +181,8 @@ def run_all(steps) -> None:
                         pending.pop(0)
             except BaseException as err:  # noqa: BLE001 - an exception outside a step: go on where it was
                 errors.append(err)
+    finally:
+        held.deliver()
     if errors:
         raise errors[0]
 
@@ -156,33 +197,54 @@ def _ran(step: Callable[[], None], errors: list) -> bool:
         return False
 
 
-@contextmanager
-def _held_signals() -> Iterator[None]:
-    """Every signal with a Python handler is noted, not handled, inside, and raised again on exit, to the handler
-    the caller had (SIGINT: KeyboardInterrupt by default). Signals reach the main thread only, so elsewhere this
-    does nothing; handlers installed outside Python are left alone."""
+class _HeldSignals:
+    """Every signal with a Python handler noted, not handled, from ``hold`` (idempotent: it can be run again after
+    an interruption) to ``deliver``, which puts the handlers back and raises the noted signals again, to the
+    handlers the caller had (SIGINT: KeyboardInterrupt by default). Signals reach the main thread only, so
+    elsewhere this does nothing. Left alone: handlers installed outside Python, and asyncio's (a no-op whose work
+    is done through the wakeup file descriptor, which the signal reaches anyway)."""
+
+    def __init__(self):
+        self.previous: dict[int, Callable] = {}
+        self.noted: list[int] = []
+        self.noter = lambda signum, _frame: self.noted.append(signum)  # one object: getsignal() says it is there
+
+    def hold(self) -> None:
+        import signal
+
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in _SIGNALS:
+            handler = signal.getsignal(sig)
+            if (handler is self.noter or not callable(handler)
+                    or getattr(handler, "__name__", "") == "_sighandler_noop"):
+                continue
+            self.previous[sig] = handler  # noted before it is replaced: a retry finds it replaced, or not
+            signal.signal(sig, self.noter)
+
+    def deliver(self) -> None:
+        import signal
+
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+        for sig in dict.fromkeys(self.noted):
+            signal.raise_signal(sig)
+
+
+def _signals() -> list:
     import signal
 
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    held: list[int] = []
-    previous: dict[int, Callable] = {}
-    try:
-        for sig in signal.valid_signals():
-            try:
-                handler = signal.getsignal(sig)
-            except (ValueError, OSError):
-                continue
-            if callable(handler):  # a Python handler (default_int_handler included): it could raise in a step
-                previous[sig] = handler
-                signal.signal(sig, lambda signum, _frame: held.append(signum))
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        for sig in dict.fromkeys(held):
-            signal.raise_signal(sig)
+    out = []
+    for sig in signal.valid_signals():
+        try:
+            signal.getsignal(sig)
+            out.append(sig)
+        except (ValueError, OSError):
+            pass
+    return out
+
+
+_SIGNALS = _signals()  # read once: valid_signals() is slow, and a signal can land while it runs
 
 
 class _Saved:

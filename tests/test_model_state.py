@@ -228,6 +228,49 @@ class TestInterruptInsideTheRestore:
         assert done, "the model's lock was not released"
         assert state(model) == before
 
+    @pytest.mark.parametrize("next_call", ["this thread", "another thread"])
+    def test_a_restore_cut_short_is_finished_by_the_next_call(self, monkeypatch, next_call):
+        """An exception landing as the restore starts, before it holds signals (a harness's timeout): the call
+        ends with the model changed and its lock held. The next call, from this thread or another, finds that the
+        call holding the lock has ended, runs its restore and goes on (it used to refuse, or wait for ever)."""
+        from dpa import instrument
+
+        model = trainable()
+        before = state(model)
+        run_all, cut = instrument.run_all, []
+
+        def cut_short(steps):
+            if not cut:
+                cut.append(1)
+                raise KeyboardInterrupt
+            return run_all(steps)
+
+        monkeypatch.setattr(instrument, "run_all", cut_short)
+        with pytest.raises(KeyboardInterrupt):
+            dpa.attribute(model, None, random_ids(8), target=3)
+        assert state(model) != before  # left changed, the lock held
+        monkeypatch.undo()
+        done = []
+        call = lambda: done.append(dpa.attribute(model, None, random_ids(8), target=3))  # noqa: E731
+        if next_call == "this thread":
+            call()
+        else:
+            other = threading.Thread(target=call)
+            other.start()
+            other.join(60)
+        assert done, "the next call did not run"
+        assert state(model) == before
+
+    def test_a_call_inside_a_running_call_is_still_refused(self):
+        """The running call's generator is live: the same thread entering again is refused, as before."""
+        model = tiny_model("llama", 2)
+        from dpa import instrument
+
+        with instrument.exclusive(model):
+            with pytest.raises(ModelStateError, match="already running on this model in this thread"):
+                dpa.attribute(model, None, random_ids(8), target=3)
+        dpa.attribute(model, None, random_ids(8), target=3)
+
     def test_a_restore_step_that_keeps_failing_leaves_the_others_done(self, monkeypatch):
         """A step that raises every time (a library's bug): its error is raised after every other step ran."""
         model = trainable()
