@@ -1,10 +1,10 @@
 """Files in and out, in one place: lines as JSON Lines defines them, every output written by one helper, and a
 run folder's identity (its settings and the model's weights).
 
-Lines (``split_lines``): a line ends at ``"\\n"`` (a ``"\\r"`` before it is dropped), nothing else: U+2028,
-U+2029, U+0085, form feed, vertical tab and the \\x1c-\\x1e separators are characters of the line, as in a JSON
-string written with ``ensure_ascii=False`` or a plain-text prompt (``str.splitlines`` splits at all of them). A
-text with no ``"\\n"`` at all but a ``"\\r"`` is of the old Mac convention: its lines end at ``"\\r"``.
+Lines (``split_lines``): universal line ends, a line ends at ``"\\r\\n"``, ``"\\r"`` or ``"\\n"``, nothing else:
+U+2028, U+2029, U+0085, form feed, vertical tab and the \\x1c-\\x1e separators are characters of the line, as in a
+JSON string written with ``ensure_ascii=False`` or a plain-text prompt (``str.splitlines`` splits at all of them).
+A JSON Lines record never holds a raw ``"\\r"`` (JSON escapes it inside a string), so this splits one the same.
 
 Inputs (``read_text``, ``decode_text``, ``read_json``, ``load_json``; every file dpa reads in this module and in
 ``result`` goes through them): UTF-8 text (a UTF-8 byte-order mark at its start dropped), not empty; a
@@ -34,6 +34,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import stat
 import sys
 import tempfile
@@ -44,18 +45,28 @@ from .errors import InputError, OutputError
 
 WEIGHTS_KEY = "weights_sha256"
 TOKENIZER_KEY = "tokenizer_sha256"
-FINGERPRINTS = (WEIGHTS_KEY, TOKENIZER_KEY)  # what an older config lacks is taken as the current one
+CONFIG_KEY = "model_config_sha256"
+FINGERPRINTS = (WEIGHTS_KEY, TOKENIZER_KEY, CONFIG_KEY)  # what an older config lacks is taken as the current one
+# What a model's config holds that does not change what it computes (besides every "_" key: _name_or_path,
+# _attn_implementation, _commit_hash): who wrote it, its class names, its dtype (recorded apart), flags of what a
+# forward pass returns, classification labels, and the initialisation of weights that are loaded.
+COSMETIC = frozenset({"transformers_version", "architectures", "dtype", "torch_dtype", "output_attentions",
+                      "output_hidden_states", "return_dict", "use_cache", "id2label", "label2id", "problem_type",
+                      "initializer_range", "torchscript"})
 
 
 def split_lines(text: str) -> list[str]:
-    """``text``'s lines, split at ``"\\n"`` only (a ``"\\r"`` ending a line is dropped, so ``"\\r\\n"`` works too);
-    no empty last line for a text that ends in a newline. A text with a ``"\\r"`` and no ``"\\n"`` is split at
-    ``"\\r"`` (the old Mac convention: read as one line, a whole file would be one prompt); in a text with both, a
-    lone ``"\\r"`` is a character of its line, like the other separators."""
-    lines = text.split("\r" if "\r" in text and "\n" not in text else "\n")
+    """``text``'s lines: a line ends at ``"\\r\\n"``, ``"\\r"`` or ``"\\n"`` (Windows, old Mac and Unix line
+    ends, in any mix: a lone ``"\\r"`` in a CRLF file ends its line too, and ``"\\r\\r\\n"`` ends two, the
+    second empty), at nothing else (``str.splitlines`` also splits at U+2028, U+0085, form feed, ...); no empty
+    last line for a text that ends in a line end."""
+    lines = _LINE_END.split(text)
     if lines[-1] == "":
         lines.pop()
-    return [ln[:-1] if ln.endswith("\r") else ln for ln in lines]
+    return lines
+
+
+_LINE_END = re.compile("\r\n|\r|\n")
 
 
 # --- inputs ------------------------------------------------------------------------------------------------------
@@ -326,11 +337,33 @@ def tokenizer_fingerprint(tokenizer) -> str:
     return h.hexdigest()
 
 
+def config_fingerprint(config) -> str | None:
+    """sha256 of what a model's config says about what it computes: its ``to_dict()`` (sub-configs too) without
+    the cosmetic fields (``COSMETIC`` and every key that starts with ``_``). The same weights with another config
+    (``rope_theta``, ``rms_norm_eps``, a sliding window) are another model. None for a config without
+    ``to_dict``."""
+    to_dict = getattr(config, "to_dict", None)
+    if not callable(to_dict):
+        return None
+
+    def computing(value):
+        if isinstance(value, dict):
+            return {str(k): computing(v) for k, v in value.items()
+                    if not (str(k).startswith("_") or k in COSMETIC)}
+        if isinstance(value, (list, tuple)):
+            return [computing(v) for v in value]
+        return value
+
+    text = json.dumps(computing(to_dict()), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def model_identity(model, dtype, tokenizer=None) -> dict:
     """The model part of a run's identity: its name, its dtype where that is not float32 (the dtype of every run
     before dtypes were recorded), so that a run in bfloat16 is never resumed in float32, nor the reverse; and the
     fingerprint of its weights (``weights_fingerprint``), so that a folder is never resumed with other weights
-    under the same name (a model folder overwritten since)."""
+    under the same name (a model folder overwritten since), of its tokenizer and of its config
+    (``config_fingerprint``: the same weights with another ``rope_theta`` compute something else)."""
     import torch
 
     out = {"model": getattr(model.config, "_name_or_path", "")}
@@ -339,12 +372,18 @@ def model_identity(model, dtype, tokenizer=None) -> dict:
     out[WEIGHTS_KEY] = weights_fingerprint(model)
     if tokenizer is not None:  # the same weights with another tokenizer see other ids
         out[TOKENIZER_KEY] = tokenizer_fingerprint(tokenizer)
+    config = config_fingerprint(getattr(model, "config", None))
+    if config is not None:
+        out[CONFIG_KEY] = config
     return out
 
 
 def run_id(identity: dict) -> str:
-    """A short name of a run's identity, stamped on what it writes, so that a file of another run is known."""
-    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    """A short name of a run's identity, stamped on what it writes, so that a file of another run is known. The
+    config's fingerprint is left out: a folder written before it was recorded keeps its run name when resumed (its
+    batch files were stamped without it); the folder's config.json refuses another config."""
+    named = {k: v for k, v in identity.items() if k != CONFIG_KEY}
+    return hashlib.sha256(json.dumps(named, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def check_run_config(out: Path, identity: dict, error: type[Exception] = InputError,
@@ -377,6 +416,10 @@ def check_run_config(out: Path, identity: dict, error: type[Exception] = InputEr
 
 
 def _change(key: str, a, b, old: dict, new: dict) -> str:
+    if key == CONFIG_KEY:
+        return (f"the model's config: {old.get('model')!r} with config fingerprint {str(a)[:16]} there, "
+                f"{new.get('model')!r} with {str(b)[:16]} now (the same weights with another config.json: a setting "
+                f"such as rope_theta changed, or another transformers version reads it otherwise)")
     if key != WEIGHTS_KEY:
         return f"{key}: {a!r} there, {b!r} now"
     return (f"the weights: {old.get('model')!r} with weights fingerprint {str(a)[:16]} there, {new.get('model')!r} "

@@ -36,7 +36,7 @@ def prompts_of(path, **kw) -> tuple[list[str], dict[int, str]]:
 
 # --- prompt files from other tools ------------------------------------------------------------------------------
 
-SEPARATORS = ["\u2028", "\u2029", "\x85", "\x0c", "\x0b", "\x1c", "\x1d", "\x1e", "\r"]
+SEPARATORS = ["\u2028", "\u2029", "\x85", "\x0c", "\x0b", "\x1c", "\x1d", "\x1e"]  # "\r" ends a line
 
 
 def test_json_lines_written_with_ensure_ascii_false_keep_their_line_separators(tmp_path):
@@ -121,13 +121,34 @@ def test_cli_format_option_and_a_refusal_before_the_model_loads(capsys, folder, 
         main(["attribute", PROMPT, "--format", "text", "--model", str(folder)])
 
 
-def test_split_lines_splits_an_old_mac_text_at_carriage_returns():
-    """A text with "\\r" and no "\\n" (CR-only line ends) was one line; where "\\n" ends lines, a lone "\\r" stays."""
+def test_split_lines_ends_a_line_at_crlf_cr_or_lf_only():
+    """Universal line ends. Before: a CR-only text with one final "\\n" was one line, a lone "\\r" in a CRLF text
+    joined two lines, and "\\r\\r\\n" left a "\\r" in the line (a token to a tokenizer)."""
     assert files.split_lines("the city\rof paris\r") == ["the city", "of paris"]
     assert files.split_lines("the city\rof paris") == ["the city", "of paris"]
     assert files.split_lines("the city\r\rof paris\r") == ["the city", "", "of paris"]
-    assert files.split_lines("the city\rof\nparis\r\n") == ["the city\rof", "paris"]
-    assert files.split_lines("") == [] and files.split_lines("a") == ["a"]
+    assert files.split_lines("the city\rof paris\n") == ["the city", "of paris"]
+    assert files.split_lines("the city\rof\nparis\r\n") == ["the city", "of", "paris"]
+    assert files.split_lines("the city\r\nof\rparis\r\n") == ["the city", "of", "paris"]
+    assert files.split_lines("the city\r\r\nof paris\r\r\n") == ["the city", "", "of paris", ""]
+    assert files.split_lines("a\n\r\nb\n\rc") == ["a", "", "b", "", "c"]
+    assert files.split_lines("") == [] and files.split_lines("a") == ["a"] and files.split_lines("\n") == [""]
+    for sep in SEPARATORS:  # characters of the line, as before
+        assert files.split_lines(f"the city{sep}of paris\r\n") == [f"the city{sep}of paris"]
+
+
+@pytest.mark.parametrize("fmt", ["text", "jsonl"])
+@pytest.mark.parametrize("ends", ["\r\r\r\n", "\r\r\n\n", "\r\r\n\r\n", "\r\n\r\r\n"])
+def test_a_prompt_file_with_mixed_line_ends_has_one_prompt_a_line_and_no_carriage_return(tmp_path, fmt, ends):
+    """A CR-only file ending in "\\n" (one prompt), a CRLF file with a lone "\\r" (two prompts joined), "\\r\\r\\n"
+    (a "\\r" left at the end of a prompt, tokenized): every "\\r" ends a line; the blank lines are skipped."""
+    lines = ["the city of", "paris is", "old london"]
+    body = ends[0].join(json.dumps({"prompt": p}) if fmt == "jsonl" else p for p in lines[:2])
+    path = tmp_path / f"p.{'txt' if fmt == 'text' else 'jsonl'}"
+    path.write_bytes((body + ends[1:] + (json.dumps({"prompt": lines[2]}) if fmt == "jsonl" else lines[2])
+                      + ends).encode())
+    prompts, errors = prompts_of(path)
+    assert (prompts, errors) == (lines, {}) and not any("\r" in p for p in prompts)
 
 
 @pytest.mark.parametrize("name, fmt", [("p.txt", "text"), ("p.jsonl", "jsonl")])

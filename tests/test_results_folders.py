@@ -6,11 +6,15 @@ refused by file and line where it is read (on resume too), and the refusals name
 from __future__ import annotations
 
 import copy
+import errno
 import json
+import os
 import signal
+import stat
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -19,7 +23,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 import dpa
-from dpa import batch
+from dpa import batch, files, locks
 from dpa.cli import main
 from dpa.evaluate.runner import Settings, evaluate, sweep
 
@@ -177,6 +181,75 @@ def _refusal(call) -> str:
     return "not refused"
 
 
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else 0
+
+
+@pytest.mark.parametrize("kind, named", [("link to a file", "a symbolic link"), ("dangling link", "a symbolic link"),
+                                         ("fifo", "a FIFO"), ("folder", "a folder"), ("device", "a device")])
+def test_a_lock_path_that_is_not_a_regular_file_is_refused_never_followed_nor_truncated(tmp_path, kind, named):
+    """A link at DIR/.dpa.lock truncated the file it points to; a FIFO gave a raw OSError and kept a descriptor."""
+    out, precious = tmp_path / "out", tmp_path / "precious.txt"
+    out.mkdir()
+    precious.write_text("IMPORTANT NOTES\n")
+    lock = out / locks.LOCK
+    if kind == "link to a file":
+        os.symlink(precious, lock)
+    elif kind == "dangling link":
+        os.symlink(tmp_path / "nowhere" / "x", lock)
+    elif kind == "fifo":
+        os.mkfifo(lock)
+    elif kind == "folder":
+        lock.mkdir()
+    else:
+        try:
+            os.mknod(lock, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        except OSError:
+            pytest.skip("cannot make a device node here")
+    fds = _fds()
+    with pytest.raises(dpa.OutputError, match=rf"{lock} is {named}, not a lock file dpa made .*remove {lock}"):
+        with locks.hold(out):
+            pass
+    assert _fds() == fds  # no descriptor left open
+    assert precious.read_text() == "IMPORTANT NOTES\n" and os.path.lexists(lock)
+
+
+def test_a_stale_lock_we_may_not_write_is_locked_read_only(tmp_path, monkeypatch):
+    """A lock left by another user's killed run (0644, theirs): flock works on a read-only descriptor."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / locks.LOCK).write_text("12345\n")
+    real = os.open
+
+    def not_ours(path, flags, *args):  # as for a file of another user (root may write anything)
+        if Path(path).name == locks.LOCK and flags & (os.O_WRONLY | os.O_RDWR) and not flags & os.O_CREAT:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path, flags, *args)
+
+    monkeypatch.setattr(locks.os, "open", not_ours)
+    fds = _fds()
+    with locks.hold(out):
+        assert (out / locks.LOCK).read_text() == "12345\n"  # not written to
+        assert "another run is writing the folder" in _refusal(lambda: locks.hold(out).__enter__())
+    assert _fds() == fds and not (out / locks.LOCK).exists()
+
+
+@pytest.mark.parametrize("code", [errno.ENOLCK, errno.EOPNOTSUPP])
+def test_a_filesystem_without_locks_runs_unlocked_with_a_warning_and_leaves_no_lock_file(tmp_path, monkeypatch, code):
+    out = tmp_path / "out"
+    out.mkdir()
+
+    def no_locks(fd, op):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(locks.fcntl, "flock", no_locks)
+    fds = _fds()
+    with pytest.warns(UserWarning, match=rf"{out} cannot be locked .*\({errno.errorcode[code]}\).* goes on unlocked"):
+        with locks.hold(out):
+            assert not os.path.lexists(out / locks.LOCK)
+    assert _fds() == fds and not os.path.lexists(out / locks.LOCK)
+
+
 # --- 3. an edited batch file is refused where it is read, by file and line -----------------------------------------
 
 def edit_records(path: Path, edit) -> None:
@@ -254,6 +327,51 @@ def test_the_same_weights_under_another_name_resume_the_run_other_weights_do_not
     moved = other_weights(moved)
     with pytest.raises(dpa.InputError, match="the weights: .* with fingerprint [0-9a-f]{16} now"):
         again(moved)
+
+
+def test_the_same_weights_with_another_config_are_another_model_under_any_name(run, tiny):
+    """A copy of the model folder with rope_theta changed (its weights and tokenizer the same files) resumed the
+    run, mixing the results of two models: under the same name silently, under another with a warning."""
+    out, again = run
+    config = json.loads((out / "config.json").read_text())
+    assert len(config["model_config_sha256"]) == 64
+    shard(out, 1).unlink()
+    variant = copy.deepcopy(tiny[0])
+    variant.config.rms_norm_eps = variant.config.rms_norm_eps * 10  # as rope_theta: another model, same weights
+    with pytest.raises(dpa.InputError, match=r"the model's config: '.*' with config fingerprint [0-9a-f]{16} there"):
+        again(variant)
+    variant.config._name_or_path = "/elsewhere/long-context-variant"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "same weights" warning: refused
+        with pytest.raises(dpa.InputError, match=r"the model's config: .* with [0-9a-f]{16} now"):
+            again(variant)
+    assert json.loads((out / "config.json").read_text()) == config and not shard(out, 1).exists()
+    cosmetic = copy.deepcopy(tiny[0])
+    cosmetic.config.use_cache, cosmetic.config.transformers_version = False, "4.0.0"  # the same model
+    model, tok = tiny
+    assert files.model_identity(cosmetic, torch.float64, tok) == files.model_identity(model, torch.float64, tok)
+
+
+def test_a_folder_written_before_the_config_was_recorded_resumes_and_then_records_it(tiny, tmp_path, monkeypatch):
+    """Its config.json lacks the config's fingerprint and its batch files were stamped with the run name of then."""
+    model, tok = tiny
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("the city\nof paris\nthe river\nold london is\n")
+    again = lambda: dpa.attribute_file(model, tok, prompts, tmp_path / "out", batch_size=1, progress=False)
+    with monkeypatch.context() as before:
+        before.setattr(files, "config_fingerprint", lambda config: None)  # a dpa that did not record it
+        again()
+    out = tmp_path / "out"
+    assert "model_config_sha256" not in json.loads((out / "config.json").read_text())
+    shard(out, 2).unlink()
+    calls = []
+    real = batch.attribute
+    monkeypatch.setattr(batch, "attribute", lambda *a, **k: calls.append(len(a[2])) or real(*a, **k))
+    assert again()["attributed"] == 4
+    assert calls == [1]  # its batch files are this run's (their run name is the one they were stamped with)
+    assert json.loads((out / "config.json").read_text())["model_config_sha256"] == files.config_fingerprint(
+        model.config)  # recorded from then on
+    assert len(dpa.read_results(out)) == 4
 
 
 def test_an_evaluation_resumes_with_the_same_weights_under_another_name(tmp_path):
