@@ -90,8 +90,9 @@ def read_prompts(path: str | os.PathLike, format: str | None = None) -> tuple[li
     ``format``: ``"jsonl"`` (one JSON object a line) or ``"text"`` (one prompt a line); None: by the extension
     (``.jsonl``, ``.ndjson``, ``.json``: JSON lines; ``.txt``: text), else guessed from the lines: text when no
     line is a JSON object, JSON lines when every line is one (or a comment), refused when some are and some
-    are not; a ``.csv`` or ``.tsv`` file is refused unless ``format`` is given. A line ends at "\\n" (or "\\r\\n")
-    only, or at "\\r" in a file with no "\\n" (``files.split_lines``). Blank lines are skipped; in JSON lines, so
+    are not; a ``.csv`` or ``.tsv`` file is refused unless ``format`` is given; so is one JSON list, or one JSON
+    object spread over several lines (pretty-printed), in JSON lines. A line ends at "\\r\\n", "\\r" or "\\n"
+    (``files.split_lines``). Blank lines are skipped; in JSON lines, so
     are comment lines (``#`` or ``//`` first). A byte-order mark (U+FEFF) at the start of a line (a file joined to
     another) is dropped; one inside a text line is that line's error. The file must be UTF-8 text holding at least
     one prompt: anything else (compressed, UTF-16, empty) is refused naming the file (``files.decode_text``)."""
@@ -127,9 +128,14 @@ def _load_prompts(path, format: str | None) -> PromptFile:
     first = next((ln.strip() for ln in lines if ln.strip()), "")
     legacy = "jsonl" if path.suffix.lower() in (".jsonl", ".json") or first.startswith("{") else "text"
     fmt = format or EXTENSIONS.get(path.suffix.lower()) or _guess_format(path, lines)
-    if fmt == "jsonl" and first.startswith("[") and _is_json_list(text):
+    if fmt == "jsonl" and first.startswith("[") and isinstance(_whole_json(text), list):
         raise InputError(f"{str(path)!r} holds one JSON list; a prompt file holds one JSON object a line "
                          f"(JSON lines): write each record on a line of its own")
+    spread = _object_lines(text) if fmt == "jsonl" and first.startswith("{") else 1
+    if spread > 1:  # else one "not valid JSON" error a line, and nothing attributed
+        raise InputError(f"{str(path)!r} holds a JSON object spread over several lines (pretty-printed: its first "
+                         f"record takes {spread} lines); a prompt file holds one JSON object a line (JSON lines): "
+                         f"write each record on one line (e.g. jq -c . FILE)")
     records, errors, named = [], [], set()  # named: the lines whose record gives an id
     for n, raw in enumerate(lines, start=1):
         if not raw.strip():
@@ -196,11 +202,23 @@ def _line_kind(line: str) -> str:
     return "other"
 
 
-def _is_json_list(text: str) -> bool:
+def _object_lines(text: str) -> int:
+    """The number of lines the first JSON value of ``text`` takes, when it is an object (else 0). A JSON string
+    holds no line end, so an object of JSON lines takes one; a pretty-printed one several."""
+    text = text.removeprefix(BOM).lstrip()
     try:
-        return isinstance(json.loads(text), list)
-    except json.JSONDecodeError:
-        return False
+        value, end = json.JSONDecoder().raw_decode(text)
+    except (ValueError, RecursionError):  # JSONDecodeError, an integer of over 4300 digits, nested too deeply
+        return 0
+    return len(split_lines(text[:end])) if isinstance(value, dict) else 0
+
+
+def _whole_json(text: str) -> Any:
+    """The JSON value the whole text is (None when it is not one: JSON lines fail at their second line)."""
+    try:
+        return json.loads(text.removeprefix(BOM))
+    except (ValueError, RecursionError):  # JSONDecodeError, an integer of over 4300 digits, nested too deeply
+        return None
 
 
 def _record_problem(row: Any) -> str | None:

@@ -36,11 +36,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = commands.add_parser(
         "attribute", help="attribute the next-token prediction of a prompt (or of every prompt of a file)",
         description="Attribute a target at the end of PROMPT to its tokens, attention heads and MLP neurons; or, "
-                    "with --prompts and --out, every prompt of a file (under torchrun, split over the processes).")
+                    "with --prompts and --out, every prompt of a file (under torchrun, split over the processes). "
+                    "Exit status: 0 when done (with --prompts: when at least one prompt was attributed; the lines "
+                    "that are errors are in DIR/errors.jsonl), 1 with --prompts when no prompt was attributed "
+                    "because every one is an error, 2 for an input refused (a message says why).")
     p.add_argument("prompt", metavar="PROMPT", nargs="?", help="the prompt (or give --prompts FILE)")
     p.add_argument("--prompts", type=Path, metavar="FILE",
                    help="a file of prompts: JSON lines {\"prompt\", \"target\", \"contrast\", \"position\", \"id\"} "
-                        "or one prompt a line (lines end at \\n only); needs --out")
+                        "or one prompt a line (lines end at \\r\\n, \\r or \\n); needs --out")
     p.add_argument("--format", choices=("jsonl", "text"),
                    help="with --prompts: the file's format (default: by its extension, .jsonl/.ndjson/.json or "
                         ".txt; else guessed from its lines, and refused when they leave it open)")
@@ -278,7 +281,23 @@ def _run_file(args: argparse.Namespace, parser: argparse.ArgumentParser, weights
             print(f"{summary['attributed']} of {summary['prompts']} prompts attributed into {args.out} "
                   f"({summary['errors']} errors: {args.out / 'errors.jsonl'}); read them with "
                   f"dpa.read_results({str(args.out)!r})")
+    if summary["attributed"] == 0 and summary["errors"]:  # every rank alike: the summary is rank 0's
+        if group.main:
+            print(f"error: no prompt was attributed: every one of the {summary['prompts']} is an error (the first: "
+                  f"{_first_error(args.out / 'errors.jsonl')})", file=sys.stderr)
+        return 1
     return 0
+
+
+def _first_error(path: Path) -> str:
+    """The first error of errors.jsonl as 'line N: message' (for the message of a run that attributed nothing)."""
+    try:
+        import json
+
+        first = json.loads(path.read_text(encoding="utf-8").splitlines()[0])
+        return f"line {first['line']}: {' '.join(str(first['error']).split())}"
+    except (OSError, ValueError, IndexError, KeyError, TypeError):
+        return f"see {path}"
 
 
 def run_selftest(args) -> int:

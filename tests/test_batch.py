@@ -147,6 +147,25 @@ class TestFile:
         with pytest.raises(dpa.InputError, match=message):
             dpa.attribute_file(model, tok, path, tmp_path / "out", progress=False)
 
+    @pytest.mark.parametrize("name", ["p.json", "p.jsonl"])
+    @pytest.mark.parametrize("text, lines", [
+        ('{\n  "prompt": "the capital of france is",\n  "target": "paris"\n}\n', 4),
+        ('\ufeff{"prompt": "a",\r\n "id": "x"}\r\n{\n"prompt": "b"}\n', 2),  # two records, CRLF, a BOM
+    ])
+    def test_a_pretty_printed_json_object_is_refused_saying_json_lines(self, tmp_path, name, text, lines):
+        """It gave one 'not valid JSON' error a line (Extra data, Expecting value...) and nothing attributed."""
+        path = tmp_path / name
+        path.write_text(text, newline="")
+        with pytest.raises(dpa.InputError, match=rf"holds a JSON object spread over several lines \(pretty-printed: "
+                                                 rf"its first record takes {lines} lines\); a prompt file holds one "
+                                                 r"JSON object a line \(JSON lines\): write each record on one line "
+                                                 r"\(e\.g\. jq -c"):
+            batch.read_prompts(path)
+        path.write_text('{"prompt": "a"}\n{"prompt": "b"}\n')  # JSON lines, and one record on one line, are read
+        assert [r.prompt for r in batch.read_prompts(path)[0]] == ["a", "b"]
+        path.write_text('{"prompt": "a"}')
+        assert [r.prompt for r in batch.read_prompts(path)[0]] == ["a"]
+
     def test_arguments_are_checked(self, tiny, tmp_path):
         model, tok = tiny
         prompts = many(tmp_path / "p.jsonl", 2)

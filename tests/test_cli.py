@@ -196,6 +196,21 @@ def test_json_to_stdout_and_one_file_for_two_outputs(capsys, tiny_dir, tmp_path)
     assert "both write" in capsys.readouterr().err and not same.exists()
 
 
+def test_a_prompt_file_with_nothing_attributed_exits_with_1(capsys, tiny_dir, tmp_path):
+    """Every line an error: the run said '0 of 2 prompts attributed' and exited with 0, as if all went well."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('not json\n{"prompt": "   "}\n')
+    code, out, err = run(capsys, "attribute", "--prompts", str(bad), "--model", str(tiny_dir), "--out",
+                         str(tmp_path / "bad"), "--quiet")
+    assert code == 1 and "0 of 2 prompts attributed" in out
+    assert "error: no prompt was attributed: every one of the 2 is an error (the first: line 1: " in err
+    some = tmp_path / "some.jsonl"
+    some.write_text(f'not json\n{{"prompt": "{PROMPT}"}}\n')
+    code, out, err = run(capsys, "attribute", "--prompts", str(some), "--model", str(tiny_dir), "--out",
+                         str(tmp_path / "some"), "--quiet")
+    assert code == 0 and "1 of 2 prompts attributed" in out and "error" not in err
+
+
 def _must_not_run(*_a, **_k):
     raise AssertionError("a loader ran before the arguments were checked")
 
