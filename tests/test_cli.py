@@ -62,6 +62,10 @@ def table_scores(out: str) -> list[float]:
     return [float(m.group(1)) for m in re.finditer(r"^\s+\d+\s+([+-]\d+\.\d+)\s+'", out, re.M)]
 
 
+def _must_not_run(*_a, **_k):
+    raise AssertionError("a loader ran before the arguments were checked")
+
+
 class TestAttribute:
     def test_prints_prediction_scores_and_components(self, capsys, tiny_dir, tiny):
         code, out, _ = run(capsys, "attribute", PROMPT, "--model", str(tiny_dir), "--color", "never", "--top", "3")
@@ -211,9 +215,7 @@ def test_a_prompt_file_with_nothing_attributed_exits_with_1(capsys, tiny_dir, tm
     assert code == 0 and "1 of 2 prompts attributed" in out and "error" not in err
 
 
-def _must_not_run(*_a, **_k):
-    raise AssertionError("a loader ran before the arguments were checked")
-
+class TestUsage:  # (these two sat after a function's raise, so pytest never collected them)
     @pytest.mark.parametrize("args, message", [
         (["--weights", "1,2"], "expected five comma-separated weights"),
         (["--p", "0.5"], "--p needs --preset"),

@@ -189,7 +189,7 @@ class Store:
         if not path.exists():
             return []
         try:
-            text = path.read_bytes().decode("utf-8")  # bytes: lines end at "\\n" alone (files.split_lines)
+            text = path.read_bytes().decode("utf-8")  # bytes: lines end at "\\r\\n", "\\r" or "\\n" (files.split_lines)
         except (UnicodeDecodeError, OSError) as err:
             raise DataError(f"cannot read {path} ({err}); move it out of the folder (what it held is measured "
                             f"again) or use a new --out folder") from None
