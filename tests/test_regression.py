@@ -56,13 +56,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from dpa.files import FINGERPRINTS, model_identity
+
 pytestmark = pytest.mark.slow
 
 P_RTOL = 1e-3  # p(target) of the filter and p_clean of a row, relative (seen: up to 2e-5)
 BF16_P_RTOL = 0.15  # the filter's p(target) in a bfloat16 model (seen: up to 9%, see the docstring)
 AUC_ATOL = {"input": 0.01, "component": 0.05}  # each AUC of a sample, absolute, in AUC points (see the docstring)
 # Rows measured to sit on near-tied units (folder, sample, method): their AUCs are allowed this much.
-NEAR_TIES = {("gemma-3-270m/ioi-component", 5, "ifr"): 3.0}
+NEAR_TIES = {("gemma-3-270m/ioi-component-logit-diff", 5, "ifr"): 3.0}
 N_SAMPLES = 2
 N_DROPPED = 2
 LONG = 64  # tokens: a folder's second sample longer than this (SQuAD, IMDb) is checked by its filter verdict alone
@@ -120,6 +122,11 @@ class Run:
             expected["dtype"] = self.config["dtype"]
         if self.user_turn_units:
             del expected["context_units"]
+        recorded = [key for key in FINGERPRINTS if key in self.config]  # runs since they were recorded
+        if recorded:  # the model loaded here must be the one the run measured
+            model, tokenizer = load(self.model_name, self.dtype)
+            here = model_identity(model, self.dtype, tokenizer)
+            expected.update({key: here.get(key) for key in recorded})
         return [f"{self.label()}: config.json {key} = {self.config.get(key)!r}, rebuilt {expected.get(key)!r}"
                 for key in sorted(set(expected) | set(self.config)) if expected.get(key) != self.config.get(key)]
 
