@@ -151,42 +151,32 @@ class TestInterruptInsideTheRestore:
         monkeypatch.undo()
         assert state(model) == before
 
-    def test_sigint_during_the_restore_is_held_until_it_is_done(self, monkeypatch):
-        """A real SIGINT (Ctrl-C) arriving while the restore runs: held until every step has run, then delivered
-        to the handler the caller had (KeyboardInterrupt), which is back in place."""
-        model = trainable()
-        before = state(model)
-        handler = signal.getsignal(signal.SIGINT)
-        fired = flaky_restore(monkeypatch, model, action=lambda: signal.raise_signal(signal.SIGINT))
-        with pytest.raises(KeyboardInterrupt):
-            dpa.attribute(model, None, random_ids(8), target=3, edges=True)
-        assert fired[0].fired == 1
-        monkeypatch.undo()
-        assert state(model) == before
-        assert signal.getsignal(signal.SIGINT) is handler
-
-    def test_a_timeout_signal_during_the_restore_is_held_until_it_is_done(self, monkeypatch):
-        """A harness's per-call timeout (a SIGALRM handler that raises) landing in the restore: held like SIGINT,
-        delivered to that handler once every step ran."""
+    @pytest.mark.parametrize("sig", ["SIGINT", "SIGALRM"])
+    def test_a_signal_during_the_restore_is_held_until_it_is_done(self, monkeypatch, sig):
+        """A real SIGINT (Ctrl-C), or a harness's per-call timeout (a SIGALRM handler that raises), arriving while
+        the restore runs: held until every step has run, then delivered to the handler the caller had
+        (KeyboardInterrupt; the timeout), which is back in place."""
         class Timeout(Exception):
             pass
 
         def on_alarm(*_):
             raise Timeout
 
+        number = getattr(signal, sig)
+        previous = signal.getsignal(number) if sig == "SIGINT" else signal.signal(number, on_alarm)
+        handler = signal.getsignal(number)
         model = trainable()
         before = state(model)
-        previous = signal.signal(signal.SIGALRM, on_alarm)
         try:
-            fired = flaky_restore(monkeypatch, model, action=lambda: signal.raise_signal(signal.SIGALRM))
-            with pytest.raises(Timeout):
+            fired = flaky_restore(monkeypatch, model, action=lambda: signal.raise_signal(number))
+            with pytest.raises(KeyboardInterrupt if sig == "SIGINT" else Timeout):
                 dpa.attribute(model, None, random_ids(8), target=3, edges=True)
             assert fired[0].fired == 1
             monkeypatch.undo()
             assert state(model) == before
-            assert signal.getsignal(signal.SIGALRM) is on_alarm
+            assert signal.getsignal(number) is handler
         finally:
-            signal.signal(signal.SIGALRM, previous)
+            signal.signal(number, previous)
 
     @pytest.mark.parametrize("at", range(0, 40, 3))
     def test_an_exception_between_two_restore_steps(self, at):
