@@ -57,6 +57,18 @@ class TestCommittedNotebooks:
         for name in toc_files():
             assert re.fullmatch(r"book/[a-z0-9]+(-[a-z0-9]+)*", name), name
 
+    def test_every_repository_path_the_docs_name_exists(self):
+        """A file or folder named in backticks (`benchmarks/...`, `book/...`, `dpa/...`, `tests/...`) in README.md,
+        the results README or a chapter's prose exists: a renamed result must not leave a reader a dead pointer."""
+        texts = {name: (ROOT / name).read_text(encoding="utf-8") for name in ("README.md", "benchmarks/results/README.md")}
+        for nb in notebooks():
+            cells = json.loads(nb.read_text())["cells"]
+            texts[nb.name] = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+        pattern = re.compile(r"`((?:benchmarks|book|dpa|dpa_widgets|tests|\.ci)/[^`\s:]*)`")
+        missing = [(name, path) for name, text in texts.items() for path in pattern.findall(text)
+                   if not re.search(r"[<>*{}]", path) and not (ROOT / path).exists()]
+        assert not missing, missing
+
     @pytest.mark.parametrize("path", notebooks(), ids=lambda p: p.name)
     def test_committed_without_outputs(self, path):
         nb = json.loads(path.read_text())
