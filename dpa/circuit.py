@@ -213,14 +213,12 @@ class ModelIdentity:
 
     @classmethod
     def _read(cls, model: nn.Module) -> list[tuple]:
-        from .files import sampled_bits
+        from .files import module_settings, sampled_bits
 
         tensors = [*model.named_parameters(), *(("buffer " + n, b) for n, b in model.named_buffers())]
         out = [(name, tuple(p.shape), p.dtype, p.device, p.data_ptr(), p._version, sampled_bits(p, cls.SAMPLES))
                for name, p in tensors]
-        settings = [(f"setting {name}.{k}" if name else f"setting {k}", v) for name, m in model.named_modules()
-                    for k, v in vars(m).items() if not k.startswith("_") and k != "training"
-                    and isinstance(v, (bool, int, float, str, type(None)))]  # a norm's eps, an attention's scaling
+        settings = [(f"setting {name}", v) for name, v in module_settings(model)]  # a norm's eps, an attention's scaling
         config = getattr(model, "config", None)
         return out + settings + [("config", repr(sorted(vars(config).items())) if config is not None else None)]
 

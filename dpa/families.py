@@ -577,6 +577,24 @@ def _check_modules(model: nn.Module, family: Family) -> None:
         if not p.is_floating_point():
             raise UnsupportedModelError(f"unsupported module: {name} is quantized ({p.dtype}); load the model in a "
                                         "float dtype")
+    try:
+        _check_layers(layers, family)
+    except AttributeError as err:  # a block wrapped or replaced by a module without the family's parts
+        raise UnsupportedModelError(f"unsupported module: a decoder layer does not have the modules of a "
+                                    f"{family.model_type} layer ({err}); dpa reads and linearises them by name") from None
+    where: dict[int, str] = {}
+    for i, layer in enumerate(layers):  # dpa's rules and taps are per module object: one object, one place
+        for name, m in layer.named_modules(remove_duplicate=False):
+            here = f"layers[{i}]" + (f".{name}" if name else "")
+            first = where.setdefault(id(m), here)
+            if first != here:
+                raise UnsupportedModelError(f"unsupported model: {here} is the same module object as {first}; dpa "
+                                            "scores each place of the model apart, so a module used twice would get "
+                                            "one place's scores for both: give each place its own copy "
+                                            "(copy.deepcopy) before attributing")
+
+
+def _check_layers(layers, family: Family) -> None:
     layer_norm = family.norm_kind == "layer"
     for i, layer in enumerate(layers):
         for branch, path in family.branches.items():
@@ -625,9 +643,12 @@ def spec_for(model: nn.Module) -> ModelSpec:
     return spec
 
 
+_SETTING_TYPES = (bool, int, float, str, type(None))
+
+
 def module_state(model: nn.Module) -> list:
     """What the checks and the modules dpa looks up depend on, besides the config, walked from ``model``: each
-    module's class, its parameters (name, identity, dtype, shape) and its children (name and the object itself,
+    module's class, its parameters (name, identity, dtype, shape), its plain settings and its children (name and the object itself,
     kept alive by the list, so that no other module can take its place unseen; a parameter's identity matters
     only where dpa keeps the object, which then stays alive too: GPT-OSS's sinks). Equal lists: the same modules
     at the same places, the same parameters. About 1 ms per call on a 135M-parameter model."""
@@ -645,6 +666,9 @@ def module_state(model: nn.Module) -> list:
                 add(None)
             else:
                 add(id(p)), add(p.dtype), add(p.shape)
+        for k, v in m.__dict__.items():  # its plain settings (an attention's head_dim, soft-cap or scaling)
+            if k[0] != "_" and k != "training" and isinstance(v, _SETTING_TYPES):
+                add(k), add(v)
         add(len(children))
         for name, child in children.items():
             add(name), add(child)
@@ -691,6 +715,7 @@ def _spec_for(model: nn.Module, config) -> ModelSpec:
         parallel=bool(getattr(config, family.parallel, False)) if family.parallel else False,
         n_experts=n_experts, d_expert=d_expert, d_shared=d_shared,
     )
+    _check_attention(get(model, family.layers), family, spec)
     for path, layout in family.fused:  # the fused projection holds exactly its branches' features
         names = [n for n, p in family.branches.items() if p == path]
         want = sum(spec.n_heads * d_head if n == "query" else spec.n_kv_heads * d_head if n in ("key", "value")
@@ -699,6 +724,47 @@ def _spec_for(model: nn.Module, config) -> ModelSpec:
             raise UnsupportedModelError(f"unsupported module: {path} has {weight_rows(get(first, path)).shape[0]} "
                                         f"outputs, not the {want} of {', '.join(names)} ({layout})")
     return spec
+
+
+# The attention modules' own copies of the head layout and soft-cap (what their forward runs with), by attribute name.
+_ATTENTION_SETTINGS = {"head_dim": lambda s: s.d_head, "head_size": lambda s: s.d_head, "num_heads": lambda s: s.n_heads,
+                       "num_attention_heads": lambda s: s.n_heads, "num_key_value_heads": lambda s: s.n_kv_heads,
+                       "num_key_value_groups": lambda s: s.n_heads // s.n_kv_heads}
+
+
+def _check_attention(layers, family: Family, spec: ModelSpec) -> None:
+    """Each attention module runs the layout dpa reads from the config: its own head_dim, head counts and soft-cap
+    (where it keeps them), and its query, key and value projections' sizes. A config edited after loading
+    (num_attention_heads, attn_logit_softcapping) or a module edited alone would otherwise have dpa split and cap
+    the heads one way while the model runs them another: refused by name."""
+    settings = dict(_ATTENTION_SETTINGS)
+    if family.softcap:
+        settings[family.softcap[0]] = lambda s: s.attn_softcap
+    fused = {path for path, _ in family.fused}
+    rows = {"query": spec.n_heads * spec.d_head, "key": spec.n_kv_heads * spec.d_head,
+            "value": spec.n_kv_heads * spec.d_head}
+    for i, layer in enumerate(layers):
+        attn = get(layer, family.attention)
+        for name, value in settings.items():
+            have = getattr(attn, name, _ABSENT)
+            if have is _ABSENT or isinstance(have, (nn.Module, torch.Tensor)):
+                continue
+            if have != value(spec):
+                raise UnsupportedModelError(
+                    f"unsupported model: layers[{i}].{family.attention}.{name} is {have!r}, while the config gives "
+                    f"{value(spec)!r}; dpa splits and scores the heads as the config says and the module runs them "
+                    "its own way (a config or module edited after loading?): make the two agree, or load the model "
+                    "again")
+        for branch, n in rows.items():
+            path = family.branches[branch]
+            if path not in fused and weight_rows(get(layer, path)).shape[0] != n:
+                raise UnsupportedModelError(
+                    f"unsupported model: layers[{i}].{path} has {weight_rows(get(layer, path)).shape[0]} outputs, "
+                    f"not the {n} the config's head counts give ({spec.n_heads} query, {spec.n_kv_heads} key/value "
+                    f"heads of {spec.d_head}); a config edited after loading?")
+
+
+_ABSENT = object()
 
 
 def norm_eps(norm: nn.Module) -> float:

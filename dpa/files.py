@@ -46,7 +46,9 @@ from .errors import InputError, OutputError
 WEIGHTS_KEY = "weights_sha256"
 TOKENIZER_KEY = "tokenizer_sha256"
 CONFIG_KEY = "model_config_sha256"
-FINGERPRINTS = (WEIGHTS_KEY, TOKENIZER_KEY, CONFIG_KEY)  # what an older config lacks is taken as the current one
+STATE_KEY = "model_state_sha256"
+FINGERPRINTS = (WEIGHTS_KEY, TOKENIZER_KEY, CONFIG_KEY, STATE_KEY)  # what an older config lacks is taken as the current one
+UNNAMED = (CONFIG_KEY, STATE_KEY)  # recorded since a run's name was first stamped on its files: not in run_id
 # What a model's config holds that does not change what it computes (besides every "_" key: _name_or_path,
 # _attn_implementation, _commit_hash): who wrote it, its class names, its dtype (recorded apart), flags of what a
 # forward pass returns, classification labels, and the initialisation of weights that are loaded.
@@ -279,6 +281,9 @@ def run_folder(out: str | os.PathLike, error: type[Exception] = InputError) -> P
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise error(f"--out {out} is a file; the results go into a folder (give a new folder name)")
+    if out.is_symlink() and not out.exists():
+        raise error(f"--out {out} is a symbolic link to {os.readlink(out)!r}, which does not exist; make that folder "
+                    "first, or give another folder name")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -323,6 +328,27 @@ def sampled_bits(p, samples: int) -> bytes:
         return repr(values.tolist()).encode()
 
 
+def module_settings(model) -> list[tuple[str, Any]]:
+    """Each module's plain settings, by name: its public attributes that are a bool, number, string or None (a norm's
+    eps, an attention's scaling or soft-cap, a head count), what its forward reads besides its tensors."""
+    return [(f"{name}.{k}" if name else k, v) for name, m in model.named_modules()
+            for k, v in vars(m).items() if not k.startswith("_") and k != "training"
+            and isinstance(v, (bool, int, float, str, type(None)))]
+
+
+def state_fingerprint(model, samples: int = 256) -> str:
+    """sha256 of what a model computes with besides its parameters and config: every buffer (a rotary module's
+    inv_freq; name, shape, dtype and ``samples`` of its values, as ``weights_fingerprint`` reads a parameter) and
+    every module's plain settings (``module_settings``). A model edited in memory (inv_freq rescaled, an attention's
+    scaling or a norm's eps set) gives another one."""
+    h = hashlib.sha256()
+    for name, b in model.named_buffers():
+        h.update(f"{name}\0{tuple(b.shape)}\0{b.dtype}\0".encode())
+        h.update(sampled_bits(b, samples))
+    h.update(repr(module_settings(model)).encode())
+    return h.hexdigest()
+
+
 def tokenizer_fingerprint(tokenizer) -> str:
     """sha256 of what turns text into ids: a fast tokenizer's whole definition (vocabulary, merges, normaliser,
     pre-tokeniser), else its vocabulary and special tokens, with its class."""
@@ -363,7 +389,8 @@ def model_identity(model, dtype, tokenizer=None) -> dict:
     before dtypes were recorded), so that a run in bfloat16 is never resumed in float32, nor the reverse; and the
     fingerprint of its weights (``weights_fingerprint``), so that a folder is never resumed with other weights
     under the same name (a model folder overwritten since), of its tokenizer and of its config
-    (``config_fingerprint``: the same weights with another ``rope_theta`` compute something else)."""
+    (``config_fingerprint``: the same weights with another ``rope_theta`` compute something else), and of its
+    buffers and module settings (``state_fingerprint``: an in-memory edit between an interrupted run and its resume)."""
     import torch
 
     out = {"model": getattr(model.config, "_name_or_path", "")}
@@ -375,6 +402,7 @@ def model_identity(model, dtype, tokenizer=None) -> dict:
     config = config_fingerprint(getattr(model, "config", None))
     if config is not None:
         out[CONFIG_KEY] = config
+    out[STATE_KEY] = state_fingerprint(model)
     return out
 
 
@@ -382,7 +410,7 @@ def run_id(identity: dict) -> str:
     """A short name of a run's identity, stamped on what it writes, so that a file of another run is known. The
     config's fingerprint is left out: a folder written before it was recorded keeps its run name when resumed (its
     batch files were stamped without it); the folder's config.json refuses another config."""
-    named = {k: v for k, v in identity.items() if k != CONFIG_KEY}
+    named = {k: v for k, v in identity.items() if k not in UNNAMED}
     return hashlib.sha256(json.dumps(named, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -416,6 +444,9 @@ def check_run_config(out: Path, identity: dict, error: type[Exception] = InputEr
 
 
 def _change(key: str, a, b, old: dict, new: dict) -> str:
+    if key == STATE_KEY:
+        return (f"the model's buffers or module settings: fingerprint {str(a)[:16]} there, {str(b)[:16]} now (the "
+                f"model was edited in memory since that run: a rotary inv_freq, an attention's scaling, a norm's eps)")
     if key == CONFIG_KEY:
         return (f"the model's config: {old.get('model')!r} with config fingerprint {str(a)[:16]} there, "
                 f"{new.get('model')!r} with {str(b)[:16]} now (the same weights with another config.json: a setting "

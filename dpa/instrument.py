@@ -22,8 +22,9 @@ finer scores; ``lean=True`` recomputes one decoder layer at a time in the backwa
 layer boundaries, eval mode kept).
 
 Whatever happens inside -- an error, KeyboardInterrupt -- the model leaves with the same modules,
-hooks, ``requires_grad`` flags, train/eval mode and attention implementation. One lock per model
-serialises calls from several threads.
+hooks, ``requires_grad`` flags, train/eval mode and attention implementation. Calls from several threads
+are serialised module by module (two models sharing modules are one to this), and another thread's plain forward
+of a model being attributed is refused.
 """
 
 from __future__ import annotations
@@ -68,29 +69,33 @@ class Recording:
     calls: dict[int, tuple[tuple, dict]] = field(default_factory=dict)  # attention's other arguments, by layer
 
 
-# --- one lock per model, and the model's state to restore ---
+# --- one call at a time on any module, and the model's state to restore ---
 
-_LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_LOCKS_GUARD = threading.Lock()
-# The call holding each model's lock: (its thread, the generator of its ``session``/``exclusive``, its undo steps).
-# A call whose restore was cut short (an asynchronous exception landing before the restore could hold signals)
-# has finished its generator and still holds the lock: the next call, from any thread, runs its restore (every
-# step is idempotent) and goes on, instead of waiting for ever or refusing.
-_OWNERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+class _Claim:
+    """One call's hold on the modules of a model: its thread, the generator of its ``session``/``exclusive``, its
+    undo steps."""
+
+    def __init__(self, thread: threading.Thread, gen, undo: list):
+        self.thread, self.gen, self.undo = thread, gen, undo
+
+    def stale(self) -> bool:
+        """The call ended without letting go: an asynchronous exception landed before its restore held signals."""
+        return self.gen is not None and self.gen.gi_frame is None
+
+
+# Module -> the call holding it. dpa's rules and taps live on the modules, so calls are kept apart module by module,
+# not model by model: two model objects sharing their decoder (``m2.model = m1.model``, a wrapper around a model)
+# are one model to this. A call claims every module of its model at once, or waits until none is held (no
+# deadlock). A call whose restore was cut short (its generator finished, its claim still there) is put back by the
+# next call that meets it, from any thread (every restore step is idempotent), instead of blocking for ever.
+_CLAIMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_CLAIMS_CHANGED = threading.Condition()
 _HEAL_GUARD = threading.Lock()
-
-
-def _lock(model: nn.Module) -> threading.Lock:
-    with _LOCKS_GUARD:
-        lock = _LOCKS.get(model)
-        if lock is None:
-            lock = _LOCKS[model] = threading.Lock()
-        return lock
 
 
 @contextmanager
 def exclusive(model: nn.Module) -> Iterator[None]:
-    """Hold the model's lock (other threads wait); the same thread re-entering is an error."""
+    """Hold the model's modules (other threads wait); the same thread re-entering is an error."""
     undo: list[Callable[[], None]] = []
     try:
         _hold(model, undo)
@@ -100,34 +105,38 @@ def exclusive(model: nn.Module) -> Iterator[None]:
 
 
 def _hold(model: nn.Module, undo: list) -> None:
-    """Take the model's lock for this thread (refusing a re-entry from the same thread); ``undo`` gets the
-    steps that let it go again (idempotent: see ``run_all``). Called from the generator of a ``contextmanager``
-    (``session``, ``exclusive``), whose state tells whether the call that holds the lock is still running."""
-    me, gen = threading.current_thread(), _calling_generator()
-    lock, held = _lock(model), [False]
+    """Claim every module of ``model`` for this thread, waiting while another call holds any of them (refusing a
+    re-entry from the same thread); ``undo`` gets the step that lets them go again (idempotent: see ``run_all``).
+    Called from the generator of a ``contextmanager`` (``session``, ``exclusive``), whose state tells whether the
+    call holding a module is still running."""
+    me = threading.current_thread()
+    claim = _Claim(me, _calling_generator(), undo)
+    modules = list(model.modules())
     while True:
-        owner = _finish_stale(model)
-        if owner is not None and owner[0] is me:
-            raise ModelStateError("dpa is already running on this model in this thread (a call from inside a hook "
-                                  "or callback of another dpa call); make the calls one after another")
-        if lock.acquire(timeout=0.25):
-            held[0] = True
-            break
+        with _CLAIMS_CHANGED:
+            others = {id(c): c for m in modules if (c := _CLAIMS.get(m)) is not None}
+            if not others:
+                for m in modules:
+                    _CLAIMS[m] = claim
+                break
+            if any(c.thread is me and not c.stale() for c in others.values()):
+                raise ModelStateError("dpa is already running on this model in this thread (a call from inside a "
+                                      "hook or callback of another dpa call); make the calls one after another")
+            stale = [c for c in others.values() if c.stale()]
+            if not stale:
+                _CLAIMS_CHANGED.wait(0.25)
+                continue
+        for c in stale:
+            _finish_stale(c)
 
     def release() -> None:
-        if held[0]:
-            held[0] = False
-            lock.release()
-
-    def forget() -> None:
-        with _LOCKS_GUARD:
-            if _OWNERS.get(model, (None, None))[1] is gen:
-                del _OWNERS[model]
+        with _CLAIMS_CHANGED:
+            for m in modules:
+                if _CLAIMS.get(m) is claim:
+                    del _CLAIMS[m]
+            _CLAIMS_CHANGED.notify_all()
 
     undo.append(release)
-    undo.append(forget)
-    with _LOCKS_GUARD:
-        _OWNERS[model] = (me, gen, undo)
 
 
 def _calling_generator():
@@ -137,19 +146,29 @@ def _calling_generator():
     return getattr(cm, "gen", None)
 
 
-def _finish_stale(model: nn.Module):
-    """The call holding ``model``, after running the restore of one that ended without it (then None)."""
+def _finish_stale(claim: _Claim) -> None:
+    """Run the restore of a call that ended without it (which lets its modules go)."""
     with _HEAL_GUARD:  # one thread at a time puts a model back
-        with _LOCKS_GUARD:
-            owner = _OWNERS.get(model)
-        if owner is None or owner[1] is None or owner[1].gi_frame is not None:  # none, or still running
-            return owner
+        with _CLAIMS_CHANGED:
+            if claim not in _CLAIMS.values():  # another thread put it back meanwhile
+                return
         try:
-            run_all(reversed(owner[2]))  # lets the lock go, forgets the owner
+            run_all(reversed(claim.undo))
         except Exception as err:  # noqa: BLE001 - said by name
             raise ModelStateError(f"an earlier dpa call on this model ended before putting it back, and putting it "
                                   f"back now failed ({type(err).__name__}: {err}); load the model again") from err
-        return None
+
+
+def _guard(owner: threading.Thread) -> Callable:
+    """A forward pre-hook refusing the model's forward in any thread but the call's own while dpa's rules and taps
+    are on it: another thread's plain forward would run them and overwrite what the call recorded. The autograd
+    engine's own threads (a lean-mode layer recomputed in a CUDA backward) pass."""
+    def pre(_module, _args):
+        if threading.current_thread() is not owner and torch._C._current_autograd_node() is None:
+            raise ModelStateError("dpa is attributing this model in another thread: its forward cannot run until "
+                                  "that call ends (dpa's rules and taps are on its modules); wait for it, or run a "
+                                  "copy of the model")
+    return pre
 
 
 # --- putting the model back: every step runs, whatever interrupts it ---
@@ -294,6 +313,7 @@ def _model_state(model: nn.Module, undo: list) -> Callable[[nn.Module, Callable]
     with foreign hooks or a patched forward, or offloaded weights, is refused first, before anything changes."""
     check_global_hooks()
     check_loaded(model)
+    check_autocast(model)
     modules = []
     for name, m in model.named_modules():  # one pass: foreign hooks, and what to put back
         check_module_hooks(name, m)
@@ -306,9 +326,14 @@ def _model_state(model: nn.Module, undo: list) -> Callable[[nn.Module, Callable]
     for p, flag in saved.params:
         if flag:
             p.requires_grad_(False)
+    guard = _guard(threading.current_thread())
+    for m in modules:  # every container (the model, its decoder, each layer and block): the ways into a forward
+        if next(m.children(), None) is not None:
+            m.register_forward_pre_hook(guard)  # first of the hooks, removed with them (_Saved)
 
     def override(module: nn.Module, forward: Callable) -> None:
         def run(*args, **kwargs):
+            guard(module, args)
             ran.add(id(module))
             return forward(*args, **kwargs)
 
@@ -354,6 +379,22 @@ def check_global_hooks() -> None:
             raise ModelStateError(f"a global module {kind.replace('_', '-')} hook is registered "
                                   f"(torch.nn.modules.module.register_module_{kind}_hook): it could change what dpa "
                                   f"attributes{_HINT}")
+
+
+def check_autocast(model: nn.Module) -> None:
+    """Refuse a call under ``torch.autocast`` on the model's device: the forward would run in another precision than
+    the model's weights, while dpa's rules, taps and scores assume the model's own arithmetic (and the completeness
+    and batch identities would only hold to the autocast precision)."""
+    for kind in sorted({p.device.type for p in model.parameters()} - {"meta"}):
+        try:
+            on = torch.is_autocast_enabled(kind)
+        except (RuntimeError, ValueError):  # a device type without autocast
+            continue
+        if on:
+            raise ModelStateError(f"dpa was called under torch.autocast ({kind}): the model would run in "
+                                  f"{torch.get_autocast_dtype(kind)} while its weights are "
+                                  f"{next(model.parameters()).dtype}; call dpa outside the autocast region, or cast "
+                                  "the model itself (model.to(torch.bfloat16))")
 
 
 def _harmless(fn) -> bool:
@@ -609,11 +650,18 @@ def logits_at(model: nn.Module, request: Request, hidden: Tensor, positions: Ten
     if isinstance(pos, Tensor) and pos.numel() == 1:
         pos = int(pos)
     final = hidden[:, pos] if isinstance(pos, int) else hidden[rows, pos]
+    logits = unembed(model, request, final)
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))
+
+
+def unembed(model: nn.Module, request: Request, final: Tensor) -> Tensor:
+    """The model's own logits from final hidden states [..., d_model], in its dtype: the unembedding, then the
+    final soft-cap where the model has one (Gemma 2). Every logit dpa computes from a hidden state comes from here."""
     logits = request.spec.unembed(model)(final)
     cap = request.spec.final_softcap
-    if cap is not None:  # the model's own logits: Gemma 2 soft-caps them
+    if cap is not None:
         logits = torch.tanh(logits / cap) * cap
-    return logits.to(torch.promote_types(logits.dtype, torch.float32))
+    return logits
 
 
 def clean_logits(model: nn.Module, request: Request) -> Tensor:

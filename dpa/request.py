@@ -146,6 +146,7 @@ def _canonical(tokenizer, prompt):
     if isinstance(prompt, Mapping):
         if "input_ids" not in prompt:
             raise InputError(f"prompt: a dict or BatchEncoding needs 'input_ids', got keys {sorted(prompt)}")
+        _check_prompt_keys(prompt)
         ids, mask = prompt["input_ids"], prompt.get("attention_mask")
         ids = _numpy(ids, "input_ids")
         batched = (isinstance(ids, Tensor) and ids.dim() == 2) or (
@@ -174,6 +175,33 @@ def _canonical(tokenizer, prompt):
                              "token, at an edge of a row); pass the tokenizer's output with its attention_mask, "
                              "or a list of unpadded prompts, so that padding is not attributed as text")
     return prompt
+
+
+# A tokenizer's output keys that do not change the model's forward: kept out of it, harmlessly.
+_INERT_KEYS = frozenset({"input_ids", "attention_mask", "offset_mapping", "special_tokens_mask", "length",
+                         "overflow_to_sample_mapping", "num_truncated_tokens"})
+
+
+def _check_prompt_keys(prompt: Mapping) -> None:
+    """Refuse a dict prompt's keys that would change the model's forward (position_ids, inputs_embeds,
+    past_key_values, token types other than 0...): dpa runs the model on the token ids and mask alone, so it would
+    attribute another computation than the one the dict describes."""
+    for key in prompt:
+        if key in _INERT_KEYS:
+            continue
+        value = prompt[key]
+        if key == "token_type_ids" and _all_zero(value):
+            continue  # what the model assumes without them
+        raise InputError(f"prompt: dpa does not take {key!r} in a prompt dict: it runs the model on input_ids and "
+                         f"attention_mask alone (positions 0..n-1 from the first real token, no cache), so the "
+                         f"attribution would not be of the forward this dict describes; remove {key!r}")
+
+
+def _all_zero(value) -> bool:
+    try:
+        return not bool(torch.as_tensor(_numpy(value, "token_type_ids")).bool().any())
+    except (TypeError, ValueError, RuntimeError):  # ragged, or not numbers
+        return False
 
 
 def _is_batch(prompt) -> bool:

@@ -11,6 +11,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from dpa.evaluate.ablation import (component_ablation_prob, component_ablation_probs, input_ablation_prob,
                                    input_ablation_probs)
+from dpa.tiny import FAMILIES as ALL_FAMILIES
 from tests.conftest import FAMILIES, LAYOUTS, edited_run, random_ids, tiny_model
 
 T = 7
@@ -145,3 +146,17 @@ class TestComponentAblation:
     def test_rejects_a_batch_of_prompts(self, llama):
         with pytest.raises(ValueError, match="one prompt"):
             component_ablation_prob(llama, torch.zeros(2, T, dtype=torch.long), [], [], T - 1, 0)
+
+
+@pytest.mark.parametrize("family", ALL_FAMILIES)
+def test_nothing_ablated_is_the_models_own_probability(family):
+    """With nothing zeroed, both ablation passes give the model's own p(target): its logits as it computes them,
+    Gemma 2's final soft-cap included (the softmax of uncapped logits is another distribution)."""
+    model = tiny_model(family, 2)
+    ids = random_ids(7)
+    with torch.no_grad():
+        own = model(ids[None]).logits[0, -1].softmax(-1)
+    target = int(own.argmax())
+    want = float(own[target])
+    assert input_ablation_prob(model, ids, [], 6, target) == pytest.approx(want, rel=1e-9)
+    assert component_ablation_prob(model, ids, [], [], 6, target) == pytest.approx(want, rel=1e-9)

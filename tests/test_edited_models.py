@@ -505,3 +505,80 @@ def test_a_forward_that_skips_the_activation_module_is_refused(monkeypatch):
     monkeypatch.undo()
     after = dpa.attribute(model, None, random_ids(7), target=5)
     assert torch.equal(after.token_scores, before.token_scores)
+
+
+# --- one module object at two places, settings the modules keep, blocks wrapped ---
+
+def test_a_module_used_at_two_places_is_refused_by_name():
+    """dpa's rules and taps sit on module objects: one object at two layers would give both layers one layer's
+    scores (and the other's none), so it is refused, naming both places."""
+    model = tiny_model("llama", 4)
+    attribute(model)
+    model.model.layers[2] = model.model.layers[0]
+    before = state(model)
+    with pytest.raises(UnsupportedModelError, match=r"layers\[2\] is the same module object as layers\[0\]"):
+        attribute(model)
+    assert_state(model, before)
+    model.model.layers[2] = tiny_model("llama", 4).model.layers[2]  # its own copy: attributed again
+    model.model.layers[1].mlp.act_fn = model.model.layers[0].mlp.act_fn  # shared below the layer too
+    with pytest.raises(UnsupportedModelError, match=r"layers\[1\]\.mlp\.act_fn is the same module object"):
+        dpa.circuit(model, None, IDS, TARGET, nodes=4)
+
+
+@pytest.mark.parametrize("edit", ["config-heads", "config-kv-heads", "module-head-dim", "module-groups"])
+def test_head_layout_edited_after_loading_is_refused(edit):
+    """The attention modules run the head layout they were built with; a config or module edited after loading
+    would have dpa split the heads otherwise (fake heads, wrong n_kv_heads): refused, naming the setting."""
+    model = tiny_model("llama", 2)
+    attribute(model)
+    attn = model.model.layers[1].self_attn
+    if edit == "config-heads":
+        model.config.num_attention_heads = 8  # the model still runs 4 heads of 8 features
+    elif edit == "config-kv-heads":
+        model.config.num_key_value_heads = 4
+    elif edit == "module-head-dim":
+        attn.head_dim = 4
+    else:
+        attn.num_key_value_groups = 1
+    before = state(model)
+    with pytest.raises(UnsupportedModelError, match=r"self_attn\.(head_dim|num_key_value_groups)|k_proj has"):
+        attribute(model, edges=True)
+    assert_state(model, before)
+
+
+@pytest.mark.parametrize("where", ["config", "module"])
+def test_gemma2_attention_softcap_must_be_the_modules(where):
+    """Gemma 2 caps its attention scores with each module's own attn_logit_softcapping; dpa's explicit attention
+    (edges, circuits, ablations) uses the spec's: the two disagreeing is refused by name, not silently used."""
+    model = tiny_model("gemma2", 2)
+    want = attribute(model, edges=True)
+    if where == "config":
+        model.config.attn_logit_softcapping = None
+    else:
+        for layer in model.model.layers:
+            layer.self_attn.attn_logit_softcapping = 7.0
+    with pytest.raises(UnsupportedModelError, match="attn_logit_softcapping"):
+        attribute(model, edges=True)
+    if where == "module":  # config and modules agreeing again: a model built with that cap, bit for bit
+        model.config.attn_logit_softcapping = 7.0
+        got = attribute(model, edges=True)
+        assert_same(got, attribute(tiny_model("gemma2", 2, attn_logit_softcapping=7.0), edges=True))
+        assert got.target_logit != want.target_logit
+
+
+class _Wrap(nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *args, **kwargs):
+        return self.inner(*args, **kwargs)
+
+
+@pytest.mark.parametrize("path", ["mlp", "self_attn"])
+def test_a_wrapped_block_is_refused_by_name(path):
+    model = tiny_model("llama", 4)
+    layer = model.model.layers[1]
+    setattr(layer, path, _Wrap(getattr(layer, path)))
+    with pytest.raises(UnsupportedModelError, match="does not have the modules of a llama layer"):
+        attribute(model)

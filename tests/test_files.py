@@ -527,3 +527,18 @@ def test_a_prompt_file_that_can_be_read_only_once_is_refused(tmp_path):
     os.mkfifo(fifo)
     with pytest.raises(dpa.InputError, match="not a regular file"):
         dpa.batch.read_prompts(fifo, format="text")
+
+
+def test_an_out_folder_that_is_a_dangling_symlink_is_named_as_one(tmp_path):
+    (tmp_path / "out").symlink_to(tmp_path / "missing")
+    with pytest.raises(dpa.InputError, match=r"is a symbolic link to .*missing.*which does not exist"):
+        files.run_folder(tmp_path / "out")
+
+
+def test_a_tokenizers_inert_keys_pass_and_zero_token_types_too(tiny):
+    model, tok = tiny
+    enc = tok("the city of", return_offsets_mapping=True, return_special_tokens_mask=True, return_length=True)
+    plain = dpa.attribute(model, tok, "the city of", target=3)
+    for extra in ({}, {"token_type_ids": [0] * len(enc["input_ids"])}):
+        res = dpa.attribute(model, tok, {**enc.data, **extra}, target=3)
+        assert torch.equal(res.token_scores, plain.token_scores)

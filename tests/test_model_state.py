@@ -530,3 +530,85 @@ def test_inference_tensors_are_refused_by_name():
         model = tiny_model("llama")
     with pytest.raises(ModelStateError, match="inference tensor"):
         dpa.attribute(model, None, random_ids(6), target=5)
+
+
+def test_another_threads_plain_forward_during_a_call_is_refused_and_the_call_is_exact():
+    """dpa's rules and taps sit on the model's modules during a call: a plain forward from another thread would run
+    them and overwrite what the call recorded (wrong scores, no error). It is refused in that thread, by name, and
+    every dpa call gives the sequential result."""
+    model = tiny_model("llama", 2)
+    ids = random_ids(9)
+    expected = dpa.attribute(model, None, ids, target=3, edges=True)
+    before = state(model)
+    stop, refused, other_errors, got = threading.Event(), [], [], []
+
+    def plain_forwards():
+        while not stop.is_set():
+            try:
+                with torch.no_grad():
+                    model(random_ids(5)[None])
+            except ModelStateError as err:
+                refused.append(err)
+            except Exception as err:  # noqa: BLE001 - asserted empty below
+                other_errors.append(err)
+
+    other = threading.Thread(target=plain_forwards)
+    other.start()
+    try:
+        for _ in range(25):
+            got.append(dpa.attribute(model, None, ids, target=3, edges=True))
+    finally:
+        stop.set()
+        other.join()
+    assert not other_errors, other_errors[:3]
+    assert refused and "another thread" in str(refused[0])
+    for res in got:
+        for name in ("token_scores", "head_scores", "neuron_scores", "edge_scores"):
+            assert torch.equal(getattr(res, name), getattr(expected, name)), name
+    assert state(model) == before
+    with torch.no_grad():  # and the model runs again for everyone once the calls are done
+        model(ids[None])
+
+
+def test_two_models_sharing_their_decoder_are_one_model_to_the_lock():
+    """Two model objects over one decoder (a wrapper, ``m2.model = m1.model``) attributed from two threads: dpa's
+    calls are kept apart module by module, so each gives its sequential result and both models end as they were."""
+    m1, m2 = tiny_model("llama", 2), tiny_model("llama", 2, seed=3)
+    m2.model = m1.model
+    ids = random_ids(7)
+    want = {1: dpa.attribute(m1, None, ids, target=3, edges=True), 2: dpa.attribute(m2, None, ids, target=3, edges=True)}
+    before = {1: state(m1), 2: state(m2)}
+    errors, got = [], collections.defaultdict(list)
+
+    def work(k, model):
+        try:
+            for _ in range(8):
+                got[k].append(dpa.attribute(model, None, ids, target=3, edges=True))
+        except Exception as err:  # noqa: BLE001 - asserted empty below
+            errors.append(err)
+
+    threads = [threading.Thread(target=work, args=(k, m)) for k, m in ((1, m1), (2, m2))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
+    for k in (1, 2):
+        assert len(got[k]) == 8
+        assert all(torch.equal(r.edge_scores, want[k].edge_scores) and torch.equal(r.token_scores, want[k].token_scores)
+                   for r in got[k])
+    assert state(m1) == before[1] and state(m2) == before[2]
+
+
+@pytest.mark.parametrize("entry", ["attribute", "circuit"])
+def test_autocast_is_refused_by_name(entry):
+    """Under torch.autocast the model would run in bfloat16 while dpa's scores assume its own precision."""
+    model = tiny_model("llama", 2, dtype=torch.float32)
+    before = state(model)
+    call = {"attribute": lambda: dpa.attribute(model, None, random_ids(6), target=3),
+            "circuit": lambda: dpa.circuit(model, None, random_ids(6), target=3, nodes=4)}[entry]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with pytest.raises(ModelStateError, match="torch.autocast"):
+            call()
+    assert state(model) == before
+    call()  # outside it, attributed

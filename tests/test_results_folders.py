@@ -352,6 +352,27 @@ def test_the_same_weights_with_another_config_are_another_model_under_any_name(r
     assert files.model_identity(cosmetic, torch.float64, tok) == files.model_identity(model, torch.float64, tok)
 
 
+@pytest.mark.parametrize("edit", ["inv_freq", "scaling", "eps"])
+def test_a_model_edited_in_memory_does_not_resume_the_run(run, tiny, edit):
+    """Weights, tokenizer and config the same, but a buffer or a module setting edited in memory between an
+    interrupted run and its resume: another model, refused by name (it would mix two models' results)."""
+    out, again = run
+    config = json.loads((out / "config.json").read_text())
+    assert len(config["model_state_sha256"]) == 64
+    shard(out, 1).unlink()
+    edited = copy.deepcopy(tiny[0])
+    if edit == "inv_freq":
+        edited.model.rotary_emb.inv_freq.mul_(1.5)
+    elif edit == "scaling":
+        edited.model.layers[0].self_attn.scaling *= 1.1
+    else:
+        edited.model.layers[1].input_layernorm.variance_epsilon *= 10
+    with pytest.raises(dpa.InputError, match=r"the model's buffers or module settings: fingerprint [0-9a-f]{16} there"):
+        again(edited)
+    assert json.loads((out / "config.json").read_text()) == config and not shard(out, 1).exists()
+    assert again()["attributed"] == 4  # the model as it was resumes it
+
+
 def test_a_folder_written_before_the_config_was_recorded_resumes_and_then_records_it(tiny, tmp_path, monkeypatch):
     """Its config.json lacks the config's fingerprint and its batch files were stamped with the run name of then."""
     model, tok = tiny

@@ -110,6 +110,13 @@ PROMPTS_BAD = [
     Bad("prompt-dict-ids-none", lambda m, t: A(m, t, {"input_ids": None}, target=3), InputError, "input_ids"),
     Bad("prompt-dict-mask-string", lambda m, t: A(m, t, {"input_ids": ids(t), "attention_mask": "abc"},
                                                   target=3), InputError, "attention_mask"),
+    # found by the issue-30 hostile pass: keys that change the model's forward, which dpa would ignore
+    Bad("prompt-dict-position-ids", lambda m, t: A(m, t, {"input_ids": ids(t), "position_ids": list(range(2, 8))},
+                                                   target=3), InputError, "'position_ids'"),
+    Bad("prompt-dict-past-key-values", lambda m, t: A(m, t, {"input_ids": ids(t), "past_key_values": None},
+                                                      target=3), InputError, "'past_key_values'"),
+    Bad("prompt-dict-token-types", lambda m, t: A(m, t, {"input_ids": ids(t), "token_type_ids": [0, 0, 1, 1, 0, 0]},
+                                                  target=3), InputError, "'token_type_ids'"),
     Bad("prompt-lone-surrogate", lambda m, t: A(m, t, "the \ud800 capital", target=3), InputError,
         "not valid Unicode"),
     Bad("baseline-dpa-mid-batch", lambda m, t: baselines.dpa_mid(m, t, [PROMPT, PROMPT], 3), InputError, "batch"),

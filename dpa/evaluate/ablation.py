@@ -23,14 +23,14 @@ from torch import Tensor, nn
 from .. import request as requests
 from ..checks import check_int
 from ..errors import InputError, InputTypeError
-from ..instrument import instrument
+from ..instrument import instrument, unembed
 from ..request import Request
 
 
 def _probs(model: nn.Module, req: Request, hidden: Tensor, position: int, target_id: int) -> tuple[Tensor, Tensor]:
     """p(target) per row: softmax in float32 or better, and softmax in the model's dtype (returned in
     float32 or better)."""
-    logits = req.spec.unembed(model)(hidden[:, position])
+    logits = unembed(model, req, hidden[:, position])  # the model's own logits (Gemma 2's final soft-cap)
     wide = torch.promote_types(logits.dtype, torch.float32)
     probs = logits.to(wide).softmax(-1)[:, target_id]
     return probs, probs if logits.dtype == wide else logits.softmax(-1)[:, target_id].to(wide)
