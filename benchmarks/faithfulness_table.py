@@ -23,7 +23,7 @@ from pathlib import Path
 
 RUNS = ["known_1000-input", "squad_v2.0-input", "imdb-input", "known_1000-component", "ioi-component"]
 
-# Llama-3.1-8B-Instruct, total AUC in the paper's mode (paper's tables; ../shared/docs/method.md §6).
+# Llama-3.1-8B-Instruct, total AUC in the paper's mode (the paper's tables, arXiv 2603.19742).
 PAPER = {
     "known_1000-input": ("DPA 28.09", "last-layer attention 19.57"),
     "squad_v2.0-input": ("DPA 74.78", "mean attention 72.40"),

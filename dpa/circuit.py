@@ -1,4 +1,4 @@
-"""Circuit graphs: the direct effect of every kept unit on every other, from one DPA call (method.md section 8;
+"""Circuit graphs: the direct effect of every kept unit on every other, from one DPA call (book: circuits-as-graphs;
 book: circuits-as-graphs).
 
 A *unit* is a head at a query position or a neuron at a position (or a component over all positions,

@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
         "circuit", help="the circuit graph of a prediction: direct effects between tokens, heads, neurons",
         description="The circuit graph of a target at the end of PROMPT: the NODES heads and neurons (at a position) "
                     "with the largest DPA scores, the tokens and the target, and every direct effect between them "
-                    "(method.md section 8); written as an offline HTML page and JSON.")
+                    "(the book's chapter Circuits as graphs); written as an offline HTML page and JSON.")
     c.add_argument("prompt", metavar="PROMPT", help="the prompt")
     _request_options(c)
     c.add_argument("--nodes", type=int, default=64, metavar="K", help="units to keep (default 64)")
@@ -84,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=functools.partial(run_circuit, parser=c))
     t = commands.add_parser(
         "selftest", help="check dpa on this machine's devices (CPU, CUDA, MPS): identities and one real model",
-        description="On each device: the identities of method.md section 5 on a tiny random model of every family "
+        description="On each device: the identities of the book's chapter DPA is a modified backward pass, on a tiny "
+                    "random model of every family "
                     "(the forward oracle, completeness, component sums, lean = full, batch = single, and on an "
                     "accelerator every score equal to the CPU's), one attribution on the default model, and the cost "
                     "of DPA against a gradient. Exits with 1 if a check fails.")

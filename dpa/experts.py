@@ -1,4 +1,4 @@
-"""Mixture of experts in the linearised model (book: mixture-of-experts; method.md section 2.5).
+"""Mixture of experts in the linearised model (book: mixture-of-experts and beyond-swiglu).
 
 A sparse block computes y = sum_{e in top-k(x)} w_e(x) E_e(x) (+ sigmoid(x . g) S(x), a shared expert).
 Linearised as every other block: the experts are *content* (each a GLU, linearised as the dense MLP:

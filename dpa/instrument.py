@@ -1,4 +1,4 @@
-"""The linearised model as a context manager: DPA is the gradient of it (method.md section 5, identity 1).
+"""The linearised model as a context manager: DPA is the gradient of it (book: modified-backward, identity 1).
 
 Inside ``instrument(model, request, weights=...)`` the model's own modules and attention kernel run
 unchanged in the forward pass -- every value is the model's -- while the backward pass is that of

@@ -338,7 +338,7 @@ inputs and outputs, click it for its flows; the slider prunes by influence on th
 <table><tr><th>effect</th><th>from</th><th>to</th></tr>
 {rows}
 </table>
-<p class="note">written by dpa (method.md section 8: direct effects in the linearised model).</p>
+<p class="note">written by dpa: direct effects in the linearised model (the dpa book, chapter <em>Circuits as graphs</em>).</p>
 <script type="module">
 {body}
 renderGraph(document.getElementById("graph"), {data}, {{}});

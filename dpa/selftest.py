@@ -1,6 +1,6 @@
 """``python -m dpa selftest``: check dpa on the devices this machine has, CUDA included.
 
-The test suite proves every rule against torch.autograd on the CPU, in float64 (method.md section 5). A user
+The test suite proves every rule against torch.autograd on the CPU, in float64 (book: modified-backward). A user
 with another device -- a GPU, another CPU -- wants to know that dpa is right *there*. This command runs, on each
 device (CPU, and every CUDA / MPS device torch sees, or those named with ``--device``):
 

@@ -1,4 +1,4 @@
-"""Path patching on the real model: the causal check of one edge of a circuit graph (method.md section 8).
+"""Path patching on the real model: the causal check of one edge of a circuit graph (book: circuits-as-graphs).
 
 For an edge u -> v: run the model with out_u removed from the residual stream *as v's block reads it* (a
 pre-hook on the module that reads the residual stream for that block: its input norm, or the block itself), and

@@ -99,7 +99,7 @@ class PathWeights:
 
     @classmethod
     def preset(cls, family: str, p: float) -> PathWeights:
-        """One of the paper's sensitivity families at p in [0, 1] (method.md section 4)."""
+        """One of the paper's sensitivity families at p in [0, 1] (book: path-weights)."""
         p = check_float("p", p, low=0.0, high=1.0)
         check_choice("family", family, FAMILIES)
         return getattr(cls, family)(p)

@@ -3,7 +3,7 @@
 The library computes DPA as one autograd backward through the linearised model (``dpa.instrument``).
 These are the rules the book derives block by block -- frozen RMSNorm, GLU content/control, the
 softmax delta, the RoPE transpose, GQA grouping, q/k norms -- and a top-down sweep that chains them
-(method.md section 1). ``test_glu.py``, ``test_attention.py``, ``test_norm.py`` and ``test_rope.py``
+(book: end-to-end). ``test_glu.py``, ``test_attention.py``, ``test_norm.py`` and ``test_rope.py``
 check each against torch.autograd on random tensors, and ``test_attribute.py`` proves the sweep
 equal to ``dpa.attribute`` path by path on every family.
 """
@@ -271,7 +271,7 @@ def layer_weights(model: nn.Module, spec: ModelSpec, index: int, dtype: torch.dt
                         mlp_norm=c(layer.post_attention_layernorm.weight), mlp=mlp)
 
 
-# --- the top-down sweep (method.md section 1), chaining the rules above ---
+# --- the top-down sweep (book: end-to-end), chaining the rules above ---
 
 @dataclass
 class HandScores:

@@ -1,4 +1,4 @@
-"""An independent forward pass for the tests: the *modified model* of method.md section 5.
+"""An independent forward pass for the tests: the *modified model* of book: modified-backward.
 
 Written from HF's public functions (apply_rotary_pos_emb, repeat_kv), not from dpa's rules:
 (a) every RMSNorm scale 1/sigma is detached, (b) SiLU(s) = s * detach(sigmoid(s)) on the gate

@@ -69,6 +69,19 @@ class TestCommittedNotebooks:
                    if not re.search(r"[<>*{}]", path) and not (ROOT / path).exists()]
         assert not missing, missing
 
+    def test_nothing_cites_the_project_notes_outside_the_repository(self):
+        """A reader has the repository, not the team's notes: help texts, pages, docstrings and chapters cite the
+        book's chapters instead of method.md and the other notes beside the repository."""
+        listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+        cited = []
+        for name in listed:
+            if name == "tests/test_book.py":  # this test names them
+                continue
+            if name.endswith((".py", ".md", ".ipynb", ".toml", ".yml", ".js", ".css", ".html", ".txt")) and (ROOT / name).is_file():
+                text = (ROOT / name).read_text(encoding="utf-8", errors="replace")
+                cited += [(name, note) for note in ("method.md", "style.md", "environment.md") if note in text]
+        assert not cited, cited
+
     @pytest.mark.parametrize("path", notebooks(), ids=lambda p: p.name)
     def test_committed_without_outputs(self, path):
         nb = json.loads(path.read_text())

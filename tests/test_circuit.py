@@ -1,4 +1,4 @@
-"""Circuit graphs (method.md section 8) against autograd, on tiny float64 models of every family and head layout.
+"""Circuit graphs (book: circuits-as-graphs) against autograd, on tiny float64 models of every family and head layout.
 
 The reference is written here, independently of dpa: the linearised model of test_families_autograd (the HF
 model with its modules' forwards replaced) and, for each destination v, one forward in which every block but

@@ -428,7 +428,7 @@ class TestLive:
     def test_kwargs_apply_on_construction(self, result, model):
         w = CircuitWidget(result, model, None, weights_preset="control_content", weights_p=1.0)
         assert w._data["weights"] == {"query": 0.0, "key": 0.0, "value": 1.0, "gate": 0.0, "up": 1.0}
-        # value path only, gate + up = 1: the token scores sum to the target (method.md section 5)
+        # value path only, gate + up = 1: the token scores sum to the target (book: modified-backward)
         assert sum(w._data["token_scores"]) == pytest.approx(w._data["target_logit"], rel=1e-3)
 
     def test_method_switch_reports_rank_correlation(self, widget, model):

@@ -1,4 +1,4 @@
-"""The faithfulness benchmark of the DPA paper (method.md section 6): data, prompts, the sample
+"""The faithfulness benchmark of the DPA paper (book: faithfulness): data, prompts, the sample
 filter, ablations, disruption / recovery curves, AUCs, and the ``evaluate`` / ``sweep`` runners."""
 
 from .ablation import component_ablation_prob, component_ablation_probs, input_ablation_prob, input_ablation_probs

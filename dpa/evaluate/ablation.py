@@ -1,4 +1,4 @@
-"""Ablation forward passes: p(target) with units zeroed (method.md section 6).
+"""Ablation forward passes: p(target) with units zeroed (book: faithfulness).
 
 * Input: a token's embedding replaced by the zero vector; positions and attention mask unchanged.
 * Component: selected post-softmax attention probabilities set to zero (no renormalisation) and

@@ -1,4 +1,4 @@
-"""Area under a faithfulness curve: the trapezoid rule over linear f (method.md section 6).
+"""Area under a faithfulness curve: the trapezoid rule over linear f (book: faithfulness).
 
 Curves are y(f) = 100 * mean p_ablated / p_clean at the grid fractions f. Two modes:
 * ``paper``: the paper's anchor points are added before integrating (then sorted by f), so its

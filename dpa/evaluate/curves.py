@@ -1,4 +1,4 @@
-"""Disruption and recovery curves of one sample under one attribution (method.md section 6).
+"""Disruption and recovery curves of one sample under one attribution (book: faithfulness).
 
 Units are ranked by signed score, descending (ties broken by a seeded permutation). For each
 fraction f of the grid, k = ceil(f * n_units):
