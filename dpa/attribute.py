@@ -38,23 +38,40 @@ def attribute(model: nn.Module, tokenizer, prompt: Prompt | list[Prompt], target
               multi_token: Literal["error", "first"] = "error", memory: Literal["auto", "full", "lean"] = "auto",
               padding_side: Literal["right", "left"] = "right",
               probabilities: bool = True) -> Attribution | list[Attribution]:
-    """Dual Path Attribution of ``target`` at the end of ``prompt``.
+    """Dual Path Attribution of ``target`` at the end of ``prompt``: token, head and neuron scores from one forward
+    and one linearised backward pass (the book: *DPA is a modified backward pass*).
 
-    prompt: a string, a list/LongTensor of token ids, or a list of those (a batch; one
-    ``Attribution`` per prompt). target: a token string or id (default: the model's own
-    prediction), or a float tensor of shape exactly [d_model] (a direction on the final normalised
-    residual, on any device: moved to the model's; a batch takes a list of them, one per prompt).
-    contrast: a foil token (target minus foil logit). kind="logprob"
-    attributes log p(target) with p held fixed. position: the target position (default:
-    the last token; negative counts from the end). memory: "full" keeps the whole graph of the
-    forward pass, "lean" recomputes one decoder layer at a time in the backward, "auto" (default)
-    picks lean when the full graph would not fit in half the free memory. padding_side: checked
-    but not needed: dpa pads a batch on the right itself, and the scores never depend on padding.
-    probabilities: also compute the next-token
-    distribution at the target position (``target.probability``, ``top_predictions``): one product
-    with the whole unembedding per prompt, which on a small model and a short prompt is a few
-    percent of the call; it is always computed when the target is the prediction or a log-probability.
-    See the book for every option.
+    model: a transformers causal LM of a supported family (``dpa.load_model`` gives the default one).
+    tokenizer: its tokenizer; None when the prompt and the target are token ids.
+    prompt: a string, a list/LongTensor/numpy array of token ids, a tokenizer's output (``BatchEncoding``: each row
+        cut to its attention mask), or a list of those (a batch: one ``Attribution`` per prompt).
+    target: a token string or id (default: the model's own prediction), or a float tensor of shape exactly
+        [d_model] (a direction on the final normalised residual, on any device: moved to the model's; a batch takes
+        a list of them, one per prompt).
+    contrast: a foil token: the target's logit minus the foil's is attributed (IOI's logit difference).
+    kind: "logit" (default) or "logprob" (log p(target), with p held fixed).
+    position: the target position (default: the last token; negative counts from the end).
+    weights: the path weights mu (``dpa.PathWeights``; default the paper's: query = key = 0.25, value = 0.5,
+        gate = up = 0.5). ``PathWeights.control_content(1.0)`` keeps content paths only, where the token scores
+        add up to the target logit.
+    edges: also score every attention edge, ``edge_scores`` [layer, head, query, key] (the heads' scores per key).
+    neuron_positions: also score every neuron at every position, ``neuron_position_scores`` [layer, pos, d_mlp].
+    effective_targets: also return the effective target at every layer and position, ``effective_targets``
+        [layer + 1, pos, d_model] (0: the embeddings), the vectors every score is a dot product with.
+    neuron_target: "output" (default, the paper: neurons scored against their layer's output target) or "mid"
+        (the reference code: against the target in the middle of the layer).
+    multi_token: what a target string of several tokens does: "error" (default) or "first" (its first token).
+    memory: "full" keeps the whole graph of the forward pass, "lean" recomputes one decoder layer at a time in the
+        backward, "auto" (default) picks lean when the full graph would not fit in half the free memory. Both give
+        the same scores.
+    padding_side: checked but not needed: dpa pads a batch on the right itself, and the scores never depend on
+        padding.
+    probabilities: also compute the next-token distribution at the target position (``target.probability``,
+        ``top_predictions``): one product with the whole unembedding per prompt, a few percent of the call on a
+        small model and a short prompt; always computed when the target is the prediction or a log-probability.
+
+    Returns an ``Attribution`` (a list of them for a batch). Raises a ``dpa.DPAError`` naming the argument for
+    every input it cannot attribute; the model is left exactly as it was, even when a call fails.
     """
     check_choice("neuron_target", neuron_target, ("output", "mid"))
     check_choice("memory", memory, ("auto", "full", "lean"))

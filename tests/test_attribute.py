@@ -1,6 +1,6 @@
 """``dpa.attribute`` against the ground truths: autograd through an independently written modified
 model (book: modified-backward, identity 1), the hand rules of the book (``hand_rules.py``), and the
-identities of section 5, on tiny float64 models of every family and head layout."""
+identities of that chapter, on tiny float64 models of every family and head layout."""
 
 import pytest
 import torch

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .. import distributed
 from ..errors import DPAError, InputError
-from ..models import ModelLoadError
+from ..models import CHUNKED, DEFAULT_MODEL, ModelLoadError
 from ..weights import FAMILIES, PathWeights
 from .datasets import DATASETS, GENERATED, DataError
 from .prompts import PROMPTS
@@ -42,7 +42,7 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="output folder; an interrupted run resumes when started again with the same folder")
     p.add_argument("--data-dir", metavar="DIR", help="folder with the data files (default: ../shared/data)")
     p.add_argument("--limit", type=int, metavar="N", help="evaluate the first N valid samples (default: all)")
-    p.add_argument("--model", metavar="NAME_OR_PATH", help="HF id or local folder (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--model", metavar="NAME_OR_PATH", help=f"a built-in model ({', '.join(CHUNKED)}), an HF id or a local folder (default: {DEFAULT_MODEL})")
     p.add_argument("--device", help="torch device, e.g. cpu, cuda, cuda:1 (default: cuda if available)")
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="model dtype (default float32)")
     p.add_argument("--threads", type=int, metavar="N",
