@@ -38,3 +38,31 @@ def test_a_model_that_is_not_there_names_the_built_in_ones(name, monkeypatch):
     with pytest.raises(ModelLoadError) as info:
         load_model(name)
     assert all(n in str(info.value) for n in CHUNKED) and DEFAULT_MODEL in str(info.value)
+
+
+DISPLAY = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "gemma2": "Gemma 2",
+           "gemma3_text": "Gemma 3", "olmo2": "OLMo 2", "phi3": "Phi-3", "smollm3": "SmolLM3", "gpt2": "GPT-2",
+           "gpt_neox": "GPT-NeoX", "mixtral": "Mixtral", "qwen2_moe": "Qwen2-MoE", "qwen3_moe": "Qwen3-MoE",
+           "olmoe": "OLMoE", "gpt_oss": "GPT-OSS"}
+
+
+def test_every_family_list_is_the_codes():
+    """The README's family table has one row per supported model_type, and every place that counts or lists the
+    families (README, the book's introduction, the package metadata and docstring) says how many there are."""
+    import re
+    import tomllib
+    from pathlib import Path
+
+    from dpa.families import FAMILIES
+
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    rows = [r for r in re.findall(r"^\| [^|]*\(`([a-z0-9_]+)`\) \|", readme, flags=re.M) if r != "model_type"]
+    assert sorted(rows) == sorted(FAMILIES) and set(DISPLAY) == set(FAMILIES)
+    n = f"{len(FAMILIES)} families"
+    intro = (root / "book" / "introduction.md").read_text(encoding="utf-8")
+    head = readme.split("\n\n")[1]  # the opening paragraph
+    for text in (" ".join(head.split()), " ".join(intro.split())):
+        assert n in text and all(DISPLAY[f] in text for f in FAMILIES)
+    meta = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))["project"]["description"]
+    assert n in meta and f"({len(FAMILIES)})" in dpa.__doc__
