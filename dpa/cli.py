@@ -156,11 +156,10 @@ def run_attribute(args: argparse.Namespace, *, parser: argparse.ArgumentParser) 
         warnings.simplefilter("ignore", dpa.TargetWarning)  # printed below, in one line
         res = dpa.attribute(model, tokenizer, args.prompt, args.target, contrast=args.contrast, kind=kind,
                             position=args.position, weights=weights, multi_token=multi_token)
+    _hint_first(res.target.hint)
     color = args.color == "always" or (args.color == "auto" and wants_color(sys.stdout))
     if str(args.json) != "-":
         sys.stdout.write(terminal_report(res, color=color, top=args.top))
-    if res.target.hint:
-        print(f"warning: {res.target.hint}", file=sys.stderr)
     if args.json is not None and str(args.json) == "-":  # the JSON alone on stdout, for a pipe
         print(res.to_json(precision="full" if args.json_full else "float32"))
     elif args.json is not None:
@@ -170,6 +169,13 @@ def run_attribute(args: argparse.Namespace, *, parser: argparse.ArgumentParser) 
         write_text(args.html, html_report(res, top=args.top, prompt=args.prompt))
         print(f"wrote {args.html}")
     return 0
+
+
+def _hint_first(hint: str | None) -> None:
+    """A likelier spelling of the target, said before the report (not after 25 lines of it, where nobody looks)."""
+    if hint:
+        sys.stdout.flush()
+        print(f"warning: {hint}", file=sys.stderr, flush=True)
 
 
 def _check_outputs(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
@@ -237,10 +243,9 @@ def run_circuit(args: argparse.Namespace, *, parser: argparse.ArgumentParser) ->
                            positions=not args.components, multi_token=multi_token)
     if args.prune is not None:
         circ = circ.prune(args.prune)
+    _hint_first(circ.target.hint)
     if str(args.json) != "-":
         sys.stdout.write(circuit_report(circ, top=args.top))
-    if circ.target.hint:
-        print(f"warning: {circ.target.hint}", file=sys.stderr)
     if args.json is not None:
         text = json.dumps(circ.to_json())
         if str(args.json) == "-":

@@ -1,6 +1,7 @@
 """The default model (SmolLM2-135M-Instruct, float32 on CPU): completeness and sanity of real attributions."""
 
 import re
+import sys
 
 import pytest
 import torch
@@ -66,12 +67,14 @@ class TestNewcomerHints:
         with pytest.raises(dpa.TargetError, match=r"'paris' is not a single token.*' Paris' is one token"):
             dpa.attribute(model, tok, "The capital of France is", target="paris")
 
-    def test_cli_warns_and_names_log_p(self, capsys):
+    def test_cli_warns_and_names_log_p(self, capsys, monkeypatch):
         from dpa.cli import main
 
-        assert main(["attribute", "The capital of France is", "--target", "Paris", "--color", "never"]) == 0
-        out, err = capsys.readouterr()
-        assert err.startswith("warning: target 'Paris' has p = ") and "did you mean ' Paris'?" in err
+        with monkeypatch.context() as both:
+            both.setattr(sys, "stderr", sys.stdout)  # one stream, in the order a terminal shows them
+            assert main(["attribute", "The capital of France is", "--target", "Paris", "--color", "never"]) == 0
+            out, _ = capsys.readouterr()
+        assert out.startswith("warning: target 'Paris' has p = ") and "did you mean ' Paris'?" in out.splitlines()[0]
         assert main(["attribute", "The capital of France is", "--target", " Paris", "--logprob", "--color",
                      "never"]) == 0
         out, err = capsys.readouterr()

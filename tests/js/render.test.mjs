@@ -248,6 +248,21 @@ describe("render", () => {
     assert.match(el.querySelector(".dpa-detail").textContent, /details not exported for this expert/);
   });
 
+  test("Enter in the token and foil boxes submits them, as Tab does", () => {
+    const { model, el } = mount();
+    const typed = el.querySelector("input.dpa-typed");
+    typed.value = " John";
+    typed.dispatchEvent(new window.KeyboardEvent("keydown", { key: "Enter", bubbles: true }));
+    assert.equal(model.get("target"), " John");
+    const foil = el.querySelector("input.dpa-contrast");
+    foil.value = " Mary";
+    foil.dispatchEvent(new window.KeyboardEvent("keydown", { key: "Enter", bubbles: true }));
+    assert.equal(model.get("contrast"), " Mary");
+    typed.value = " Paul";
+    typed.dispatchEvent(new window.KeyboardEvent("keydown", { key: "a", bubbles: true }));
+    assert.equal(model.get("target"), " John", "another key submits nothing");
+  });
+
   test("cleanup removes every listener", () => {
     const { model, cleanup } = mount();
     assert.ok(model.listeners() > 0);

@@ -4,6 +4,16 @@ import { h } from "./dom.js";
 import { tokenLabel, weightsText } from "./helpers.js";
 /** @typedef {import("./context.js").Ctx} Ctx */
 
+/** Enter in a text box submits it (its "change" event), as Tab or a click elsewhere does.
+ * @param {HTMLInputElement} box */
+function submitOnEnter(box) {
+  box.addEventListener("keydown", (event) => {
+    if (event.key !== "Enter" || event.isComposing) return;
+    event.preventDefault();
+    box.dispatchEvent(new box.ownerDocument.defaultView.Event("change"));
+  });
+}
+
 /** @param {Ctx} ctx */
 export function controlsView(ctx) {
   const data = ctx.get("_data");
@@ -19,9 +29,11 @@ export function controlsView(ctx) {
   tgt.addEventListener("change", () => ctx.setTrait("target", tgt.value));
   const typed = /** @type {HTMLInputElement} */ (h("input", { class: "dpa-typed", placeholder: "or type a token", size: 10, disabled: !live || busy, title: why || null }));
   typed.addEventListener("change", () => typed.value && ctx.setTrait("target", typed.value));
+  submitOnEnter(typed);
   const foil = /** @type {HTMLInputElement} */ (h("input", { class: "dpa-contrast", placeholder: "contrast foil", size: 10,
     value: ctx.get("contrast"), disabled: !live || busy, title: why || "attribute target − foil (empty: no contrast)" }));
   foil.addEventListener("change", () => ctx.setTrait("contrast", foil.value));
+  submitOnEnter(foil);
   const preset = /** @type {HTMLSelectElement} */ (h("select", { class: "dpa-preset", disabled: !live || busy, title: why || "path weights" }));
   for (const f of ctx.get("_presets") || ["default", "control_content", "attention", "query_key", "mlp"]) {
     preset.append(h("option", { value: f, text: f.replace("_", "-"), selected: f === ctx.get("weights_preset") }));
