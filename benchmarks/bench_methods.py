@@ -39,7 +39,7 @@ from squad_diagnosis import run_config  # noqa: E402  (a run's units, prompt for
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("run", type=Path, help="a finished `dpa evaluate` folder (input unit)")
+    p.add_argument("run", type=Path, help="a finished `dpa evaluate` folder (input or component unit)")
     p.add_argument("--data-dir", default=None, help="the benchmark data folder (default: found as dpa evaluate finds it)")
     p.add_argument("--samples", type=int, default=None, help="valid samples to time (default: as many as the run)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (the evaluation runs used 1)")
@@ -53,12 +53,11 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"{args.run} is not a finished `dpa evaluate` folder (no results.json and config.json)")
     torch.set_num_threads(args.threads)
     config = json.loads((args.run / "config.json").read_text(encoding="utf-8"))
-    if config["unit"] != "input":
-        p.error("this script times input-attribution runs (a component run also needs its unit sets)")
-    _, prompt, model_name = run_config(args.run)  # the units do not matter here: no method sees them
+    _, prompt, model_name = run_config(args.run)  # the units do not matter here: no attribution call sees them
     results = json.loads((args.run / "results.json").read_text(encoding="utf-8"))
     names = list(results["methods"])
-    settings = Settings(dataset=config["dataset"], unit="input", methods=tuple(names), steps=config["steps"],
+    settings = Settings(dataset=config["dataset"], unit=config["unit"], methods=tuple(names), steps=config["steps"],
+                        component_units=config.get("component_units", "fine"),
                         seed=config["seed"], weights=dpa.PathWeights(**config["weights"]), prompt=prompt)
     methods = resolve_methods(settings)
     model, tokenizer = dpa.load_model(model_name, device="cpu")
