@@ -6,8 +6,9 @@ Prints, per prompt length: median seconds of a forward pass; a forward + autogra
 target logit w.r.t. the embeddings (the bar); ``dpa.attribute`` as called by default (token, head and
 neuron scores, and the next-token distribution at the target: p(target) and the top predictions);
 the same without that distribution (``probabilities=False``: the scores alone); and with edge scores
-(``edges=True``). Then the ratios to the gradient measured in the same run (methods interleaved, so a
-busy machine slows all of them alike), and peak memory of each (resident set above the loaded
+(``edges=True``). Each method is first run once at the measured length, then the methods run interleaved
+``--repeats`` times (a busy machine slows all of them alike); the ratios are the median of each round's ratio to
+the gradient of the same round. Then peak memory of each (resident set above the loaded
 model, sampled in a fresh process per method on CPU; torch.cuda.max_memory_allocated on CUDA).
 """
 
@@ -23,7 +24,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import load, make_ids, parser, peak_memory  # noqa: E402
+from common import load, make_ids, parser, peak_memory, sync  # noqa: E402
 
 METHODS = ("forward", "gradient", "dpa", "dpa_scores", "dpa_edges")
 
@@ -92,19 +93,22 @@ def main() -> None:
         ids = make_ids(tok, n)
         target = int(ids[-1])
         methods = [m for m in METHODS if m != "dpa_edges" or n <= args.edges_max]
-        for m in methods:  # warm-up (short inputs: kernels and allocator)
-            run_method(m, model, ids[: min(n, 64)], target)
+        for m in methods:  # warm-up at the measured length: kernels, allocator and the autotuned paths of this shape
+            run_method(m, model, ids, target)
         times = {m: [] for m in methods}
         repeats = args.repeats if n <= args.long else max(1, args.long_repeats)
         for _ in range(repeats):
-            for m in methods:  # interleaved: noise hits every method alike
+            for m in methods:  # interleaved: noise hits every method alike; nothing else runs inside a timed call
+                sync(device)
                 t0 = time.perf_counter()
                 run_method(m, model, ids, target)
+                sync(device)
                 times[m].append(time.perf_counter() - t0)
         med = {m: statistics.median(v) for m, v in times.items()}
+        ratio = lambda m, bar: statistics.median(a / b for a, b in zip(times[m], times[bar]))  # noqa: E731 (per round)
         row = {"tokens": n, "repeats": repeats, **{f"{m}_s": med[m] for m in methods},
-               **{f"{m}_over_gradient": med[m] / med["gradient"] for m in methods[2:]},
-               "gradient_over_forward": med["gradient"] / med["forward"]}
+               **{f"{m}_over_gradient": ratio(m, "gradient") for m in methods[2:]},
+               "gradient_over_forward": ratio("gradient", "forward")}
         if not args.no_memory:
             for m in methods:
                 row[f"{m}_peak_mib"] = child_peak(args.model, n, m, args.device)

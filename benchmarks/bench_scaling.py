@@ -35,12 +35,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import load, make_ids, parser, peak_memory  # noqa: E402
-
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+from common import load, make_ids, parser, peak_memory, sync  # noqa: E402
 
 
 def timed(fn, device, repeats=3) -> float:

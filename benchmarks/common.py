@@ -55,6 +55,12 @@ def peak_memory(device: torch.device) -> Iterator[Peak]:
         peak.mib = (top[0] - base) / 2**20
 
 
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA runs asynchronously): a timed call ends when its work does."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
 def machine_label(device: torch.device) -> str:
     if device.type == "cuda":
         return f"{torch.cuda.get_device_name(device)} (torch {torch.__version__})"
