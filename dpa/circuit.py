@@ -158,6 +158,23 @@ class Circuit:
         return _assemble(self, new, self.edges[keep][:, keep], self.scores[keep], rest, self.in_gap[keep],
                          self.bias_in[keep], out_rest[keep], keep)
 
+    def __repr__(self) -> str:
+        """A few lines: the target, the graph's size and its strongest edges (``summary()``: the report)."""
+        from .report import circuit_repr
+
+        return circuit_repr(self)
+
+    def _repr_html_(self) -> str:
+        from .report import circuit_html_fragment
+
+        return circuit_html_fragment(self)
+
+    def summary(self, top: int = 10) -> str:
+        """The report ``dpa circuit`` prints: the target, the graph and its ``top`` strongest direct effects."""
+        from .report import circuit_report
+
+        return circuit_report(self, top=top)
+
     def to_json(self) -> dict[str, Any]:
         """Everything the widget and the CLI's page draw: nodes with their scores, gaps and influence, and the
         non-zero edges as [source, destination, effect]."""

@@ -216,18 +216,35 @@ def _head(title: str, css: str = "") -> str:
             f"<title>{_esc(title[:120])}</title>\n<style>{_CSS}{chr(10) + css if css else ''}</style>\n</head>")
 
 
+def token_spans(res: Attribution, inline: bool = False) -> list[str]:
+    """One coloured ``<span>`` per token (hover: position, token, score); ``inline``: every style in the span
+    itself (a notebook's output has no page stylesheet), else the page's classes."""
+    scale = color_scale(res)
+    special = res.special or [False] * len(res.tokens)
+    spans = []
+    for i, (tok, s) in enumerate(zip(res.tokens, res.token_scores.tolist())):
+        rgb = diverging_rgb(s, scale)
+        style = f"background:{hex_rgb(rgb)};color:{hex_rgb(ink_for(rgb))}"
+        if inline:
+            style += (";padding:1px 2px;margin:0 1px;border-radius:3px;white-space:pre;font-family:monospace"
+                      + (";outline:1px dashed #888" if special[i] else "")
+                      + (";text-decoration:underline" if i == res.target.position else ""))
+            classes = ""
+        else:
+            classes = " class='tok" + (" special" if special[i] else "") + (" target" if i == res.target.position
+                                                                               else "") + "'"
+        spans.append(f"<span{classes} style='{style}' title='{i}: {_esc(repr(tok))} {s:+.4f}'>"
+                     f"{_esc(show_token(tok))}</span>")
+    return spans
+
+
 def html_report(res: Attribution, *, top: int = 10, prompt: str | None = None) -> str:
     """A standalone page: inline CSS, no scripts, no network."""
     scale = color_scale(res)
     special = res.special or [False] * len(res.tokens)
-    spans, table = [], []
-    for i, (tok, s) in enumerate(zip(res.tokens, res.token_scores.tolist())):
-        rgb = diverging_rgb(s, scale)
-        classes = "tok" + (" special" if special[i] else "") + (" target" if i == res.target.position else "")
-        spans.append(f"<span class='{classes}' style='background:{hex_rgb(rgb)};color:{hex_rgb(ink_for(rgb))}' "
-                     f"title='{i}: {_esc(repr(tok))} {s:+.4f}'>{_esc(show_token(tok))}</span>")
-        table.append(f"<tr><td>{i}</td><td><code>{_esc(repr(tok))}</code>{' (special)' if special[i] else ''}</td>"
-                     f"<td class='num'>{s:+.4f}</td></tr>")
+    spans = token_spans(res)
+    table = [f"<tr><td>{i}</td><td><code>{_esc(repr(tok))}</code>{' (special)' if special[i] else ''}</td>"
+             f"<td class='num'>{s:+.4f}</td></tr>" for i, (tok, s) in enumerate(zip(res.tokens, res.token_scores.tolist()))]
     gradient = ", ".join(RDBU)
     info = "\n".join(f"<dt>{_esc(label)}</dt><dd>{_esc(text)}</dd>" for label, text in summary_lines(res))
     completeness = "<br>".join(_esc(line.strip()) for line in completeness_lines(res))
@@ -346,3 +363,67 @@ renderGraph(document.getElementById("graph"), {data}, {{}});
 </body>
 </html>
 """
+
+
+# ---------------------------------------------------------------------------------------------- in Python
+
+
+def _top_tokens(res: Attribution, k: int) -> list[tuple[int, float]]:
+    """The k tokens with the largest |score|, special tokens (BOS, template) left out when others exist."""
+    special = res.special or [False] * len(res.tokens)
+    order = sorted(range(len(res.tokens)), key=lambda i: -abs(float(res.token_scores[i])))
+    ordinary = [i for i in order if not special[i]] or order
+    return [(i, float(res.token_scores[i])) for i in ordinary[:k]]
+
+
+def attribution_repr(res: Attribution) -> str:
+    """A few lines: what was attributed, the top tokens and components (``repr(res)``; the report: ``summary()``)."""
+    comps, _ = ranked(res, 3)
+    tokens = ", ".join(f"{show_token(res.tokens[i])!r} {s:+.3f}" for i, s in _top_tokens(res, 3))
+    units = ", ".join(f"{component_label(c)} {c.score:+.3f}" for c in comps["positive"])
+    lines = [f"<dpa.Attribution {res.method} of {describe_target(res)}",
+             f"  model {res.model_name or '?'}, {len(res.tokens)} tokens, weights {describe_weights(res)}",
+             f"  top tokens: {tokens}", f"  top components: {units or 'none'}",
+             "  (res.summary() prints the full report; res.token_scores, head_scores, neuron_scores hold the scores)>"]
+    return "\n".join(lines)
+
+
+def attribution_html(res: Attribution, top: int = 5) -> str:
+    """A notebook's rich view of a result: the target, the coloured tokens and the top components (inline
+    styles, no scripts)."""
+    comps, what = ranked(res, top)
+    rows = "".join(
+        f"<tr><td style='text-align:left'>{_esc(component_label(p)) if p else ''}</td>"
+        f"<td style='text-align:right'>{f'{p.score:+.4f}' if p else ''}</td>"
+        f"<td style='text-align:left'>{_esc(component_label(n)) if n else ''}</td>"
+        f"<td style='text-align:right'>{f'{n.score:+.4f}' if n else ''}</td></tr>"
+        for p, n in zip_longest(comps["positive"], comps["negative"]))
+    return (f"<div class='dpa-attribution'><div><b>dpa</b> {_esc(res.method)} of {_esc(describe_target(res))}</div>"
+            f"<div style='color:#666'>{_esc(res.model_name)}; weights {_esc(describe_weights(res))}; red raises "
+            f"the target, blue lowers it</div><div style='margin:6px 0;line-height:1.9'>{''.join(token_spans(res, inline=True))}</div>"
+            f"<table><tr><th colspan=2 style='text-align:left'>raises the target</th>"
+            f"<th colspan=2 style='text-align:left'>lowers it</th></tr>{rows}</table>"
+            f"<div style='color:#666'>top {top} {_esc(what)}; res.summary() for the full report</div></div>")
+
+
+def circuit_repr(circ) -> str:
+    """A few lines: the target, the graph's size and its strongest edges."""
+    lines = [f"<dpa.Circuit of {describe_target(circ)}"]
+    info = circuit_lines(circ)
+    lines += [f"  {label}: {text}" for label, text in (info[0], info[3])]  # the model and the graph
+    lines += [f"  {e:+.3f}  {node_text(circ, s)} -> {node_text(circ, d)}" for s, d, e in top_edges(circ, 3)]
+    lines.append("  (circ.summary() prints the report; circ.edges [source, destination] holds every direct effect)>")
+    return "\n".join(lines)
+
+
+def circuit_html_fragment(circ, top: int = 10) -> str:
+    """A notebook's rich view of a circuit graph: what it is and its strongest edges (the graph itself: the widget
+    or ``dpa circuit --html``)."""
+    info = "".join(f"<tr><td style='text-align:left'><b>{_esc(label)}</b></td><td style='text-align:left'>"
+                   f"{_esc(text)}</td></tr>" for label, text in circuit_lines(circ))
+    rows = "".join(f"<tr><td style='text-align:right'>{e:+.4f}</td><td style='text-align:left'>"
+                   f"{_esc(node_text(circ, s))}</td><td style='text-align:left'>{_esc(node_text(circ, d))}</td></tr>"
+                   for s, d, e in top_edges(circ, top))
+    return (f"<div class='dpa-circuit'><table>{info}</table><table><tr><th>effect</th><th style='text-align:left'>"
+            f"from</th><th style='text-align:left'>to</th></tr>{rows}</table><div style='color:#666'>the {top} "
+            "strongest direct effects (logit units); circ.summary() for the report</div></div>")

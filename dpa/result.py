@@ -80,6 +80,42 @@ class Attribution:
     d_expert: int | None = None  # neurons per routed expert: neuron n of a layer is neuron n % d_expert of expert
     # n // d_expert (the shared expert's after the routed experts'); None for a dense model
 
+    def __repr__(self) -> str:
+        """A few lines: what was attributed and the top tokens and components (``summary()``: the full report)."""
+        from .report import attribution_repr
+
+        return attribution_repr(self)
+
+    def _repr_html_(self) -> str:
+        from .report import attribution_html
+
+        return attribution_html(self)
+
+    def summary(self, top: int = 10) -> str:
+        """The report ``dpa attribute`` prints (plain text): the model and target, the tokens' scores, completeness,
+        the ``top`` most positive and negative components."""
+        from .report import terminal_report
+
+        return terminal_report(self, color=False, top=top)
+
+    def plot_tokens(self, ax=None):
+        """A bar per token (matplotlib ``Figure``; drawn into ``ax`` when given)."""
+        from .figures import plot_tokens
+
+        return plot_tokens(self, ax)
+
+    def plot_heads(self, ax=None):
+        """The head scores as a [layer, head] heatmap (matplotlib ``Figure``)."""
+        from .figures import plot_heads
+
+        return plot_heads(self, ax)
+
+    def plot_components(self, k: int = 10, ax=None):
+        """The ``k`` most positive and negative heads and neurons as bars (matplotlib ``Figure``)."""
+        from .figures import plot_components
+
+        return plot_components(self, k, ax)
+
     @property
     def position_share(self) -> float:
         """The learned position embeddings' part of the target (0 for models with rotary positions)."""
