@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 from pathlib import Path
 
-from dpa.evaluate.auc import auc_summary
 from dpa.evaluate.curves import fraction_grid
+from dpa.evaluate.stats import paired_difference, sample_total
 
 
 def per_sample_totals(run: Path, method: str, mode: str = "paper") -> dict[int, float]:
@@ -39,27 +38,11 @@ def per_sample_totals(run: Path, method: str, mode: str = "paper") -> dict[int, 
             if not line.endswith("\n"):  # a line cut off by an interrupted run (the file is only read)
                 continue
             row = json.loads(line)
-            if row["method"] != method:
-                continue
-            paper = (row.get("paper_disruption", row["disruption"]),  # rows of older runs hold the clean curves
-                     row.get("paper_recovery", row["recovery"]))
-            out[row["index"]] = auc_summary(fractions, row["disruption"], row["recovery"], unit=config["unit"],
-                                            paper=paper)[mode]["total"]
+            if row["method"] == method:
+                out[row["index"]] = sample_total(row, fractions, config["unit"], mode)
     if not out:
         raise SystemExit(f"{run}: no samples of method {method!r}")
     return out
-
-
-def compare(a: dict[int, float], b: dict[int, float], *, resamples: int = 2000, seed: int = 0) -> dict:
-    """Mean totals, their difference with a paired bootstrap 95% interval, and wins, on the common samples."""
-    common = sorted(a.keys() & b.keys())
-    diff = [a[i] - b[i] for i in common]
-    n = len(diff)
-    rng = random.Random(seed)
-    means = sorted(sum(diff[rng.randrange(n)] for _ in range(n)) / n for _ in range(resamples))
-    return {"samples": n, "a": sum(a[i] for i in common) / n, "b": sum(b[i] for i in common) / n,
-            "difference": sum(diff) / n, "interval": (means[int(0.025 * resamples)], means[int(0.975 * resamples) - 1]),
-            "wins": sum(d > 0 for d in diff), "losses": sum(d < 0 for d in diff)}
 
 
 def main() -> None:
@@ -79,7 +62,7 @@ def main() -> None:
     configs = [json.loads((run / "config.json").read_text(encoding="utf-8")) for run, _ in runs]
     if {(c["dataset"], c["unit"]) for c in configs} != {(configs[0]["dataset"], configs[0]["unit"])}:
         raise SystemExit("the two runs are of different datasets or units")
-    r = compare(*(per_sample_totals(run, method, args.mode) for run, method in runs), resamples=args.resamples,
+    r = paired_difference(*(per_sample_totals(run, method, args.mode) for run, method in runs), resamples=args.resamples,
                 seed=args.seed)
     lo, hi = r["interval"]
     print(f"{r['samples']} common samples, total AUC ({args.mode} mode): {runs[0][1]} {r['a']:.2f}, "

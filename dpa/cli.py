@@ -314,11 +314,19 @@ def run_selftest(args) -> int:
     return 0 if selftest.run(args.device, families, model=not args.no_model) else 1
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
+    import warnings
+
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return args.func(args) or 0
+        with warnings.catch_warnings():  # a warning reads "warning: ..." as an error reads "error: ..."
+            warnings.showwarning = _show_warning
+            return args.func(args) or 0
     except USER_ERRORS as err:
         print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
         return 2

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import warnings
+import re
 import math
 import subprocess
 import sys
@@ -483,6 +485,34 @@ class TestRunner:
         other.add_tokens(["extra"])
         with pytest.raises(ValueError, match="tokenizer_sha256"):
             evaluate(llama, other, settings, tmp_path / "run", progress=False, figures=False)
+
+    def test_a_run_says_its_length_and_that_few_samples_cannot_rank_methods(self, llama, tmp_path, capsys):
+        """After its first sample a run says how long it will take; a run of fewer than 30 samples warns that it
+        cannot rank methods, with the paired intervals it gives."""
+        from dpa.evaluate.runner import FewSamplesWarning
+        from dpa.evaluate.stats import paired_difference
+
+        tok = word_tokenizer()
+        tiny_dataset(llama, tmp_path / "data")
+        settings = Settings(dataset="known_1000", unit="input", methods=("dpa", "random"), limit=3,
+                            min_probability=0.0, data_dir=str(tmp_path / "data"))
+        with pytest.warns(FewSamplesWarning, match=r"3 samples cannot rank methods") as caught:
+            evaluate(llama, tok, settings, tmp_path / "run", progress=True, figures=False)
+        err = capsys.readouterr().err
+        assert re.search(r"the first sample took \d+\.\d s \(2 methods\): about \d+ s for the 2 samples left", err)
+        line = next(x for x in str(caught[0].message).splitlines() if x.strip().startswith("dpa - random"))
+        rows = [json.loads(x) for x in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+        from dpa.evaluate.curves import fraction_grid
+        from dpa.evaluate.stats import sample_total
+
+        totals = {m: {r["index"]: sample_total(r, fraction_grid("known_1000", "input"), "input")
+                      for r in rows if r["method"] == m} for m in ("dpa", "random")}
+        want = paired_difference(totals["dpa"], totals["random"])
+        assert f"{want['difference']:+.2f} [{want['interval'][0]:+.2f}, {want['interval'][1]:+.2f}]" in line
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FewSamplesWarning)  # one method alone: nothing to rank
+            evaluate(llama, tok, Settings(**{**settings.__dict__, "methods": ("random",)}), tmp_path / "one",
+                     progress=False, figures=False)
 
     def test_evaluate_writes_results_and_resumes(self, llama, tmp_path):
         tok = word_tokenizer()

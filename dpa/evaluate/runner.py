@@ -17,6 +17,7 @@ import json
 import math
 import os
 import platform
+import sys
 import time
 import warnings
 from collections import Counter
@@ -41,6 +42,7 @@ from ..files import model_identity, run_folder, run_id, split_lines, write_text
 from .datasets import CHAT_DATASETS, DATASETS, GENERATED, DataError, load_examples
 from .filter import Verdict, check
 from .prompts import check_prompt, encode_example
+from .stats import FEW_SAMPLES
 
 # The methods of the paper's tables (activation patching and occlusion are opt-in: one forward per unit).
 PAPER_METHODS = {
@@ -309,6 +311,7 @@ def _running(model: nn.Module, tokenizer, settings: Settings, out: str | Path, *
         total = min(settings.limit or len(examples), len(examples))
         total = len(range(group.rank, total, group.world))
         chosen: list[int] = []
+        estimated = False
         bar = tqdm(total=total, desc=f"{settings.dataset} {settings.unit}", unit="sample", disable=not progress)
         failed = None
         try:
@@ -333,12 +336,17 @@ def _running(model: nn.Module, tokenizer, settings: Settings, out: str | Path, *
                 if not group.mine(len(chosen) - 1):
                     continue
                 units = _sample_units(sample, spec, settings) if settings.unit == "component" else None
+                started, measured = time.perf_counter(), False
                 for name, fn in methods.items():
                     if (index, name) in store.samples and _complete(store.samples[(index, name)], settings, model):
                         continue
                     bar.set_postfix(checked=index + 1, valid=len(chosen), method=name)
                     store.add_sample(_measure(model, tokenizer, settings, sample, index, name, fn, units, fractions))
+                    measured = True
                 bar.update(1)
+                if measured and not estimated and progress and group.main:  # the first sample measured here
+                    estimated = True
+                    bar.write(_estimate(time.perf_counter() - started, total - bar.n, len(methods)), file=sys.stderr)
         except BaseException as err:  # noqa: BLE001  told to the other ranks, so that none waits for ever
             failed = err
         bar.close()
@@ -349,8 +357,38 @@ def _running(model: nn.Module, tokenizer, settings: Settings, out: str | Path, *
             store.merge(chosen, list(methods))
             results = summarize(settings, methods, store, chosen, fractions, model, n_checked=len(store.verdicts))
             write_results(results, out, figures=figures)
+            if len(chosen) < FEW_SAMPLES and "dpa" in methods and len(methods) > 1:
+                warnings.warn(_few_samples(store, chosen, list(methods), fractions, settings.unit), FewSamplesWarning,
+                              stacklevel=3)
         group.barrier()
         yield results if group.main else json.loads((out / "results.json").read_text(encoding="utf-8"))
+
+
+class FewSamplesWarning(UserWarning):
+    """A run with too few samples to rank methods: the paired intervals it gives are said with it."""
+
+
+def _estimate(seconds: float, left: int, n_methods: int) -> str:
+    """What the first sample measured says of the run's length (the filter's passes, before each valid sample,
+    come on top)."""
+    total = seconds * left
+    span = f"{total / 3600:.1f} h" if total >= 5400 else f"{total / 60:.0f} min" if total >= 90 else f"{total:.0f} s"
+    return (f"the first sample took {seconds:.1f} s ({n_methods} methods): about {span} for the {left} samples "
+            "left, plus the filter's checks")
+
+
+def _few_samples(store: Store, chosen: list[int], methods: list[str], fractions, unit: str) -> str:
+    """The warning of a run too small to rank methods, with the paired 95% intervals it gives (paper mode)."""
+    from .stats import separation
+
+    lines = [f"{len(chosen)} samples cannot rank methods reliably (the committed runs use 100): the paired 95% "
+             "bootstrap intervals of DPA's total AUC minus each method's here are"]
+    for name, r in separation(store.samples, chosen, methods, fractions, unit):
+        lo, hi = r["interval"]
+        verdict = "cannot tell them apart" if lo <= 0 <= hi else "apart"
+        lines.append(f"  dpa - {name}: {r['difference']:+.2f} [{lo:+.2f}, {hi:+.2f}] ({verdict})")
+    lines.append("  run more samples (--limit) before comparing methods")
+    return "\n".join(lines)
 
 
 def _sample_units(sample, spec, settings: Settings) -> dict[str | None, tuple[ComponentUnits, ComponentUnits]]:
