@@ -247,6 +247,23 @@ class TestBuiltPagesInBrowser:
                 found[name] = problems
         assert not found, "\n".join(f"{name}: {p}" for name, problems in found.items() for p in problems)
 
+    @pytest.mark.parametrize("width", [1000, 1400])
+    def test_no_code_line_is_cut_off(self, built_book, browser, width):  # noqa: F811
+        """Every code block and printed output of every page fits its column (wrapped where long): nothing hidden
+        behind a scrollbar at the book's width."""
+        cut = {}
+        page = browser.new_page(viewport={"width": width, "height": 900})
+        try:
+            for name in ["index"] + toc_files():
+                page.goto((built_book / f"{name}.html").as_uri())
+                wide = page.evaluate("() => [...document.querySelectorAll('pre')].filter(p => p.offsetParent !== null"
+                                     " && p.scrollWidth > p.clientWidth + 1).map(p => p.textContent.slice(0, 60))")
+                if wide:
+                    cut[name] = wide
+        finally:
+            page.close()
+        assert not cut, cut
+
     def test_equations_render_offline(self, built_book, browser):  # noqa: F811
         page, blocked = open_offline(browser, built_book / "book" / f"{EQUATION_PAGE}.html")
         try:
