@@ -163,7 +163,9 @@ class TestInterruptInsideTheRestore:
             raise Timeout
 
         number = getattr(signal, sig)
-        previous = signal.getsignal(number) if sig == "SIGINT" else signal.signal(number, on_alarm)
+        # SIGINT: Python's own handler, also where the process started with SIGINT ignored (a job started in the
+        # background of a non-interactive shell inherits SIG_IGN, and nothing would be raised)
+        previous = signal.signal(number, signal.default_int_handler if sig == "SIGINT" else on_alarm)
         handler = signal.getsignal(number)
         model = trainable()
         before = state(model)

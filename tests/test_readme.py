@@ -73,7 +73,8 @@ def test_the_two_setup_commands_are_what_ci_runs(env, tmp_path):
     assert commands(test) == ["bash .ci/test"]
     assert "bash .ci/test" in (ROOT / ".ci" / "run").read_text()
     ci_test = (ROOT / ".ci" / "test").read_text()
-    assert re.search(r'^bash \.ci/install$', ci_test, re.M), "the test command installs first"
+    steps = re.findall(r'^phase "[^"]*" (.*)$', ci_test, re.M)  # each phase: phase "what it does" command...
+    assert steps and steps[0] == "bash .ci/install", "the test command installs first"
     out = run_dpa(first.split(" && ", 1)[1], tmp_path, env).stdout
     assert "predicted" in out and "top 10 components" in out
 
