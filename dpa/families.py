@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from .errors import UnsupportedModelError
+from .files import plain_settings
 
 BRANCHES = ("query", "key", "value", "gate", "up")
 # How a fused projection lays out the branches it holds, along its output features:
@@ -643,9 +644,6 @@ def spec_for(model: nn.Module) -> ModelSpec:
     return spec
 
 
-_SETTING_TYPES = (bool, int, float, str, type(None))
-
-
 def module_state(model: nn.Module) -> list:
     """What the checks and the modules dpa looks up depend on, besides the config, walked from ``model``: each
     module's class, its parameters (name, identity, dtype, shape), its plain settings and its children (name and the object itself,
@@ -666,9 +664,8 @@ def module_state(model: nn.Module) -> list:
                 add(None)
             else:
                 add(id(p)), add(p.dtype), add(p.shape)
-        for k, v in m.__dict__.items():  # its plain settings (an attention's head_dim, soft-cap or scaling)
-            if k[0] != "_" and k != "training" and isinstance(v, _SETTING_TYPES):
-                add(k), add(v)
+        for k, v in plain_settings(m):  # an attention's head_dim, soft-cap or scaling
+            add(k), add(v)
         add(len(children))
         for name, child in children.items():
             add(name), add(child)

@@ -328,12 +328,19 @@ def sampled_bits(p, samples: int) -> bytes:
         return repr(values.tolist()).encode()
 
 
+_SETTING_TYPES = (bool, int, float, str, type(None))
+
+
+def plain_settings(module):
+    """One module's plain settings: its public attributes that are a bool, number, string or None (a norm's eps, an
+    attention's scaling or soft-cap, a head count), what its forward reads besides its tensors; not ``training``."""
+    return ((k, v) for k, v in module.__dict__.items()
+            if k[0] != "_" and k != "training" and isinstance(v, _SETTING_TYPES))
+
+
 def module_settings(model) -> list[tuple[str, Any]]:
-    """Each module's plain settings, by name: its public attributes that are a bool, number, string or None (a norm's
-    eps, an attention's scaling or soft-cap, a head count), what its forward reads besides its tensors."""
-    return [(f"{name}.{k}" if name else k, v) for name, m in model.named_modules()
-            for k, v in vars(m).items() if not k.startswith("_") and k != "training"
-            and isinstance(v, (bool, int, float, str, type(None)))]
+    """Every module's plain settings (``plain_settings``), by dotted name."""
+    return [(f"{name}.{k}" if name else k, v) for name, m in model.named_modules() for k, v in plain_settings(m)]
 
 
 def state_fingerprint(model, samples: int = 256) -> str:
