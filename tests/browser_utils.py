@@ -157,3 +157,73 @@ def run_cell(page, index: int, timeout_ms: int = 300_000) -> str:
     page.wait_for_function("([el, before]) => el.textContent !== before && /\\[\\d+\\]/.test(el.textContent)",
                            arg=[prompt.element_handle(), before], timeout=timeout_ms)
     return cell.locator(".jp-OutputArea").inner_text()
+
+
+# ---------------------------------------------------------------- the circuit graph's geometry
+
+GRAPH_WIDTHS = (700, 1000, 1400)  # the page widths the graph must read at (issue 31)
+
+# Measures a drawn ``.dpa-graph`` (dpa/static/graph.js) from its elements' boxes: every node wholly in the
+# viewport, no two nodes overlapping, each node's text inside its box, the verified-edge marks and the "⋯" of
+# compressed positions in view and clear of the nodes and of each other, the slanted token labels not cut off,
+# the row labels in their strip and apart, the graph no wider than its container, the panel beside or below it.
+GRAPH_GEOMETRY = """(root) => {
+  const problems = [];
+  const R = (el) => el.getBoundingClientRect();
+  const name = (el) => (el.closest("[data-label]")?.getAttribute("data-label") || el.textContent || el.className.baseVal || "").slice(0, 40);
+  const inside = (r, o, t = 0.5) => r.left >= o.left - t && r.right <= o.right + t && r.top >= o.top - t && r.bottom <= o.bottom + t;
+  const overlap = (a, b, t = 0.5) => a.left < b.right - t && b.left < a.right - t && a.top < b.bottom - t && b.top < a.bottom - t;
+  const vpEl = root.querySelector(".dpa-graph-viewport"), vp = R(vpEl);
+  const frame = R(root.querySelector(".dpa-graph-scroll"));
+  const nodes = [...root.querySelectorAll(".dpa-graph-node rect")];
+  const nodeR = nodes.map(R);
+  nodes.forEach((n, i) => { if (!inside(nodeR[i], vp)) problems.push(`node ${name(n)} not wholly in view`); });
+  for (let i = 0; i < nodes.length; i++) for (let j = i + 1; j < nodes.length; j++)
+    if (overlap(nodeR[i], nodeR[j])) problems.push(`nodes ${name(nodes[i])} and ${name(nodes[j])} overlap`);
+  root.querySelectorAll(".dpa-graph-node text").forEach((t) => {
+    const r = R(t), box = R(t.parentNode.querySelector("rect"));
+    if (!inside(r, box, 1)) problems.push(`the text of ${name(t)} runs out of its box`);
+  });
+  const free = [...root.querySelectorAll(".dpa-graph-check, .dpa-graph-gap")];
+  free.forEach((t, i) => {
+    const r = R(t);
+    if (!inside(r, vp)) problems.push(`label ${name(t)} not wholly in view`);
+    nodeR.forEach((b, j) => { if (overlap(r, b)) problems.push(`label ${name(t)} over node ${name(nodes[j])}`); });
+    free.slice(i + 1).forEach((u) => { if (overlap(r, R(u))) problems.push(`labels ${name(t)} and ${name(u)} overlap`); });
+  });
+  root.querySelectorAll(".dpa-graph-toklabel").forEach((t) => { if (!inside(R(t), vp)) problems.push(`token label ${name(t)} cut off`); });
+  const rows = [...root.querySelectorAll(".dpa-graph-rowlabel")], strip = R(root.querySelector(".dpa-graph-rows"));
+  rows.forEach((t, i) => {
+    const r = R(t);
+    if (!inside(r, strip)) problems.push(`row label ${name(t)} cut off`);
+    if (t.scrollWidth > t.clientWidth + 1) problems.push(`row label ${name(t)} cut short`);
+    nodeR.forEach((b, j) => { if (overlap(r, b)) problems.push(`row label ${name(t)} over node ${name(nodes[j])}`); });
+    rows.slice(i + 1).forEach((u) => { if (overlap(r, R(u))) problems.push(`row labels ${name(t)} and ${name(u)} overlap`); });
+  });
+  const host = root.parentElement ? R(root.parentElement) : frame;
+  if (frame.right > host.right + 1 || frame.left < host.left - 1) problems.push(`the graph is wider than its container (${frame.width} > ${host.width})`);
+  const panel = root.querySelector(".dpa-graph-panel");
+  if (panel && overlap(R(panel), frame)) problems.push("the panel covers the graph");
+  const target = root.querySelector(".dpa-graph-node.dpa-graph-target rect");
+  return { problems, nodes: nodes.length, tokens: root.querySelectorAll(".dpa-graph-node.dpa-graph-token").length,
+    zoom: Number(root.dataset.zoom), width: frame.width, height: vp.height, target: !!target && inside(R(target), vp) };
+}"""
+
+
+def graph_problems(graph) -> dict:
+    """GRAPH_GEOMETRY of a ``.dpa-graph`` locator: {"problems": [...], "nodes", "tokens", "zoom", "width",
+    "height", "target" (the target wholly in view)}."""
+    return graph.evaluate(GRAPH_GEOMETRY)
+
+
+def assert_graph_reads(graph, shot: Path | None = None) -> dict:
+    """The drawn graph passes GRAPH_GEOMETRY, shows its target and token row; a screenshot goes to ``shot``."""
+    graph.page.wait_for_function("(el) => Number(el.dataset.zoom) > 0", arg=graph.element_handle(), timeout=10_000)
+    graph.page.wait_for_timeout(150)  # a resize refits on the next frame
+    found = graph_problems(graph)
+    if shot is not None:
+        graph.screenshot(path=str(shot))
+    assert not found["problems"], "\n".join(found["problems"][:20])
+    assert found["target"], "the target is not in view"
+    assert found["tokens"] > 0, "no token drawn"
+    return found

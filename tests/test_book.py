@@ -22,7 +22,7 @@ import nbformat
 import pytest
 import yaml
 
-from .browser_utils import browser  # noqa: F401 (fixture)
+from .browser_utils import GRAPH_WIDTHS, assert_graph_reads, browser  # noqa: F401 (fixture)
 from .conftest import BOOK_BUILD, EXECUTED_NOTEBOOKS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -194,6 +194,16 @@ class TestBuild:
         assert "cell_output" in html and "<img" in html  # printed numbers and the figure
 
 
+def shot_folder() -> Path:
+    """Where the book tests' screenshots go: ``$DPA_SCREENSHOTS`` when set (to look at them), else a temporary
+    folder."""
+    import tempfile
+
+    folder = Path(os.environ.get("DPA_SCREENSHOTS") or tempfile.mkdtemp(prefix="dpa-book-shots-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 def open_offline(browser, page_file: Path, page=None):  # noqa: F811 (the fixture is passed in)
     """A page from disk with every non-file request blocked (in ``page``, or a new one); returns (page, blocked
     URLs)."""
@@ -305,6 +315,11 @@ class TestBuiltPagesInBrowser:
             assert nodes.locator("> *").count() > 10
             assert page.locator(".dpa-graph-edges path").count() > 10
             assert "L23.H0@13" in page.locator(".dpa-graph-panel").first.inner_text()
+            graph = page.locator(".dpa-graph").first
+            for width in GRAPH_WIDTHS:  # the book's column at each width: the whole graph, nothing cut off
+                page.set_viewport_size({"width": width, "height": 900})
+                graph.scroll_into_view_if_needed()
+                assert_graph_reads(graph, shot_folder() / f"book-graph-{width}.png")
             assert not blocked, f"network requests: {blocked}"
         finally:
             page.close()

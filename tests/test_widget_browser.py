@@ -13,9 +13,11 @@ from pathlib import Path
 import pytest
 
 import dpa
+from dpa.report import circuit_html
 from dpa_widgets import CircuitWidget, export, save_html
 
-from .browser_utils import browser, lab, open_notebook, run_cell, write_notebook  # noqa: F401 (fixtures)
+from .browser_utils import (GRAPH_WIDTHS, assert_graph_reads, browser, lab, open_notebook, run_cell,  # noqa: F401
+                            write_notebook)
 from .conftest import random_ids, tiny_model
 
 pytestmark = pytest.mark.browser
@@ -381,10 +383,13 @@ def ink(png: bytes) -> float:
     return sum(1 for p in pixels if max(p) - min(p) > 40 or max(p) < 160) / len(pixels)
 
 
-def assert_graph_drawn(graph, path: Path, units: int, tokens: int) -> None:
-    """The graph has its nodes and edges, and its screenshot (saved to ``path``) is not blank."""
+def assert_graph_drawn(graph, path: Path, units: int, tokens: int | tuple[int, int]) -> None:
+    """The graph has its nodes and edges (``tokens``: how many token nodes, or a (least, most) range: a long
+    prompt shows only the positions with something drawn), and its screenshot (saved to ``path``) is not
+    blank."""
     assert graph.locator(UNITS).count() == units
-    assert graph.locator(".dpa-graph-node.dpa-graph-token").count() == tokens
+    least, most = tokens if isinstance(tokens, tuple) else (tokens, tokens)
+    assert least <= graph.locator(".dpa-graph-node.dpa-graph-token").count() <= most
     assert graph.locator(".dpa-graph-node.dpa-graph-target").count() == 1
     assert graph.locator("path.dpa-graph-edge").count() >= units, "every unit has at least its edge to the target"
     share = ink(graph.locator(".dpa-graph-scroll").screenshot(path=str(path)))
@@ -405,6 +410,11 @@ def test_jupyterlab_graph_view(lab, browser, tmp_path):  # noqa: F811
         page.wait_for_function("() => !document.querySelector('.dpa-circuit select.dpa-target').disabled",
                                timeout=30_000)  # the kernel answered the view's hello: live
         assert_graph_drawn(graph, shots(tmp_path) / "lab-graph.png", 16, 9)
+        for width in sorted(GRAPH_WIDTHS, reverse=True):  # the window narrows: the graph fits again each time
+            page.set_viewport_size({"width": width, "height": 1000})
+            found = assert_graph_reads(graph, shots(tmp_path) / f"lab-graph-{width}.png")
+            assert found["width"] < width, found
+        page.set_viewport_size({"width": 1400, "height": 1000})
 
         slider = graph.locator("input.dpa-graph-threshold")
         slider.fill("0.5")  # input (prunes live) and change (sets graph_threshold)
@@ -430,8 +440,9 @@ def test_jupyterlab_graph_view(lab, browser, tmp_path):  # noqa: F811
         assert verify.is_enabled(), graph.locator(".dpa-graph-panel").inner_text()
         verify.click()
         result = graph.locator(".dpa-graph-result")
-        result.get_by_text("measured direct change").wait_for(timeout=60_000)
-        assert "ratio measured" in result.inner_text()
+        result.get_by_text("measured change: the destination's score").wait_for(timeout=60_000)
+        assert "measured / predicted" in result.inner_text() and "first-order prediction" in result.inner_text()
+        assert "Which tells more" in graph.locator(".dpa-graph-verdict").inner_text()
         out = run_cell(page, 1)
         assert f"GRAPH {label!r} 0.5 [{source!r}, {destination!r}] [{f'{source}->{destination}'!r}]" in out, out
         page.screenshot(path=str(shots(tmp_path) / "lab-graph-verified.png"), full_page=True)
@@ -474,7 +485,7 @@ def test_graph_save_html_offline_and_render_time(browser, tmp_path, long_circuit
                   f"{total:.0f} ms from the tab click to painted, {drawing:.0f} ms of it drawing (prune, layout, SVG)")
         assert total < 3000, f"{total:.0f} ms to draw the graph"
         graph = widget_el.locator(".dpa-graph")
-        assert_graph_drawn(graph, shots(tmp_path) / "save-html-graph.png", 64, 100)
+        assert_graph_drawn(graph, shots(tmp_path) / "save-html-graph.png", 64, (2, 100))
         widget_el.locator(".dpa-offline").get_by_text(STATIC_REASON).wait_for(timeout=15_000)
         assert widget_el.locator("select.dpa-target").is_disabled()
         graph.locator(UNITS).first.click()
@@ -486,5 +497,100 @@ def test_graph_save_html_offline_and_render_time(browser, tmp_path, long_circuit
         page.screenshot(path=str(shots(tmp_path) / "save-html-graph-pruned.png"), full_page=True)
         assert not errors, errors
         assert not blocked, f"the page asked the network for {blocked}"
+    finally:
+        page.close()
+
+
+def graph_page(kind: str, long_circuit, tmp_path: Path) -> Path:
+    """The long circuit's graph as a page: the widget's save_html (opened on its graph view) or the CLI's
+    ``dpa circuit --html`` page (dpa.report.circuit_html)."""
+    result, circ = long_circuit
+    if kind == "widget":
+        return save_html(CircuitWidget(result, circuit=circ, view="graph"), tmp_path / "widget.html")
+    path = tmp_path / "circuit.html"
+    path.write_text(circuit_html(circ), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("width", [700, 1000, 1400])
+@pytest.mark.parametrize("kind", ["widget", "cli"])
+def test_graph_reads_at_a_glance(browser, tmp_path, long_circuit, kind, width):  # noqa: F811
+    """The 64-unit graph of a 100-token prompt opens whole, inside its container, with no label over a node
+    and nothing cut off (the boxes of the drawn elements, tests/browser_utils.py GRAPH_GEOMETRY); the positions
+    with nothing drawn share narrow columns."""
+    page, blocked, errors = open_offline(browser, graph_page(kind, long_circuit, tmp_path), width)
+    try:
+        graph = page.locator(".dpa-graph").first
+        graph.locator(UNITS).nth(63).wait_for(timeout=30_000)
+        found = assert_graph_reads(graph, shots(tmp_path) / f"graph-{kind}-{width}.png")
+        assert found["width"] <= width and found["nodes"] == 64 + 1 + found["tokens"], found
+        assert found["tokens"] < 100 and graph.locator(".dpa-graph-gap, .dpa-graph-gapband").count() >= 1, "no position compressed"
+        assert 0.3 < found["zoom"] <= 1, found
+        assert not errors, errors
+        assert not blocked, blocked
+    finally:
+        page.close()
+
+
+def view_box(graph) -> list[float]:
+    return [float(v) for v in graph.locator("svg.dpa-graph-svg").get_attribute("viewBox").split()]
+
+
+def test_graph_zooms_pans_and_answers_the_keyboard(browser, tmp_path, long_circuit):  # noqa: F811
+    """The buttons, ctrl + wheel, a drag and the keys zoom and pan; fit shows the whole circuit again; Tab
+    reaches the nodes and Enter selects one; the panel's flows are reached with Tab and chosen with Enter."""
+    page, blocked, errors = open_offline(browser, graph_page("cli", long_circuit, tmp_path), 1000)
+    try:
+        graph = page.locator(".dpa-graph").first
+        graph.locator(UNITS).nth(63).wait_for(timeout=30_000)
+        fitted = assert_graph_reads(graph)
+        zoom = lambda: float(graph.get_attribute("data-zoom"))  # noqa: E731
+        graph.locator("button.dpa-graph-zoom-in").click()
+        assert zoom() == pytest.approx(fitted["zoom"] * 1.25, rel=1e-3)
+        graph.locator("button.dpa-graph-zoom-out").click()
+        assert zoom() == pytest.approx(fitted["zoom"], rel=1e-3)
+        viewport = graph.locator(".dpa-graph-viewport")
+        box = viewport.bounding_box()
+        page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        page.keyboard.down("Control")
+        page.mouse.wheel(0, -200)
+        page.keyboard.up("Control")
+        assert zoom() > fitted["zoom"] * 1.2, "ctrl + wheel zooms in"
+        before = view_box(graph)
+        page.mouse.move(box["x"] + 5, box["y"] + box["height"] - 5)  # a corner: background, not a node
+        page.mouse.down()
+        page.mouse.move(box["x"] + 85, box["y"] + box["height"] - 45, steps=5)
+        page.mouse.up()
+        after = view_box(graph)
+        assert after[0] < before[0] and after[1] > before[1], (before, after)  # dragged right and up
+        graph.locator("button.dpa-graph-fit").click()
+        assert_graph_reads(graph)
+        assert zoom() == pytest.approx(fitted["zoom"], rel=1e-3)
+
+        viewport.focus()
+        page.keyboard.press("+")
+        assert zoom() == pytest.approx(fitted["zoom"] * 1.25, rel=1e-3)
+        start = view_box(graph)
+        page.keyboard.press("ArrowRight")
+        assert view_box(graph)[0] > start[0], "the arrow keys pan"
+        page.keyboard.press("0")
+        assert zoom() == pytest.approx(fitted["zoom"], rel=1e-3)
+        page.keyboard.press("Tab")  # the first node
+        focused = page.evaluate("() => document.activeElement.getAttribute('data-label')")
+        assert focused, "Tab does not reach the nodes"
+        page.keyboard.press("Enter")
+        title = graph.locator(".dpa-graph-panel .dpa-graph-title")
+        assert title.inner_text().startswith(focused), title.inner_text()
+        page.keyboard.press("Shift+Tab")
+        page.keyboard.press("Escape")
+        assert graph.locator(".dpa-graph-panel .dpa-graph-title").count() == 0, "Escape clears the selection"
+
+        graph.locator(UNITS).first.click()
+        flow = graph.locator(".dpa-graph-panel .dpa-graph-flow").first
+        flow.focus()
+        page.keyboard.press("Enter")
+        graph.locator(".dpa-graph-panel .dpa-graph-verify").wait_for(timeout=5_000)
+        assert not errors, errors
+        assert not blocked, blocked
     finally:
         page.close()

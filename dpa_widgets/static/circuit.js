@@ -396,11 +396,16 @@ export const GRAPH = {
   pad: 8,           // around a label in its box
   unitH: 16, unitMinW: 22, unitGap: 4,
   colGap: 6, minCol: 14,
-  rowPitch: 44,     // a row with units (the edges run through the space above its boxes)
-  emptyRow: 6,      // a layer's attention or MLP with no unit drawn
-  left: 70, top: 8, right: 10,
+  gapCol: 22,       // a run of positions with no unit in a long prompt: one narrow column
+  mini: 4, miniPitch: 6,  // the dots of the tokens read in such a column
+  maxCell: 240,     // a cell wider than this wraps into lines
+  lineGap: 3,
+  rowPitch: 36,     // a row with units (the edges run through the space above its boxes)
+  emptyRow: 3,      // a layer's attention or MLP with no unit drawn
+  left: 8, top: 8, right: 8,  // the row labels sit outside the drawing, in the view's own strip
   tokenH: 16, dot: 10, maxLabel: 12,
   maxWidth: 1100,   // token labels stand level under their columns up to this width, else slant
+  minEdge: 0.01,    // as drawnEdges: a token with a drawn edge keeps its column
 };
 
 /** Which row a node sits in: -1 tokens, 2 * layer for a head, 2 * layer + 1 for a neuron or an expert (the
@@ -434,8 +439,8 @@ export function nodeName(data, node) {
   return tok === null || tok === undefined ? node.label : `${node.label} ${shortLabel(tokenLabel(tok), 14)}`;
 }
 
-/** @param {string} text @param {typeof GRAPH} S */
-function textWidth(text, S) {
+/** The width of a 10 px label with its padding. @param {string} text @param {typeof GRAPH} [S] */
+export function textWidth(text, S = GRAPH) {
   return [...text].length * S.charW + S.pad;
 }
 
@@ -444,14 +449,49 @@ function unitWidth(node, S) {
   return Math.max(S.unitMinW, textWidth(unitText(node), S));
 }
 
-/** @param {GraphNode[]} list @param {typeof GRAPH} S */
-function cellWidth(list, S) {
-  return list.reduce((a, n) => a + unitWidth(n, S), 0) + S.unitGap * Math.max(0, list.length - 1);
+/**
+ * How the units of one cell (one row at one position, sorted by index) sit: side by side in one line when
+ * that is at most ``maxCell`` wide, else in lines of equal slots as wide as the widest unit, as many per line
+ * as fit in ``maxCell``.
+ * @param {GraphNode[]} list @param {typeof GRAPH} S
+ */
+function cellShape(list, S) {
+  const widths = list.map((n) => unitWidth(n, S));
+  const one = widths.reduce((a, w) => a + w, 0) + S.unitGap * Math.max(0, list.length - 1);
+  if (one <= S.maxCell || list.length < 2) return { w: one, lines: 1, perLine: list.length, slot: 0 };
+  const slot = Math.max(...widths);
+  const perLine = Math.max(1, Math.min(list.length, Math.floor((S.maxCell + S.unitGap) / (slot + S.unitGap))));
+  return { w: perLine * slot + (perLine - 1) * S.unitGap, lines: Math.ceil(list.length / perLine), perLine, slot };
+}
+
+/** The height of ``lines`` lines of units. @param {number} lines @param {typeof GRAPH} S */
+function linesHeight(lines, S) {
+  return lines * S.unitH + (lines - 1) * S.lineGap;
 }
 
 /**
- * One column per position: as wide as its widest cell (the units of one row at that position), or its token
- * label when every label fits in ``maxWidth`` ("level" labels), else the labels slant under narrow columns.
+ * The positions that keep a column of their own in a long prompt: those with a unit drawn and the target's (a
+ * lone position between two such keeps its column too). The others, in runs, share one narrow column.
+ * @param {GraphData} data @param {GraphNode[]} units
+ */
+export function shownPositions(data, units) {
+  const n = data.tokens.length;
+  const shown = new Array(n).fill(false);
+  for (const u of units) if (u.position !== null && u.position >= 0 && u.position < n) shown[u.position] = true;
+  const t = data.target?.position;
+  if (typeof t === "number" && t >= 0 && t < n) shown[t] = true;
+  for (let p = 0; p < n; p++) {
+    if (!shown[p] && (p === 0 || shown[p - 1]) && (p === n - 1 || shown[p + 1])) shown[p] = true;
+  }
+  return shown;
+}
+
+/**
+ * One column per position, as wide as its widest cell and its token label, when that fits in ``maxWidth``.
+ * Else only shownPositions keep a column; each run of the others is one narrow column of ``gaps`` where the
+ * tokens with an edge drawn (drawnEdges) stand as small dots side by side (``slots``: position -> x), the
+ * others not at all. The kept columns are as wide as their label when every one fits ("level" labels), else
+ * as their cells, with the labels slanting under them.
  * @param {GraphData} data @param {GraphNode[]} units @param {typeof GRAPH} S
  */
 function graphColumns(data, units, S) {
@@ -466,29 +506,65 @@ function graphColumns(data, units, S) {
   for (const list of cells.values()) {
     list.sort((a, b) => /** @type {number} */ (a.index) - /** @type {number} */ (b.index));
     const p = list[0].position;
-    if (p !== null && p < need.length) need[p] = Math.max(need[p], cellWidth(list, S));
+    if (p !== null && p < need.length) need[p] = Math.max(need[p], cellShape(list, S).w);
   }
   const labels = data.tokens.map((t) => shortLabel(tokenLabel(t), S.maxLabel));
   const labelW = labels.map((t) => textWidth(t, S));
-  const levelW = need.reduce((a, w, p) => a + Math.max(w, labelW[p]) + S.colGap, 0);
+  const all = need.reduce((a, w, p) => a + Math.max(w, labelW[p]) + S.colGap, 0);
+  const shown = S.left + all + S.right <= S.maxWidth ? need.map(() => true) : shownPositions(data, units);
+  const read = new Set();
+  const tokenAt = new Map(data.nodes.filter((m) => m.kind === "token").map((m) => [m.id, m.position]));
+  for (const [src] of drawnEdges(data, S.minEdge).edges) if (tokenAt.has(src)) read.add(tokenAt.get(src));
+  /** @type {{from: number, to: number, tokens: number[]}[]} */
+  const runs = [];
+  shown.forEach((on, p) => {
+    if (on) return;
+    const last = runs.at(-1);
+    if (last && last.to === p - 1) last.to = p;
+    else runs.push({ from: p, to: p, tokens: [] });
+    if (read.has(p)) /** @type {{tokens: number[]}} */ (runs.at(-1)).tokens.push(p);
+  });
+  const gapWidth = (/** @type {{tokens: number[]}} */ r) => Math.max(S.gapCol, r.tokens.length * S.miniPitch + 6);
+  const gapStart = new Map(runs.map((r) => [r.from, r]));
+  const levelW = shown.reduce((a, on, p) => a + (on ? Math.max(need[p], labelW[p]) + S.colGap :
+    gapStart.has(p) ? gapWidth(/** @type {{tokens: number[]}} */ (gapStart.get(p))) + S.colGap : 0), 0);
   const level = S.left + levelW + S.right <= S.maxWidth;
-  const widths = need.map((w, p) => (level ? Math.max(w, labelW[p]) : w));
+  const xs = new Array(shown.length).fill(0), widths = new Array(shown.length).fill(0);
+  /** @type {{from: number, to: number, x: number, w: number, tokens: number[]}[]} */
+  const gaps = [];
+  /** @type {Map<number, number>} */
+  const slots = new Map();
   let x = S.left;
-  const xs = widths.map((w) => { const at = x; x += w + S.colGap; return at; });
-  return { xs, widths, level, labels, labelW, cells, right: x - S.colGap };
+  for (let p = 0; p < shown.length; p++) {
+    if (shown[p]) {
+      xs[p] = x; widths[p] = level ? Math.max(need[p], labelW[p]) : need[p];
+      x += widths[p] + S.colGap;
+    } else {
+      const run = /** @type {{from: number, to: number, tokens: number[]}} */ (gapStart.get(p));
+      const w = gapWidth(run);
+      gaps.push({ ...run, x, w });
+      for (let q = run.from; q <= run.to; q++) { xs[q] = x; widths[q] = w; }
+      const start = x + (w - run.tokens.length * S.miniPitch) / 2;
+      run.tokens.forEach((q, k) => slots.set(q, start + k * S.miniPitch + (S.miniPitch - S.mini) / 2));
+      x += w + S.colGap;
+      p = run.to;
+    }
+  }
+  return { xs, widths, level, labels, labelW, cells, shown, gaps, slots, right: Math.max(S.left, x - S.colGap) };
 }
 
 /**
  * The rows from the top: the target, then each layer's MLP and attention (the highest layer first), then the
- * tokens. A row with no unit is a thin band, so the layers stay in order without the empty ones taking room.
- * @param {number} nRows @param {GraphNode[]} units @param {typeof GRAPH} S
+ * tokens. A row with no unit is a thin band, so the layers stay in order without the empty ones taking room;
+ * a row whose cells wrap is taller by its extra lines (``lines``: row -> most lines of a cell).
+ * @param {number} nRows @param {GraphNode[]} units @param {Map<number, number>} lines @param {typeof GRAPH} S
  */
-function graphRows(nRows, units, S) {
+function graphRows(nRows, units, lines, S) {
   const used = new Set(units.map(rowOf));
   const rows = [{ row: Infinity, y: S.top, h: S.rowPitch, used: true, label: "target" }];
   let y = S.top + S.rowPitch;
   for (let r = nRows - 1; r >= 0; r--) {
-    const h = used.has(r) ? S.rowPitch : S.emptyRow;
+    const h = used.has(r) ? S.rowPitch + linesHeight(lines.get(r) ?? 1, S) - S.unitH : S.emptyRow;
     rows.push({ row: r, y, h, used: used.has(r), label: `L${r >> 1} ${r % 2 ? "MLP" : "attn"}` });
     y += h;
   }
@@ -497,8 +573,9 @@ function graphRows(nRows, units, S) {
 }
 
 /**
- * Where every node of ``graph`` (rest nodes apart) is drawn: a box per node id, the rows (with their labels)
- * and the columns, and the size of the picture.
+ * Where every node of ``graph`` (rest nodes apart) is drawn: a box per node id (a token in a "⋯" run has
+ * none), the rows (with their labels), the columns and their gaps, and the size of the picture, which holds
+ * every box, the target's label and the slanted token labels.
  * @param {GraphData} graph
  * @param {Partial<typeof GRAPH>} [sizes]
  */
@@ -508,46 +585,58 @@ export function graphLayout(graph, sizes = {}) {
   const units = shown.filter(isUnit);
   const nRows = units.length ? 2 * Math.max(...units.map((n) => /** @type {number} */ (n.layer))) + 2 : 0;
   const cols = graphColumns(graph, graph.positions ? units : [], S);
-  const rows = graphRows(nRows, units, S);
-  const rowY = new Map(rows.map((r) => [r.row, r.y + (r.h - S.unitH) / 2]));
-  /** @type {Map<number, {x: number, y: number, w: number, h: number}>} */
-  const boxes = new Map();
-  let right = cols.right;
-  if (graph.positions) {
-    for (const list of cols.cells.values()) {
-      const p = /** @type {number} */ (list[0].position);
-      placeRow(boxes, list, cols.xs[p] + (cols.widths[p] - cellWidth(list, S)) / 2, /** @type {number} */ (rowY.get(rowOf(list[0]))), S);
-    }
-  } else {
+  /** @type {GraphNode[][]} the cells: a row's units at a position (over all positions: a whole row) */
+  let cells = [...cols.cells.values()];
+  if (!graph.positions) {
     /** @type {Map<number, GraphNode[]>} */
     const byRow = new Map();
     for (const u of units) byRow.set(rowOf(u), [...(byRow.get(rowOf(u)) ?? []), u]);
-    const widest = Math.max(0, ...[...byRow.values()].map((l) => cellWidth(l, S)));
-    right = Math.max(right, S.left + widest);
-    for (const [r, list] of byRow) {
-      list.sort((a, b) => /** @type {number} */ (a.index) - /** @type {number} */ (b.index));
-      placeRow(boxes, list, S.left + (right - S.left - cellWidth(list, S)) / 2, /** @type {number} */ (rowY.get(r)), S);
-    }
+    cells = [...byRow.values()];
+    cells.forEach((l) => l.sort((a, b) => /** @type {number} */ (a.index) - /** @type {number} */ (b.index)));
   }
+  const shapes = new Map(cells.map((l) => [l, cellShape(l, graph.positions ? S : { ...S, maxCell: Infinity })]));
+  /** @type {Map<number, number>} */
+  const lines = new Map();
+  for (const [l, sh] of shapes) lines.set(rowOf(l[0]), Math.max(lines.get(rowOf(l[0])) ?? 1, sh.lines));
+  const rows = graphRows(nRows, units, lines, S);
+  const rowMid = new Map(rows.map((r) => [r.row, r.y + r.h / 2]));
+  /** @type {Map<number, {x: number, y: number, w: number, h: number}>} */
+  const boxes = new Map();
+  let right = cols.right;
+  if (!graph.positions) right = Math.max(right, S.left + Math.max(0, ...[...shapes.values()].map((sh) => sh.w)));
+  for (const [list, sh] of shapes) {
+    const p = list[0].position;
+    const x = graph.positions && p !== null ? cols.xs[p] + (cols.widths[p] - sh.w) / 2 : S.left + (right - S.left - sh.w) / 2;
+    placeCell(boxes, list, sh, x, /** @type {number} */ (rowMid.get(rowOf(list[0]))) - linesHeight(sh.lines, S) / 2, S);
+  }
+  const rowY = new Map(rows.map((r) => [r.row, r.y + (r.h - S.unitH) / 2]));
   const tokenY = /** @type {number} */ (rowY.get(-1));
   placeTokens(boxes, shown, cols, tokenY, S);
-  const width = right + S.right;
-  placeTarget(boxes, graph, cols, width, S);
-  const slant = cols.level ? 0 : Math.max(0, ...cols.labels.map((t, p) => textWidth(`${p} ${t}`, S))) * Math.SQRT1_2 + 4;
+  const targetW = textWidth(`target ${targetText(graph)}`, S);
+  // the last slanted label runs to the right of its column: the picture holds it
+  const slantW = (/** @type {number} */ p) => textWidth(`${p} ${cols.labels[p]}`, S) * Math.SQRT1_2;
+  let reach = right;
+  if (!cols.level) cols.shown.forEach((on, p) => { if (on) reach = Math.max(reach, cols.xs[p] + cols.widths[p] / 2 + slantW(p)); });
+  const width = Math.max(reach, S.left + targetW) + S.right;
+  placeTarget(boxes, graph, cols, width, targetW, S);
+  const slant = cols.level ? 0 : Math.max(0, ...cols.labels.map((t, p) => (cols.shown[p] ? slantW(p) : 0))) + 4;
   const height = tokenY + S.tokenH + 4 + slant + 4;
   return { boxes, rows, columns: cols, width, height, level: cols.level, tokenY, sizes: S };
 }
 
 /**
- * @param {Map<number, {x: number, y: number, w: number, h: number}>} boxes
- * @param {GraphNode[]} list @param {number} x @param {number} y @param {typeof GRAPH} S
+ * The boxes of one cell from (x, y): one line side by side, or lines of equal slots (cellShape).
+ * @param {Map<number, {x: number, y: number, w: number, h: number}>} boxes @param {GraphNode[]} list
+ * @param {ReturnType<typeof cellShape>} sh @param {number} x @param {number} y @param {typeof GRAPH} S
  */
-function placeRow(boxes, list, x, y, S) {
-  for (const n of list) {
+function placeCell(boxes, list, sh, x, y, S) {
+  let at = x;
+  list.forEach((n, k) => {
     const w = unitWidth(n, S);
-    boxes.set(n.id, { x, y, w, h: S.unitH });
-    x += w + S.unitGap;
-  }
+    if (sh.lines === 1) { boxes.set(n.id, { x: at, y, w, h: S.unitH }); at += w + S.unitGap; return; }
+    const line = Math.floor(k / sh.perLine), col = k % sh.perLine;
+    boxes.set(n.id, { x: x + col * (sh.slot + S.unitGap) + (sh.slot - w) / 2, y: y + line * (S.unitH + S.lineGap), w, h: S.unitH });
+  });
 }
 
 /**
@@ -558,6 +647,11 @@ function placeTokens(boxes, shown, cols, y, S) {
   for (const n of shown) {
     if (n.kind !== "token" || n.position === null || n.position >= cols.xs.length) continue;
     const p = n.position;
+    const slot = cols.slots.get(p);
+    if (!cols.shown[p]) {  // in a narrow column: a small dot when an edge from it is drawn, else nothing
+      if (slot !== undefined) boxes.set(n.id, { x: slot, y: y + (S.unitH - S.mini) / 2, w: S.mini, h: S.mini });
+      continue;
+    }
     const w = cols.level ? cols.labelW[p] : Math.min(S.dot, cols.widths[p]);
     const h = cols.level ? S.tokenH : S.dot;
     boxes.set(n.id, { x: cols.xs[p] + (cols.widths[p] - w) / 2, y: y + (S.unitH - h) / 2, w, h });
@@ -566,14 +660,13 @@ function placeTokens(boxes, shown, cols, y, S) {
 
 /**
  * @param {Map<number, {x: number, y: number, w: number, h: number}>} boxes @param {GraphData} graph
- * @param {ReturnType<typeof graphColumns>} cols @param {number} width @param {typeof GRAPH} S
+ * @param {ReturnType<typeof graphColumns>} cols @param {number} width @param {number} w @param {typeof GRAPH} S
  */
-function placeTarget(boxes, graph, cols, width, S) {
+function placeTarget(boxes, graph, cols, width, w, S) {
   const t = graph.nodes.find((n) => n.kind === "target");
   if (!t) return;
-  const w = textWidth(`target ${targetText(graph)}`, S);
   const p = graph.target.position;
-  const centre = graph.positions && p >= 0 && p < cols.xs.length ? cols.xs[p] + cols.widths[p] / 2 : (S.left + width) / 2;
+  const centre = graph.positions && p >= 0 && p < cols.xs.length ? cols.xs[p] + cols.widths[p] / 2 : width / 2;
   const x = Math.max(S.left, Math.min(width - S.right - w, centre - w / 2));
   boxes.set(t.id, { x, y: S.top + (S.rowPitch - S.unitH) / 2, w, h: S.unitH });
 }
@@ -596,6 +689,38 @@ export function edgePath(from, to) {
 /** The midpoint of edgePath(from, to) (the cubic at t = 1/2). @param {{x: number, y: number, w: number, h: number}} from @param {{x: number, y: number, w: number, h: number}} to */
 export function edgeMidpoint(from, to) {
   return { x: (from.x + from.w / 2 + to.x + to.w / 2) / 2, y: (from.y + to.y + to.h) / 2 };
+}
+
+/** The point of edgePath(from, to) at ``t`` (0 at the source, 1 at the destination). @param {{x: number, y: number, w: number, h: number}} from @param {{x: number, y: number, w: number, h: number}} to @param {number} t */
+export function edgePoint(from, to, t) {
+  const x1 = from.x + from.w / 2, y1 = from.y, x2 = to.x + to.w / 2, y2 = to.y + to.h, mid = (y1 + y2) / 2;
+  const u = 1 - t;
+  return { x: (u * u * u + 3 * u * u * t) * x1 + (3 * u * t * t + t * t * t) * x2,
+    y: u * u * u * y1 + 3 * u * t * (u + t) * mid + t * t * t * y2 };
+}
+
+/** Two boxes share area. @param {{x: number, y: number, w: number, h: number}} a @param {{x: number, y: number, w: number, h: number}} b */
+export function overlaps(a, b) {
+  return a.x < b.x + b.w && b.x < a.x + a.w && a.y < b.y + b.h && b.y < a.y + a.h;
+}
+
+/**
+ * Where a ``w`` × ``h`` label of an edge goes: at the first point along the curve, from its middle outwards,
+ * where it fits beside the curve (right, else left) inside the picture without touching any box of ``avoid``
+ * (the nodes, the labels placed before); failing that, at the middle, moved inside the picture.
+ * @param {{x: number, y: number, w: number, h: number}} from @param {{x: number, y: number, w: number, h: number}} to
+ * @param {number} w @param {number} h @param {{x: number, y: number, w: number, h: number}[]} avoid
+ * @param {number} width @param {number} height
+ */
+export function edgeLabelBox(from, to, w, h, avoid, width, height) {
+  const free = (/** @type {{x: number, y: number, w: number, h: number}} */ r) => r.x >= 0 && r.y >= 0 &&
+    r.x + r.w <= width && r.y + r.h <= height && !avoid.some((b) => overlaps(r, b));
+  for (const t of [0.5, 0.4, 0.6, 0.3, 0.7, 0.2, 0.8, 0.1, 0.9]) {
+    const at = edgePoint(from, to, t);
+    for (const r of [{ x: at.x + 4, y: at.y - h / 2, w, h }, { x: at.x - 4 - w, y: at.y - h / 2, w, h }]) if (free(r)) return r;
+  }
+  const at = edgePoint(from, to, 0.5);
+  return { x: Math.max(0, Math.min(width - w, at.x + 4)), y: Math.max(0, Math.min(height - h, at.y - h / 2)), w, h };
 }
 
 /** An edge's stroke width: 0.6 px at zero to 6 px at the largest |effect|. @param {number} effect @param {number} max */
@@ -649,11 +774,22 @@ const GRAPH_CSS = `
 .dpa-graph-legend { display: inline-flex; gap: 4px; align-items: center; color: var(--g-muted); font-size: 11px; }
 .dpa-graph-legend-bar { display: inline-block; width: 70px; height: 9px; border: 1px solid var(--g-border); }
 .dpa-graph-body { display: flex; flex-wrap: wrap; gap: 6px; align-items: flex-start; }
-.dpa-graph-scroll { flex: 1 1 480px; min-width: 0; max-width: max-content; max-height: 720px; overflow: auto;
+.dpa-graph-scroll { flex: 3 1 480px; min-width: 0; display: flex; overflow: hidden;
   border: 1px solid var(--g-border); border-radius: 4px; background: var(--g-bg); }
-.dpa-graph-canvas { display: grid; width: max-content; }
-.dpa-graph-canvas > svg { grid-area: 1 / 1; display: block; }
-.dpa-graph-rows { position: sticky; left: 0; z-index: 1; pointer-events: none; }
+.dpa-graph-rows { position: relative; flex: none; width: 58px; overflow: hidden; border-right: 1px solid var(--g-border); }
+.dpa-graph-rowlabel { position: absolute; left: 4px; right: 2px; height: 12px; font-size: 10px; line-height: 12px;
+  color: var(--g-muted); white-space: nowrap; overflow: hidden; }
+.dpa-graph-viewport { position: relative; flex: 1 1 auto; min-width: 0; overflow: hidden; cursor: grab; touch-action: none; }
+.dpa-graph-viewport:focus-visible { outline: 2px solid var(--g-accent); outline-offset: -2px; }
+.dpa-graph-viewport.dpa-graph-dragging { cursor: grabbing; }
+.dpa-graph-svg { display: block; }
+.dpa-graph-zoom { display: inline-flex; gap: 3px; align-items: center; }
+.dpa-graph-zoom-level { min-width: 3.2em; text-align: right; color: var(--g-muted); }
+.dpa-graph-gap { fill: var(--g-muted); font-size: 12px; }
+.dpa-graph-gapband { fill: none; stroke: var(--g-border); stroke-dasharray: 2 2; }
+.dpa-graph-node:focus { outline: none; }
+.dpa-graph-node:focus-visible rect { stroke: var(--g-accent); stroke-width: 2.5; }
+.dpa-graph-flow:focus-visible { outline: 2px solid var(--g-accent); outline-offset: -1px; }
 .dpa-graph-axis { fill: var(--g-muted); font-size: 10px; }
 .dpa-graph-toklabel { fill: var(--g-fg); font-size: 10px; font-family: var(--jp-code-font-family, monospace); }
 .dpa-graph-toklabel.dpa-graph-at-target { font-weight: 700; }
@@ -668,7 +804,7 @@ const GRAPH_CSS = `
 .dpa-graph-focus .dpa-graph-edge:not(.dpa-graph-lit) { opacity: 0.06; }
 .dpa-graph-focus .dpa-graph-node:not(.dpa-graph-lit) { opacity: 0.3; }
 .dpa-graph-check { fill: var(--g-fg); font-size: 10px; paint-order: stroke; stroke: var(--g-bg); stroke-width: 3px; }
-.dpa-graph-panel { flex: 1 1 280px; max-width: 440px; min-width: 220px; border: 1px solid var(--g-border);
+.dpa-graph-panel { flex: 1 1 260px; max-width: 400px; min-width: 220px; border: 1px solid var(--g-border);
   border-radius: 4px; padding: 4px 6px; background: var(--g-bg); box-sizing: border-box; }
 .dpa-graph-title { font-weight: 600; margin: 2px 0 4px; word-break: break-all; }
 .dpa-graph-subtitle { font-weight: 600; margin: 4px 0 2px; }
@@ -685,6 +821,8 @@ const GRAPH_CSS = `
 .dpa-graph button:disabled { opacity: 0.5; cursor: default; }
 .dpa-graph-reason { color: var(--g-muted); font-size: 11px; border-left: 3px solid var(--g-accent); padding: 0 5px; margin: 3px 0; }
 .dpa-graph-result { margin: 3px 0; }
+.dpa-graph-verified span:nth-child(2n+1) { color: var(--g-muted); font-size: 11px; }
+.dpa-graph-verdict { font-size: 11px; margin: 3px 0; border-left: 3px solid var(--g-accent); padding: 0 5px; }
 .dpa-graph-hover { min-height: 1.3em; color: var(--g-muted); font-family: var(--jp-code-font-family, monospace);
   white-space: pre; overflow: hidden; text-overflow: ellipsis; }
 `;
@@ -709,10 +847,13 @@ export function renderGraph(el, data, options = {}) {
   graphOptions(g, options, true);
   return {
     update: (/** @type {GraphOptions} */ o) => graphOptions(g, o, false),
-    destroy: () => { g.destroyed = true; g.root.remove(); },
+    destroy: () => { g.destroyed = true; g.resize?.disconnect(); g.root.remove(); },
     get graph() { return /** @type {GraphData} */ (g.pruned); },
     get layout() { return /** @type {ReturnType<typeof graphLayout>} */ (g.layout); },
     get renderMs() { return g.renderMs; },
+    get view() { return { ...g.view }; },
+    fit: () => fitView(g),
+    zoom: (/** @type {number} */ factor) => zoomAt(g, factor),
   };
 }
 
@@ -735,7 +876,11 @@ function graphState(el, data) {
     /** @type {Element[]} */ lit: [],
     /** @type {Element | null} */ svg: null, /** @type {Element | null} */ halo: null,
     /** @type {Record<string, HTMLElement>} */ parts: {},
-    unitCount: 0, drawnEdges: 0, renderMs: 0, nodeMax: 1, edgeMax: 1, scrolled: false, destroyed: false,
+    unitCount: 0, drawnEdges: 0, renderMs: 0, nodeMax: 1, edgeMax: 1, destroyed: false,
+    /** how the drawing shows: drawing point (X, Y) at ((X - x) k, (Y - y) k) of a w × h px viewport */
+    view: { x: 0, y: 0, k: 1, w: 0, h: 0, fitted: true },
+    /** @type {{x: number, y: number, moved: boolean} | null} */ drag: null, dragged: false,
+    /** @type {ResizeObserver | null} */ resize: null,
   };
 }
 
@@ -750,24 +895,42 @@ function gradientLegend(label, max) {
     make("span", { text: formatScore(max) })]);
 }
 
-/** The fixed parts: style, toolbar (slider, counts, legends), scroll area, panel, hover line. @param {GraphState} g */
+/** The fixed parts: style, toolbar (slider, counts, zoom, legends), the drawing's frame (row labels and
+ * viewport), panel, hover line. @param {GraphState} g */
 function graphFrame(g) {
   const slider = /** @type {HTMLInputElement} */ (make("input", { type: "range", min: 0, max: 1, step: 0.01,
-    class: "dpa-graph-threshold", title: "keep the fewest heads and neurons whose influence on the target adds up " +
+    class: "dpa-graph-threshold", "aria-label": "prune: share of the units' influence kept",
+    title: "keep the fewest heads and neurons whose influence on the target adds up " +
       "to this share of all of theirs (Circuit.prune)" }));
   slider.addEventListener("input", () => { g.threshold = Number(slider.value); graphRedraw(g); });
   slider.addEventListener("change", () => g.opts.onThreshold?.(Number(slider.value)));
+  const button = (/** @type {string} */ cls, /** @type {string} */ text, /** @type {string} */ title, /** @type {() => void} */ f) => {
+    const b = make("button", { class: cls, text, title, "aria-label": title, type: "button" });
+    b.addEventListener("click", f);
+    return b;
+  };
   const p = {
     slider, sliderText: make("span", { class: "dpa-graph-kept" }), legends: make("span", { class: "dpa-graph-legends" }),
-    scroll: make("div", { class: "dpa-graph-scroll", "data-scroll": "graph" }),
+    scroll: make("div", { class: "dpa-graph-scroll" }),
+    rows: make("div", { class: "dpa-graph-rows", "aria-hidden": "true" }),
+    viewport: make("div", { class: "dpa-graph-viewport", tabindex: 0, role: "group",
+      "aria-label": "circuit graph: Tab to its nodes, Enter selects; drag or arrow keys pan, + and − zoom, 0 fits",
+      title: "drag or arrow keys: pan · ctrl + wheel, + or −: zoom · 0: fit" }),
+    zoomLevel: make("span", { class: "dpa-graph-zoom-level" }),
     panel: make("div", { class: "dpa-graph-panel" }), hover: make("div", { class: "dpa-graph-hover", text: " " }),
   };
+  p.scroll.append(p.rows, p.viewport);
   g.parts = /** @type {Record<string, HTMLElement>} */ (p);
+  const zoom = make("span", { class: "dpa-graph-zoom" }, [
+    button("dpa-graph-zoom-out", "−", "zoom out (−)", () => zoomAt(g, 1 / 1.25)),
+    button("dpa-graph-zoom-in", "+", "zoom in (+)", () => zoomAt(g, 1.25)),
+    button("dpa-graph-fit", "fit", "show the whole circuit (0)", () => fitView(g)), p.zoomLevel]);
   const toolbar = make("div", { class: "dpa-graph-toolbar" }, [
-    make("label", {}, ["prune ", slider]), p.sliderText, p.legends]);
+    make("label", {}, ["prune ", slider]), p.sliderText, zoom, p.legends]);
   g.root.replaceChildren(make("style", { text: GRAPH_CSS }), toolbar,
     make("div", { class: "dpa-graph-body" }, [p.scroll, p.panel]), p.hover);
   graphEvents(g);
+  viewEvents(g);
 }
 
 /**
@@ -800,9 +963,8 @@ function graphRedraw(g) {
   g.byLabel = new Map(g.data.nodes.map((n) => [n.label, n.id]));
   g.pruned = pruneGraph(g.data, g.threshold);
   g.layout = graphLayout(g.pruned, g.opts.maxWidth ? { maxWidth: g.opts.maxWidth } : {});
-  const canvas = graphSvg(g, g.pruned, g.layout);
-  g.parts.scroll.replaceChildren(canvas);
-  g.svg = canvas.querySelector(".dpa-graph-svg");
+  g.svg = graphSvg(g, g.pruned, g.layout);
+  g.parts.viewport.replaceChildren(g.svg);
   /** @type {HTMLInputElement} */ (g.parts.slider).value = String(g.threshold);
   const all = g.data.nodes.filter(isUnit).length;
   g.unitCount = g.pruned.nodes.filter(isUnit).length;
@@ -811,39 +973,188 @@ function graphRedraw(g) {
   g.parts.legends.replaceChildren(gradientLegend("node score", g.nodeMax), gradientLegend("edge effect", g.edgeMax));
   graphHighlight(g);
   graphPanel(g);
-  if (!g.scrolled) {  // first drawing: bring the target's column into view (the page may lay it out later)
-    g.scrolled = true;
-    scrollWhenLaidOut(g, 40, 0);
-  } else scrollToTarget(g, false);  // pruned or new data: the columns moved
+  if (!(g.view.fitted && fitView(g))) showView(g);  // a new drawing fits again unless zoomed or panned
   g.renderMs = clock() - t0;
   g.root.setAttribute("data-render-ms", g.renderMs.toFixed(1));
 }
 
-/**
- * The first scroll to the target, once the page has laid the drawing out (a notebook output may be attached
- * later than it is drawn): after ``delay`` ms, then every 50 ms, ``tries`` times at most.
- * @param {GraphState} g @param {number} tries @param {number} delay
- */
-function scrollWhenLaidOut(g, tries, delay) {
-  setTimeout(() => {
-    if (g.destroyed) return;
-    if (g.parts.scroll.clientWidth) scrollToTarget(g, true);
-    else if (tries > 1) scrollWhenLaidOut(g, tries - 1, 50);
-  }, delay);
+// ---------------------------------------------------------------- the view: fit, zoom and pan
+
+/** The tallest the viewport opens: 85% of the window, between 360 and 1000 px. @param {GraphState} g */
+function maxViewHeight(g) {
+  const win = typeof window !== "undefined" && window.innerHeight ? window.innerHeight : 900;
+  return Math.max(360, Math.min(1000, 0.85 * win));
 }
 
 /**
- * Scroll the drawing sideways so that the target (and the units at its position) is in view: on the first
- * drawing unless already scrolled, later only when it went out of view.
- * @param {GraphState} g @param {boolean} first
+ * Show the whole drawing: the largest scale up to 1 at which it fits the viewport's width and the tallest
+ * height, centred sideways. False (and nothing done) while the page has not laid the viewport out.
+ * @param {GraphState} g @param {boolean} [refit]  false: only when the viewport's width changed
  */
-function scrollToTarget(g, first) {
-  const sc = g.parts.scroll;
-  const t = g.pruned?.nodes.find((n) => n.kind === "target");
-  const box = t && g.layout?.boxes.get(t.id);
-  if (!box || !sc.clientWidth || (first && sc.scrollLeft !== 0)) return;
-  if (box.x >= sc.scrollLeft && box.x + box.w <= sc.scrollLeft + sc.clientWidth) return;
-  sc.scrollLeft = Math.max(0, box.x + box.w / 2 - sc.clientWidth * 0.6);
+function fitView(g, refit = true) {
+  const lay = g.layout, w = g.parts.viewport.clientWidth;
+  if (!lay || !w || g.destroyed) return false;
+  if (!refit && g.view.fitted && Math.abs(w - g.view.w) < 1 && g.view.h > 0) { showView(g); return true; }
+  const k = Math.min(1, w / lay.width, maxViewHeight(g) / lay.height);
+  g.view = { k, w, h: Math.ceil(lay.height * k), x: (lay.width - w / k) / 2, y: 0, fitted: true };
+  showView(g);
+  return true;
+}
+
+/** The scale at which the whole drawing fits (fitView's), for the zoom's lower bound. @param {GraphState} g */
+function fitScale(g) {
+  const lay = g.layout, v = g.view;
+  return lay && v.w ? Math.min(1, v.w / lay.width, v.h / lay.height) : 1;
+}
+
+/**
+ * Zoom by ``factor`` about the viewport point (sx, sy) (its middle by default), between half the fitting
+ * scale and 4.
+ * @param {GraphState} g @param {number} factor @param {number} [sx] @param {number} [sy]
+ */
+function zoomAt(g, factor, sx, sy) {
+  const v = g.view;
+  if (!g.layout || !v.w) return;
+  const k = Math.max(0.5 * fitScale(g), Math.min(4, v.k * factor));
+  const ax = sx ?? v.w / 2, ay = sy ?? v.h / 2;
+  g.view = { ...v, k, x: v.x + ax / v.k - ax / k, y: v.y + ay / v.k - ay / k, fitted: false };
+  showView(g);
+}
+
+/** Move the drawing by (dx, dy) screen px. @param {GraphState} g @param {number} dx @param {number} dy */
+function panBy(g, dx, dy) {
+  const v = g.view;
+  g.view = { ...v, x: v.x - dx / v.k, y: v.y - dy / v.k, fitted: false };
+  showView(g);
+}
+
+/** Bring a node's box into view (a node reached with Tab), panning as little as needed. @param {GraphState} g @param {number} id */
+function showBox(g, id) {
+  const b = g.layout?.boxes.get(id), v = g.view;
+  if (!b || !v.w) return;
+  const vw = v.w / v.k, vh = v.h / v.k, m = 8 / v.k;
+  let { x, y } = v;
+  if (b.x - m < x) x = b.x - m; else if (b.x + b.w + m > x + vw) x = b.x + b.w + m - vw;
+  if (b.y - m < y) y = b.y - m; else if (b.y + b.h + m > y + vh) y = b.y + b.h + m - vh;
+  if (x !== v.x || y !== v.y) { g.view = { ...v, x, y, fitted: false }; showView(g); }
+}
+
+/**
+ * Draw the view: the SVG's size and viewBox, the row labels beside it at their rows' heights (one label
+ * where two would touch), the zoom level. Keeps a quarter of the viewport on the drawing at least.
+ * @param {GraphState} g
+ */
+function showView(g) {
+  const lay = g.layout, svg = g.svg;
+  if (!lay || !svg) return;
+  if (!g.view.w) g.view = { x: 0, y: 0, k: 1, w: Math.ceil(lay.width), h: Math.ceil(lay.height), fitted: true };
+  const v = g.view, vw = v.w / v.k, vh = v.h / v.k;
+  v.x = Math.max(Math.min(0, lay.width - vw) - 0.75 * vw, Math.min(v.x, Math.max(0, lay.width - vw) + 0.75 * vw));
+  v.y = Math.max(Math.min(0, lay.height - vh) - 0.75 * vh, Math.min(v.y, Math.max(0, lay.height - vh) + 0.75 * vh));
+  svg.setAttribute("width", String(v.w));
+  svg.setAttribute("height", String(v.h));
+  svg.setAttribute("viewBox", `${px(v.x)} ${px(v.y)} ${px(vw)} ${px(vh)}`);
+  g.parts.viewport.style.height = `${v.h}px`;
+  const labels = [];
+  let last = -Infinity;
+  for (const r of lay.rows) {
+    const top = (r.y + r.h / 2 - v.y) * v.k - 6;
+    if (!r.used || top < 0 || top > v.h - 12 || top - last < 12) continue;
+    last = top;
+    labels.push(make("div", { class: "dpa-graph-rowlabel", style: `top: ${px(top)}px`, text: r.label }));
+  }
+  g.parts.rows.replaceChildren(...labels);
+  g.parts.zoomLevel.textContent = `${Math.round(v.k * 100)}%`;
+  g.root.setAttribute("data-zoom", v.k.toFixed(3));
+}
+
+/**
+ * Zoom and pan: the buttons (graphFrame), ctrl + wheel at the pointer, dragging the background, and the keys
+ * +, −, 0 and the arrows on the focused viewport; a node reached with Tab lights up like a hovered one and is
+ * brought into view, Enter or space selects it. A change of the viewport's width fits the drawing again
+ * unless it was zoomed or panned.
+ * @param {GraphState} g
+ */
+function viewEvents(g) {
+  const vp = g.parts.viewport;
+  vp.addEventListener("wheel", (ev) => {
+    if (!(ev.ctrlKey || ev.metaKey)) return;  // a plain wheel scrolls the page
+    ev.preventDefault();
+    const r = vp.getBoundingClientRect();
+    zoomAt(g, Math.exp(-ev.deltaY * 0.002), ev.clientX - r.left, ev.clientY - r.top);
+  }, { passive: false });
+  vp.addEventListener("pointerdown", (ev) => {
+    const t = /** @type {Element | null} */ (ev.target);
+    if (ev.button !== 0 || t?.closest?.("[data-id], [data-edge]")) return;
+    g.drag = { x: ev.clientX, y: ev.clientY, moved: false };
+    vp.setPointerCapture?.(ev.pointerId);
+  });
+  vp.addEventListener("pointermove", (ev) => {
+    const d = g.drag;
+    if (!d) return;
+    const dx = ev.clientX - d.x, dy = ev.clientY - d.y;
+    if (!d.moved && Math.hypot(dx, dy) < 3) return;
+    if (!d.moved) vp.classList.add("dpa-graph-dragging");
+    d.moved = true;
+    d.x = ev.clientX; d.y = ev.clientY;
+    panBy(g, dx, dy);
+  });
+  const end = () => {
+    if (!g.drag) return;
+    g.dragged = g.drag.moved;
+    g.drag = null;
+    vp.classList.remove("dpa-graph-dragging");
+  };
+  vp.addEventListener("pointerup", end);
+  vp.addEventListener("pointercancel", end);
+  vp.addEventListener("keydown", (ev) => {
+    const t = /** @type {Element | null} */ (ev.target);
+    const node = t?.closest?.("[data-id]");
+    const step = 40;
+    /** @type {Record<string, () => void>} */
+    const keys = {
+      "+": () => zoomAt(g, 1.25), "=": () => zoomAt(g, 1.25), "-": () => zoomAt(g, 1 / 1.25), "−": () => zoomAt(g, 1 / 1.25),
+      "0": () => fitView(g), ArrowLeft: () => panBy(g, step, 0), ArrowRight: () => panBy(g, -step, 0),
+      ArrowUp: () => panBy(g, 0, step), ArrowDown: () => panBy(g, 0, -step),
+      Escape: () => { selectNode(g, null); selectEdge(g, null); },
+    };
+    if (node && (ev.key === "Enter" || ev.key === " ")) {
+      ev.preventDefault();
+      selectNode(g, /** @type {GraphNode} */ (g.byId.get(Number(node.getAttribute("data-id"))))?.label ?? null);
+    } else if (keys[ev.key] && !ev.ctrlKey && !ev.metaKey && !ev.altKey) {
+      ev.preventDefault();
+      keys[ev.key]();
+    }
+  });
+  vp.addEventListener("focusin", (ev) => {
+    const node = /** @type {Element | null} */ (ev.target)?.closest?.("[data-id]");
+    vp.scrollLeft = 0; vp.scrollTop = 0;  // the browser scrolls a hidden overflow to a focused child: the view pans instead
+    if (!node) return;
+    const id = Number(node.getAttribute("data-id"));
+    showBox(g, id);
+    graphHover(g, id);
+  });
+  vp.addEventListener("focusout", () => graphHover(g, null));
+  if (typeof ResizeObserver !== "undefined") {
+    g.resize = new ResizeObserver(() => {
+      if (g.destroyed) return;
+      if (g.view.fitted) fitView(g, false);
+      else if (vp.clientWidth && Math.abs(vp.clientWidth - g.view.w) >= 1) { g.view = { ...g.view, w: vp.clientWidth }; showView(g); }
+    });
+    g.resize.observe(vp);
+  } else fitWhenLaidOut(g, 40, 0);
+}
+
+/**
+ * Without ResizeObserver: fit once the page has laid the viewport out (a notebook output may be attached
+ * later than it is drawn): after ``delay`` ms, then every 50 ms, ``tries`` times at most.
+ * @param {GraphState} g @param {number} tries @param {number} delay
+ */
+function fitWhenLaidOut(g, tries, delay) {
+  setTimeout(() => {
+    if (g.destroyed) return;
+    if (!fitView(g, false) && tries > 1) fitWhenLaidOut(g, tries - 1, 50);
+  }, delay);
 }
 
 const clock = () => (typeof performance !== "undefined" ? performance.now() : Date.now());
@@ -878,20 +1189,27 @@ function graphSvg(g, graph, lay) {
     g.adj.get(s)?.edges.push(key); g.adj.get(s)?.nodes.push(d);
     g.adj.get(d)?.edges.push(key); g.adj.get(d)?.nodes.push(s);
   }
-  svg.append(edgeLayer, hitLayer, graphNodes(g, graph, lay), graphChecks(g, lay));
-  return make("div", { class: "dpa-graph-canvas" }, [svg, rowLabels(lay)]);
+  svg.append(edgeLayer, hitLayer, graphNodes(g, graph, lay), graphGaps(lay), graphChecks(g, lay));
+  return svg;
 }
 
-/** The row labels ("L3 attn", "L3 MLP", "tokens", "target") on a strip that stays at the left while the
- * drawing scrolls sideways. @param {ReturnType<typeof graphLayout>} lay */
-function rowLabels(lay) {
-  const w = lay.sizes.left - 6, hgt = Math.ceil(lay.height);
-  const strip = make("svg", { class: "dpa-graph-rows", width: w, height: hgt, viewBox: `0 0 ${w} ${hgt}` }, [
-    make("rect", { x: 0, y: 0, width: w, height: hgt, style: "fill: var(--g-bg); opacity: 0.85" })]);
-  for (const r of lay.rows) {
-    if (r.used) strip.append(make("text", { class: "dpa-graph-axis", x: 4, y: px(r.y + r.h / 2 + 3.5), text: r.label }));
-  }
-  return strip;
+/**
+ * Each narrow column of a long prompt's positions with no unit: a "⋯" in the token row, or, when some of its
+ * tokens have an edge drawn (their dots), a dashed frame round the dots. @param {ReturnType<typeof graphLayout>} lay
+ */
+function graphGaps(lay) {
+  const S = lay.sizes, y = lay.tokenY;
+  return make("g", { class: "dpa-graph-gaps" }, lay.columns.gaps.map((gap) => {
+    const title = make("title", { text: `positions ${gap.from}–${gap.to} (${gap.to - gap.from + 1} tokens, no unit kept ` +
+      `there)${gap.tokens.length ? `: the dots are the ${gap.tokens.length} with an edge drawn, by position` : ""}` });
+    const data = { "data-from": gap.from, "data-to": gap.to };
+    if (!gap.tokens.length) {
+      return make("text", { class: "dpa-graph-gap", x: px(gap.x + gap.w / 2), y: px(y + S.unitH / 2 + 4), "text-anchor": "middle",
+        text: "⋯", ...data }, [title]);
+    }
+    return make("rect", { class: "dpa-graph-gapband", x: px(gap.x + 1), y: px(y + 1), width: px(gap.w - 2), height: px(S.unitH - 2),
+      rx: 3, ...data }, [title]);
+  }));
 }
 
 /** The node boxes, and the token labels under them. @param {GraphState} g @param {GraphData} graph @param {ReturnType<typeof graphLayout>} lay */
@@ -907,9 +1225,11 @@ function graphNodes(g, graph, lay) {
     const v = n.score ?? NaN;
     const target = n.kind === "target";
     const fill = target ? null : divergingColor(v, max);
+    const wide = n.kind === "token" && lay.columns.shown[/** @type {number} */ (n.position)];  // not a dot in a narrow column
     const text = target ? `target ${targetText(graph)}` : isUnit(n) ? unitText(n) :
-      lay.level ? lay.columns.labels[/** @type {number} */ (n.position)] : "";
-    const el = make("g", { class: `dpa-graph-node dpa-graph-${n.kind}`, "data-id": n.id, "data-label": n.label }, [
+      lay.level && wide ? lay.columns.labels[/** @type {number} */ (n.position)] : "";
+    const el = make("g", { class: `dpa-graph-node dpa-graph-${n.kind}`, "data-id": n.id, "data-label": n.label,
+      tabindex: 0, role: "button", "aria-label": `${nodeName(graph, n)}, score ${formatScore(n.score)}` }, [
       make("rect", { x: px(box.x), y: px(box.y), width: px(box.w), height: px(box.h), rx: n.kind === "head" ? 8 : 2, fill,
         style: target ? "fill: var(--g-chip)" : null }),
       ...(text ? [make("text", { x: px(box.x + box.w / 2), y: px(box.y + box.h / 2 + 3.5), "text-anchor": "middle",
@@ -918,7 +1238,7 @@ function graphNodes(g, graph, lay) {
     ]);
     layer.append(el);
     g.nodeEls.set(n.id, el);
-    if (n.kind === "token" && !lay.level) layer.append(slantedLabel(graph, lay, n, box));
+    if (wide && !lay.level) layer.append(slantedLabel(graph, lay, n, box));
   }
   return layer;
 }
@@ -932,17 +1252,22 @@ function slantedLabel(/** @type {GraphData} */ graph, /** @type {ReturnType<type
     x, y, transform: `rotate(45 ${x} ${y})`, text: `${p} ${lay.columns.labels[p]}` });
 }
 
-/** "✓ ratio" marks at the middle of the verified edges drawn. @param {GraphState} g @param {ReturnType<typeof graphLayout>} lay */
+/**
+ * "✓ ×ratio" beside each verified edge drawn, where it touches no node, no other mark and stays inside the
+ * picture (edgeLabelBox). @param {GraphState} g @param {ReturnType<typeof graphLayout>} lay
+ */
 function graphChecks(g, lay) {
   const layer = make("g", { class: "dpa-graph-checks" });
+  const avoid = [...lay.boxes.values()];
   for (const [key, v] of Object.entries(g.opts.verified ?? {})) {
     const [s, d] = [g.byLabel.get(v.source), g.byLabel.get(v.destination)];
     if (!g.edgeEls.has(key) || s === undefined || d === undefined) continue;
     const a = lay.boxes.get(s), b = lay.boxes.get(d);
     if (!a || !b) continue;
-    const at = edgeMidpoint(a, b);
-    layer.append(make("text", { class: "dpa-graph-check", x: px(at.x + 4), y: px(at.y), "data-edge": key,
-      text: `✓ ${ratioText(v.ratio)}` }));
+    const text = `✓ ${ratioText(v.ratio)}`;
+    const r = edgeLabelBox(a, b, textWidth(text, lay.sizes) - lay.sizes.pad + 4, 12, avoid, lay.width, lay.height);
+    avoid.push(r);
+    layer.append(make("text", { class: "dpa-graph-check", x: px(r.x + 2), y: px(r.y + 9.5), "data-edge": key, text }));
   }
   return layer;
 }
@@ -970,6 +1295,7 @@ function graphEvents(g) {
   });
   scroll.addEventListener("mouseleave", () => graphHover(g, null));
   scroll.addEventListener("click", (ev) => {
+    if (g.dragged) { g.dragged = false; return; }  // the end of a drag is no click
     const h = hit(ev);
     if (h.id !== undefined) selectNode(g, /** @type {GraphNode} */ (g.byId.get(h.id)).label);
     else if (h.edge) selectEdge(g, /** @type {[string, string]} */ (h.edge.split("->")));
@@ -997,7 +1323,8 @@ function graphHover(g, id) {
   const n = id === null ? null : g.byId.get(id);
   if (n && g.pruned) {
     const f = nodeFlows(g.pruned, n.id, 0);
-    hoverText(g, `${nodeName(g.pruned, n)}: score ${formatScore(n.score)} · ${f.nIn} inputs, ${f.nOut} outputs · ` +
+    const where = isUnit(n) ? (g.pruned.positions ? " at this position" : " over all positions") : "";
+    hoverText(g, `${nodeName(g.pruned, n)}: score${where} ${formatScore(n.score)} · ${f.nIn} inputs, ${f.nOut} outputs · ` +
       `influence ${(g.pruned.nodes.find((m) => m.id === n.id)?.influence ?? 0).toFixed(3)}`);
   } else hoverText(g, "");
   g.opts.onHover?.(n ? n.label : null);
@@ -1078,7 +1405,7 @@ function nodePanel(g, id) {
       make("div", { class: "dpa-graph-muted", text: "pruned away at this threshold: move the slider up to see it" })];
   }
   const f = nodeFlows(graph, id, 8);
-  const terms = [["score", node.score]];
+  const terms = [[scoreName(graph, node), node.score]];
   if (node.kind !== "token") {
     terms.push(["in from the nodes drawn", f.inSum], ["rest (units left out)", f.rest], ["bias", node.bias_in],
       ["control paths (in_gap)", node.in_gap]);
@@ -1094,6 +1421,17 @@ function nodePanel(g, id) {
   if (node.kind !== "token") out.push(flowList(g, `top inputs (${f.incoming.length} of ${f.nIn})`, f.incoming));
   if (node.kind !== "target") out.push(flowList(g, `top outputs (${f.outgoing.length} of ${f.nOut})`, f.outgoing));
   return out;
+}
+
+/**
+ * What a node's score is: at its position (a circuit by position: the scores view sums over positions, so
+ * its number for the same head is another), summed over positions, or the target's value.
+ * @param {GraphData} graph @param {GraphNode} node
+ */
+export function scoreName(graph, node) {
+  if (node.kind === "target") return "value (the target's logit units)";
+  if (node.kind === "token") return "score (the token's input attribution)";
+  return graph.positions && node.position !== null ? `score at position ${node.position} only` : "score summed over positions";
 }
 
 /** "reads at: 5 ·John +0.31, 1 ·Mary −0.12": the positions its in-flow comes from, by |value| (in_positions). */
@@ -1117,10 +1455,13 @@ function flowList(g, title, list) {
     const other = g.selected === s.label ? d : s;
     const isSel = g.selectedEdge && g.selectedEdge[0] === s.label && g.selectedEdge[1] === d.label;
     const row = make("div", { class: "dpa-graph-flow" + (isSel ? " dpa-graph-selected" : ""), "data-edge": edgeKey(s.label, d.label),
-      title: `${s.label} → ${d.label}` }, [
+      title: `${s.label} → ${d.label}`, tabindex: 0, role: "button" }, [
       make("span", { class: "dpa-graph-swatch", style: `background:${divergingColor(c.effect, max)}` }),
       make("span", { text: nodeName(g.data, other) }), make("span", { class: "dpa-graph-num", text: formatScore(c.effect) })]);
     row.addEventListener("click", () => selectEdge(g, [s.label, d.label]));
+    row.addEventListener("keydown", (ev) => {
+      if (ev.key === "Enter" || ev.key === " ") { ev.preventDefault(); selectEdge(g, [s.label, d.label]); }
+    });
     return row;
   });
   return make("div", { class: "dpa-graph-flows" }, [make("div", { class: "dpa-graph-muted", text: title }),
@@ -1148,16 +1489,55 @@ function edgePanel(g, edge) {
   ];
 }
 
-/** A path-patching result as a table: the edge, the prediction, the measured change, their ratio, the target's change. @param {Verified} v */
+/**
+ * A path-patching result: each number named, their ratio, and what the signs say (verifyVerdict).
+ * @param {Verified} v
+ */
 function verifiedTerms(v) {
-  const rows = [["edge (DPA)", formatScore(v.edge)]];
-  if (v.first_order !== undefined) rows.push(["predicted, every path μ = 1", formatScore(v.first_order)]);
-  rows.push(["measured direct change", formatScore(v.direct)],
-    [v.first_order !== undefined ? "ratio measured / predicted" : "ratio measured / edge",
-      v.ratio === null || v.ratio === undefined || !Number.isFinite(v.ratio) ? "–" : v.ratio.toFixed(3)],
-    ["change of the target through it", formatScore(v.target)]);
+  const rows = [["DPA's edge: the source's share of the destination's score, each path at its weight μ", formatScore(v.edge)]];
+  if (v.first_order !== undefined) {
+    rows.push(["first-order prediction: the change the linearised model predicts for this patch (every path at μ = 1)",
+      formatScore(v.first_order)]);
+  }
+  rows.push(["measured change: the destination's score in the real model, clean minus with the source removed from what it reads",
+    formatScore(v.direct)],
+  [v.first_order !== undefined ? "measured / predicted" : "measured / edge",
+    v.ratio === null || v.ratio === undefined || !Number.isFinite(v.ratio) ? "–" : v.ratio.toFixed(3)],
+  ["the target's change through the destination (its write patched, the rest clean)", formatScore(v.target)]);
   return make("div", { class: "dpa-graph-result" }, [make("div", { class: "dpa-graph-subtitle", text: "path patching" }),
-    make("div", { class: "dpa-graph-terms" }, rows.flatMap(([k, x]) => [make("span", { text: k }), make("span", { text: x })]))]);
+    make("div", { class: "dpa-graph-terms dpa-graph-verified" }, rows.flatMap(([k, x]) => [make("span", { text: k }), make("span", { text: x })])),
+    make("div", { class: "dpa-graph-verdict", text: verifyVerdict(v) })]);
+}
+
+/**
+ * What a verification says in words: whether the real model moved the destination the way the linearised
+ * model predicted (sign and size), what a disagreement means, and which number to trust for what.
+ * @param {Verified} v
+ */
+export function verifyVerdict(v) {
+  const sign = (/** @type {number | null | undefined} */ x) => (x === null || x === undefined || !Number.isFinite(x) || x === 0 ? 0 : Math.sign(x));
+  const predicted = v.first_order ?? v.edge;
+  const what = v.first_order !== undefined && v.first_order !== null ? "the first-order prediction" : "DPA's edge";
+  const parts = [];
+  if (!sign(v.direct) || !sign(predicted)) parts.push(`One of the two is zero: nothing to compare.`);
+  else if (sign(v.direct) !== sign(predicted)) {
+    parts.push(`Sign disagreement: removing the source moves the destination the other way from ${what}. The edge ` +
+      "scores the linearised model, in which the destination's attention pattern or gate stays fixed; in the real " +
+      "model removing the source also changes those (the control paths), and here that change outweighs the content path.");
+  } else {
+    const r = Math.abs(/** @type {number} */ (v.direct) / /** @type {number} */ (predicted));
+    parts.push(r > 0.5 && r < 2 ? `The real model agrees with ${what} in sign and roughly in size (×${r.toFixed(2)}): ` +
+      "the linear picture holds for this edge." : `Same sign as ${what}, but ×${r.toFixed(2)} its size: the ` +
+      "destination responds non-linearly (its attention pattern or gate shifts too).");
+  }
+  if (v.first_order !== undefined && v.first_order !== null && sign(v.edge) && sign(v.first_order) && sign(v.edge) !== sign(v.first_order)) {
+    parts.push("DPA's edge and the prediction differ in sign: the path weights μ favour the content path, and the " +
+      "control paths pull the other way.");
+  }
+  parts.push("Which tells more: the measured change is the causal answer for this one connection; the target's change " +
+    "says whether it matters for the output. The edge is an attribution share (the edges into a node add up to its " +
+    "score): compare it with the other edges, and the measured change with the first-order prediction.");
+  return parts.join(" ");
 }
 
 // ---------------------------------------- dpa_widgets/static/src/helpers.js
@@ -1834,7 +2214,7 @@ export function headsView(ctx) {
       x: c.x, y: c.y, width: cell, height: cell, fill: divergingColor(v, max),
       class: "dpa-head" + (isSel ? " dpa-locked" : "") + (routed.has(`${c.layer}:${c.head}`) ? " dpa-routed" : ""),
       "data-layer": c.layer, "data-head": c.head,
-    }, [h("title", { text: `L${c.layer}.H${c.head} (KV group ${lay.group(c.head)}): ${formatScore(v)}` })]);
+    }, [h("title", { text: `L${c.layer}.H${c.head} (KV group ${lay.group(c.head)}): ${formatScore(v)} summed over positions` })]);
     r.addEventListener("mouseenter", () => ctx.setHover(`head L${c.layer}.H${c.head} (KV group ${lay.group(c.head)}): ${formatScore(v)}`));
     r.addEventListener("click", () => ctx.setTrait("selected_head", isSel ? null : [c.layer, c.head]));
     svg.append(r);
@@ -1856,7 +2236,7 @@ export function headsView(ctx) {
         [h("title", { text: `KV group ${g}: heads ${g * lay.groupSize}–${(g + 1) * lay.groupSize - 1} share keys and values` })]));
     }
   }
-  const title = cmp.level === "component" ? `heads · ${cmp.method}` : "heads (layer × head)";
+  const title = (cmp.level === "component" ? `heads · ${cmp.method}` : "heads (layer × head)") + " · summed over positions";
   return h("section", { class: "dpa-panel" }, [
     h("div", { class: "dpa-panel-head" }, [h("span", { class: "dpa-caption", text: title }), legend(max, "")]),
     h("div", { class: "dpa-scroll", "data-scroll": "heads" }, [svg]),
@@ -1963,7 +2343,7 @@ export function neuronsView(ctx) {
   more.addEventListener("click", () => { ctx.ui.neuronCount += 12; ctx.redraw(); });
   const scope = ctx.ui.neuronLayer === null ? "all layers" : `layer ${ctx.ui.neuronLayer}`;
   return h("section", { class: "dpa-panel" }, [
-    h("div", { class: "dpa-panel-head" }, [h("span", { class: "dpa-caption", text: `MLP totals · top neurons (${scope})` }),
+    h("div", { class: "dpa-panel-head" }, [h("span", { class: "dpa-caption", text: `MLP totals · top neurons (${scope}) · summed over positions` }),
       legend(max, "")]),
     h("div", { class: "dpa-neurons" }, [h("div", { class: "dpa-scroll", "data-scroll": "bars" }, [svg]),
       h("div", { class: "dpa-list-wrap", "data-scroll": "neurons" }, [list, more])]),
@@ -2052,7 +2432,7 @@ function chips(label, chips, cls = "dpa-vocab") {
 function headDetail(ctx, [l, hd]) {
   const data = ctx.get("_data");
   const d = ctx.detail(`head:${l}:${hd}`);
-  const title = h("div", { class: "dpa-detail-title", text: `head L${l}.H${hd} · ${formatScore(data.head_scores[l][hd])}` });
+  const title = h("div", { class: "dpa-detail-title", text: `head L${l}.H${hd} · ${formatScore(data.head_scores[l][hd])} summed over positions` });
   if (!d) return [title, missing(ctx, "head")];
   if (d.edges) return [title, edgeCanvas(ctx, d.edges, data.tokens, `edges:${l}:${hd}`, data.target.position)];
   return [title, h("div", { class: "dpa-muted", text: "edge scores need the model (or a result with edges=True)" })];
@@ -2062,7 +2442,7 @@ function headDetail(ctx, [l, hd]) {
 function neuronDetail(ctx, [l, n]) {
   const data = ctx.get("_data");
   const d = ctx.detail(`neuron:${l}:${n}`);
-  const parts = [h("div", { class: "dpa-detail-title", text: `neuron ${neuronLabel(data, l, n)}` + (d ? ` · ${formatScore(d.score)}` : "") })];
+  const parts = [h("div", { class: "dpa-detail-title", text: `neuron ${neuronLabel(data, l, n)}` + (d ? ` · ${formatScore(d.score)} summed over positions` : "") })];
   if (neuronInExpert(data, n)) parts.push(h("div", { class: "dpa-muted", text: `neuron ${n} of layer ${l}'s experts, in order` }));
   if (!d) return [...parts, missing(ctx, "neuron")];
   parts.push(tokenList(d.promotes, "promotes"), tokenList(d.suppresses, "suppresses"));

@@ -5,13 +5,31 @@ import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import {
   influence, pruneUnits, pruneGraph, nodeFlows, graphLayout, edgePath, edgeMidpoint, edgeWidth, drawnEdges, rowOf,
-  unitText, targetText, nodeName, isUnit, edgeKey, divergingColor, symmetricMax, GRAPH,
+  unitText, targetText, nodeName, isUnit, edgeKey, divergingColor, symmetricMax, GRAPH, shownPositions, edgeLabelBox,
+  edgePoint, overlaps, verifyVerdict, scoreName,
 } from "../../dpa/static/graph.js";
 
 const FIXTURE = JSON.parse(readFileSync(new URL("./prune-fixture.json", import.meta.url), "utf8"));
 const close = (a, b, what, tol = 1e-9) =>
   assert.ok(Math.abs(a - b) <= tol * Math.max(1, Math.abs(b)), `${what}: ${a} vs ${b}`);
 const labelOf = (graph) => new Map(graph.nodes.map((n) => [n.id, n.label]));
+
+/** small() with ``n`` tokens, each read by L0.H0@1 (``units``: and a head at each position, read by the target). */
+function everyTokenRead(n, units = false) {
+  const g = small();
+  g.tokens = Array.from({ length: n }, (_, i) => ` word${i}`);
+  const ids = 100;
+  for (let p = 2; p < n; p++) {
+    g.nodes.push({ id: ids + p, kind: "token", label: `tok${p}`, layer: null, index: p, position: p, of: null, score: 0.1,
+      in_gap: 0, bias_in: 0, out_rest: 0 });
+    g.edges.push([ids + p, 2, 0.5]);
+    if (!units) continue;
+    g.nodes.push({ id: 1000 + p, kind: "head", label: `L0.H0@${p}`, layer: 0, index: 0, position: p, of: null, score: 0.1,
+      in_gap: 0, bias_in: 0, out_rest: 0 });
+    g.edges.push([1000 + p, 5, 0.5]);
+  }
+  return g;
+}
 
 /** A graph by hand: two tokens, two heads and a neuron, the target; rests for the units and the target. */
 function small() {
@@ -157,11 +175,56 @@ describe("layout", () => {
 
   test("token labels stand level when they fit, else slant under narrow columns", () => {
     assert.equal(graphLayout(small()).level, true);
-    const long = { ...small(), tokens: Array.from({ length: 100 }, (_, i) => ` word${i}`) };
+    const long = everyTokenRead(100, true);
     const lay = graphLayout(long);
     assert.equal(lay.level, false);
     assert.ok(lay.height > graphLayout(small()).height, "room below for the slanted labels");
     assert.equal(graphLayout(long, { maxWidth: 1e6 }).level, true);
+    const last = lay.columns.xs[99] + lay.columns.widths[99] / 2;
+    assert.ok(lay.width >= last + ("99 ·word99".length * GRAPH.charW + GRAPH.pad) * Math.SQRT1_2,
+      "the picture holds the last slanted label");
+  });
+
+  test("a long prompt: positions with nothing drawn share one narrow column per run", () => {
+    const g = { ...small(), tokens: Array.from({ length: 100 }, (_, i) => ` word${i}`) };
+    g.target = { ...g.target, position: 99 };
+    const lay = graphLayout(g);
+    assert.equal(graphLayout(g, { maxWidth: 1e6 }).columns.gaps.length, 0, "a prompt that fits keeps every column");
+    assert.deepEqual(lay.columns.shown.flatMap((on, p) => (on ? [p] : [])), [0, 1, 99], "units, read tokens, target");
+    assert.deepEqual(lay.columns.gaps.map((r) => [r.from, r.to]), [[2, 98]]);
+    assert.ok(lay.width < 300 && lay.level, `${lay.width} px`);
+    assert.equal(lay.columns.gaps[0].tokens.length, 0, "no token of the run is read: a '⋯', no dot");
+    assert.equal([...lay.boxes.keys()].filter((id) => g.nodes.find((n) => n.id === id).kind === "token").length, 2,
+      "tok0 and tok1 (the graph has no other token node)");
+    assert.equal(shownPositions({ ...g, target: { ...g.target, position: 3 } }, g.nodes.filter(isUnit))[2], true,
+      "a lone position between shown ones keeps its column");
+    const read = graphLayout(everyTokenRead(100));
+    assert.deepEqual(read.columns.gaps.map((r) => [r.from, r.to, r.tokens.length]), [[2, 99, 98]], "read tokens: dots");
+    assert.ok(read.width < 800 && read.level, `${read.width} px`);
+    const dot = read.boxes.get(150);
+    assert.ok(dot.w === GRAPH.mini && dot.x > read.columns.gaps[0].x, JSON.stringify(dot));
+  });
+
+  test("a cell of many units wraps into lines: the column stays narrow, the row grows", () => {
+    const g = small();
+    for (let k = 0; k < 30; k++) {
+      g.nodes.push({ id: 200 + k, kind: "neuron", label: `L1.N${1000 + k}@1`, layer: 1, index: 1000 + k, position: 1, of: null,
+        score: 0.1, in_gap: 0, bias_in: 0, out_rest: 0 });
+      g.edges.push([200 + k, 5, 0.1]);
+    }
+    const lay = graphLayout(g);
+    const boxes = g.nodes.filter((n) => n.kind === "neuron").map((n) => lay.boxes.get(n.id));
+    assert.ok(lay.columns.widths[1] <= GRAPH.maxCell + 1e-9, `${lay.columns.widths[1]}`);
+    assert.ok(new Set(boxes.map((b) => b.y)).size > 1, "several lines");
+    const row = lay.rows.find((r) => r.label === "L1 MLP");
+    assert.ok(boxes.every((b) => b.y >= row.y && b.y + b.h <= row.y + row.h), "inside their row");
+  });
+
+  test("the picture holds a target label wider than the columns", () => {
+    const g = { ...small(), target: { kind: "token", position: 1, token: " a very long target", contrast: " another long one" } };
+    const lay = graphLayout(g);
+    const t = lay.boxes.get(5);
+    assert.ok(t.x >= 0 && t.x + t.w <= lay.width, JSON.stringify([t, lay.width]));
   });
 
   test("components over all positions (positions=False): each row centred", () => {
@@ -200,6 +263,24 @@ describe("edges", () => {
     assert.equal(divergingColor(2, symmetricMax([2, -1])), "rgb(178, 24, 43)");
   });
 
+  test("edgePoint follows the curve: the ends at 0 and 1, the midpoint at 1/2", () => {
+    const a = { x: 0, y: 100, w: 20, h: 16 }, b = { x: 100, y: 0, w: 20, h: 16 };
+    assert.deepEqual(edgePoint(a, b, 0), { x: 10, y: 100 });
+    assert.deepEqual(edgePoint(a, b, 1), { x: 110, y: 16 });
+    assert.deepEqual(edgePoint(a, b, 0.5), edgeMidpoint(a, b));
+  });
+
+  test("edgeLabelBox: beside the curve, clear of the boxes and inside the picture", () => {
+    const a = { x: 0, y: 100, w: 20, h: 16 }, b = { x: 0, y: 0, w: 20, h: 16 };
+    const free = edgeLabelBox(a, b, 40, 12, [], 200, 200);
+    assert.ok(free.x >= 14 && free.x <= 15, JSON.stringify(free));  // right of the vertical curve at x = 10
+    const blocker = { x: 10, y: 40, w: 100, h: 40 };  // over the middle of the curve, right of it
+    const moved = edgeLabelBox(a, b, 40, 12, [blocker], 200, 200);
+    assert.ok(!overlaps(moved, blocker) && moved.y + moved.h <= 200, JSON.stringify(moved));
+    const edge = edgeLabelBox({ x: 170, y: 100, w: 20, h: 16 }, { x: 170, y: 0, w: 20, h: 16 }, 40, 12, [], 200, 200);
+    assert.ok(edge.x + edge.w <= 200 && edge.x < 180, "at the right border: to the left of the curve");
+  });
+
   test("drawnEdges: no rest edges, none under minEdge of the largest, weakest first", () => {
     const g = small();
     const { edges, max } = drawnEdges(g, 0.3);
@@ -208,5 +289,26 @@ describe("edges", () => {
     const mags = edges.map((e) => Math.abs(e[2]));
     assert.deepEqual(mags, [...mags].sort((a, b) => a - b));
     assert.equal(drawnEdges(g, 0).edges.length, 7, "zero edges are not drawn either");
+  });
+});
+
+describe("words", () => {
+  test("verifyVerdict: agreement, a sign disagreement, a size disagreement, edge and prediction apart", () => {
+    const base = { source: "a", destination: "b", target: 0.1 };
+    assert.match(verifyVerdict({ ...base, edge: 0.2, first_order: 0.3, direct: 0.29, ratio: 0.97 }), /agrees .* in sign and roughly in size/);
+    const flip = verifyVerdict({ ...base, edge: -0.124, first_order: -0.49, direct: 1.1, ratio: -2.26 });
+    assert.match(flip, /^Sign disagreement: removing the source moves the destination the other way from the first-order prediction/);
+    assert.match(flip, /control paths/);
+    assert.match(flip, /Which tells more: the measured change is the causal answer/);
+    assert.match(verifyVerdict({ ...base, edge: 0.1, first_order: 0.1, direct: 0.5, ratio: 5 }), /Same sign .* ×5\.00 its size/);
+    assert.match(verifyVerdict({ ...base, edge: -0.1, first_order: 0.3, direct: 0.3, ratio: 1 }), /DPA's edge and the prediction differ in sign/);
+    assert.match(verifyVerdict({ ...base, edge: 0.1, direct: -0.1, ratio: -1 }), /other way from DPA's edge/);
+  });
+
+  test("scoreName: a unit's score at its position, or summed over positions", () => {
+    const g = small();
+    assert.equal(scoreName(g, g.nodes[2]), "score at position 1 only");
+    assert.equal(scoreName({ ...g, positions: false }, { ...g.nodes[2], position: null }), "score summed over positions");
+    assert.match(scoreName(g, g.nodes[5]), /^value/);
   });
 });

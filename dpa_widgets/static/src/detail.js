@@ -82,7 +82,7 @@ function chips(label, chips, cls = "dpa-vocab") {
 function headDetail(ctx, [l, hd]) {
   const data = ctx.get("_data");
   const d = ctx.detail(`head:${l}:${hd}`);
-  const title = h("div", { class: "dpa-detail-title", text: `head L${l}.H${hd} · ${formatScore(data.head_scores[l][hd])}` });
+  const title = h("div", { class: "dpa-detail-title", text: `head L${l}.H${hd} · ${formatScore(data.head_scores[l][hd])} summed over positions` });
   if (!d) return [title, missing(ctx, "head")];
   if (d.edges) return [title, edgeCanvas(ctx, d.edges, data.tokens, `edges:${l}:${hd}`, data.target.position)];
   return [title, h("div", { class: "dpa-muted", text: "edge scores need the model (or a result with edges=True)" })];
@@ -92,7 +92,7 @@ function headDetail(ctx, [l, hd]) {
 function neuronDetail(ctx, [l, n]) {
   const data = ctx.get("_data");
   const d = ctx.detail(`neuron:${l}:${n}`);
-  const parts = [h("div", { class: "dpa-detail-title", text: `neuron ${neuronLabel(data, l, n)}` + (d ? ` · ${formatScore(d.score)}` : "") })];
+  const parts = [h("div", { class: "dpa-detail-title", text: `neuron ${neuronLabel(data, l, n)}` + (d ? ` · ${formatScore(d.score)} summed over positions` : "") })];
   if (neuronInExpert(data, n)) parts.push(h("div", { class: "dpa-muted", text: `neuron ${n} of layer ${l}'s experts, in order` }));
   if (!d) return [...parts, missing(ctx, "neuron")];
   parts.push(tokenList(d.promotes, "promotes"), tokenList(d.suppresses, "suppresses"));

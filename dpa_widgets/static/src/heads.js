@@ -37,7 +37,7 @@ export function headsView(ctx) {
       x: c.x, y: c.y, width: cell, height: cell, fill: divergingColor(v, max),
       class: "dpa-head" + (isSel ? " dpa-locked" : "") + (routed.has(`${c.layer}:${c.head}`) ? " dpa-routed" : ""),
       "data-layer": c.layer, "data-head": c.head,
-    }, [h("title", { text: `L${c.layer}.H${c.head} (KV group ${lay.group(c.head)}): ${formatScore(v)}` })]);
+    }, [h("title", { text: `L${c.layer}.H${c.head} (KV group ${lay.group(c.head)}): ${formatScore(v)} summed over positions` })]);
     r.addEventListener("mouseenter", () => ctx.setHover(`head L${c.layer}.H${c.head} (KV group ${lay.group(c.head)}): ${formatScore(v)}`));
     r.addEventListener("click", () => ctx.setTrait("selected_head", isSel ? null : [c.layer, c.head]));
     svg.append(r);
@@ -59,7 +59,7 @@ export function headsView(ctx) {
         [h("title", { text: `KV group ${g}: heads ${g * lay.groupSize}–${(g + 1) * lay.groupSize - 1} share keys and values` })]));
     }
   }
-  const title = cmp.level === "component" ? `heads · ${cmp.method}` : "heads (layer × head)";
+  const title = (cmp.level === "component" ? `heads · ${cmp.method}` : "heads (layer × head)") + " · summed over positions";
   return h("section", { class: "dpa-panel" }, [
     h("div", { class: "dpa-panel-head" }, [h("span", { class: "dpa-caption", text: title }), legend(max, "")]),
     h("div", { class: "dpa-scroll", "data-scroll": "heads" }, [svg]),

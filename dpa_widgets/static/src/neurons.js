@@ -46,7 +46,7 @@ export function neuronsView(ctx) {
   more.addEventListener("click", () => { ctx.ui.neuronCount += 12; ctx.redraw(); });
   const scope = ctx.ui.neuronLayer === null ? "all layers" : `layer ${ctx.ui.neuronLayer}`;
   return h("section", { class: "dpa-panel" }, [
-    h("div", { class: "dpa-panel-head" }, [h("span", { class: "dpa-caption", text: `MLP totals · top neurons (${scope})` }),
+    h("div", { class: "dpa-panel-head" }, [h("span", { class: "dpa-caption", text: `MLP totals · top neurons (${scope}) · summed over positions` }),
       legend(max, "")]),
     h("div", { class: "dpa-neurons" }, [h("div", { class: "dpa-scroll", "data-scroll": "bars" }, [svg]),
       h("div", { class: "dpa-list-wrap", "data-scroll": "neurons" }, [list, more])]),
