@@ -66,9 +66,11 @@ def wants_color(stream: TextIO) -> bool:
 
 def ranked(res: Attribution, top: int) -> tuple[dict[str, list[Component]], str]:
     """The top components and what they are: heads and neurons, or heads alone when the neuron scores were
-    not saved (``to_json(top_neurons=...)``)."""
-    if res.neuron_scores is None:
-        return res.top_components(top, kinds=("head",)), "attention heads; neuron scores not saved"
+    not saved, or not enough of them (``to_json(top_neurons=k)`` keeps k of each sign per layer)."""
+    if res.neuron_scores is None and (res.neuron_top is None or top > res.neuron_top.k):
+        why = ("neuron scores not saved" if res.neuron_top is None else
+               f"only the top {res.neuron_top.k} neurons of each sign per layer were saved")
+        return res.top_components(top, kinds=("head",)), f"attention heads; {why}"
     return res.top_components(top), "attention heads and MLP neurons ranked together"
 
 
@@ -123,7 +125,8 @@ def summary_lines(res: Attribution) -> list[tuple[str, str]]:
     """(label, text) pairs shared by the terminal and HTML reports."""
     layers, heads = res.head_scores.shape
     sizes = (f"{heads} heads and {res.neuron_scores.shape[1]} neurons per layer" if res.neuron_scores is not None
-             else f"{heads} heads per layer; neuron scores not saved")
+             else f"{heads} heads and {res.neuron_top.d_mlp} neurons per layer (the top {res.neuron_top.k} of each "
+             "sign saved)" if res.neuron_top is not None else f"{heads} heads per layer; neuron scores not saved")
     rows = [("model", f"{res.model_name} ({layers} layers, {sizes})")]
     if res.top_predictions:
         (tok, p), rest = res.top_predictions[0], res.top_predictions[1:]
@@ -384,7 +387,9 @@ def attribution_repr(res: Attribution) -> str:
     lines = [f"<dpa.Attribution {res.method} of {describe_target(res)}",
              f"  model {res.model_name or '?'}, {len(res.tokens)} tokens, weights {describe_weights(res)}",
              f"  top tokens: {tokens}", f"  top components: {units or 'none'}",
-             "  (res.summary() prints the full report; res.token_scores, head_scores, neuron_scores hold the scores)>"]
+             "  (res.summary() prints the full report; res.token_scores, head_scores, "
+             + ("neuron_scores hold the scores)>" if res.neuron_top is None or res.neuron_scores is not None else
+                f"neuron_top (the top {res.neuron_top.k} neurons of each sign per layer) hold the scores)>")]
     return "\n".join(lines)
 
 

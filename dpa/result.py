@@ -42,6 +42,36 @@ class TargetInfo:
 
 
 @dataclass
+class NeuronTop:
+    """The neurons a result saved with ``top_neurons=k`` keeps (``Attribution.neuron_top``): per layer the k
+    most positive and the k most negative (fewer where a layer has fewer), and each layer's total over all its
+    neurons. The k most positive (negative) neurons overall are among them, so ``top_components`` up to k is
+    exact; beyond k it is refused."""
+    k: int
+    d_mlp: int
+    index: list[list[int]]  # per layer: the kept neurons' indices
+    score: list[list[float]]  # per layer: their scores
+    total: list[float]  # per layer: the sum over every neuron of the layer (the MLP's share)
+
+    @classmethod
+    def of(cls, scores: Tensor, k: int) -> NeuronTop:
+        """The top of the ``[layer, d_mlp]`` scores."""
+        s = scores.detach().double().cpu()
+        index, score = [], []
+        for row in s:
+            take = min(k, row.numel())
+            pos = [i for i in row.topk(take).indices.tolist() if row[i] > 0]
+            neg = [i for i in (-row).topk(take).indices.tolist() if row[i] < 0]
+            index.append(pos + neg)
+            score.append([float(row[i]) for i in pos + neg])
+        return cls(k, s.shape[1], index, score, s.sum(1).tolist())
+
+    def components(self) -> list[Component]:
+        return [Component("neuron", layer, i, v) for layer, (idx, sc) in enumerate(zip(self.index, self.score))
+                for i, v in zip(idx, sc)]
+
+
+@dataclass
 class Attribution:
     """Scores for one prompt. Index conventions: ``[layer, head]``, ``[layer, d_mlp]``, ``[pos]``.
 
@@ -79,6 +109,8 @@ class Attribution:
     expert_position_scores: Tensor | None = None  # [layer, pos, expert] (with neuron_positions=True)
     d_expert: int | None = None  # neurons per routed expert: neuron n of a layer is neuron n % d_expert of expert
     # n // d_expert (the shared expert's after the routed experts'); None for a dense model
+    neuron_top: NeuronTop | None = None  # a result read from a file saved with top_neurons=k: the neurons kept
+    # (neuron_scores is then None)
 
     def __repr__(self) -> str:
         """A few lines: what was attributed and the top tokens and components (``summary()``: the full report)."""
@@ -154,16 +186,23 @@ class Attribution:
         if "expert" in kinds and self.expert_scores is None:
             raise InputError("this result has no expert scores (the model has no mixture of experts)")
         if "neuron" in kinds and self.neuron_scores is None:
-            raise InputError("this result keeps only some neurons per layer (saved with top_neurons=...), so the "
-                             "top neurons overall are not known: use kinds=('head',), or save without top_neurons")
+            if self.neuron_top is None:
+                raise InputError("this result has no neuron scores: use kinds=('head',)")
+            if k > self.neuron_top.k:
+                raise InputError(f"this result keeps the {self.neuron_top.k} most positive and most negative neurons "
+                                 f"of each layer (saved with top_neurons={self.neuron_top.k}), so the top {k} neurons "
+                                 f"overall are not known: ask for k <= {self.neuron_top.k}, use kinds=('head',), or "
+                                 "save every neuron (top_neurons=None; dpa attribute --json-neurons all)")
         parts = []
         if "head" in kinds:
             parts.append(("head", self.head_scores))
-        if "neuron" in kinds:
+        if "neuron" in kinds and self.neuron_scores is not None:
             parts.append(("neuron", self.neuron_scores))
         if "expert" in kinds:
             parts.append(("expert", self.expert_scores))
         items: list[Component] = []
+        if "neuron" in kinds and self.neuron_scores is None:
+            items.extend(self.neuron_top.components())
         for kind, scores in parts:
             flat = scores.detach().double().flatten()
             width = scores.shape[1]
@@ -176,7 +215,9 @@ class Attribution:
 
     def to_dict(self, *, top_neurons: int | None = None,
                 precision: Literal["full", "float32"] = "full") -> dict[str, Any]:
-        """JSON-ready dict. ``top_neurons`` keeps only that many neurons per layer by |score|. Scores keep
+        """JSON-ready dict. ``top_neurons=k`` keeps, instead of every neuron, the k most positive and the k most
+        negative of each layer and each layer's total (``"top_neurons"``: the neuron scores of a 30-layer model
+        are most of its size; ``NeuronTop``); the neuron-by-position scores are then left out. Scores keep
         their precision (``score_dtype``), or with ``precision="float32"`` are rounded to float32 and written
         in the fewest digits that read back as the same float32 (about half the text of float64). NaN and
         infinities are written as null."""
@@ -184,6 +225,8 @@ class Attribution:
         short = precision == "float32"
         out: dict[str, Any] = {}
         for f in fields(self):
+            if f.name == "neuron_top":
+                continue
             value = getattr(self, f.name)
             if isinstance(value, Tensor):
                 value = _encode(_as_list(value, short))
@@ -196,14 +239,16 @@ class Attribution:
         out["caveats"] = self.caveats
         if top_neurons is not None:
             top_neurons = check_int("top_neurons", top_neurons, low=1)
+        top = self.neuron_top
         if top_neurons is not None and self.neuron_scores is not None:
-            scores = self.neuron_scores.detach()
-            k = min(top_neurons, scores.shape[1])
-            idx = scores.abs().topk(k, dim=1).indices
+            top = NeuronTop.of(self.neuron_scores, top_neurons)
             out["neuron_scores"] = None
-            out["top_neurons"] = {"index": idx.tolist(), "score": _encode(_as_list(scores.gather(1, idx), short)),
-                                  "d_mlp": scores.shape[1]}
             out["neuron_position_scores"] = None
+        if top is not None:
+            rnd = (lambda v: float(torch.tensor(v, dtype=torch.float32))) if short else float
+            out["top_neurons"] = {"k": top.k, "d_mlp": top.d_mlp, "index": top.index,
+                                  "score": _encode([[rnd(v) for v in row] for row in top.score]),
+                                  "total": _encode([rnd(v) for v in top.total])}
         return out
 
     def to_json(self, path: str | None = None, **kwargs) -> str:
@@ -225,6 +270,9 @@ class Attribution:
         (one token score a token, ...)."""
         if not isinstance(data, dict):
             raise InputTypeError(f"an Attribution is read from a dict (as to_dict writes), got {type(data).__name__}")
+        if "neuron_top" in data:
+            raise InputError("not an Attribution dict: unknown field(s) neuron_top (a saved result has top_neurons)")
+        top = data.get("top_neurons")
         data = {k: v for k, v in data.items() if k not in ("top_neurons", "caveats")}  # caveats: from the weights
         try:
             name = data.pop("score_dtype", "float32")
@@ -233,6 +281,8 @@ class Attribution:
                 raise InputError(f"score_dtype {name!r} is not one of {', '.join(map(repr, SCORE_DTYPES_NAMES))}")
             scores = {field: (lambda f, v, d=dims: _scores(f, v, d, dtype)) for field, dims in SCORES.items()}
             result = _record("", data, cls, {**FIELDS, **scores})
+            if isinstance(top, dict) and "k" in top:  # an older file's top_neurons (by |score|, no k) is left out
+                result.neuron_top = _neuron_top(top, result)
             problem = result._shape_problem()
             if problem:
                 raise InputError(problem)
@@ -385,6 +435,39 @@ FIELDS = {  # every field of Attribution but the scores (SCORES), whose reader d
     "model_name": _text, "neuron_target": lambda name, value: check_choice(name, value, ("output", "mid")),
     "d_expert": _optional(_count),
 }
+
+
+def _neuron_top(value: dict, result: Attribution) -> NeuronTop:
+    """The ``top_neurons`` of a saved result, checked: one row per layer of the result, indices in range and
+    once each, as many scores as indices, finite numbers, no more than k of each sign; none next to
+    neuron_scores."""
+    if result.neuron_scores is not None:
+        raise InputError("a result has neuron_scores or top_neurons, not both")
+    unknown = sorted(set(value) - {"k", "d_mlp", "index", "score", "total"})
+    if unknown:
+        raise InputError(f"unknown field(s) {', '.join('top_neurons.' + u for u in unknown)}")
+    k = check_int("top_neurons.k", value.get("k"), low=1)
+    d_mlp = check_int("top_neurons.d_mlp", value.get("d_mlp"), low=1)
+    layers = result.head_scores.shape[0]
+    rows = {}
+    for name in ("index", "score"):
+        rows[name] = value.get(name)
+        if not isinstance(rows[name], list) or len(rows[name]) != layers or not all(isinstance(r, list) for r in rows[name]):
+            raise InputError(f"top_neurons.{name} must be {layers} lists, one per layer")
+    index = [[_index(f"top_neurons.index[{layer}]", i) for i in row] for layer, row in enumerate(rows["index"])]
+    score = [[check_float(f"top_neurons.score[{layer}]", v) for v in row] for layer, row in enumerate(rows["score"])]
+    total = value.get("total")
+    if not isinstance(total, list) or len(total) != layers:
+        raise InputError(f"top_neurons.total must be {layers} numbers, one per layer")
+    total = [check_float(f"top_neurons.total[{layer}]", v) for layer, v in enumerate(total)]
+    for layer, (idx, sc) in enumerate(zip(index, score)):
+        if len(idx) != len(sc):
+            raise InputError(f"top_neurons layer {layer}: {len(idx)} indices and {len(sc)} scores")
+        if any(i >= d_mlp for i in idx) or len(set(idx)) != len(idx):
+            raise InputError(f"top_neurons layer {layer}: an index is out of [0, {d_mlp}) or given twice")
+        if sum(v > 0 for v in sc) > k or sum(v < 0 for v in sc) > k:
+            raise InputError(f"top_neurons layer {layer}: more than k = {k} neurons of one sign")
+    return NeuronTop(k, d_mlp, index, score, total)
 
 
 def _scores(name: str, value: Any, dims: int, dtype: torch.dtype) -> Tensor | None:

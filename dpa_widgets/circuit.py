@@ -121,8 +121,11 @@ class CircuitWidget(anywidget.AnyWidget):
                                      + (" (a batch gives a list: pass one of its results)"
                                         if isinstance(result, list) else ""))
         if result.neuron_scores is None or result.head_scores is None:
-            raise dpa.InputError("result has no head or neuron scores (saved with top_neurons?); show a full DPA "
-                                 "attribution")
+            raise dpa.InputError("result has no head or neuron scores" + (
+                f" (it keeps only the top {result.neuron_top.k} neurons of each sign per layer: saved with "
+                "top_neurons, as dpa attribute --json does by default; save every neuron with --json-neurons all "
+                "or to_json() without top_neurons)" if result.neuron_top is not None else "") +
+                "; show a full DPA attribution")
         top_neurons = check_int("top_neurons", top_neurons, low=1)
         bad = [n for n in ("token_scores", "head_scores", "neuron_scores", "edge_scores", "neuron_position_scores",
                            "expert_scores", "expert_position_scores")

@@ -1,9 +1,10 @@
 """``save_html``: the widget as one standalone HTML file that renders with no kernel and no network.
 
-The page inlines require.js, the ipywidgets html-manager (embed-amd.js) and anywidget's AMD
-module (``assets.py``), then the widget state (``drop_defaults=False``, so ``_esm``/``_css``
-travel with it). Live controls are off in the file; the selection, hover, details sent
-so far (the top heads and neurons, and whatever was selected) and the exports still work.
+The page holds the widget's own bundle (its ``_esm``) and style (``_css``), its traits as JSON, and
+``static/host.js``, a few lines that render the bundle with those traits (the calls a widget manager would
+answer, and no kernel): a page of what the widget shows, not of a notebook's widget manager (which weighed
+about 3.7 MB). Live controls are off in the file; the selection, hover, details sent so far (the top heads
+and neurons, and whatever was selected) and the exports still work.
 """
 
 from __future__ import annotations
@@ -12,12 +13,9 @@ import html
 import json
 from pathlib import Path
 
-from ipywidgets.embed import dependency_state, embed_data
-
 from dpa import Attribution, InputTypeError
 from dpa.result import write_text
 
-from .assets import ensure_assets
 from .circuit import CircuitWidget
 
 STATE_MIME = "application/vnd.jupyter.widget-state+json"
@@ -34,24 +32,27 @@ def _json(data) -> str:
     return json.dumps(data, allow_nan=False).replace("</", "<\\/")  # strict: a bare NaN would break the page
 
 
+HOST = Path(__file__).parent / "static" / "host.js"
+
+
 def page(widget: CircuitWidget, title: str = "dpa circuit inspector") -> str:
     """The standalone HTML text for ``widget``."""
-    assets = ensure_assets()
-    data = embed_data(views=[widget], drop_defaults=False, state=dependency_state([widget], drop_defaults=False))
-    state = data["manager_state"]
-    state["state"][widget.model_id]["state"].update(OFFLINE)
-    # anywidget's AMD module calls an anonymous define(); name it "anywidget" for require.js.
-    anywidget_amd = ("(function () {\n"
-                     "var define = function (deps, factory) { window.define(\"anywidget\", deps, factory); };\n"
-                     "define.amd = window.define.amd;\n" + assets.anywidget_amd.read_text() + "\n})();")
-    scripts = [assets.require_js.read_text(), anywidget_amd, assets.embed_amd.read_text()]
-    views = "\n".join(f'<script type="{VIEW_MIME}">{_json(v)}</script>' for v in data["view_specs"])
+    state = dict(widget.get_state())
+    state = {k: v for k, v in state.items() if not k.startswith("_model_") and not k.startswith("_view_")
+             and k not in ("layout", "_dom_classes", "tabbable", "tooltip", "_anywidget_id")}
+    esm, css = state.pop("_esm"), state.pop("_css", "")
+    state.update(OFFLINE)
     return (
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
         f"<title>{html.escape(title)}</title>\n"
-        + "".join(f"<script>\n{_inline(s)}\n</script>\n" for s in scripts)
-        + f'<script type="{STATE_MIME}">{_json(state)}</script>\n'
-        + "</head>\n<body>\n" + views + "\n</body>\n</html>\n"
+        f"<style>\nbody {{ margin: 12px; }}\n{_inline(css)}\n</style>\n"
+        "</head>\n<body>\n<div id=\"dpa-view\"></div>\n"
+        f'<script type="application/json" id="dpa-state">{_json(state)}</script>\n'
+        f'<script type="text/plain" id="dpa-esm">{_inline(esm)}</script>\n'
+        f'<script type="module">\n{_inline(HOST.read_text(encoding="utf-8"))}\n</script>\n'
+        "<noscript>This page draws the dpa circuit inspector with JavaScript: turn it on to see it.</noscript>\n"
+        "</body>\n</html>\n"
     )
 
 

@@ -83,7 +83,8 @@ class TestAttribute:
     def test_json_round_trip_with_target_contrast_and_weights(self, capsys, tiny_dir, tiny, tmp_path):
         path = tmp_path / "res.json"
         code, out, _ = run(capsys, "attribute", PROMPT, "--model", str(tiny_dir), "--target", "paris",
-                           "--contrast", "london", "--weights", "0,0,1,0.3,0.7", "--json", str(path))
+                           "--contrast", "london", "--weights", "0,0,1,0.3,0.7", "--json", str(path),
+                           "--json-neurons", "all")
         assert code == 0 and f"wrote {path}" in out
         back = dpa.Attribution.from_dict(json.loads(path.read_text()))
         weights = dpa.PathWeights(0, 0, 1, 0.3, 0.7)
@@ -181,13 +182,48 @@ class TestAttribute:
 
     def test_json_is_float32_by_default_and_full_on_request(self, capsys, tiny_dir, tmp_path):
         short, full = tmp_path / "short.json", tmp_path / "full.json"
-        assert run(capsys, "attribute", PROMPT, "--model", str(tiny_dir), "--json", str(short))[0] == 0
-        assert run(capsys, "attribute", PROMPT, "--model", str(tiny_dir), "--json", str(full), "--json-full")[0] == 0
+        every = ("--json-neurons", "all")
+        assert run(capsys, "attribute", PROMPT, "--model", str(tiny_dir), "--json", str(short), *every)[0] == 0
+        assert run(capsys, "attribute", PROMPT, "--model", str(tiny_dir), "--json", str(full), "--json-full",
+                   *every)[0] == 0
         a, b = dpa.Attribution.from_json(str(short)), dpa.Attribution.from_json(str(full))
         assert json.loads(short.read_text())["score_dtype"] == "float32" and a.neuron_scores.dtype == torch.float32
         assert torch.equal(a.neuron_scores, b.neuron_scores.float())  # rounded, every digit float32 carries kept
         assert len(short.read_text()) < len(full.read_text()) or b.neuron_scores.dtype == torch.float32
         assert "\n" not in short.read_text()  # one line, no indentation
+
+
+def test_json_keeps_the_top_neurons_by_default(capsys, tiny_dir, tiny, tmp_path):
+    """--json writes the 16 most positive and most negative neurons of each layer (with each layer's total), and
+    the file's report is the CLI's: the top components are exact up to 16; --json-neurons sets the count."""
+    path, every = tmp_path / "top.json", tmp_path / "all.json"
+    code, out, _ = run(capsys, "attribute", PROMPT, "--model", str(tiny_dir), "--json", str(path), "--color", "never")
+    assert code == 0
+    assert run(capsys, "attribute", PROMPT, "--model", str(tiny_dir), "--json", str(every), "--json-neurons",
+               "all")[0] == 0
+    saved = json.loads(path.read_text())
+    assert saved["neuron_scores"] is None and saved["top_neurons"]["k"] == 16
+    assert len(path.read_text()) < len(every.read_text())
+    back, want = dpa.Attribution.from_json(path), dpa.attribute(*tiny, PROMPT)
+    saved_report = back.summary().split("\n", 1)[1]  # the model line says the top 16 were saved
+    assert saved_report in out, "the saved result's report is the one printed"
+    torch.testing.assert_close(torch.tensor(back.neuron_top.total), want.neuron_scores.sum(1).float(), atol=1e-5, rtol=1e-5)
+    k3 = tmp_path / "k3.json"
+    assert run(capsys, "attribute", PROMPT, "--model", str(tiny_dir), "--json", str(k3), "--json-neurons", "3")[0] == 0
+    assert json.loads(k3.read_text())["top_neurons"]["k"] == 3
+    with pytest.raises(dpa.InputError, match=r"top 4 neurons overall are not known: ask for k <= 3"):
+        dpa.Attribution.from_json(k3).top_components(4)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--json-neurons", "0"], "at least 1 neuron"), (["--json-neurons", "many"], "whole number of neurons or 'all'"),
+    (["--json-neurons", "5"], "go with --json FILE"), (["--json-full"], "go with --json FILE"),
+])
+def test_json_options_refused(capsys, tiny_dir, monkeypatch, argv, message):
+    monkeypatch.setattr(dpa, "load_model", _must_not_run)
+    with pytest.raises(SystemExit) as info:
+        main(["attribute", PROMPT, "--model", str(tiny_dir), *argv])
+    assert info.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_json_to_stdout_and_one_file_for_two_outputs(capsys, tiny_dir, tmp_path):

@@ -1,5 +1,7 @@
 """Targets (token, contrast, log-prob, vector) and the errors for bad input."""
 
+import json
+
 import pytest
 import torch
 
@@ -88,8 +90,47 @@ class TestTargets:
         res.to_json(str(path), top_neurons=3)
         back = dpa.Attribution.from_json(str(path))
         assert back.top_components(3, kinds=("head",))["positive"] == res.top_components(3, kinds=("head",))["positive"]
-        with pytest.raises(dpa.InputError, match="top_neurons"):
-            back.top_components(3)
+        with pytest.raises(dpa.InputError, match="top_neurons=3"):
+            back.top_components(4)
+
+    @pytest.mark.parametrize("k", [1, 3, 8])
+    def test_top_neurons_keep_the_top_components_exact(self, model, k):
+        """A result saved with top_neurons=k ranks heads and neurons together exactly as the full one, up to k:
+        the k most positive (negative) neurons overall are among each layer's k most positive (negative)."""
+        res = dpa.attribute(model, None, random_ids(6), target=3)
+        back = dpa.Attribution.from_json(res.to_json(top_neurons=k))
+        assert back.neuron_scores is None and back.neuron_top.k == k
+        for j in range(k + 1):
+            assert back.top_components(j) == res.top_components(j), j
+        assert back.neuron_top.total == pytest.approx(res.neuron_scores.sum(1).tolist(), rel=1e-12, abs=1e-12)
+        again = dpa.Attribution.from_json(back.to_json())
+        assert again.neuron_top == back.neuron_top, "a result read back writes its neurons again"
+
+    def test_top_neurons_read_with_checks(self, model):
+        res = dpa.attribute(model, None, random_ids(6), target=3)
+        good = res.to_dict(top_neurons=2)
+        layers = len(good["top_neurons"]["index"])
+
+        def bad(**change):
+            data = json.loads(json.dumps(good))
+            data["top_neurons"].update(change)
+            return data
+
+        first = good["top_neurons"]["index"][0]
+        cases = [(bad(index=good["top_neurons"]["index"][:-1]), f"top_neurons.index must be {layers} lists"),
+                 (bad(index=[[10**6] + r[1:] if r else r for r in good["top_neurons"]["index"]]), "out of"),
+                 (bad(index=[[first[0]] * len(first)] + good["top_neurons"]["index"][1:]) if len(first) > 1 else None,
+                  "given twice"),
+                 (bad(k=0), "top_neurons.k"), (bad(total=[1.0]), "top_neurons.total"), (bad(extra=1), "top_neurons.extra"),
+                 (bad(k=1), "more than k = 1"),
+                 ({**good, "neuron_scores": res.neuron_scores.tolist()}, "not both")]
+        for data, message in cases:
+            if data is None:
+                continue
+            with pytest.raises(dpa.InputError, match=message):
+                dpa.Attribution.from_dict(data)
+        old = {**good, "top_neurons": {"index": [[0]] * layers, "score": [[0.1]] * layers, "d_mlp": 8}}
+        assert dpa.Attribution.from_dict(old).neuron_top is None, "an older file's top (by |score|) is not read"
 
     def test_top_components(self, model):
         res = dpa.attribute(model, None, random_ids(6), target=3)

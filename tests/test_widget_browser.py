@@ -152,6 +152,25 @@ def test_jupyterlab_click_head_and_change_target(lab, browser, tmp_path):  # noq
         assert after != before, "the token colours follow the new target"
         out = run_cell(page, 2)
         assert f"TARGET {second!r} ok" in out, out
+
+        # the keyboard in JupyterLab: Tab walks the controls, the tokens and the heatmap; Enter submits the
+        # token box (JupyterLab's own shortcuts leave it alone)
+        widget.locator("select.dpa-target").focus()
+        reached = []
+        for _ in range(40):
+            page.keyboard.press("Tab")
+            reached.append(page.evaluate("() => { const a = document.activeElement; return a.closest('.dpa-circuit') ? "
+                                         "(a.getAttribute('data-focus') || a.tagName.toLowerCase() + '.' + a.getAttribute('class')) : 'outside'; }"))
+        for control in ("input.dpa-typed", "input.dpa-contrast", "select.dpa-preset", "select.dpa-method", "token:0",
+                        "heads", "neuron:"):
+            assert any(r.startswith(control) for r in reached), (control, reached)
+        typed = widget.locator("input.dpa-typed")
+        typed.fill(" John")
+        typed.press("Enter")
+        widget.get_by_text('Target " John"').wait_for(timeout=120_000)
+        page.wait_for_function("() => !document.querySelector('.dpa-circuit.dpa-busy')", timeout=120_000)
+        out = run_cell(page, 2)
+        assert "TARGET ' John' ok" in out, out
         widget.screenshot(path=str(shots(tmp_path) / "lab-widget-light.png"))
         page.evaluate("() => window.jupyterapp.commands.execute('application:toggle-left-area')")
         page.set_viewport_size({"width": 800, "height": 1000})  # a ~700 px wide output area

@@ -1920,6 +1920,22 @@ export function h(tag, attrs = {}, children = []) {
   return node;
 }
 
+/**
+ * Make ``el`` work from the keyboard like a button: in the Tab order, Enter or space does what a click does.
+ * ``key`` names it for the redraw, which puts the focus back on the element of the same key.
+ * @param {Element} el @param {string} key @param {() => void} action
+ */
+export function pressable(el, key, action) {
+  el.setAttribute("tabindex", "0");
+  el.setAttribute("data-focus", key);
+  el.addEventListener("click", action);
+  el.addEventListener("keydown", (/** @type {Event} */ ev) => {
+    const k = /** @type {KeyboardEvent} */ (ev).key;
+    if (k === "Enter" || k === " ") { ev.preventDefault(); action(); }
+  });
+  return el;
+}
+
 /** @param {string} name @param {string} text @param {string} type */
 export function download(name, text, type) {
   const url = URL.createObjectURL(new Blob([text], { type }));
@@ -1978,7 +1994,7 @@ export function viewContext(model, root) {
   const ctx = {
     model, root, get,
     /** @type {{hover: string, neuronLayer: number|null, neuronCount: number}} */
-    ui: { hover: "", neuronLayer: null, neuronCount: 12 },
+    ui: { hover: "", neuronLayer: null, neuronCount: 12, /** @type {number[] | null} */ headCursor: null },
     /** @type {Kernel} */
     kernel: "connecting",
     hoverLine: h("div", { class: "dpa-hover", text: " " }),
@@ -2082,11 +2098,13 @@ export function controlsView(ctx) {
   if (!preds.some(([tok]) => tok === current)) options.unshift([current, `${tokenLabel(current)}`]);
   for (const [value, label] of options) tgt.append(h("option", { value, text: label, selected: value === current }));
   tgt.addEventListener("change", () => ctx.setTrait("target", tgt.value));
-  const typed = /** @type {HTMLInputElement} */ (h("input", { class: "dpa-typed", placeholder: "or type a token", size: 10, disabled: !live || busy, title: why || null }));
+  const typed = /** @type {HTMLInputElement} */ (h("input", { class: "dpa-typed", placeholder: "or type a token", size: 10, disabled: !live || busy, title: why || "a target token of your own (Enter)",
+    "aria-label": "target token (type it, then Enter)" }));
   typed.addEventListener("change", () => typed.value && ctx.setTrait("target", typed.value));
   submitOnEnter(typed);
   const foil = /** @type {HTMLInputElement} */ (h("input", { class: "dpa-contrast", placeholder: "contrast foil", size: 10,
-    value: ctx.get("contrast"), disabled: !live || busy, title: why || "attribute target − foil (empty: no contrast)" }));
+    value: ctx.get("contrast"), disabled: !live || busy, title: why || "attribute target − foil (empty: no contrast; Enter)",
+    "aria-label": "contrast foil token (Enter; empty: no contrast)" }));
   foil.addEventListener("change", () => ctx.setTrait("contrast", foil.value));
   submitOnEnter(foil);
   const preset = /** @type {HTMLSelectElement} */ (h("select", { class: "dpa-preset", disabled: !live || busy, title: why || "path weights" }));
@@ -2165,9 +2183,8 @@ export function tokensView(ctx) {
       style: `background:${divergingColor(v, max)};color:${textColor(v, max)}`, text: tokenLabel(tok),
     });
     chip.addEventListener("mouseenter", () => ctx.setHover(`token ${i} ${JSON.stringify(tok)}: ${formatScore(v)}`));
-    chip.addEventListener("click", () => {
-      ctx.setTrait("selected_token", s.token === i ? null : i);
-    });
+    pressable(chip, `token:${i}`, () => ctx.setTrait("selected_token", s.token === i ? null : i));
+    chip.setAttribute("aria-label", `token ${i} ${JSON.stringify(tok)}, score ${formatScore(v)}`);
     strip.append(chip);
   });
   return h("section", { class: "dpa-panel dpa-tokens-panel" }, [
@@ -2196,6 +2213,45 @@ export function routedHeads(ctx) {
   return new Set(r ? r.heads.map(([l, hd]) => `${l}:${hd}`) : []);
 }
 
+/**
+ * The heatmap from the keyboard: in the Tab order; the arrow keys move a cursor over the cells (from the
+ * selected head, else L0.H0), Enter or space selects the head under it (again: unselects).
+ * @param {Ctx} ctx @param {Element} svg @param {any} data @param {ReturnType<typeof headLayout>} lay
+ * @param {number[] | null} locked
+ */
+function headKeys(ctx, svg, data, lay, locked) {
+  svg.setAttribute("tabindex", "0");
+  svg.setAttribute("data-focus", "heads");
+  svg.setAttribute("aria-label", "heads, layer by head: the arrow keys move, Enter selects");
+  const cur = ctx.ui.headCursor ?? (locked ? [locked[0], locked[1]] : [0, 0]);
+  const down = lay.rowY(Math.min(1, data.n_layers - 1)) >= lay.rowY(0) ? 1 : -1;  // which way the layers run
+  const mark = () => {
+    svg.querySelectorAll(".dpa-cursor").forEach((n) => n.classList.remove("dpa-cursor"));
+    const cell = svg.querySelector(`rect.dpa-head[data-layer="${cur[0]}"][data-head="${cur[1]}"]`);
+    cell?.classList.add("dpa-cursor");
+    ctx.setHover(`head L${cur[0]}.H${cur[1]}: ${formatScore(data.head_scores[cur[0]][cur[1]])} summed over positions` +
+      " · Enter selects");
+  };
+  if (ctx.ui.headCursor) mark();
+  svg.addEventListener("keydown", (/** @type {Event} */ ev) => {
+    const key = /** @type {KeyboardEvent} */ (ev).key;
+    /** @type {Record<string, number[]>} */
+    const moves = { ArrowUp: [-down, 0], ArrowDown: [down, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1] };
+    if (moves[key]) {
+      cur[0] = Math.max(0, Math.min(data.n_layers - 1, cur[0] + moves[key][0]));
+      cur[1] = Math.max(0, Math.min(data.n_heads - 1, cur[1] + moves[key][1]));
+      ctx.ui.headCursor = cur;
+      mark();
+    } else if (key === "Enter" || key === " ") {
+      const same = locked && locked[0] === cur[0] && locked[1] === cur[1];
+      ctx.ui.headCursor = cur;
+      ctx.setTrait("selected_head", same ? null : [cur[0], cur[1]]);
+    } else return;
+    ev.preventDefault();
+  });
+  svg.addEventListener("focus", () => mark());
+}
+
 /** @param {Ctx} ctx */
 export function headsView(ctx) {
   const data = ctx.get("_data");
@@ -2215,10 +2271,11 @@ export function headsView(ctx) {
       class: "dpa-head" + (isSel ? " dpa-locked" : "") + (routed.has(`${c.layer}:${c.head}`) ? " dpa-routed" : ""),
       "data-layer": c.layer, "data-head": c.head,
     }, [h("title", { text: `L${c.layer}.H${c.head} (KV group ${lay.group(c.head)}): ${formatScore(v)} summed over positions` })]);
-    r.addEventListener("mouseenter", () => ctx.setHover(`head L${c.layer}.H${c.head} (KV group ${lay.group(c.head)}): ${formatScore(v)}`));
+    r.addEventListener("mouseenter", () => ctx.setHover(`head L${c.layer}.H${c.head} (KV group ${lay.group(c.head)}): ${formatScore(v)} summed over positions`));
     r.addEventListener("click", () => ctx.setTrait("selected_head", isSel ? null : [c.layer, c.head]));
     svg.append(r);
   }
+  headKeys(ctx, svg, data, lay, locked);
   // axes: layer numbers down the left, head numbers along the top, KV groups above them (GQA only)
   for (const l of axisTicks(data.n_layers, cell + 1, 11)) {
     svg.append(h("text", { x: lay.colX(0) - 4, y: lay.rowY(l) + cell / 2 + 3.5, "text-anchor": "end", class: "dpa-axis dpa-tick", text: `L${l}` }));
@@ -2336,7 +2393,7 @@ export function neuronsView(ctx) {
     ]);
     if (neuronInExpert(data, c.neuron)) li.setAttribute("title", `neuron ${c.neuron} of layer ${c.layer}`);
     li.addEventListener("mouseenter", () => ctx.setHover(`neuron ${neuronLabel(data, c.layer, c.neuron)}: ${formatScore(c.score)}`));
-    li.addEventListener("click", () => ctx.setTrait("selected_neuron", isSel ? null : [c.layer, c.neuron]));
+    pressable(li, `neuron:${c.layer}:${c.neuron}`, () => ctx.setTrait("selected_neuron", isSel ? null : [c.layer, c.neuron]));
     list.append(li);
   }
   const more = h("button", { class: "dpa-more", text: "show more" });
@@ -2615,14 +2672,31 @@ function panels(ctx) {
     footerView(ctx)];
 }
 
-/** Draw everything again, keeping each scroll area's offsets. @param {Ctx} ctx */
+/**
+ * How to find a focused element again after a redraw: its data-focus key (pressable), or for a control (an
+ * input, select or button) the selector of its tag and classes; null for anything else.
+ * @param {Element} el @returns {((root: Element) => Element | null) | null}
+ */
+function refinder(el) {
+  const key = el.closest("[data-focus]")?.getAttribute("data-focus");
+  if (key) return (root) => [...root.querySelectorAll("[data-focus]")].find((n) => n.getAttribute("data-focus") === key) ?? null;
+  const cls = el.getAttribute("class");
+  if (!cls || !el.matches("input, select, button")) return null;
+  const selector = el.tagName.toLowerCase() + cls.trim().split(/\s+/).map((c) => `.${c}`).join("");
+  return (root) => root.querySelector(selector);
+}
+
+/** Draw everything again, keeping each scroll area's offsets and the keyboard focus. @param {Ctx} ctx */
 function redraw(ctx) {
   const root = ctx.root;
   /** @type {Map<string, number[]>} scroll offsets by panel, kept across redraws */
   const scrolls = new Map([...root.querySelectorAll("[data-scroll]")].map((n) =>
     [n.getAttribute("data-scroll") || "", [n.scrollTop, n.scrollLeft]]));
   if (!hasGraph(ctx) && ctx.graph) ctx.graph = null;  // the graph went away (never in practice): draw afresh
+  const active = root.ownerDocument.activeElement;
+  const find = active && active !== root && root.contains(active) ? refinder(active) : null;
   root.replaceChildren(...panels(ctx));
+  if (find) /** @type {HTMLElement | null} */ (find(root))?.focus({ preventScroll: true });  // a keyboard user keeps their place
   root.querySelectorAll("[data-scroll]").forEach((n) => {
     const saved = scrolls.get(n.getAttribute("data-scroll") || "");
     if (saved) [n.scrollTop, n.scrollLeft] = saved;

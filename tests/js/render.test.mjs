@@ -263,6 +263,44 @@ describe("render", () => {
     assert.equal(model.get("target"), " John", "another key submits nothing");
   });
 
+  test("the keyboard: tokens and neurons are in the Tab order and Enter selects them; the focus survives the redraw", () => {
+    const { model, el } = mount();
+    const key = (node, k) => node.dispatchEvent(new window.KeyboardEvent("keydown", { key: k, bubbles: true }));
+    const chip = el.querySelectorAll(".dpa-token")[2];
+    assert.equal(chip.getAttribute("tabindex"), "0");
+    chip.focus();
+    key(chip, "Enter");
+    assert.equal(model.get("selected_token"), 2);
+    assert.equal(window.document.activeElement?.getAttribute("data-focus"), "token:2", "the focus stays on the token");
+    const neuron = el.querySelector(".dpa-neuron");
+    key(neuron, " ");
+    assert.deepEqual(model.get("selected_neuron"), [Number(neuron.dataset.layer), Number(neuron.dataset.neuron)]);
+    for (const c of ["select.dpa-target", "input.dpa-typed", "input.dpa-contrast", "select.dpa-preset", "select.dpa-method"]) {
+      assert.ok(el.querySelector(c).getAttribute("tabindex") !== "-1", c);
+    }
+    const typed = el.querySelector("input.dpa-typed");
+    typed.focus();
+    model.set("selected_token", null);  // a redraw
+    assert.ok(window.document.activeElement?.matches("input.dpa-typed"), "a control keeps the focus across a redraw");
+  });
+
+  test("the head heatmap from the keyboard: arrows move a cursor, Enter selects the head under it", () => {
+    const { model, el } = mount();
+    const key = (node, k) => node.dispatchEvent(new window.KeyboardEvent("keydown", { key: k, bubbles: true }));
+    const heat = el.querySelector("svg.dpa-heatmap");
+    assert.equal(heat.getAttribute("tabindex"), "0");
+    heat.focus();
+    key(heat, "ArrowRight");
+    key(heat, "ArrowDown");
+    assert.ok(el.querySelector('rect.dpa-head.dpa-cursor[data-layer="1"][data-head="1"]'), "the cursor moved");
+    assert.match(el.querySelector(".dpa-hover").textContent, /head L1\.H1: .* summed over positions · Enter selects/);
+    key(heat, "Enter");
+    assert.deepEqual(model.get("selected_head"), [1, 1]);
+    const again = el.querySelector("svg.dpa-heatmap");
+    key(again, "Enter");
+    assert.equal(model.get("selected_head"), null, "Enter again unselects");
+  });
+
   test("cleanup removes every listener", () => {
     const { model, cleanup } = mount();
     assert.ok(model.listeners() > 0);

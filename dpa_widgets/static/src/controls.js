@@ -27,11 +27,13 @@ export function controlsView(ctx) {
   if (!preds.some(([tok]) => tok === current)) options.unshift([current, `${tokenLabel(current)}`]);
   for (const [value, label] of options) tgt.append(h("option", { value, text: label, selected: value === current }));
   tgt.addEventListener("change", () => ctx.setTrait("target", tgt.value));
-  const typed = /** @type {HTMLInputElement} */ (h("input", { class: "dpa-typed", placeholder: "or type a token", size: 10, disabled: !live || busy, title: why || null }));
+  const typed = /** @type {HTMLInputElement} */ (h("input", { class: "dpa-typed", placeholder: "or type a token", size: 10, disabled: !live || busy, title: why || "a target token of your own (Enter)",
+    "aria-label": "target token (type it, then Enter)" }));
   typed.addEventListener("change", () => typed.value && ctx.setTrait("target", typed.value));
   submitOnEnter(typed);
   const foil = /** @type {HTMLInputElement} */ (h("input", { class: "dpa-contrast", placeholder: "contrast foil", size: 10,
-    value: ctx.get("contrast"), disabled: !live || busy, title: why || "attribute target − foil (empty: no contrast)" }));
+    value: ctx.get("contrast"), disabled: !live || busy, title: why || "attribute target − foil (empty: no contrast; Enter)",
+    "aria-label": "contrast foil token (Enter; empty: no contrast)" }));
   foil.addEventListener("change", () => ctx.setTrait("contrast", foil.value));
   submitOnEnter(foil);
   const preset = /** @type {HTMLSelectElement} */ (h("select", { class: "dpa-preset", disabled: !live || busy, title: why || "path weights" }));

@@ -20,6 +20,22 @@ export function h(tag, attrs = {}, children = []) {
   return node;
 }
 
+/**
+ * Make ``el`` work from the keyboard like a button: in the Tab order, Enter or space does what a click does.
+ * ``key`` names it for the redraw, which puts the focus back on the element of the same key.
+ * @param {Element} el @param {string} key @param {() => void} action
+ */
+export function pressable(el, key, action) {
+  el.setAttribute("tabindex", "0");
+  el.setAttribute("data-focus", key);
+  el.addEventListener("click", action);
+  el.addEventListener("keydown", (/** @type {Event} */ ev) => {
+    const k = /** @type {KeyboardEvent} */ (ev).key;
+    if (k === "Enter" || k === " ") { ev.preventDefault(); action(); }
+  });
+  return el;
+}
+
 /** @param {string} name @param {string} text @param {string} type */
 export function download(name, text, type) {
   const url = URL.createObjectURL(new Blob([text], { type }));

@@ -19,6 +19,45 @@ export function routedHeads(ctx) {
   return new Set(r ? r.heads.map(([l, hd]) => `${l}:${hd}`) : []);
 }
 
+/**
+ * The heatmap from the keyboard: in the Tab order; the arrow keys move a cursor over the cells (from the
+ * selected head, else L0.H0), Enter or space selects the head under it (again: unselects).
+ * @param {Ctx} ctx @param {Element} svg @param {any} data @param {ReturnType<typeof headLayout>} lay
+ * @param {number[] | null} locked
+ */
+function headKeys(ctx, svg, data, lay, locked) {
+  svg.setAttribute("tabindex", "0");
+  svg.setAttribute("data-focus", "heads");
+  svg.setAttribute("aria-label", "heads, layer by head: the arrow keys move, Enter selects");
+  const cur = ctx.ui.headCursor ?? (locked ? [locked[0], locked[1]] : [0, 0]);
+  const down = lay.rowY(Math.min(1, data.n_layers - 1)) >= lay.rowY(0) ? 1 : -1;  // which way the layers run
+  const mark = () => {
+    svg.querySelectorAll(".dpa-cursor").forEach((n) => n.classList.remove("dpa-cursor"));
+    const cell = svg.querySelector(`rect.dpa-head[data-layer="${cur[0]}"][data-head="${cur[1]}"]`);
+    cell?.classList.add("dpa-cursor");
+    ctx.setHover(`head L${cur[0]}.H${cur[1]}: ${formatScore(data.head_scores[cur[0]][cur[1]])} summed over positions` +
+      " · Enter selects");
+  };
+  if (ctx.ui.headCursor) mark();
+  svg.addEventListener("keydown", (/** @type {Event} */ ev) => {
+    const key = /** @type {KeyboardEvent} */ (ev).key;
+    /** @type {Record<string, number[]>} */
+    const moves = { ArrowUp: [-down, 0], ArrowDown: [down, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1] };
+    if (moves[key]) {
+      cur[0] = Math.max(0, Math.min(data.n_layers - 1, cur[0] + moves[key][0]));
+      cur[1] = Math.max(0, Math.min(data.n_heads - 1, cur[1] + moves[key][1]));
+      ctx.ui.headCursor = cur;
+      mark();
+    } else if (key === "Enter" || key === " ") {
+      const same = locked && locked[0] === cur[0] && locked[1] === cur[1];
+      ctx.ui.headCursor = cur;
+      ctx.setTrait("selected_head", same ? null : [cur[0], cur[1]]);
+    } else return;
+    ev.preventDefault();
+  });
+  svg.addEventListener("focus", () => mark());
+}
+
 /** @param {Ctx} ctx */
 export function headsView(ctx) {
   const data = ctx.get("_data");
@@ -38,10 +77,11 @@ export function headsView(ctx) {
       class: "dpa-head" + (isSel ? " dpa-locked" : "") + (routed.has(`${c.layer}:${c.head}`) ? " dpa-routed" : ""),
       "data-layer": c.layer, "data-head": c.head,
     }, [h("title", { text: `L${c.layer}.H${c.head} (KV group ${lay.group(c.head)}): ${formatScore(v)} summed over positions` })]);
-    r.addEventListener("mouseenter", () => ctx.setHover(`head L${c.layer}.H${c.head} (KV group ${lay.group(c.head)}): ${formatScore(v)}`));
+    r.addEventListener("mouseenter", () => ctx.setHover(`head L${c.layer}.H${c.head} (KV group ${lay.group(c.head)}): ${formatScore(v)} summed over positions`));
     r.addEventListener("click", () => ctx.setTrait("selected_head", isSel ? null : [c.layer, c.head]));
     svg.append(r);
   }
+  headKeys(ctx, svg, data, lay, locked);
   // axes: layer numbers down the left, head numbers along the top, KV groups above them (GQA only)
   for (const l of axisTicks(data.n_layers, cell + 1, 11)) {
     svg.append(h("text", { x: lay.colX(0) - 4, y: lay.rowY(l) + cell / 2 + 3.5, "text-anchor": "end", class: "dpa-axis dpa-tick", text: `L${l}` }));

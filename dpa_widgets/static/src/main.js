@@ -22,14 +22,31 @@ function panels(ctx) {
     footerView(ctx)];
 }
 
-/** Draw everything again, keeping each scroll area's offsets. @param {Ctx} ctx */
+/**
+ * How to find a focused element again after a redraw: its data-focus key (pressable), or for a control (an
+ * input, select or button) the selector of its tag and classes; null for anything else.
+ * @param {Element} el @returns {((root: Element) => Element | null) | null}
+ */
+function refinder(el) {
+  const key = el.closest("[data-focus]")?.getAttribute("data-focus");
+  if (key) return (root) => [...root.querySelectorAll("[data-focus]")].find((n) => n.getAttribute("data-focus") === key) ?? null;
+  const cls = el.getAttribute("class");
+  if (!cls || !el.matches("input, select, button")) return null;
+  const selector = el.tagName.toLowerCase() + cls.trim().split(/\s+/).map((c) => `.${c}`).join("");
+  return (root) => root.querySelector(selector);
+}
+
+/** Draw everything again, keeping each scroll area's offsets and the keyboard focus. @param {Ctx} ctx */
 function redraw(ctx) {
   const root = ctx.root;
   /** @type {Map<string, number[]>} scroll offsets by panel, kept across redraws */
   const scrolls = new Map([...root.querySelectorAll("[data-scroll]")].map((n) =>
     [n.getAttribute("data-scroll") || "", [n.scrollTop, n.scrollLeft]]));
   if (!hasGraph(ctx) && ctx.graph) ctx.graph = null;  // the graph went away (never in practice): draw afresh
+  const active = root.ownerDocument.activeElement;
+  const find = active && active !== root && root.contains(active) ? refinder(active) : null;
   root.replaceChildren(...panels(ctx));
+  if (find) /** @type {HTMLElement | null} */ (find(root))?.focus({ preventScroll: true });  // a keyboard user keeps their place
   root.querySelectorAll("[data-scroll]").forEach((n) => {
     const saved = scrolls.get(n.getAttribute("data-scroll") || "");
     if (saved) [n.scrollTop, n.scrollLeft] = saved;

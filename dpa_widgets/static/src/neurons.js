@@ -1,6 +1,6 @@
 // @ts-check
 // The MLP totals per layer and the list of top neurons.
-import { h, legend } from "./dom.js";
+import { h, legend, pressable } from "./dom.js";
 import { symmetricMax, divergingColor, formatScore, headLayout, topNeurons, neuronLabel, neuronInExpert } from "./helpers.js";
 import { gridSize } from "./heads.js";
 /** @typedef {import("./context.js").Ctx} Ctx */
@@ -39,7 +39,7 @@ export function neuronsView(ctx) {
     ]);
     if (neuronInExpert(data, c.neuron)) li.setAttribute("title", `neuron ${c.neuron} of layer ${c.layer}`);
     li.addEventListener("mouseenter", () => ctx.setHover(`neuron ${neuronLabel(data, c.layer, c.neuron)}: ${formatScore(c.score)}`));
-    li.addEventListener("click", () => ctx.setTrait("selected_neuron", isSel ? null : [c.layer, c.neuron]));
+    pressable(li, `neuron:${c.layer}:${c.neuron}`, () => ctx.setTrait("selected_neuron", isSel ? null : [c.layer, c.neuron]));
     list.append(li);
   }
   const more = h("button", { class: "dpa-more", text: "show more" });

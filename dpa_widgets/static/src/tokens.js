@@ -1,6 +1,6 @@
 // @ts-check
 // The token strip: coloured by input scores, or by the selected unit's per-position scores.
-import { h, legend } from "./dom.js";
+import { h, legend, pressable } from "./dom.js";
 import { symmetricMax, divergingColor, textColor, formatScore, tokenLabel, neuronLabel, expertLabel } from "./helpers.js";
 /** @typedef {import("./context.js").Ctx} Ctx */
 
@@ -41,9 +41,8 @@ export function tokensView(ctx) {
       style: `background:${divergingColor(v, max)};color:${textColor(v, max)}`, text: tokenLabel(tok),
     });
     chip.addEventListener("mouseenter", () => ctx.setHover(`token ${i} ${JSON.stringify(tok)}: ${formatScore(v)}`));
-    chip.addEventListener("click", () => {
-      ctx.setTrait("selected_token", s.token === i ? null : i);
-    });
+    pressable(chip, `token:${i}`, () => ctx.setTrait("selected_token", s.token === i ? null : i));
+    chip.setAttribute("aria-label", `token ${i} ${JSON.stringify(tok)}, score ${formatScore(v)}`);
     strip.append(chip);
   });
   return h("section", { class: "dpa-panel dpa-tokens-panel" }, [
