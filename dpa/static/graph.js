@@ -664,7 +664,7 @@ const GRAPH_CSS = `
 .dpa-graph-legend { display: inline-flex; gap: 4px; align-items: center; color: var(--g-muted); font-size: 11px; }
 .dpa-graph-legend-bar { display: inline-block; width: 70px; height: 9px; border: 1px solid var(--g-border); }
 .dpa-graph-body { display: flex; flex-wrap: wrap; gap: 6px; align-items: flex-start; }
-.dpa-graph-scroll { flex: 3 1 480px; min-width: 0; display: flex; overflow: hidden;
+.dpa-graph-scroll { flex: 3 1 560px; min-width: 0; display: flex; overflow: hidden;
   border: 1px solid var(--g-border); border-radius: 4px; background: var(--g-bg); }
 .dpa-graph-rows { position: relative; flex: none; width: 58px; overflow: hidden; border-right: 1px solid var(--g-border); }
 .dpa-graph-rowlabel { position: absolute; left: 4px; right: 2px; height: 12px; font-size: 10px; line-height: 12px;
