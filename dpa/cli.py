@@ -149,8 +149,9 @@ def run_attribute(args: argparse.Namespace, *, parser: argparse.ArgumentParser) 
     if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
         raise InputError("torchrun splits a file of prompts over its processes: use --prompts FILE --out DIR")
     _check_outputs(args, parser)
-    if args.json is None and (args.json_full or args.json_neurons is not None):
-        parser.error("--json-full and --json-neurons go with --json FILE")
+    given = [flag for flag, on in (("--json-full", args.json_full), ("--json-neurons", args.json_neurons is not None)) if on]
+    if args.json is None and given:
+        parser.error(f"{' and '.join(given)} go{'es' if len(given) == 1 else ''} with --json FILE")
     neurons = None if args.json_neurons == "all" else args.json_neurons or 16
     import warnings
 

@@ -41,7 +41,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .errors import InputError, OutputError
+from .errors import InputError, InputTypeError, OutputError
 
 WEIGHTS_KEY = "weights_sha256"
 TOKENIZER_KEY = "tokenizer_sha256"
@@ -196,7 +196,7 @@ def _follow(path: str) -> tuple[str, bool]:
 
 def _write(path: str | os.PathLike, data: bytes) -> None:
     if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"an output path must be a str or a path, got {type(path).__name__}")
+        raise InputTypeError(f"an output path must be a str or a path, got {type(path).__name__}")
     name = os.fspath(path)
     if name == "-":
         return _straight(name, None, data)

@@ -125,8 +125,8 @@ def summary_lines(res: Attribution) -> list[tuple[str, str]]:
     """(label, text) pairs shared by the terminal and HTML reports."""
     layers, heads = res.head_scores.shape
     sizes = (f"{heads} heads and {res.neuron_scores.shape[1]} neurons per layer" if res.neuron_scores is not None
-             else f"{heads} heads and {res.neuron_top.d_mlp} neurons per layer (the top {res.neuron_top.k} of each "
-             "sign saved)" if res.neuron_top is not None else f"{heads} heads per layer; neuron scores not saved")
+             else f"{heads} heads and {res.neuron_top.d_mlp} neurons per layer; the top {res.neuron_top.k} neurons of "
+             "each sign saved" if res.neuron_top is not None else f"{heads} heads per layer; neuron scores not saved")
     rows = [("model", f"{res.model_name} ({layers} layers, {sizes})")]
     if res.top_predictions:
         (tok, p), rest = res.top_predictions[0], res.top_predictions[1:]
@@ -273,7 +273,7 @@ The underlined token is the target position.{clipped} Hover a token for its scor
 {''.join(table)}
 </table></details>
 <h2>Top components</h2>
-<p class="note">Heads ([layer, head]) and MLP neurons ([layer, neuron]) ranked together by score.</p>
+<p class="note">{_esc(ranked(res, top)[1][0].upper() + ranked(res, top)[1][1:])} ([layer, head], [layer, neuron]), by score.</p>
 <table><tr><th>#</th><th>positive</th><th>score</th><th>negative</th><th>score</th></tr>
 {_component_rows(res, top)}
 </table>
@@ -308,6 +308,10 @@ def top_edges(circ, top: int) -> list[tuple[int, int, float]]:
     return [(j // n, j % n, float(circ.edges[j // n, j % n])) for j in idx]
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def circuit_lines(circ) -> list[tuple[str, str]]:
     """(label, text) pairs about a circuit graph, shared by the terminal and HTML pages."""
     heads = sum(1 for n in circ.nodes if n.kind == "head")
@@ -320,8 +324,8 @@ def circuit_lines(circ) -> list[tuple[str, str]]:
     rest = sum(abs(float(circ.edges[i, n.of])) for i, n in enumerate(circ.nodes) if n.kind == "rest" and n.of in units)
     gap = float(circ.in_gap[units].abs().sum())
     return [("model", circ.model_name), ("target", describe_target(circ)), ("weights μ", describe_weights(circ)),
-            ("graph", f"{len(units)} units ({heads} heads, {neurons} neurons) {where}, {len(circ.tokens)} tokens, "
-                      f"{edges} edges"),
+            ("graph", f"{_count(len(units), 'unit')} ({_count(heads, 'head')}, {_count(neurons, 'neuron')}) {where}, "
+                      f"{_count(len(circ.tokens), 'token')}, {_count(edges, 'edge')}"),
             ("in-flow", f"of the units' |scores|, {rest / total:.1%} comes from units left out (rest nodes) and "
                         f"{gap / total:.1%} from the control paths (query/key, gate: the in-flow gap)")]
 
@@ -334,11 +338,19 @@ def circuit_report(circ, *, top: int = 10) -> str:
     return "\n".join(lines) + "\n"
 
 
+def script_json(data) -> str:
+    """``data`` as strict JSON (a bare NaN would break the page) that is safe inside an HTML ``<script>``: every
+    ``<``, ``>`` and ``&`` written as a JSON escape, so no token text ("</script>", "<!--") can end or
+    re-open the script early."""
+    return (json.dumps(data, allow_nan=False).replace("<", "\\u003c").replace(">", "\\u003e")
+            .replace("&", "\\u0026"))
+
+
 def circuit_html(circ, *, prompt: str | None = None, top: int = 20) -> str:
     """A standalone page with the graph drawn by ``static/graph.js`` (inlined: no network) and a table of
     the top edges, which reads without scripts too."""
     script = (Path(__file__).parent / "static" / "graph.js").read_text(encoding="utf-8")
-    data = json.dumps(circ.to_json(), allow_nan=False).replace("</", "<\\/")
+    data = script_json(circ.to_json())
     info = "\n".join(f"<dt>{_esc(label)}</dt><dd>{_esc(text)}</dd>" for label, text in circuit_lines(circ))
     rows = "\n".join(f"<tr><td class='num'>{e:+.4f}</td><td>{_esc(node_text(circ, s))}</td>"
                      f"<td>{_esc(node_text(circ, d))}</td></tr>" for s, d, e in top_edges(circ, top))

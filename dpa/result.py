@@ -55,8 +55,12 @@ class NeuronTop:
 
     @classmethod
     def of(cls, scores: Tensor, k: int) -> NeuronTop:
-        """The top of the ``[layer, d_mlp]`` scores."""
+        """The top of the ``[layer, d_mlp]`` scores (k at most d_mlp); refused when a score is not finite."""
         s = scores.detach().double().cpu()
+        if not bool(s.isfinite().all()):
+            raise InputError("neuron_scores hold NaN or an infinity, which a saved top cannot rank (JSON writes both "
+                             "as null): save every neuron (top_neurons=None)")
+        k = min(k, s.shape[1])
         index, score = [], []
         for row in s:
             take = min(k, row.numel())
@@ -65,6 +69,18 @@ class NeuronTop:
             index.append(pos + neg)
             score.append([float(row[i]) for i in pos + neg])
         return cls(k, s.shape[1], index, score, s.sum(1).tolist())
+
+    def smaller(self, k: int) -> NeuronTop:
+        """The same top for a smaller k (each layer's k most positive and most negative of those kept)."""
+        if k >= self.k:
+            return self
+        index, score = [], []
+        for idx, sc in zip(self.index, self.score):
+            pos = sorted((v, i) for i, v in zip(idx, sc) if v > 0)[::-1][:k]
+            neg = sorted((v, i) for i, v in zip(idx, sc) if v < 0)[:k]
+            index.append([i for _, i in pos + neg])
+            score.append([v for v, _ in pos + neg])
+        return NeuronTop(k, self.d_mlp, index, score, self.total)
 
     def components(self) -> list[Component]:
         return [Component("neuron", layer, i, v) for layer, (idx, sc) in enumerate(zip(self.index, self.score))
@@ -239,7 +255,7 @@ class Attribution:
         out["caveats"] = self.caveats
         if top_neurons is not None:
             top_neurons = check_int("top_neurons", top_neurons, low=1)
-        top = self.neuron_top
+        top = self.neuron_top if self.neuron_top is None or top_neurons is None else self.neuron_top.smaller(top_neurons)
         if top_neurons is not None and self.neuron_scores is not None:
             top = NeuronTop.of(self.neuron_scores, top_neurons)
             out["neuron_scores"] = None
@@ -281,7 +297,7 @@ class Attribution:
                 raise InputError(f"score_dtype {name!r} is not one of {', '.join(map(repr, SCORE_DTYPES_NAMES))}")
             scores = {field: (lambda f, v, d=dims: _scores(f, v, d, dtype)) for field, dims in SCORES.items()}
             result = _record("", data, cls, {**FIELDS, **scores})
-            if isinstance(top, dict) and "k" in top:  # an older file's top_neurons (by |score|, no k) is left out
+            if top is not None:
                 result.neuron_top = _neuron_top(top, result)
             problem = result._shape_problem()
             if problem:
@@ -441,8 +457,14 @@ def _neuron_top(value: dict, result: Attribution) -> NeuronTop:
     """The ``top_neurons`` of a saved result, checked: one row per layer of the result, indices in range and
     once each, as many scores as indices, finite numbers, no more than k of each sign; none next to
     neuron_scores."""
+    if not isinstance(value, dict):
+        raise InputTypeError(f"top_neurons must be an object (a dict), got {_show(value)}")
     if result.neuron_scores is not None:
         raise InputError("a result has neuron_scores or top_neurons, not both")
+    if "k" not in value and set(value) <= {"index", "score", "d_mlp"}:
+        raise InputError("top_neurons is in an older format (each layer's neurons by |score|, without k), from which "
+                         "the top neurons cannot be ranked: write the result again with this version of dpa, or "
+                         "delete the top_neurons field to read the rest")
     unknown = sorted(set(value) - {"k", "d_mlp", "index", "score", "total"})
     if unknown:
         raise InputError(f"unknown field(s) {', '.join('top_neurons.' + u for u in unknown)}")
@@ -455,19 +477,37 @@ def _neuron_top(value: dict, result: Attribution) -> NeuronTop:
         if not isinstance(rows[name], list) or len(rows[name]) != layers or not all(isinstance(r, list) for r in rows[name]):
             raise InputError(f"top_neurons.{name} must be {layers} lists, one per layer")
     index = [[_index(f"top_neurons.index[{layer}]", i) for i in row] for layer, row in enumerate(rows["index"])]
-    score = [[check_float(f"top_neurons.score[{layer}]", v) for v in row] for layer, row in enumerate(rows["score"])]
+    score = [[_number(f"top_neurons.score[{layer}]", v) for v in row] for layer, row in enumerate(rows["score"])]
     total = value.get("total")
     if not isinstance(total, list) or len(total) != layers:
         raise InputError(f"top_neurons.total must be {layers} numbers, one per layer")
-    total = [check_float(f"top_neurons.total[{layer}]", v) for layer, v in enumerate(total)]
+    total = [_number(f"top_neurons.total[{layer}]", v) for layer, v in enumerate(total)]
     for layer, (idx, sc) in enumerate(zip(index, score)):
         if len(idx) != len(sc):
             raise InputError(f"top_neurons layer {layer}: {len(idx)} indices and {len(sc)} scores")
         if any(i >= d_mlp for i in idx) or len(set(idx)) != len(idx):
             raise InputError(f"top_neurons layer {layer}: an index is out of [0, {d_mlp}) or given twice")
-        if sum(v > 0 for v in sc) > k or sum(v < 0 for v in sc) > k:
+        pos, neg = sum(v > 0 for v in sc), sum(v < 0 for v in sc)
+        if pos > k or neg > k:
             raise InputError(f"top_neurons layer {layer}: more than k = {k} neurons of one sign")
+        if any(math.isnan(v) for v in sc):
+            raise InputError(f"top_neurons layer {layer}: a kept score is NaN (null), which has no rank")
+        # fewer than k of a sign kept: the layer has no other neuron of that sign, which its total must show
+        kept, t = sum(sc), total[layer]
+        tol = 1e-4 * (sum(abs(v) for v in sc) + abs(t)) + 1e-6
+        if math.isfinite(t) and math.isfinite(kept) and (
+                (pos < k and neg < k and abs(t - kept) > tol) or (pos < k and t > kept + tol)
+                or (neg < k and t < kept - tol)):
+            raise InputError(f"top_neurons layer {layer}: keeps {pos} positive and {neg} negative neurons (k = {k}), "
+                             f"so the layer's other neurons are of the other sign or zero, but its total {t:+.6g} "
+                             f"does not fit the kept scores' sum {kept:+.6g}")
     return NeuronTop(k, d_mlp, index, score, total)
+
+
+def _number(name: str, value: Any) -> float:
+    """A saved score: a number, or null (NaN: to_dict writes NaN and infinities as null)."""
+    return math.nan if value is None else check_float(name, value) if not isinstance(value, float) or math.isfinite(value) \
+        else float(value)
 
 
 def _scores(name: str, value: Any, dims: int, dtype: torch.dtype) -> Tensor | None:

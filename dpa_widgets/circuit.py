@@ -121,7 +121,7 @@ class CircuitWidget(anywidget.AnyWidget):
                                      + (" (a batch gives a list: pass one of its results)"
                                         if isinstance(result, list) else ""))
         if result.neuron_scores is None or result.head_scores is None:
-            raise dpa.InputError("result has no head or neuron scores" + (
+            raise dpa.InputError(f"result has no {'head' if result.head_scores is None else 'neuron'} scores" + (
                 f" (it keeps only the top {result.neuron_top.k} neurons of each sign per layer: saved with "
                 "top_neurons, as dpa attribute --json does by default; save every neuron with --json-neurons all "
                 "or to_json() without top_neurons)" if result.neuron_top is not None else "") +

@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 from dpa import Attribution, InputTypeError
+from dpa.report import script_json
 from dpa.result import write_text
 
 from .circuit import CircuitWidget
@@ -29,7 +30,7 @@ def _inline(source: str) -> str:
 
 
 def _json(data) -> str:
-    return json.dumps(data, allow_nan=False).replace("</", "<\\/")  # strict: a bare NaN would break the page
+    return script_json(data)
 
 
 HOST = Path(__file__).parent / "static" / "host.js"
@@ -70,6 +71,5 @@ def save_html(widget_or_result: CircuitWidget | Attribution, path: str | Path, *
                                 else ""))
     if not isinstance(title, str):
         raise InputTypeError(f"title must be a string, got {type(title).__name__}")
-    path = Path(path)
-    write_text(path, page(widget, title))  # atomic: a failure never leaves a truncated page
-    return path
+    write_text(path, page(widget, title))  # atomic: a failure never leaves a truncated page; checks the path
+    return Path(path)

@@ -217,7 +217,9 @@ def test_json_keeps_the_top_neurons_by_default(capsys, tiny_dir, tiny, tmp_path)
 
 @pytest.mark.parametrize("argv, message", [
     (["--json-neurons", "0"], "at least 1 neuron"), (["--json-neurons", "many"], "whole number of neurons or 'all'"),
-    (["--json-neurons", "5"], "go with --json FILE"), (["--json-full"], "go with --json FILE"),
+    (["--json-neurons", "5"], "error: --json-neurons goes with --json FILE"),
+    (["--json-full"], "error: --json-full goes with --json FILE"),
+    (["--json-full", "--json-neurons", "all"], "error: --json-full and --json-neurons go with --json FILE"),
 ])
 def test_json_options_refused(capsys, tiny_dir, monkeypatch, argv, message):
     monkeypatch.setattr(dpa, "load_model", _must_not_run)

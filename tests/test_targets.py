@@ -1,6 +1,7 @@
 """Targets (token, contrast, log-prob, vector) and the errors for bad input."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -130,7 +131,34 @@ class TestTargets:
             with pytest.raises(dpa.InputError, match=message):
                 dpa.Attribution.from_dict(data)
         old = {**good, "top_neurons": {"index": [[0]] * layers, "score": [[0.1]] * layers, "d_mlp": 8}}
-        assert dpa.Attribution.from_dict(old).neuron_top is None, "an older file's top (by |score|) is not read"
+        with pytest.raises(dpa.InputError, match="older format .* delete the top_neurons field"):
+            dpa.Attribution.from_dict(old)
+        for wrong in ("top", [1, 2]):
+            with pytest.raises(dpa.InputTypeError, match="top_neurons must be an object"):
+                dpa.Attribution.from_dict({**good, "top_neurons": wrong})
+        assert dpa.Attribution.from_dict({**good, "top_neurons": None}).neuron_top is None
+        few = json.loads(json.dumps(good))  # k = 2 said, but a layer keeps fewer of both signs: its total must be theirs
+        few["top_neurons"]["index"][0], few["top_neurons"]["score"][0] = [], []
+        with pytest.raises(dpa.InputError, match="does not fit the kept scores' sum"):
+            dpa.Attribution.from_dict(few)
+        inflated = json.loads(json.dumps(good))
+        inflated["top_neurons"]["k"] = 100  # claims more were kept than there are
+        with pytest.raises(dpa.InputError, match="does not fit"):
+            dpa.Attribution.from_dict(inflated)
+
+    def test_top_neurons_of_odd_scores(self, model):
+        """NaN has no rank and JSON writes an infinity as null: saving the top refuses both by name; a smaller k
+        is taken from the top a result was read with; a k beyond d_mlp keeps every neuron once."""
+        res = dpa.attribute(model, None, random_ids(6), target=3)
+        for bad in (float("nan"), float("inf")):
+            odd = dpa.Attribution.from_dict(res.to_dict())
+            odd.neuron_scores[0, 0] = bad
+            with pytest.raises(dpa.InputError, match="NaN or an infinity"):
+                odd.to_json(top_neurons=4)
+        back = dpa.Attribution.from_dict(json.loads(res.to_json(top_neurons=4)))
+        smaller = dpa.Attribution.from_json(back.to_json(top_neurons=2)).neuron_top
+        assert smaller.k == 2 and smaller.index == back.neuron_top.smaller(2).index
+        assert dpa.Attribution.from_json(res.to_json(top_neurons=10**6)).neuron_top.k == res.neuron_scores.shape[1]
 
     def test_top_components(self, model):
         res = dpa.attribute(model, None, random_ids(6), target=3)

@@ -863,11 +863,12 @@ def test_reports_of_a_result_saved_with_top_neurons(tiny):
     res = A(model, tok, PROMPT, target=3)
     back = dpa.Attribution.from_json(res.to_json(top_neurons=5))
     assert report.terminal_report(back, color=False, top=5) == report.terminal_report(res, color=False, top=5).replace(
-        "neurons per layer)", "neurons per layer (the top 5 of each sign saved))")
+        "neurons per layer)", "neurons per layer; the top 5 neurons of each sign saved)")
     text = report.terminal_report(back, color=False, top=6)  # more than were saved: heads alone, and it says why
     assert "only the top 5 neurons of each sign per layer were saved" in text and "neuron L" not in text
-    assert "the top 5 of each sign saved" in report.html_report(back)
-    assert dpa.Attribution.from_json(back.to_json(top_neurons=3)).neuron_top.k == 5, "the neurons it has, written again"
+    assert "the top 5 neurons of each sign saved" in report.html_report(back)
+    assert dpa.Attribution.from_json(back.to_json()).neuron_top == back.neuron_top, "the neurons it has, written again"
+    assert dpa.Attribution.from_json(back.to_json(top_neurons=3)).neuron_top.k == 3, "or fewer of them"
     bare = back.to_dict()
     del bare["top_neurons"]
     assert "neuron scores not saved" in report.terminal_report(dpa.Attribution.from_dict(bare), color=False)

@@ -794,3 +794,24 @@ class TestGraph:
         pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text()  # (no tomllib on Python 3.10)
         assert re.search(r'^\[tool\.setuptools\.package-data\]\ndpa = \["static/\*"\]$', pyproject, re.M)
         assert (Path(dpa.__file__).parent / "static" / "graph.js").read_text().count("export function renderGraph") == 1
+
+
+def test_pages_embed_token_text_that_looks_like_html(result, tmp_path):
+    """Token text such as "<!--" and "<script>" would make the HTML parser end (or re-open) a page's script early
+    and leave it blank: every "<" of the embedded JSON is an escape (dpa.report.script_json), in both the CLI's
+    circuit page and save_html's page, and the data reads back unchanged."""
+    from dpa.report import circuit_html, script_json
+
+    data = {"tokens": ["<!--", "<script>", "</script>", "a & b", "-->"]}
+    text = script_json(data)
+    assert "<" not in text and ">" not in text and json.loads(text) == data
+    odd = dpa.Attribution.from_dict({**result.to_dict(), "tokens": ["<!--", "<script>"] + result.tokens[2:]})
+    page = save_html(odd, tmp_path / "odd.html").read_text()
+    state = re.search(r'id="dpa-state">(.*?)</script>', page, re.S).group(1)
+    assert "<" not in state and json.loads(state)["_data"]["tokens"][:2] == ["<!--", "<script>"]
+    model = tiny_model("llama", kv_heads=2)
+    circ = dpa.circuit(model, None, random_ids(5).tolist(), target=3, nodes=4)
+    circ.tokens = ["<!--", "<script>", "</script>", "x", "y"]
+    html = circuit_html(circ)
+    embedded = html.rsplit('renderGraph(document.getElementById("graph"), ', 1)[1].split(", {});", 1)[0]
+    assert "<" not in embedded and json.loads(embedded)["tokens"] == circ.tokens, "the graph's data holds no '<'"
