@@ -293,7 +293,10 @@ def influence(edges: Tensor, target: int) -> Tensor:
 
 
 def prune_units(infl: Tensor, units: list[int], threshold: float) -> list[int]:
-    """The fewest ``units`` whose influence adds up to ``threshold`` of theirs in total (ties: the lower index)."""
+    """The fewest ``units`` whose influence adds up to ``threshold`` of theirs in total (ties: the lower index);
+    a threshold of 1 keeps every unit, those of no influence too (nothing is pruned)."""
+    if threshold >= 1:
+        return sorted(units)
     if not units:
         return []
     values = infl[units]

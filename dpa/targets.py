@@ -67,11 +67,13 @@ def token_id(tokenizer, token: str | int, vocab_size: int, *, multi_token: str =
         if multi_token == "first" and ids:
             return ids[0]
         others = [v for v, _ in single_token_spellings(tokenizer, token)] if token.strip() else []
-        raise TargetError(
-            f"{what} {token!r} is not a single token: it splits into {len(ids)} tokens {pieces!r}. "
-            + (f"{others[0]!r} is one token; or pass " if others else "Pass ")
-            + f"one of the pieces (e.g. {pieces[0]!r}), or attribute the first (multi_token='first' in Python, "
-            "--first-token on the command line)")
+        # a piece is worth suggesting only if it reads back as itself (a byte of a character does not)
+        typed = next((p for p, i in zip(pieces, ids) if tokenizer.encode(p, add_special_tokens=False) == [i]), None)
+        advice = ((f"pass one of the pieces (e.g. {typed!r}), or " if typed is not None else
+                   f"pass a piece's id in Python (e.g. {ids[0]}: the pieces are parts of one character), or ")
+                  + "attribute the first (multi_token='first' in Python, --first-token on the command line)")
+        raise TargetError(f"{what} {token!r} is not a single token: it splits into {len(ids)} tokens {pieces!r}. "
+                          + (f"{others[0]!r} is one token; or {advice}" if others else advice[0].upper() + advice[1:]))
     return ids[0]
 
 

@@ -355,6 +355,10 @@ def test_pruning_keeps_the_flows_whole():
         assert torch.equal(small.in_positions[d], circ.in_positions[circ.index(small.nodes[d].label)])
     assert circ.prune(1.0).units == circ.units
     assert circ.prune(0.0).units == []
+    from dpa.circuit import prune_units
+    infl = torch.tensor([0.5, 0.0, 0.5])
+    assert prune_units(infl, [0, 1, 2], 1.0) == [0, 1, 2], "1: nothing pruned, a unit of no influence too"
+    assert prune_units(infl, [0, 1, 2], 0.99) == [0, 2]
     infl = circ.influence()
     assert float(infl[circ.target_index]) == 1.0
     kept = {small.nodes[i].label for i in small.units}

@@ -50,6 +50,16 @@ class TestDefaultModel:
 class TestNewcomerHints:
     """What a newcomer types on the default model: 'Paris' for ' Paris', a word that splits, --logprob."""
 
+    def test_a_character_of_two_byte_pieces_is_not_advised_as_pieces(self, smollm):
+        """An emoji splits into two byte pieces that cannot be typed back: the error offers the one-token spelling
+        and a piece's id, never a piece's text."""
+        model, tok = smollm
+        with pytest.raises(dpa.TargetError) as info:
+            dpa.attribute(model, tok, "I feel", target="🙂")
+        message = str(info.value)
+        assert "' 🙂' is one token" in message and "pass a piece's id in Python (e.g. " in message
+        assert "e.g. '\\x" not in message
+
     def test_a_likelier_spelling_is_a_warning_naming_it(self, smollm):
         model, tok = smollm
         with pytest.warns(dpa.TargetWarning, match=r"target 'Paris' has p = 0.00\d+.*' Paris' \(with a leading "

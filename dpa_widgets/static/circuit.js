@@ -302,6 +302,7 @@ export function influence(ids, edges, target) {
  * @param {number} threshold
  */
 export function pruneUnits(infl, units, threshold) {
+  if (threshold >= 1) return [...units].sort((a, b) => a - b);  // 1: nothing pruned, units of no influence too
   const values = units.map((u) => infl.get(u) ?? 0);
   const total = values.reduce((a, b) => a + b, 0);
   if (!units.length || !(total > 0)) return [];
@@ -426,6 +427,11 @@ export function targetText(data) {
   const t = data.target;
   const tok = t.token === null || t.token === undefined ? "vector" : tokenLabel(t.token);
   return t.contrast === null || t.contrast === undefined ? tok : `${tok} − ${tokenLabel(t.contrast)}`;
+}
+
+/** The target box's text: "target ·Mary", cut to 40 characters (the whole of it in the box's title). @param {GraphData} data */
+export function targetBoxText(data) {
+  return shortLabel(`target ${targetText(data)}`, 40);
 }
 
 /**
@@ -594,7 +600,7 @@ export function graphLayout(graph, sizes = {}) {
     cells = [...byRow.values()];
     cells.forEach((l) => l.sort((a, b) => /** @type {number} */ (a.index) - /** @type {number} */ (b.index)));
   }
-  const shapes = new Map(cells.map((l) => [l, cellShape(l, graph.positions ? S : { ...S, maxCell: Infinity })]));
+  const shapes = new Map(cells.map((l) => [l, cellShape(l, graph.positions ? S : { ...S, maxCell: Math.max(S.maxCell, 480) })]));
   /** @type {Map<number, number>} */
   const lines = new Map();
   for (const [l, sh] of shapes) lines.set(rowOf(l[0]), Math.max(lines.get(rowOf(l[0])) ?? 1, sh.lines));
@@ -612,7 +618,7 @@ export function graphLayout(graph, sizes = {}) {
   const rowY = new Map(rows.map((r) => [r.row, r.y + (r.h - S.unitH) / 2]));
   const tokenY = /** @type {number} */ (rowY.get(-1));
   placeTokens(boxes, shown, cols, tokenY, S);
-  const targetW = textWidth(`target ${targetText(graph)}`, S);
+  const targetW = textWidth(targetBoxText(graph), S);
   // the last slanted label runs to the right of its column: the picture holds it
   const slantW = (/** @type {number} */ p) => textWidth(`${p} ${cols.labels[p]}`, S) * Math.SQRT1_2;
   let reach = right;
@@ -707,7 +713,7 @@ export function overlaps(a, b) {
 /**
  * Where a ``w`` × ``h`` label of an edge goes: at the first point along the curve, from its middle outwards,
  * where it fits beside the curve (right, else left) inside the picture without touching any box of ``avoid``
- * (the nodes, the labels placed before); failing that, at the middle, moved inside the picture.
+ * (the nodes, the labels placed before); null when there is no such place.
  * @param {{x: number, y: number, w: number, h: number}} from @param {{x: number, y: number, w: number, h: number}} to
  * @param {number} w @param {number} h @param {{x: number, y: number, w: number, h: number}[]} avoid
  * @param {number} width @param {number} height
@@ -715,12 +721,17 @@ export function overlaps(a, b) {
 export function edgeLabelBox(from, to, w, h, avoid, width, height) {
   const free = (/** @type {{x: number, y: number, w: number, h: number}} */ r) => r.x >= 0 && r.y >= 0 &&
     r.x + r.w <= width && r.y + r.h <= height && !avoid.some((b) => overlaps(r, b));
-  for (const t of [0.5, 0.4, 0.6, 0.3, 0.7, 0.2, 0.8, 0.1, 0.9]) {
-    const at = edgePoint(from, to, t);
-    for (const r of [{ x: at.x + 4, y: at.y - h / 2, w, h }, { x: at.x - 4 - w, y: at.y - h / 2, w, h }]) if (free(r)) return r;
+  for (let step = 0; step <= 9; step++) {  // t = 0.5, 0.45, 0.55, 0.4, ... 0.05, 0.95
+    for (const t of step ? [0.5 - 0.05 * step, 0.5 + 0.05 * step] : [0.5]) {
+      const at = edgePoint(from, to, t);
+      for (const dy of [0, -h * 0.6, h * 0.6]) {
+        for (const r of [{ x: at.x + 4, y: at.y - h / 2 + dy, w, h }, { x: at.x - 4 - w, y: at.y - h / 2 + dy, w, h }]) {
+          if (free(r)) return r;
+        }
+      }
+    }
   }
-  const at = edgePoint(from, to, 0.5);
-  return { x: Math.max(0, Math.min(width - w, at.x + 4)), y: Math.max(0, Math.min(height - h, at.y - h / 2)), w, h };
+  return null;
 }
 
 /** An edge's stroke width: 0.6 px at zero to 6 px at the largest |effect|. @param {number} effect @param {number} max */
@@ -968,6 +979,7 @@ function graphRedraw(g) {
   /** @type {HTMLInputElement} */ (g.parts.slider).value = String(g.threshold);
   const all = g.data.nodes.filter(isUnit).length;
   g.unitCount = g.pruned.nodes.filter(isUnit).length;
+  g.svg?.setAttribute("aria-label", `circuit graph: ${g.unitCount} units`);
   g.parts.sliderText.textContent = `${Math.round(g.threshold * 100)}% of the units' influence on the target: ${g.unitCount} of ` +
     `${all} units · ${g.drawnEdges} edges drawn (|effect| ≥ ${Math.round(g.minEdge * 100)}% of the largest)`;
   g.parts.legends.replaceChildren(gradientLegend("node score", g.nodeMax), gradientLegend("edge effect", g.edgeMax));
@@ -988,14 +1000,15 @@ function maxViewHeight(g) {
 
 /**
  * Show the whole drawing: the largest scale up to 1 at which it fits the viewport's width and the tallest
- * height, centred sideways. False (and nothing done) while the page has not laid the viewport out.
+ * height (a drawing that would go under 60% to fit that height makes the viewport taller), centred sideways. False (and nothing done) while the page has not laid the viewport out.
  * @param {GraphState} g @param {boolean} [refit]  false: only when the viewport's width changed
  */
 function fitView(g, refit = true) {
   const lay = g.layout, w = g.parts.viewport.clientWidth;
   if (!lay || !w || g.destroyed) return false;
   if (!refit && g.view.fitted && Math.abs(w - g.view.w) < 1 && g.view.h > 0) { showView(g); return true; }
-  const k = Math.min(1, w / lay.width, maxViewHeight(g) / lay.height);
+  // the whole width always; the height too unless that takes the drawing under 60% (then the page scrolls)
+  const k = Math.min(1, w / lay.width, Math.max(maxViewHeight(g) / lay.height, 0.6));
   g.view = { k, w, h: Math.ceil(lay.height * k), x: (lay.width - w / k) / 2, y: 0, fitted: true };
   showView(g);
   return true;
@@ -1017,7 +1030,8 @@ function zoomAt(g, factor, sx, sy) {
   if (!g.layout || !v.w) return;
   const k = Math.max(0.5 * fitScale(g), Math.min(4, v.k * factor));
   const ax = sx ?? v.w / 2, ay = sy ?? v.h / 2;
-  g.view = { ...v, k, x: v.x + ax / v.k - ax / k, y: v.y + ay / v.k - ay / k, fitted: false };
+  const h = Math.max(v.h, Math.min(Math.ceil(g.layout.height * k), maxViewHeight(g)));  // zooming in may need room
+  g.view = { ...v, k, h, x: v.x + ax / v.k - ax / k, y: v.y + ay / v.k - ay / k, fitted: false };
   showView(g);
 }
 
@@ -1056,11 +1070,13 @@ function showView(g) {
   svg.setAttribute("viewBox", `${px(v.x)} ${px(v.y)} ${px(vw)} ${px(vh)}`);
   g.parts.viewport.style.height = `${v.h}px`;
   const labels = [];
-  let last = -Infinity;
-  for (const r of lay.rows) {
+  /** @type {number[]} */
+  const taken = [];
+  const ends = lay.rows.filter((r) => r.row === Infinity || r.row === -1);  // target and tokens first, then the layers
+  for (const r of [...ends, ...lay.rows.filter((x) => !ends.includes(x)).reverse()]) {
     const top = (r.y + r.h / 2 - v.y) * v.k - 6;
-    if (!r.used || top < 0 || top > v.h - 12 || top - last < 12) continue;
-    last = top;
+    if (!r.used || top < 0 || top > v.h - 12 || taken.some((t) => Math.abs(t - top) < 12)) continue;
+    taken.push(top);
     labels.push(make("div", { class: "dpa-graph-rowlabel", style: `top: ${px(top)}px`, text: r.label }));
   }
   g.parts.rows.replaceChildren(...labels);
@@ -1189,7 +1205,7 @@ function graphSvg(g, graph, lay) {
     g.adj.get(s)?.edges.push(key); g.adj.get(s)?.nodes.push(d);
     g.adj.get(d)?.edges.push(key); g.adj.get(d)?.nodes.push(s);
   }
-  svg.append(edgeLayer, hitLayer, graphNodes(g, graph, lay), graphGaps(lay), graphChecks(g, lay));
+  svg.append(edgeLayer, hitLayer, graphNodes(g, graph, lay), graphGaps(lay), graphChecks(g, lay, hitLayer));
   return svg;
 }
 
@@ -1226,7 +1242,7 @@ function graphNodes(g, graph, lay) {
     const target = n.kind === "target";
     const fill = target ? null : divergingColor(v, max);
     const wide = n.kind === "token" && lay.columns.shown[/** @type {number} */ (n.position)];  // not a dot in a narrow column
-    const text = target ? `target ${targetText(graph)}` : isUnit(n) ? unitText(n) :
+    const text = target ? targetBoxText(graph) : isUnit(n) ? unitText(n) :
       lay.level && wide ? lay.columns.labels[/** @type {number} */ (n.position)] : "";
     const el = make("g", { class: `dpa-graph-node dpa-graph-${n.kind}`, "data-id": n.id, "data-label": n.label,
       tabindex: 0, role: "button", "aria-label": `${nodeName(graph, n)}, score ${formatScore(n.score)}` }, [
@@ -1254,9 +1270,10 @@ function slantedLabel(/** @type {GraphData} */ graph, /** @type {ReturnType<type
 
 /**
  * "✓ ×ratio" beside each verified edge drawn, where it touches no node, no other mark and stays inside the
- * picture (edgeLabelBox). @param {GraphState} g @param {ReturnType<typeof graphLayout>} lay
+ * picture (edgeLabelBox); where there is no such place, the edge's tooltip (in ``hits``) says it instead.
+ * @param {GraphState} g @param {ReturnType<typeof graphLayout>} lay @param {Element} hits
  */
-function graphChecks(g, lay) {
+function graphChecks(g, lay, hits) {
   const layer = make("g", { class: "dpa-graph-checks" });
   const avoid = [...lay.boxes.values()];
   for (const [key, v] of Object.entries(g.opts.verified ?? {})) {
@@ -1266,6 +1283,9 @@ function graphChecks(g, lay) {
     if (!a || !b) continue;
     const text = `✓ ${ratioText(v.ratio)}`;
     const r = edgeLabelBox(a, b, textWidth(text, lay.sizes) - lay.sizes.pad + 4, 12, avoid, lay.width, lay.height);
+    const hit = [...hits.children].find((e) => e.getAttribute("data-edge") === key)?.querySelector("title");
+    if (hit && !hit.textContent?.includes("verified")) hit.textContent += ` · verified ${text.slice(2)}`;
+    if (!r) continue;  // no room beside the edge clear of the nodes and the other marks: its tooltip says it
     avoid.push(r);
     layer.append(make("text", { class: "dpa-graph-check", x: px(r.x + 2), y: px(r.y + 9.5), "data-edge": key, text }));
   }
@@ -1274,7 +1294,7 @@ function graphChecks(g, lay) {
 
 /** @param {number | null | undefined} r */
 function ratioText(r) {
-  return r === null || r === undefined || !Number.isFinite(r) ? "ratio –" : `×${r.toFixed(2)}`;
+  return r === null || r === undefined || !Number.isFinite(r) ? "ratio –" : `×${r.toFixed(2).replace("-", "−")}`;
 }
 
 /** Hover, click and leave, delegated from the scroll area (one listener each, however many edges). @param {GraphState} g */
@@ -1392,7 +1412,15 @@ function graphPanel(g) {
     parts.push(make("div", { class: "dpa-graph-muted", text: "hover a node to light its inputs and outputs · click a " +
       "node for its in- and out-flows, an edge (or an entry of a node's lists) to select it and verify it" }));
   }
+  const active = g.root.ownerDocument.activeElement;
+  const again = active && g.parts.panel.contains(active) ?
+    [active.getAttribute("data-edge"), active.matches("button.dpa-graph-verify")] : null;
   g.parts.panel.replaceChildren(...parts);
+  if (again) {  // a keyboard user keeps their place: the same flow entry, or the verify button
+    const el = again[1] ? g.parts.panel.querySelector("button.dpa-graph-verify") :
+      [...g.parts.panel.querySelectorAll(".dpa-graph-flow")].find((e) => e.getAttribute("data-edge") === again[0]);
+    /** @type {HTMLElement | null | undefined} */ (el)?.focus({ preventScroll: true });
+  }
 }
 
 /** @param {GraphState} g @param {number} id */
@@ -1490,53 +1518,72 @@ function edgePanel(g, edge) {
 }
 
 /**
- * A path-patching result: each number named, their ratio, and what the signs say (verifyVerdict).
+ * A path-patching result: each number named, their ratio, and what the signs say (verifyVerdict). An edge
+ * into the target has no separate prediction (the target is linear in the residual stream: the edge is it).
  * @param {Verified} v
  */
 function verifiedTerms(v) {
-  const rows = [["DPA's edge: the source's share of the destination's score, each path at its weight μ", formatScore(v.edge)]];
-  if (v.first_order !== undefined) {
-    rows.push(["first-order prediction: the change the linearised model predicts for this patch (every path at μ = 1)",
-      formatScore(v.first_order)]);
-  }
-  rows.push(["measured change: the destination's score in the real model, clean minus with the source removed from what it reads",
-    formatScore(v.direct)],
-  [v.first_order !== undefined ? "measured / predicted" : "measured / edge",
-    v.ratio === null || v.ratio === undefined || !Number.isFinite(v.ratio) ? "–" : v.ratio.toFixed(3)],
-  ["the target's change through the destination (its write patched, the rest clean)", formatScore(v.target)]);
+  const ratio = v.ratio === null || v.ratio === undefined || !Number.isFinite(v.ratio) ? "–" : v.ratio.toFixed(3).replace("-", "−");
+  const rows = v.destination === "target" ? [
+    ["DPA's edge: the source's direct effect on the target (the target is linear in the residual stream, so this " +
+      "is also the first-order prediction)", formatScore(v.edge)],
+    ["measured change: the target in the real model, clean minus with the source removed from the final norm's input",
+      formatScore(v.direct)],
+    ["measured / edge", ratio],
+  ] : [
+    ["DPA's edge: the source's share of the destination's score, each of the destination's paths (query, key, " +
+      "value; gate, up) at its weight μ", formatScore(v.edge)],
+    ...(v.first_order === undefined || v.first_order === null ? [] : [["first-order prediction: the same paths at " +
+      "weight 1, what the linearised model predicts removing the source from the destination's input does",
+    formatScore(v.first_order)]]),
+    ["measured change: the destination's score S = z · G in the real model (G held at its DPA value), clean minus " +
+      "with the source removed from what the destination reads", formatScore(v.direct)],
+    [v.first_order === undefined || v.first_order === null ? "measured / edge" : "measured / predicted", ratio],
+    ["the target's change when the destination's write alone is patched (everything after it recomputed)",
+      formatScore(v.target)],
+  ];
   return make("div", { class: "dpa-graph-result" }, [make("div", { class: "dpa-graph-subtitle", text: "path patching" }),
     make("div", { class: "dpa-graph-terms dpa-graph-verified" }, rows.flatMap(([k, x]) => [make("span", { text: k }), make("span", { text: x })])),
     make("div", { class: "dpa-graph-verdict", text: verifyVerdict(v) })]);
 }
 
 /**
- * What a verification says in words: whether the real model moved the destination the way the linearised
- * model predicted (sign and size), what a disagreement means, and which number to trust for what.
+ * What a verification says in words: whether the real model moved the destination the way the first-order
+ * prediction said (sign, then size), what a disagreement means, and which number answers what.
  * @param {Verified} v
  */
 export function verifyVerdict(v) {
   const sign = (/** @type {number | null | undefined} */ x) => (x === null || x === undefined || !Number.isFinite(x) || x === 0 ? 0 : Math.sign(x));
-  const predicted = v.first_order ?? v.edge;
-  const what = v.first_order !== undefined && v.first_order !== null ? "the first-order prediction" : "DPA's edge";
+  const toTarget = v.destination === "target";
+  const hasPrediction = toTarget || (v.first_order !== undefined && v.first_order !== null);
+  const predicted = toTarget || !hasPrediction ? v.edge : /** @type {number} */ (v.first_order);
+  const what = hasPrediction ? "the first-order prediction" : "DPA's edge";
   const parts = [];
-  if (!sign(v.direct) || !sign(predicted)) parts.push(`One of the two is zero: nothing to compare.`);
+  if (!sign(v.direct) || !sign(predicted)) parts.push("One of the two is zero: nothing to compare.");
   else if (sign(v.direct) !== sign(predicted)) {
-    parts.push(`Sign disagreement: removing the source moves the destination the other way from ${what}. The edge ` +
-      "scores the linearised model, in which the destination's attention pattern or gate stays fixed; in the real " +
-      "model removing the source also changes those (the control paths), and here that change outweighs the content path.");
+    parts.push(`Sign disagreement: removing the source moves the ${toTarget ? "target" : "destination"} the other way ` +
+      `from ${what}. The prediction is exact for a small change (it already counts, to first order, how the ` +
+      (toTarget ? "target responds" : "attention pattern or the gate responds") + "); removing the whole of the " +
+      "source's write is a large change, and here what comes beyond first order (" +
+      (toTarget ? "the final norm's scale, frozen in the linearised model" : "a softmax or a gate saturating or switching") +
+      ") outweighs it.");
+  } else if (!hasPrediction) {
+    parts.push("Same sign as DPA's edge. Their sizes do not compare: the edge counts each path at its weight μ.");
   } else {
-    const r = Math.abs(/** @type {number} */ (v.direct) / /** @type {number} */ (predicted));
-    parts.push(r > 0.5 && r < 2 ? `The real model agrees with ${what} in sign and roughly in size (×${r.toFixed(2)}): ` +
-      "the linear picture holds for this edge." : `Same sign as ${what}, but ×${r.toFixed(2)} its size: the ` +
-      "destination responds non-linearly (its attention pattern or gate shifts too).");
+    const r = Math.abs(/** @type {number} */ (v.direct) / predicted);
+    parts.push(r >= 0.8 && r <= 1.25 ? `The real model agrees with ${what} in sign and size (×${r.toFixed(2)}): ` +
+      "the first-order picture holds for this edge." : `Same sign as ${what}, at ×${r.toFixed(2)} its size: ` +
+      "removing the whole write is beyond first order here.");
   }
-  if (v.first_order !== undefined && v.first_order !== null && sign(v.edge) && sign(v.first_order) && sign(v.edge) !== sign(v.first_order)) {
-    parts.push("DPA's edge and the prediction differ in sign: the path weights μ favour the content path, and the " +
-      "control paths pull the other way.");
+  if (!toTarget && hasPrediction && sign(v.edge) && sign(v.first_order) && sign(v.edge) !== sign(v.first_order)) {
+    parts.push("DPA's edge and the prediction differ in sign: the destination's paths pull different ways (the value " +
+      "path against the query and key paths) and μ weighs them unlike the prediction's weight 1 each.");
   }
-  parts.push("Which tells more: the measured change is the causal answer for this one connection; the target's change " +
-    "says whether it matters for the output. The edge is an attribution share (the edges into a node add up to its " +
-    "score): compare it with the other edges, and the measured change with the first-order prediction.");
+  parts.push("Which tells more: the measured change is the causal answer for removing this source as this " +
+    (toTarget ? "model reads it" : "destination reads it; the target's change says whether that matters for the output") +
+    ". The edge is an attribution share: compare it with the other edges into the same node (with conservative " +
+    "weights they add up to its score, else its in_gap holds the rest), and the measured change with the " +
+    "prediction, not with the edge.");
   return parts.join(" ");
 }
 
@@ -2044,7 +2091,7 @@ function viewTabs(ctx) {
   if (!hasGraph(ctx)) return [];
   const on = currentView(ctx);
   const tabs = /** @type {const} */ (["scores", "graph"]).map((v) => {
-    const tab = h("button", { class: "dpa-tab" + (v === on ? " dpa-tab-on" : ""), role: "tab", "data-view": v,
+    const tab = h("button", { class: "dpa-tab" + (v === on ? " dpa-tab-on" : ""), role: "tab", "data-view": v, "data-focus": `tab:${v}`,
       "aria-selected": String(v === on), text: v === "graph" ? "circuit graph" : "scores" });
     tab.addEventListener("click", () => ctx.setTrait("view", v));
     return tab;

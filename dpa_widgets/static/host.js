@@ -2,7 +2,7 @@
 // The host of a page written by dpa_widgets.save_html: the widget's own bundle (its _esm, in the page as text)
 // rendered into the page with the saved traits, and no kernel. It stands in for a notebook's widget manager
 // (which is megabytes of JavaScript) with the few calls the view makes: get, set and save_changes (a
-// selection), on and off (change events), send (nothing answers it: the view goes static after its hello).
+// selection), on and off (change events), send (it throws: no kernel, and the view is static at once).
 // A plain ES module with no imports; export.py puts it in the page's <script type="module">.
 
 const read = (/** @type {string} */ id) => /** @type {HTMLElement} */ (document.getElementById(id)).textContent ?? "";
@@ -24,7 +24,9 @@ const model = {
     handlers.set(event, (handlers.get(event) ?? []).filter((g) => g !== f));
   },
   save_changes() {},
-  send() {},
+  send() {
+    throw new Error("a saved page has no kernel");  // the view goes static at once (no "connecting…")
+  },
 };
 
 const url = URL.createObjectURL(new Blob([read("dpa-esm")], { type: "text/javascript" }));

@@ -133,11 +133,11 @@ describe("renderGraph", () => {
     handle.update({ verified: { [`${edge[0]}->${edge[1]}`]: { source: edge[0], destination: edge[1], edge: 0.2,
       first_order: 0.3, direct: 0.29, target: 0.1, ratio: 0.9667 } } });
     const result = el.querySelector(".dpa-graph-result").textContent;
-    assert.match(result, /measured change: the destination's score in the real model, clean minus with the source removed[^+−]*\+0\.290/);
+    assert.match(result, /measured change: the destination's score S = z · G in the real model \(G held at its DPA value\)[^+−]*\+0\.290/);
     assert.match(result, /first-order prediction[^+−]*\+0\.300/);
     assert.match(result, /DPA's edge[^+−]*\+0\.200/);
     assert.match(result, /measured \/ predicted0\.967/);
-    assert.match(el.querySelector(".dpa-graph-verdict").textContent, /agrees with the first-order prediction in sign/);
+    assert.match(el.querySelector(".dpa-graph-verdict").textContent, /agrees with the first-order prediction in sign and size/);
     handle.update({ verifyReason: "no model attached" });
     assert.equal(el.querySelector("button.dpa-graph-verify").disabled, true);
     handle.update({ threshold: 0.2 });

@@ -72,9 +72,11 @@ describe("pruning", () => {
     const infl = new Map([[1, 0.5], [2, 0.25], [3, 0.25], [4, 0]]);
     assert.deepEqual(pruneUnits(infl, [1, 2, 3, 4], 0.5), [1]);
     assert.deepEqual(pruneUnits(infl, [1, 2, 3, 4], 0.6), [1, 2], "2 before 3: same influence, lower id");
-    assert.deepEqual(pruneUnits(infl, [1, 2, 3, 4], 1), [1, 2, 3], "a unit of no influence is never needed");
+    assert.deepEqual(pruneUnits(infl, [1, 2, 3, 4], 0.99), [1, 2, 3], "a unit of no influence is never needed");
+    assert.deepEqual(pruneUnits(infl, [4, 1, 2, 3], 1), [1, 2, 3, 4], "1: nothing pruned, no influence or not");
     assert.deepEqual(pruneUnits(infl, [1, 2, 3, 4], 0), []);
-    assert.deepEqual(pruneUnits(new Map([[1, 0]]), [1], 1), [], "no influence at all: nothing kept");
+    assert.deepEqual(pruneUnits(new Map([[1, 0]]), [1], 0.5), [], "no influence at all: nothing kept below 1");
+    assert.deepEqual(pruneUnits(new Map([[1, 0]]), [1], 1), [1]);
   });
 
   for (const { name, circuit, pruned } of FIXTURE.cases) {
@@ -295,14 +297,19 @@ describe("edges", () => {
 describe("words", () => {
   test("verifyVerdict: agreement, a sign disagreement, a size disagreement, edge and prediction apart", () => {
     const base = { source: "a", destination: "b", target: 0.1 };
-    assert.match(verifyVerdict({ ...base, edge: 0.2, first_order: 0.3, direct: 0.29, ratio: 0.97 }), /agrees .* in sign and roughly in size/);
+    assert.match(verifyVerdict({ ...base, edge: 0.2, first_order: 0.3, direct: 0.29, ratio: 0.97 }), /agrees .* in sign and size/);
     const flip = verifyVerdict({ ...base, edge: -0.124, first_order: -0.49, direct: 1.1, ratio: -2.26 });
     assert.match(flip, /^Sign disagreement: removing the source moves the destination the other way from the first-order prediction/);
-    assert.match(flip, /control paths/);
+    assert.match(flip, /beyond first order/);
     assert.match(flip, /Which tells more: the measured change is the causal answer/);
-    assert.match(verifyVerdict({ ...base, edge: 0.1, first_order: 0.1, direct: 0.5, ratio: 5 }), /Same sign .* ×5\.00 its size/);
+    assert.match(verifyVerdict({ ...base, edge: 0.1, first_order: 0.1, direct: 0.55, ratio: 5.5 }), /Same sign .* ×5\.50 its size/);
+    assert.match(verifyVerdict({ ...base, edge: 0.1, first_order: 0.1, direct: 0.055, ratio: 0.55 }), /×0\.55 its size/);
     assert.match(verifyVerdict({ ...base, edge: -0.1, first_order: 0.3, direct: 0.3, ratio: 1 }), /DPA's edge and the prediction differ in sign/);
     assert.match(verifyVerdict({ ...base, edge: 0.1, direct: -0.1, ratio: -1 }), /other way from DPA's edge/);
+    assert.match(verifyVerdict({ ...base, edge: 0.1, direct: 0.2, ratio: 2 }), /sizes do not compare/);
+    const target = verifyVerdict({ source: "a", destination: "target", edge: 2.19, first_order: 2.19, direct: -1, target: -1, ratio: -0.46 });
+    assert.match(target, /the target the other way .* final norm's scale/);
+    assert.doesNotMatch(target, /target's change says/);
   });
 
   test("scoreName: a unit's score at its position, or summed over positions", () => {

@@ -20,7 +20,7 @@ function viewTabs(ctx) {
   if (!hasGraph(ctx)) return [];
   const on = currentView(ctx);
   const tabs = /** @type {const} */ (["scores", "graph"]).map((v) => {
-    const tab = h("button", { class: "dpa-tab" + (v === on ? " dpa-tab-on" : ""), role: "tab", "data-view": v,
+    const tab = h("button", { class: "dpa-tab" + (v === on ? " dpa-tab-on" : ""), role: "tab", "data-view": v, "data-focus": `tab:${v}`,
       "aria-selected": String(v === on), text: v === "graph" ? "circuit graph" : "scores" });
     tab.addEventListener("click", () => ctx.setTrait("view", v));
     return tab;
