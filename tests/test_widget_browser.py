@@ -594,13 +594,20 @@ def test_graph_zooms_pans_and_answers_the_keyboard(browser, tmp_path, long_circu
         assert view_box(graph)[0] > start[0], "the arrow keys pan"
         page.keyboard.press("0")
         assert zoom() == pytest.approx(fitted["zoom"], rel=1e-3)
-        page.keyboard.press("Tab")  # the first node
-        focused = page.evaluate("() => document.activeElement.getAttribute('data-label')")
-        assert focused, "Tab does not reach the nodes"
+        label = "() => document.activeElement.getAttribute('data-label')"
+        page.keyboard.press("Tab")  # one stop for the graph's nodes: the target (a roving tabindex)
+        assert page.evaluate(label) == "target", "Tab does not reach the nodes"
+        page.keyboard.press("ArrowDown")  # from node to node
+        focused = page.evaluate(label)
+        assert focused and focused != "target", focused
         page.keyboard.press("Enter")
         title = graph.locator(".dpa-graph-panel .dpa-graph-title")
         assert title.inner_text().startswith(focused), title.inner_text()
+        assert page.evaluate(label) == focused, "the focus stays on the node it selected"
+        page.keyboard.press("Tab")  # out of the graph in one step
+        assert page.evaluate(label) is None
         page.keyboard.press("Shift+Tab")
+        assert page.evaluate(label) == focused, "back to the selected node"
         page.keyboard.press("Escape")
         assert graph.locator(".dpa-graph-panel .dpa-graph-title").count() == 0, "Escape clears the selection"
 

@@ -832,6 +832,7 @@ const GRAPH_CSS = `
 .dpa-graph button:disabled { opacity: 0.5; cursor: default; }
 .dpa-graph-reason { color: var(--g-muted); font-size: 11px; border-left: 3px solid var(--g-accent); padding: 0 5px; margin: 3px 0; }
 .dpa-graph-result { margin: 3px 0; }
+.dpa-graph-verified { row-gap: 3px; }
 .dpa-graph-verified span:nth-child(2n+1) { color: var(--g-muted); font-size: 11px; }
 .dpa-graph-verdict { font-size: 11px; margin: 3px 0; border-left: 3px solid var(--g-accent); padding: 0 5px; }
 .dpa-graph-hover { min-height: 1.3em; color: var(--g-muted); font-family: var(--jp-code-font-family, monospace);
@@ -925,7 +926,8 @@ function graphFrame(g) {
     scroll: make("div", { class: "dpa-graph-scroll" }),
     rows: make("div", { class: "dpa-graph-rows", "aria-hidden": "true" }),
     viewport: make("div", { class: "dpa-graph-viewport", tabindex: 0, role: "group",
-      "aria-label": "circuit graph: Tab to its nodes, Enter selects; drag or arrow keys pan, + and − zoom, 0 fits",
+      "aria-label": "circuit graph: drag or arrow keys pan, + and − zoom, 0 fits; Tab to a node, then the arrow keys " +
+        "go from node to node and Enter selects",
       title: "drag or arrow keys: pan · ctrl + wheel, + or −: zoom · 0: fit" }),
     zoomLevel: make("span", { class: "dpa-graph-zoom-level" }),
     panel: make("div", { class: "dpa-graph-panel" }), hover: make("div", { class: "dpa-graph-hover", text: " " }),
@@ -1137,6 +1139,14 @@ function viewEvents(g) {
     if (node && (ev.key === "Enter" || ev.key === " ")) {
       ev.preventDefault();
       selectNode(g, /** @type {GraphNode} */ (g.byId.get(Number(node.getAttribute("data-id"))))?.label ?? null);
+      /** @type {HTMLElement | undefined} */ (g.nodeEls.get(Number(node.getAttribute("data-id"))))?.focus({ preventScroll: true });
+    } else if (node && ev.key.startsWith("Arrow") && !ev.ctrlKey && !ev.metaKey && !ev.altKey) {
+      ev.preventDefault();  // from node to node; on the viewport itself the arrows pan
+      const next = nodeToward(g, Number(node.getAttribute("data-id")), ev.key);
+      if (next !== null) {
+        setRoving(g, /** @type {GraphNode} */ (g.byId.get(next)).label);
+        /** @type {HTMLElement} */ (g.nodeEls.get(next)).focus({ preventScroll: true });
+      }
     } else if (keys[ev.key] && !ev.ctrlKey && !ev.metaKey && !ev.altKey) {
       ev.preventDefault();
       keys[ev.key]();
@@ -1245,7 +1255,8 @@ function graphNodes(g, graph, lay) {
     const text = target ? targetBoxText(graph) : isUnit(n) ? unitText(n) :
       lay.level && wide ? lay.columns.labels[/** @type {number} */ (n.position)] : "";
     const el = make("g", { class: `dpa-graph-node dpa-graph-${n.kind}`, "data-id": n.id, "data-label": n.label,
-      tabindex: 0, role: "button", "aria-label": `${nodeName(graph, n)}, score ${formatScore(n.score)}` }, [
+      tabindex: n.label === rovingLabel(g, graph) ? 0 : -1, role: "button",
+      "aria-label": `${nodeName(graph, n)}, score ${formatScore(n.score)}` }, [
       make("rect", { x: px(box.x), y: px(box.y), width: px(box.w), height: px(box.h), rx: n.kind === "head" ? 8 : 2, fill,
         style: target ? "fill: var(--g-chip)" : null }),
       ...(text ? [make("text", { x: px(box.x + box.w / 2), y: px(box.y + box.h / 2 + 3.5), "text-anchor": "middle",
@@ -1257,6 +1268,42 @@ function graphNodes(g, graph, lay) {
     if (wide && !lay.level) layer.append(slantedLabel(graph, lay, n, box));
   }
   return layer;
+}
+
+/**
+ * The one node in the Tab order (a roving tabindex: the arrow keys go from node to node): the selected node
+ * when it is drawn, else the target. @param {GraphState} g @param {GraphData} graph
+ */
+function rovingLabel(g, graph) {
+  return g.selected !== null && graph.nodes.some((n) => n.label === g.selected) ? g.selected : "target";
+}
+
+/** Put ``label``'s node alone in the Tab order. @param {GraphState} g @param {string} label */
+function setRoving(g, label) {
+  for (const [id, el] of g.nodeEls) el.setAttribute("tabindex", g.byId.get(id)?.label === label ? "0" : "-1");
+}
+
+/**
+ * The node next to ``id`` in the direction of an arrow key: the nearest box whose centre lies that way (by
+ * distance, the sideways offset counting double). @param {GraphState} g @param {number} id @param {string} key
+ */
+function nodeToward(g, id, key) {
+  const boxes = g.layout?.boxes;
+  const from = boxes?.get(id);
+  if (!boxes || !from) return null;
+  const c = (/** @type {{x: number, y: number, w: number, h: number}} */ b) => [b.x + b.w / 2, b.y + b.h / 2];
+  const [x0, y0] = c(from);
+  const [dx, dy] = { ArrowLeft: [-1, 0], ArrowRight: [1, 0], ArrowUp: [0, -1], ArrowDown: [0, 1] }[key] ?? [0, 0];
+  let best = null, bestD = Infinity;
+  for (const [other, b] of boxes) {
+    if (other === id || !g.nodeEls.has(other)) continue;
+    const [x, y] = c(b);
+    const along = (x - x0) * dx + (y - y0) * dy, across = Math.abs((x - x0) * dy) + Math.abs((y - y0) * dx);
+    if (along <= 0.5) continue;
+    const d = along + 2 * across;
+    if (d < bestD) { bestD = d; best = other; }
+  }
+  return best;
 }
 
 /** A token's label slanting down from under its dot (columns too narrow for level labels). */
@@ -1354,6 +1401,7 @@ function graphHover(g, id) {
 function selectNode(g, label) {
   const next = label === g.selected ? null : label;
   g.selected = next;
+  if (g.pruned) setRoving(g, rovingLabel(g, g.pruned));
   graphHighlight(g);
   graphPanel(g);
   g.opts.onSelect?.(next);
@@ -2041,7 +2089,8 @@ export function viewContext(model, root) {
   const ctx = {
     model, root, get,
     /** @type {{hover: string, neuronLayer: number|null, neuronCount: number}} */
-    ui: { hover: "", neuronLayer: null, neuronCount: 12, /** @type {number[] | null} */ headCursor: null },
+    ui: { hover: "", neuronLayer: null, neuronCount: 12, /** @type {number[] | null} */ headCursor: null,
+      /** @type {number | null} */ barCursor: null },
     /** @type {Kernel} */
     kernel: "connecting",
     hoverLine: h("div", { class: "dpa-hover", text: " " }),
@@ -2406,6 +2455,34 @@ export function expertsView(ctx) {
 // The MLP totals per layer and the list of top neurons.
 /** @typedef {import("./context.js").Ctx} Ctx */
 
+/**
+ * The MLP bars from the keyboard: the arrow keys move a cursor over the layers (from the layer shown), Enter
+ * or space filters the neuron list to it (again: all layers).
+ * @param {Ctx} ctx @param {Element} svg @param {number[]} totals
+ */
+function barKeys(ctx, svg, totals) {
+  let at = ctx.ui.barCursor ?? ctx.ui.neuronLayer ?? 0;
+  const mark = () => {
+    svg.querySelectorAll(".dpa-cursor").forEach((n) => n.classList.remove("dpa-cursor"));
+    svg.querySelector(`rect.dpa-bar[data-layer="${at}"]`)?.classList.add("dpa-cursor");
+    ctx.setHover(`MLP layer ${at} total: ${formatScore(totals[at])} · Enter: its top neurons`);
+  };
+  svg.addEventListener("keydown", (/** @type {Event} */ ev) => {
+    const key = /** @type {KeyboardEvent} */ (ev).key;
+    if (key === "ArrowUp" || key === "ArrowDown") {
+      at = Math.max(0, Math.min(totals.length - 1, at + (key === "ArrowDown" ? 1 : -1)));
+      ctx.ui.barCursor = at;
+      mark();
+    } else if (key === "Enter" || key === " ") {
+      ctx.ui.barCursor = at;
+      ctx.ui.neuronLayer = ctx.ui.neuronLayer === at ? null : at;
+      ctx.redraw();
+    } else return;
+    ev.preventDefault();
+  });
+  svg.addEventListener("focus", () => mark());
+}
+
 /** @param {Ctx} ctx */
 export function neuronsView(ctx) {
   const data = ctx.get("_data");
@@ -2414,7 +2491,9 @@ export function neuronsView(ctx) {
   const { cell, top } = gridSize(data);
   const lay = headLayout(data.n_layers, 1, 1, { cell, left: 0, top });  // rows level with the head heatmap's
   const bw = 120;
-  const svg = h("svg", { class: "dpa-bars", width: bw + 4, height: lay.height });
+  const svg = h("svg", { class: "dpa-bars", width: bw + 4, height: lay.height, tabindex: 0, "data-focus": "bars",
+    "aria-label": "MLP totals by layer: the arrow keys move, Enter shows that layer's top neurons (again: all layers)" });
+  barKeys(ctx, svg, totals);
   svg.append(h("line", { x1: bw / 2, x2: bw / 2, y1: 0, y2: lay.height, class: "dpa-zero" }));
   totals.forEach((v, l) => {
     const w = Math.abs(v) / max * bw / 2;

@@ -284,6 +284,20 @@ describe("render", () => {
     assert.ok(window.document.activeElement?.matches("input.dpa-typed"), "a control keeps the focus across a redraw");
   });
 
+  test("the MLP bars from the keyboard: arrows move over the layers, Enter shows that layer's neurons", () => {
+    const { el } = mount();
+    const key = (node, k) => node.dispatchEvent(new window.KeyboardEvent("keydown", { key: k, bubbles: true }));
+    const bars = el.querySelector("svg.dpa-bars");
+    assert.equal(bars.getAttribute("tabindex"), "0");
+    bars.focus();
+    key(bars, "ArrowDown");
+    assert.ok(el.querySelector('rect.dpa-bar.dpa-cursor[data-layer="1"]'));
+    key(bars, "Enter");
+    assert.match(el.textContent, /top neurons \(layer 1\)/);
+    key(el.querySelector("svg.dpa-bars"), "Enter");
+    assert.match(el.textContent, /top neurons \(all layers\)/);
+  });
+
   test("the head heatmap from the keyboard: arrows move a cursor, Enter selects the head under it", () => {
     const { model, el } = mount();
     const key = (node, k) => node.dispatchEvent(new window.KeyboardEvent("keydown", { key: k, bubbles: true }));

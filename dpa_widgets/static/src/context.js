@@ -14,7 +14,8 @@ export function viewContext(model, root) {
   const ctx = {
     model, root, get,
     /** @type {{hover: string, neuronLayer: number|null, neuronCount: number}} */
-    ui: { hover: "", neuronLayer: null, neuronCount: 12, /** @type {number[] | null} */ headCursor: null },
+    ui: { hover: "", neuronLayer: null, neuronCount: 12, /** @type {number[] | null} */ headCursor: null,
+      /** @type {number | null} */ barCursor: null },
     /** @type {Kernel} */
     kernel: "connecting",
     hoverLine: h("div", { class: "dpa-hover", text: " " }),
