@@ -176,13 +176,14 @@ class Circuit:
         return circuit_report(self, top=top)
 
     def to_json(self) -> dict[str, Any]:
-        """Everything the widget and the CLI's page draw: nodes with their scores, gaps and influence, and the
-        non-zero edges as [source, destination, effect]."""
+        """Everything the widget and the CLI's page draw: nodes with their scores, gaps and influence (and, for a
+        unit or the target, ``in_positions``: its in-flow by the position read, the non-zero entries as
+        [position, value]), and the non-zero edges as [source, destination, effect]."""
         infl = self.influence()
         nodes = [dict(id=i, kind=n.kind, label=n.label, layer=n.layer, index=n.index, position=n.position,
                       of=n.of, score=_num(self.scores[i]), in_gap=_num(self.in_gap[i]), bias_in=_num(self.bias_in[i]),
                       out_rest=_num(self.out_rest[i]), influence=_num(infl[i]),
-                      **({"in_positions": [_num(x) for x in self.in_positions[i]]} if n.kind in LETTER or
+                      **({"in_positions": _sparse(self.in_positions[i])} if n.kind in LETTER or
                          n.kind == "target" else {})) for i, n in enumerate(self.nodes)]
         nz = self.edges.nonzero().tolist()
         edges = [[s, d, _num(self.edges[s, d])] for s, d in nz]
@@ -262,6 +263,11 @@ class ModelIdentity:
                 raise ModelStateError(f"model: {new[0]} (its {how}) changed since the circuit was computed (edited in "
                                       "place, replaced or moved): the circuit's edges are not this model's; compute "
                                       "the circuit again")
+
+
+def _sparse(row: Tensor) -> list[list]:
+    """The non-zero entries of a row as [index, value] (a long prompt's in-flow by position is mostly zeros)."""
+    return [[p, _num(row[p])] for p in row.nonzero().flatten().tolist()]
 
 
 def _num(x) -> float | None:

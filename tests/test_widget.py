@@ -662,8 +662,10 @@ def circuit_from_json(data: dict) -> dpa.Circuit:
     for s, d, e in data["edges"]:
         edges[s, d] = e
     column = lambda key: torch.tensor([n[key] or 0.0 for n in data["nodes"]], dtype=torch.float64)  # noqa: E731
-    reads = torch.tensor([[v or 0.0 for v in n.get("in_positions", [0.0] * len(data["tokens"]))]
-                          for n in data["nodes"]], dtype=torch.float64)
+    reads = torch.zeros(len(nodes), len(data["tokens"]), dtype=torch.float64)
+    for i, n in enumerate(data["nodes"]):
+        for p, v in n.get("in_positions", []):
+            reads[i, p] = v or 0.0
     return dpa.Circuit(nodes=nodes, edges=edges, scores=column("score"), in_gap=column("in_gap"),
                        bias_in=column("bias_in"), out_rest=column("out_rest"), in_positions=reads,
                        tokens=data["tokens"], token_ids=data["token_ids"], target=TargetInfo(**data["target"]),

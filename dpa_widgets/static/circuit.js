@@ -133,7 +133,8 @@
  * @property {number | null} bias_in
  * @property {number | null} out_rest
  * @property {number | null} [influence]
- * @property {(number | null)[]} [in_positions]  a unit's or the target's in-flow by the position it reads
+ * @property {[number, number | null][]} [in_positions]  a unit's or the target's in-flow by the position it reads:
+ *   the non-zero entries as [position, value]
  *
  * @typedef GraphData  Circuit.to_json()
  * @property {string} [kind]
@@ -1513,8 +1514,8 @@ export function scoreName(graph, node) {
 /** "reads at: 5 ·John +0.31, 1 ·Mary −0.12": the positions its in-flow comes from, by |value| (in_positions). */
 function readPositions(/** @type {GraphData} */ graph, /** @type {GraphNode} */ node, /** @type {number} */ k) {
   const by = node.in_positions;
-  if (!by || by.length < 2) return "";
-  const top = by.map((v, p) => [p, v ?? 0]).filter(([, v]) => v !== 0)
+  if (!by || graph.tokens.length < 2) return "";
+  const top = by.map(([p, v]) => [p, v ?? 0]).filter(([, v]) => v !== 0)
     .sort((a, b) => Math.abs(b[1]) - Math.abs(a[1]) || a[0] - b[0]).slice(0, k);
   return top.length ? "in-flow by the position read: " + top.map(([p, v]) =>
     `${p} ${shortLabel(tokenLabel(graph.tokens[p] ?? ""), 10)} ${formatScore(v)}`).join(", ") : "";

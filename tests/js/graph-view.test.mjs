@@ -72,6 +72,14 @@ describe("renderGraph", () => {
     assert.deepEqual(calls.at(-1), ["hover", null]);
   });
 
+  test("a selected unit says where its in-flow is read (in_positions: [position, value] pairs, largest first)", () => {
+    const { el } = mountGraph();
+    fire(node(el, TOP.label), "click");
+    const pairs = [...TOP.in_positions].sort((a, b) => Math.abs(b[1]) - Math.abs(a[1]));
+    const text = el.querySelector(".dpa-graph-reads").textContent;
+    assert.ok(text.startsWith(`in-flow by the position read: ${pairs[0][0]} `), text);
+  });
+
   test("clicking a node selects it: its in- and out-flows in the panel; again unselects", () => {
     const { el, calls } = mountGraph();
     fire(node(el, TOP.label), "click");
