@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --json: write the scores at the precision they were computed in (float64 models)")
     p.add_argument("--json-neurons", type=_neuron_count, metavar="K|all",
                    help="with --json: the neurons written, the K most positive and K most negative of each layer "
-                        "with each layer's total (default 16: 31 kB for a 5-token prompt on SmolLM2, where every "
+                        "with each layer's total (default 16: 23 kB for a 5-token prompt on SmolLM2, where every "
                         "neuron's score takes 0.66 MB), or 'all'")
     p.add_argument("--html", type=Path, metavar="FILE", help="write a standalone HTML report")
     p.add_argument("--color", choices=("auto", "always", "never"), default="auto",

@@ -200,8 +200,7 @@ def _esc(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
-def _component_rows(res: Attribution, top: int) -> str:
-    comps, _ = ranked(res, top)
+def _component_rows(comps: dict[str, list[Component]]) -> str:
     rows = []
     for rank, (p, n) in enumerate(zip_longest(comps["positive"], comps["negative"]), start=1):
         cells = [f"<td>{rank}</td>"]
@@ -246,6 +245,7 @@ def html_report(res: Attribution, *, top: int = 10, prompt: str | None = None) -
     scale = color_scale(res)
     special = res.special or [False] * len(res.tokens)
     spans = token_spans(res)
+    comps, what = ranked(res, top)
     table = [f"<tr><td>{i}</td><td><code>{_esc(repr(tok))}</code>{' (special)' if special[i] else ''}</td>"
              f"<td class='num'>{s:+.4f}</td></tr>" for i, (tok, s) in enumerate(zip(res.tokens, res.token_scores.tolist()))]
     gradient = ", ".join(RDBU)
@@ -273,9 +273,9 @@ The underlined token is the target position.{clipped} Hover a token for its scor
 {''.join(table)}
 </table></details>
 <h2>Top components</h2>
-<p class="note">{_esc(ranked(res, top)[1][0].upper() + ranked(res, top)[1][1:])} ([layer, head], [layer, neuron]), by score.</p>
+<p class="note">{_esc(what[0].upper() + what[1:])} ([layer, head], [layer, neuron]), by score.</p>
 <table><tr><th>#</th><th>positive</th><th>score</th><th>negative</th><th>score</th></tr>
-{_component_rows(res, top)}
+{_component_rows(comps)}
 </table>
 <h2>Top predictions</h2>
 <table><tr><th>token</th><th>p</th></tr>

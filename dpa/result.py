@@ -261,10 +261,9 @@ class Attribution:
             out["neuron_scores"] = None
             out["neuron_position_scores"] = None
         if top is not None:
-            rnd = (lambda v: float(torch.tensor(v, dtype=torch.float32))) if short else float
+            row = lambda values: _encode(_as_list(torch.tensor(values, dtype=torch.float64), short))  # noqa: E731
             out["top_neurons"] = {"k": top.k, "d_mlp": top.d_mlp, "index": top.index,
-                                  "score": _encode([[rnd(v) for v in row] for row in top.score]),
-                                  "total": _encode([rnd(v) for v in top.total])}
+                                  "score": [row(r) for r in top.score], "total": row(top.total)}
         return out
 
     def to_json(self, path: str | None = None, **kwargs) -> str:
@@ -505,9 +504,13 @@ def _neuron_top(value: dict, result: Attribution) -> NeuronTop:
 
 
 def _number(name: str, value: Any) -> float:
-    """A saved score: a number, or null (NaN: to_dict writes NaN and infinities as null)."""
-    return math.nan if value is None else check_float(name, value) if not isinstance(value, float) or math.isfinite(value) \
-        else float(value)
+    """A saved score: a number, or null (NaN: to_dict writes NaN and infinities as null); a float that is not
+    finite (a dict built in Python) is kept as it is."""
+    if value is None:
+        return math.nan
+    if isinstance(value, float) and not math.isfinite(value):
+        return value
+    return check_float(name, value)
 
 
 def _scores(name: str, value: Any, dims: int, dtype: torch.dtype) -> Tensor | None:

@@ -2032,6 +2032,27 @@ export function pressable(el, key, action) {
   return el;
 }
 
+/**
+ * A cursor over a drawing's cells for the keyboard: ``el`` joins the Tab order (``key`` names it for the
+ * redraw); an arrow key calls ``move`` (true: the cursor moved, and ``mark`` shows it), Enter or space ``act``;
+ * focusing ``el`` shows the cursor.
+ * @param {Element} el @param {string} key @param {string} label
+ * @param {{move: (arrow: string) => boolean, mark: () => void, act: () => void}} cursor
+ */
+export function arrowCursor(el, key, label, { move, mark, act }) {
+  el.setAttribute("tabindex", "0");
+  el.setAttribute("data-focus", key);
+  el.setAttribute("aria-label", label);
+  el.addEventListener("keydown", (/** @type {Event} */ ev) => {
+    const k = /** @type {KeyboardEvent} */ (ev).key;
+    if (k === "Enter" || k === " ") act();
+    else if (k.startsWith("Arrow") && move(k)) mark();
+    else return;
+    ev.preventDefault();
+  });
+  el.addEventListener("focus", mark);
+}
+
 /** @param {string} name @param {string} text @param {string} type */
 export function download(name, text, type) {
   const url = URL.createObjectURL(new Blob([text], { type }));
@@ -2317,36 +2338,32 @@ export function routedHeads(ctx) {
  * @param {number[] | null} locked
  */
 function headKeys(ctx, svg, data, lay, locked) {
-  svg.setAttribute("tabindex", "0");
-  svg.setAttribute("data-focus", "heads");
-  svg.setAttribute("aria-label", "heads, layer by head: the arrow keys move, Enter selects");
   const cur = ctx.ui.headCursor ?? (locked ? [locked[0], locked[1]] : [0, 0]);
   const down = lay.rowY(Math.min(1, data.n_layers - 1)) >= lay.rowY(0) ? 1 : -1;  // which way the layers run
   const mark = () => {
     svg.querySelectorAll(".dpa-cursor").forEach((n) => n.classList.remove("dpa-cursor"));
-    const cell = svg.querySelector(`rect.dpa-head[data-layer="${cur[0]}"][data-head="${cur[1]}"]`);
-    cell?.classList.add("dpa-cursor");
+    svg.querySelector(`rect.dpa-head[data-layer="${cur[0]}"][data-head="${cur[1]}"]`)?.classList.add("dpa-cursor");
     ctx.setHover(`head L${cur[0]}.H${cur[1]}: ${formatScore(data.head_scores[cur[0]][cur[1]])} summed over positions` +
       " · Enter selects");
   };
-  if (ctx.ui.headCursor) mark();
-  svg.addEventListener("keydown", (/** @type {Event} */ ev) => {
-    const key = /** @type {KeyboardEvent} */ (ev).key;
-    /** @type {Record<string, number[]>} */
-    const moves = { ArrowUp: [-down, 0], ArrowDown: [down, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1] };
-    if (moves[key]) {
-      cur[0] = Math.max(0, Math.min(data.n_layers - 1, cur[0] + moves[key][0]));
-      cur[1] = Math.max(0, Math.min(data.n_heads - 1, cur[1] + moves[key][1]));
+  /** @type {Record<string, number[]>} */
+  const moves = { ArrowUp: [-down, 0], ArrowDown: [down, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1] };
+  arrowCursor(svg, "heads", "heads, layer by head: the arrow keys move, Enter selects", {
+    move: (arrow) => {
+      if (!moves[arrow]) return false;
+      cur[0] = Math.max(0, Math.min(data.n_layers - 1, cur[0] + moves[arrow][0]));
+      cur[1] = Math.max(0, Math.min(data.n_heads - 1, cur[1] + moves[arrow][1]));
       ctx.ui.headCursor = cur;
-      mark();
-    } else if (key === "Enter" || key === " ") {
+      return true;
+    },
+    mark,
+    act: () => {
       const same = locked && locked[0] === cur[0] && locked[1] === cur[1];
       ctx.ui.headCursor = cur;
       ctx.setTrait("selected_head", same ? null : [cur[0], cur[1]]);
-    } else return;
-    ev.preventDefault();
+    },
   });
-  svg.addEventListener("focus", () => mark());
+  if (ctx.ui.headCursor) mark();
 }
 
 /** @param {Ctx} ctx */
@@ -2463,25 +2480,24 @@ export function expertsView(ctx) {
  */
 function barKeys(ctx, svg, totals) {
   let at = ctx.ui.barCursor ?? ctx.ui.neuronLayer ?? 0;
-  const mark = () => {
-    svg.querySelectorAll(".dpa-cursor").forEach((n) => n.classList.remove("dpa-cursor"));
-    svg.querySelector(`rect.dpa-bar[data-layer="${at}"]`)?.classList.add("dpa-cursor");
-    ctx.setHover(`MLP layer ${at} total: ${formatScore(totals[at])} · Enter: its top neurons`);
-  };
-  svg.addEventListener("keydown", (/** @type {Event} */ ev) => {
-    const key = /** @type {KeyboardEvent} */ (ev).key;
-    if (key === "ArrowUp" || key === "ArrowDown") {
-      at = Math.max(0, Math.min(totals.length - 1, at + (key === "ArrowDown" ? 1 : -1)));
+  arrowCursor(svg, "bars", "MLP totals by layer: the arrow keys move, Enter shows that layer's top neurons (again: all layers)", {
+    move: (arrow) => {
+      if (arrow !== "ArrowUp" && arrow !== "ArrowDown") return false;
+      at = Math.max(0, Math.min(totals.length - 1, at + (arrow === "ArrowDown" ? 1 : -1)));
       ctx.ui.barCursor = at;
-      mark();
-    } else if (key === "Enter" || key === " ") {
+      return true;
+    },
+    mark: () => {
+      svg.querySelectorAll(".dpa-cursor").forEach((n) => n.classList.remove("dpa-cursor"));
+      svg.querySelector(`rect.dpa-bar[data-layer="${at}"]`)?.classList.add("dpa-cursor");
+      ctx.setHover(`MLP layer ${at} total: ${formatScore(totals[at])} · Enter: its top neurons`);
+    },
+    act: () => {
       ctx.ui.barCursor = at;
       ctx.ui.neuronLayer = ctx.ui.neuronLayer === at ? null : at;
       ctx.redraw();
-    } else return;
-    ev.preventDefault();
+    },
   });
-  svg.addEventListener("focus", () => mark());
 }
 
 /** @param {Ctx} ctx */
@@ -2492,8 +2508,7 @@ export function neuronsView(ctx) {
   const { cell, top } = gridSize(data);
   const lay = headLayout(data.n_layers, 1, 1, { cell, left: 0, top });  // rows level with the head heatmap's
   const bw = 120;
-  const svg = h("svg", { class: "dpa-bars", width: bw + 4, height: lay.height, tabindex: 0, "data-focus": "bars",
-    "aria-label": "MLP totals by layer: the arrow keys move, Enter shows that layer's top neurons (again: all layers)" });
+  const svg = h("svg", { class: "dpa-bars", width: bw + 4, height: lay.height });
   barKeys(ctx, svg, totals);
   svg.append(h("line", { x1: bw / 2, x2: bw / 2, y1: 0, y2: lay.height, class: "dpa-zero" }));
   totals.forEach((v, l) => {

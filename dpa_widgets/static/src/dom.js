@@ -36,6 +36,27 @@ export function pressable(el, key, action) {
   return el;
 }
 
+/**
+ * A cursor over a drawing's cells for the keyboard: ``el`` joins the Tab order (``key`` names it for the
+ * redraw); an arrow key calls ``move`` (true: the cursor moved, and ``mark`` shows it), Enter or space ``act``;
+ * focusing ``el`` shows the cursor.
+ * @param {Element} el @param {string} key @param {string} label
+ * @param {{move: (arrow: string) => boolean, mark: () => void, act: () => void}} cursor
+ */
+export function arrowCursor(el, key, label, { move, mark, act }) {
+  el.setAttribute("tabindex", "0");
+  el.setAttribute("data-focus", key);
+  el.setAttribute("aria-label", label);
+  el.addEventListener("keydown", (/** @type {Event} */ ev) => {
+    const k = /** @type {KeyboardEvent} */ (ev).key;
+    if (k === "Enter" || k === " ") act();
+    else if (k.startsWith("Arrow") && move(k)) mark();
+    else return;
+    ev.preventDefault();
+  });
+  el.addEventListener("focus", mark);
+}
+
 /** @param {string} name @param {string} text @param {string} type */
 export function download(name, text, type) {
   const url = URL.createObjectURL(new Blob([text], { type }));

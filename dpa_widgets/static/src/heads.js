@@ -1,6 +1,6 @@
 // @ts-check
 // The layer x head heatmap.
-import { h, legend } from "./dom.js";
+import { arrowCursor, h, legend } from "./dom.js";
 import { symmetricMax, divergingColor, formatScore, headLayout, axisTicks } from "./helpers.js";
 /** @typedef {import("./context.js").Ctx} Ctx */
 
@@ -26,36 +26,32 @@ export function routedHeads(ctx) {
  * @param {number[] | null} locked
  */
 function headKeys(ctx, svg, data, lay, locked) {
-  svg.setAttribute("tabindex", "0");
-  svg.setAttribute("data-focus", "heads");
-  svg.setAttribute("aria-label", "heads, layer by head: the arrow keys move, Enter selects");
   const cur = ctx.ui.headCursor ?? (locked ? [locked[0], locked[1]] : [0, 0]);
   const down = lay.rowY(Math.min(1, data.n_layers - 1)) >= lay.rowY(0) ? 1 : -1;  // which way the layers run
   const mark = () => {
     svg.querySelectorAll(".dpa-cursor").forEach((n) => n.classList.remove("dpa-cursor"));
-    const cell = svg.querySelector(`rect.dpa-head[data-layer="${cur[0]}"][data-head="${cur[1]}"]`);
-    cell?.classList.add("dpa-cursor");
+    svg.querySelector(`rect.dpa-head[data-layer="${cur[0]}"][data-head="${cur[1]}"]`)?.classList.add("dpa-cursor");
     ctx.setHover(`head L${cur[0]}.H${cur[1]}: ${formatScore(data.head_scores[cur[0]][cur[1]])} summed over positions` +
       " · Enter selects");
   };
-  if (ctx.ui.headCursor) mark();
-  svg.addEventListener("keydown", (/** @type {Event} */ ev) => {
-    const key = /** @type {KeyboardEvent} */ (ev).key;
-    /** @type {Record<string, number[]>} */
-    const moves = { ArrowUp: [-down, 0], ArrowDown: [down, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1] };
-    if (moves[key]) {
-      cur[0] = Math.max(0, Math.min(data.n_layers - 1, cur[0] + moves[key][0]));
-      cur[1] = Math.max(0, Math.min(data.n_heads - 1, cur[1] + moves[key][1]));
+  /** @type {Record<string, number[]>} */
+  const moves = { ArrowUp: [-down, 0], ArrowDown: [down, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1] };
+  arrowCursor(svg, "heads", "heads, layer by head: the arrow keys move, Enter selects", {
+    move: (arrow) => {
+      if (!moves[arrow]) return false;
+      cur[0] = Math.max(0, Math.min(data.n_layers - 1, cur[0] + moves[arrow][0]));
+      cur[1] = Math.max(0, Math.min(data.n_heads - 1, cur[1] + moves[arrow][1]));
       ctx.ui.headCursor = cur;
-      mark();
-    } else if (key === "Enter" || key === " ") {
+      return true;
+    },
+    mark,
+    act: () => {
       const same = locked && locked[0] === cur[0] && locked[1] === cur[1];
       ctx.ui.headCursor = cur;
       ctx.setTrait("selected_head", same ? null : [cur[0], cur[1]]);
-    } else return;
-    ev.preventDefault();
+    },
   });
-  svg.addEventListener("focus", () => mark());
+  if (ctx.ui.headCursor) mark();
 }
 
 /** @param {Ctx} ctx */

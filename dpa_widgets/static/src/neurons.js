@@ -1,6 +1,6 @@
 // @ts-check
 // The MLP totals per layer and the list of top neurons.
-import { h, legend, pressable } from "./dom.js";
+import { arrowCursor, h, legend, pressable } from "./dom.js";
 import { symmetricMax, divergingColor, formatScore, headLayout, topNeurons, neuronLabel, neuronInExpert } from "./helpers.js";
 import { gridSize } from "./heads.js";
 /** @typedef {import("./context.js").Ctx} Ctx */
@@ -12,25 +12,24 @@ import { gridSize } from "./heads.js";
  */
 function barKeys(ctx, svg, totals) {
   let at = ctx.ui.barCursor ?? ctx.ui.neuronLayer ?? 0;
-  const mark = () => {
-    svg.querySelectorAll(".dpa-cursor").forEach((n) => n.classList.remove("dpa-cursor"));
-    svg.querySelector(`rect.dpa-bar[data-layer="${at}"]`)?.classList.add("dpa-cursor");
-    ctx.setHover(`MLP layer ${at} total: ${formatScore(totals[at])} · Enter: its top neurons`);
-  };
-  svg.addEventListener("keydown", (/** @type {Event} */ ev) => {
-    const key = /** @type {KeyboardEvent} */ (ev).key;
-    if (key === "ArrowUp" || key === "ArrowDown") {
-      at = Math.max(0, Math.min(totals.length - 1, at + (key === "ArrowDown" ? 1 : -1)));
+  arrowCursor(svg, "bars", "MLP totals by layer: the arrow keys move, Enter shows that layer's top neurons (again: all layers)", {
+    move: (arrow) => {
+      if (arrow !== "ArrowUp" && arrow !== "ArrowDown") return false;
+      at = Math.max(0, Math.min(totals.length - 1, at + (arrow === "ArrowDown" ? 1 : -1)));
       ctx.ui.barCursor = at;
-      mark();
-    } else if (key === "Enter" || key === " ") {
+      return true;
+    },
+    mark: () => {
+      svg.querySelectorAll(".dpa-cursor").forEach((n) => n.classList.remove("dpa-cursor"));
+      svg.querySelector(`rect.dpa-bar[data-layer="${at}"]`)?.classList.add("dpa-cursor");
+      ctx.setHover(`MLP layer ${at} total: ${formatScore(totals[at])} · Enter: its top neurons`);
+    },
+    act: () => {
       ctx.ui.barCursor = at;
       ctx.ui.neuronLayer = ctx.ui.neuronLayer === at ? null : at;
       ctx.redraw();
-    } else return;
-    ev.preventDefault();
+    },
   });
-  svg.addEventListener("focus", () => mark());
 }
 
 /** @param {Ctx} ctx */
@@ -41,8 +40,7 @@ export function neuronsView(ctx) {
   const { cell, top } = gridSize(data);
   const lay = headLayout(data.n_layers, 1, 1, { cell, left: 0, top });  // rows level with the head heatmap's
   const bw = 120;
-  const svg = h("svg", { class: "dpa-bars", width: bw + 4, height: lay.height, tabindex: 0, "data-focus": "bars",
-    "aria-label": "MLP totals by layer: the arrow keys move, Enter shows that layer's top neurons (again: all layers)" });
+  const svg = h("svg", { class: "dpa-bars", width: bw + 4, height: lay.height });
   barKeys(ctx, svg, totals);
   svg.append(h("line", { x1: bw / 2, x2: bw / 2, y1: 0, y2: lay.height, class: "dpa-zero" }));
   totals.forEach((v, l) => {
