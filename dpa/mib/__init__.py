@@ -1,0 +1,1 @@
+"""Circuit discovery measured the way the field measures it: MIB's graph, patched evaluation and edge scores."""

@@ -1,0 +1,236 @@
+"""The model run reader by reader: MIB's patched forward, and the pass its edge scores are read from.
+
+MIB's graph has a reader per head and per q/k/v input, so a layer's attention is run once per head ("copies",
+stacked in the batch): copy h gives its query input to the attention module, its key and value inputs to the
+key and value projections (hooks swap their inputs), and keeps only head h's slice at o_proj's input. Everything
+else is the model's own modules, called in order: the block input norms, the attention module (its rotary,
+masks, soft-caps, sinks and kernel, with the arguments it was called with in a plain forward), the post-norms,
+the MLP or sparse block, the final norm and the unembedding. Inside ``dpa.instrument`` these are the modules
+with dpa's rules on them (the linearised model), or untouched (the model's own backward).
+
+``run`` computes, layer by layer, each writer's output (``Graph``'s writers) and each reader's input:
+
+    reader input = residual of this run + sum over excluded writers u below it of (other_u - out_u)
+
+with ``other`` the writers' outputs in another run (the counterfactual). With nothing excluded every reader sees
+the residual and the run is the model's forward; with everything excluded every reader sees the other run's
+residual. A head's output is its o_proj term times the post-norm's frozen scale (Gemma, OLMo 2), so that the
+heads' outputs and the projection's bias add up to the block's output.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+
+from ..families import LayerModules, norm_eps, weight_rows
+from ..instrument import Session, unembed
+from ..rules.norm import GAIN, rms_scale
+from .graph import Graph
+
+
+@dataclass
+class Pass:
+    """One run: the metric per prompt [batch]; the writers' outputs [writer batch pos d_model] (``keep``); the
+    readers' inputs (``leaves``): per layer the attention readers [3 head batch pos d_model] and the MLP's
+    [batch pos d_model], then the logits' [batch pos d_model]."""
+
+    metric: Tensor
+    writes: Tensor | None = None
+    reads: list[Tensor] = field(default_factory=list)
+
+
+def calls(session: Session) -> dict[int, tuple[tuple, dict]]:
+    """Each layer's attention arguments besides its input (rotary, masks), from a plain forward of the session's
+    request (``record={"calls"}``): the runs below call the attention modules with them."""
+    with torch.no_grad():
+        session.forward()
+    return dict(session.recording.calls)
+
+
+def run(session: Session, graph: Graph, layers: list[LayerModules], args: dict, metric: Callable[[Tensor], Tensor],
+        ids: Tensor, *, embeds: Tensor | None = None, excluded: Tensor | None = None, other: Tensor | None = None,
+        keep: bool = False, leaves: bool = False) -> Pass:
+    """Run the model on ``ids`` [batch pos] (or on the input embeddings ``embeds``), reader by reader (see the
+    module docstring). ``args``: ``calls(session)``; ``metric(logits [batch vocab]) -> [batch]`` at the request's
+    positions; ``excluded`` [writer reader] bool with ``other`` [writer batch pos d_model]: the edges whose
+    readers see the other run's writer. ``leaves``: the readers' inputs are kept for gradients."""
+    spec, model, request = session.spec, session.model, session.request
+    b, t = ids.shape
+    x = embeds if embeds is not None else _embed(session, ids)
+    if leaves and not x.requires_grad:
+        x = x.detach().requires_grad_(True)
+    writes: list[Tensor] = [x.detach()]
+    out = Pass(metric=torch.empty(0))
+    patch = _Patcher(graph, excluded, other, writes)
+    for i, m in enumerate(layers):
+        ins = patch.inputs(x, graph.attention_readers(i), graph.below(i, 0))  # [3H b t d]
+        ins = ins.clone() if leaves else ins
+        heads, block = _attention(m, spec, args[i], ins, b)
+        writes.extend(heads.detach().unbind(0))
+        mid = x + block
+        source = x if spec.parallel else mid
+        into = patch.inputs(source, slice(graph.mlp_reader(i), graph.mlp_reader(i) + 1), graph.below(i, 1))[0]
+        into = into.clone() if leaves else into
+        mlp = _mlp(m, into)
+        writes.append(mlp.detach())
+        x = mid + mlp
+        if leaves:
+            out.reads += [ins, into]
+    final = patch.inputs(x, slice(graph.logits, graph.logits + 1), graph.n_writers)[0]
+    final = final.clone() if leaves else final
+    if leaves:
+        out.reads.append(final)
+    hidden = spec.final_norm(model)(final)
+    rows = torch.arange(b, device=hidden.device)
+    logits = unembed(model, request, hidden[rows, request.positions])
+    out.metric = metric(logits.to(torch.promote_types(logits.dtype, torch.float32)))
+    if keep:
+        out.writes = torch.stack(writes)
+    return out
+
+
+def _embed(session: Session, ids: Tensor) -> Tensor:
+    """The input writer: the token embeddings, plus the learned positions where the model has them (GPT-2)."""
+    spec, model = session.spec, session.model
+    x = spec.embed(model)(ids)
+    positions = spec.positions(model)
+    if positions is not None:
+        x = x + positions(session.request.position_ids.expand(ids.shape[0], -1))
+    return x
+
+
+class _Patcher:
+    """Readers' inputs: the residual plus, for each excluded edge, the other run's writer minus this run's."""
+
+    def __init__(self, graph: Graph, excluded: Tensor | None, other: Tensor | None, writes: list[Tensor]):
+        self.writes, self.other = writes, other
+        self.excluded = None
+        if excluded is not None and bool(excluded.any()):
+            if other is None:
+                raise ValueError("excluded edges need the other run's writes")
+            self.excluded = excluded
+
+    def inputs(self, resid: Tensor, readers: slice, below: int) -> Tensor:
+        """[readers batch pos d_model]: the inputs of ``readers``, whose writers are the first ``below``."""
+        n = readers.stop - readers.start
+        x = resid.unsqueeze(0).expand(n, *resid.shape)
+        if self.excluded is None:
+            return x
+        cut = self.excluded[:below, readers].to(resid.dtype)  # [writer reader]
+        if not bool(cut.any()):
+            return x
+        used = cut.any(1).nonzero().flatten().tolist()
+        diff = torch.stack([self.other[w].to(resid.dtype) - self.writes[w] for w in used])
+        return x + torch.einsum("wbtd,wr->rbtd", diff, cut[used].to(diff.dtype))
+
+
+def _rows(value, copies: int, batch: int):
+    """An attention argument for ``copies`` stacked copies of the batch: tensors with a batch dimension repeated."""
+    if isinstance(value, Tensor):
+        if value.dim() and value.shape[0] == batch and batch > 1:
+            return value.repeat(copies, *([1] * (value.dim() - 1)))
+        return value
+    if isinstance(value, (tuple, list)):
+        return type(value)(_rows(v, copies, batch) for v in value)
+    if isinstance(value, dict):
+        return {k: _rows(v, copies, batch) for k, v in value.items()}
+    return value
+
+
+def _norm(m: LayerModules, block: int) -> Callable[[Tensor], Tensor]:
+    return m.block_inputs[block] if m.block_inputs else (lambda x: x)
+
+
+def _attention(m: LayerModules, spec, call: tuple[tuple, dict], ins: Tensor, b: int) -> tuple[Tensor, Tensor]:
+    """Layer ``m``'s attention with a separate input per head and per q/k/v (``ins`` [3H b t d]: q of every head, then k, then v): each head's
+    output [H b t d] and the block's output [b t d] (through its post-norm)."""
+    n_heads = spec.n_heads
+    t, d = ins.shape[-2:]
+    norm = _norm(m, 0)
+    ins = ins.reshape(3, n_heads * b, t, d)  # readers q of every head, then k, then v
+    normed = {name: norm(ins[c]) for c, name in enumerate(("query", "key", "value"))}
+    args, kwargs = call
+    width = spec.d_head
+    keep = torch.zeros(n_heads, 1, n_heads * width, dtype=ins.dtype, device=ins.device)
+    for h in range(n_heads):
+        keep[h, ..., h * width:(h + 1) * width] = 1
+    keep = keep.repeat_interleave(b, 0)  # copy h's rows keep head h
+    with _swapped_inputs(m, normed), _hook(m.heads, pre=lambda _m, a: (a[0] * keep.to(a[0].dtype), *a[1:])):
+        y = m.attention(normed["query"], *_rows(args, n_heads, b), **_rows(kwargs, n_heads, b))
+    y = (y[0] if isinstance(y, tuple) else y).view(n_heads, b, t, d)
+    bias = getattr(m.heads, "bias", None)
+    terms = y if bias is None else y - bias
+    total = terms.sum(0) if bias is None else terms.sum(0) + bias
+    post = m.post_norms[0]
+    if post is None:
+        return terms, total
+    block = post(total)
+    return terms * _frozen_scale(post, spec, total.detach()), block
+
+
+def _frozen_scale(norm: nn.Module, spec, pre: Tensor) -> Tensor:
+    """A post-norm as the diagonal it multiplies by at this run [b t d]: its gain times 1/rms of its input."""
+    if spec.parts.norm_kind == "layer":
+        from ..errors import UnsupportedModelError
+
+        raise UnsupportedModelError(f"{spec.family}: a LayerNorm after a block is not supported in MIB's graph")
+    gain = GAIN[spec.parts.norm_kind](norm.weight.detach().to(pre.dtype))
+    return gain * rms_scale(pre, norm_eps(norm)).to(pre.dtype)
+
+
+def _mlp(m: LayerModules, into: Tensor) -> Tensor:
+    y = m.mlp(_norm(m, 1)(into))
+    y = y[0] if isinstance(y, tuple) else y
+    return y if m.post_norms[1] is None else m.post_norms[1](y)
+
+
+@contextmanager
+def _swapped_inputs(m: LayerModules, normed: dict[str, Tensor]):
+    """While the attention module runs on the query input, its key and value projections read their own inputs:
+    a projection of its own gets its input swapped; a fused one is run again on each input, and each branch's
+    columns are taken from its own run."""
+    groups: dict[nn.Module, list[str]] = {}
+    for name in ("query", "key", "value"):
+        groups.setdefault(m.branches[name], []).append(name)
+    handles = []
+    try:
+        for module, names in groups.items():
+            if names == ["query"]:
+                continue
+            if len(names) == 1:
+                x = normed[names[0]]
+                handles.append(module.register_forward_pre_hook(lambda _m, a, x=x: (x, *a[1:])))
+                continue
+            masks = {}
+            width = weight_rows(module).shape[0]
+            for name in names:
+                col = torch.zeros(width, dtype=normed["query"].dtype, device=normed["query"].device)
+                cols = m.columns[name]
+                col[cols if isinstance(cols, slice) else cols.to(col.device)] = 1
+                masks[name] = col
+
+            def fused(module, _a, out, names=names, masks=masks):
+                total = 0
+                for name in names:
+                    part = out if name == "query" else module.forward(normed[name])
+                    total = total + part * masks[name].to(part.dtype)
+                return total
+            handles.append(module.register_forward_hook(fused))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@contextmanager
+def _hook(module: nn.Module, pre: Callable):
+    handle = module.register_forward_pre_hook(pre)
+    try:
+        yield
+    finally:
+        handle.remove()
