@@ -234,3 +234,37 @@ def _hook(module: nn.Module, pre: Callable):
         yield
     finally:
         handle.remove()
+
+
+@dataclass
+class Batch:
+    """A batch of pairs on the instrumented model: its rows, the session, each layer's modules and attention
+    arguments, the clean and counterfactual ids [batch pos] and the metric."""
+
+    rows: list[int]
+    session: Session
+    layers: list[LayerModules]
+    args: dict
+    clean: Tensor
+    counter: Tensor
+    metric: Callable[[Tensor], Tensor]
+
+    def run(self, graph: Graph, ids: Tensor, **kw) -> Pass:
+        return run(self.session, graph, self.layers, self.args, self.metric, ids, **kw)
+
+
+def batches(model: nn.Module, pairs, batch_size: int, *, weights=None, grad: bool = False, rows: list[int] | None = None):
+    """The pairs in batches of ``batch_size``, each on the model inside ``dpa.instrument`` (linearised with
+    ``weights``, or the model's own backward with None): the one request step checks and encodes both prompts."""
+    from .. import request as requests
+    from ..families import layer_modules
+    from ..instrument import instrument
+
+    order = list(range(len(pairs))) if rows is None else list(rows)
+    for start in range(0, len(order), batch_size):
+        chunk = order[start:start + batch_size]
+        req = requests.build(model, None, [pairs.clean[i] for i in chunk], weights=weights, batch=True)
+        cf = requests.build(model, None, [pairs.counter[i] for i in chunk], batch=True)
+        with instrument(model, req, weights=weights, record={"calls"}, grad=grad) as session:
+            yield Batch(chunk, session, layer_modules(model, req.spec), calls(session), req.input_ids,
+                        cf.input_ids, pairs.metric_of(chunk))

@@ -1,0 +1,115 @@
+"""MIB's faithfulness of circuits (method.md section 9): f per size, CPR and CMD.
+
+A circuit is the top n edges of a ranking, pruned (``Graph.top``); it is evaluated in one patched run per batch
+(``forward.run``): every excluded edge's reader sees the counterfactual writer. With m the mean metric,
+
+    f(C) = (m(C) - m(empty)) / (m(full) - m(empty))
+
+at MIB's ten sizes n = int(p #edges); CPR is the trapezoid area of f over p (edges ranked by signed score), CMD
+that of |1 - f| (ranked by |score|). m(full) and m(empty) are runs of the same code with nothing, and with
+everything, excluded: the model's forward and the counterfactual's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from .forward import batches
+from .graph import Graph
+from .pairs import Pairs
+
+SIZES = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+
+
+@dataclass
+class Curve:
+    """f at each size for one ranking: ``edges`` asked for (int(p #edges)), ``kept`` after pruning, per-pair
+    metrics ``values`` [size pair] (for paired intervals), and the area (CPR or CMD)."""
+
+    absolute: bool
+    sizes: tuple[float, ...]
+    edges: list[int]
+    kept: list[int]
+    values: Tensor  # [size pair]
+    full: Tensor  # [pair]
+    empty: Tensor  # [pair]
+
+    @property
+    def f(self) -> Tensor:
+        return faithfulness(self.values, self.full, self.empty)
+
+    @property
+    def area(self) -> float:
+        return area(self.f, self.sizes, self.absolute)
+
+
+@dataclass
+class Faithfulness:
+    """Both of MIB's curves for one set of edge scores: ``cpr`` (signed ranking) and ``cmd`` (|score|)."""
+
+    cpr_curve: Curve
+    cmd_curve: Curve
+    n_edges: int
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def cpr(self) -> float:
+        return self.cpr_curve.area
+
+    @property
+    def cmd(self) -> float:
+        return self.cmd_curve.area
+
+
+def faithfulness(values: Tensor, full: Tensor, empty: Tensor) -> Tensor:
+    """f per size from per-pair metrics [size pair], [pair], [pair]: the means' ratio, as MIB computes it."""
+    m_full, m_empty = full.mean(), empty.mean()
+    return (values.mean(-1) - m_empty) / (m_full - m_empty)
+
+
+def area(f: Tensor, sizes=SIZES, absolute: bool = False) -> float:
+    """The trapezoid area over the sizes on a linear axis: of f (CPR), or of |1 - f| (CMD, ``absolute``)."""
+    y = (1 - f).abs() if absolute else f
+    x = torch.tensor(sizes, dtype=y.dtype)
+    return float(((x[1:] - x[:-1]) * (y[1:] + y[:-1]) / 2).sum())
+
+
+def evaluate(model: nn.Module, pairs: Pairs, scores: Tensor, *, sizes=SIZES, batch_size: int = 8,
+             progress=None) -> Faithfulness:
+    """CPR and CMD of edge scores [writer reader] on the pairs (see the module docstring)."""
+    from ..request import check_model
+
+    graph = Graph.of(check_model(model))
+    n = graph.n_edges
+    circuits: dict[bytes, Tensor] = {}
+    plan = []  # (ranking, size) -> key into circuits
+    for absolute in (False, True):
+        for p in sizes:
+            kept = graph.top(scores, int(p * n), absolute)
+            key = kept.numpy().tobytes()
+            circuits.setdefault(key, kept)
+            plan.append((absolute, p, int(p * n), int(kept.sum()), key))
+    metrics = {key: torch.zeros(len(pairs), dtype=torch.float64) for key in circuits}
+    full = torch.zeros(len(pairs), dtype=torch.float64)
+    empty = torch.zeros(len(pairs), dtype=torch.float64)
+    with torch.no_grad():
+        for batch in batches(model, pairs, batch_size):
+            rows = torch.tensor(batch.rows)
+            with torch.no_grad():
+                cf = batch.run(graph, batch.counter, keep=True)
+                full[rows] = batch.run(graph, batch.clean).metric.double().cpu()
+                empty[rows] = batch.run(graph, batch.clean, excluded=graph.exists, other=cf.writes).metric.double().cpu()
+                for key, kept in circuits.items():
+                    metrics[key][rows] = batch.run(graph, batch.clean, excluded=graph.excluded(kept),
+                                                   other=cf.writes).metric.double().cpu()
+                    if progress is not None:
+                        progress(len(batch.rows) / len(circuits))
+
+    def curve(absolute: bool) -> Curve:
+        rows = [r for r in plan if r[0] == absolute]
+        return Curve(absolute, tuple(sizes), [r[2] for r in rows], [r[3] for r in rows],
+                     torch.stack([metrics[r[4]] for r in rows]), full, empty)
+    return Faithfulness(curve(False), curve(True), n)

@@ -1,0 +1,118 @@
+"""Edge scores for MIB's graph [writer reader]: a read-out of one backward through the model run reader by reader.
+
+Every gradient method here is the same computation with another backward (method.md section 9):
+
+    score(u -> r) = sum over pairs and positions of  a_u . g_r
+
+with g_r the gradient of the metric at reader r's input and a_u what writer u's patching moves: Δ_u = out_u(clean)
+- out_u(counterfactual), or out_u(clean) without a counterfactual. The backward is the model's own (EAP), the
+same averaged over inputs interpolated between the counterfactual's embeddings and the clean ones (EAP-IG-inputs,
+MIB's k = 5 points k/5, k = 0..4), or the linearised model's (DPA: ``dpa.instrument`` with path weights; GIM: the
+same with its softmax temperature). ``exact`` patches each edge alone; ``random`` is the floor.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Literal
+
+import torch
+from torch import Tensor, nn
+
+from ..errors import InputError
+from ..weights import PathWeights
+from .forward import Batch, batches
+from .graph import Graph
+from .pairs import Pairs
+
+Method = Literal["dpa", "dpa-cf", "eap", "eap-ig", "gim", "exact", "random"]
+METHODS: tuple[str, ...] = ("dpa", "dpa-cf", "eap", "eap-ig", "gim", "exact", "random")
+
+
+def edge_scores(model: nn.Module, pairs: Pairs, method: Method = "dpa-cf", *, weights: PathWeights | None = None,
+                temperature: float | None = None, steps: int = 5, batch_size: int = 8, seed: int = 0,
+                edges: Tensor | None = None, progress: Callable[[float], None] | None = None) -> Tensor:
+    """Scores [writer reader] (``Graph.of(spec)``'s indexing; 0 where there is no edge), summed over the pairs.
+
+    method: ``dpa`` (out_u(clean) . g^DPA), ``dpa-cf`` (Δ_u . g^DPA), ``eap``, ``eap-ig`` (``steps`` points),
+    ``gim`` (Δ_u . g^DPA at softmax temperature ``temperature``, 2 by default, GIM's), ``exact`` (each edge
+    patched alone: m(full) - m(full without it); ``edges`` [writer reader] bool limits it to some), ``random``.
+    weights: DPA's path weights (default: dpa's defaults, which are GIM's too)."""
+    from ..request import check_model
+
+    if method not in METHODS:
+        raise InputError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
+    graph = Graph.of(check_model(model))
+    if method == "random":
+        g = torch.Generator().manual_seed(seed)
+        return torch.randn(graph.exists.shape, generator=g, dtype=torch.float64) * graph.exists
+    if method == "exact":
+        return _exact(model, pairs, graph, batch_size, edges, progress)
+    linear = method in ("dpa", "dpa-cf", "gim")
+    if temperature is not None and method != "gim" and temperature != 1:
+        raise InputError(f"a softmax temperature is GIM's rule: method='gim', not {method!r}")
+    w = (weights or PathWeights()) if linear else None
+    if weights is not None and not linear:
+        raise InputError(f"{method} uses the model's own backward: path weights are for dpa, dpa-cf and gim")
+    if method == "gim":
+        w = w.with_temperature(2.0 if temperature is None else temperature)
+    total = torch.zeros(graph.exists.shape, dtype=torch.float64)
+    for batch in batches(model, pairs, batch_size, weights=w, grad=True):
+        total += _batch_scores(batch, graph, method, steps)
+        if progress is not None:
+            progress(len(batch.rows))
+    return total * graph.exists
+
+
+def _batch_scores(batch: Batch, graph: Graph, method: str, steps: int) -> Tensor:
+    with torch.no_grad():
+        clean = batch.run(graph, batch.clean, keep=True)
+        if method == "dpa":
+            moved = clean.writes
+        else:
+            moved = clean.writes - batch.run(graph, batch.counter, keep=True).writes
+    points = [1.0]
+    if method == "eap-ig":
+        points = [k / steps for k in range(steps)]
+    scores = torch.zeros(graph.exists.shape, dtype=torch.float64)
+    for alpha in points:
+        embeds = None
+        if alpha != 1.0:  # the input writer between the counterfactual's (0) and the clean one (1)
+            embeds = (clean.writes[0] - moved[0] * (1 - alpha)).detach()
+        out = batch.run(graph, batch.clean, embeds=embeds, leaves=True)
+        grads = torch.autograd.grad(out.metric.sum(), out.reads)
+        scores += _read(graph, moved, grads) / len(points)
+    return scores
+
+
+def _read(graph: Graph, moved: Tensor, grads: list[Tensor]) -> Tensor:
+    """a_u . g_r summed over the batch and positions, for each reader's writers below it."""
+    out = torch.zeros(graph.exists.shape, dtype=torch.float64)
+    wide = torch.promote_types(moved.dtype, torch.float32)
+    for i in range(graph.n_layers):
+        att, mlp = grads[2 * i], grads[2 * i + 1]
+        below = graph.below(i, 0)
+        out[:below, graph.attention_readers(i)] = torch.einsum(
+            "wbtd,rbtd->wr", moved[:below].to(wide), att.to(wide)).double()
+        below = graph.below(i, 1)
+        out[:below, graph.mlp_reader(i)] = torch.einsum("wbtd,btd->w", moved[:below].to(wide), mlp.to(wide)).double()
+    out[:, graph.logits] = torch.einsum("wbtd,btd->w", moved.to(wide), grads[-1].to(wide)).double()
+    return out
+
+
+def _exact(model: nn.Module, pairs: Pairs, graph: Graph, batch_size: int, edges: Tensor | None,
+           progress) -> Tensor:
+    """m(full) - m(full without the edge), summed over the pairs, edge by edge (one patched run each)."""
+    chosen = graph.exists if edges is None else (edges.to(torch.bool) & graph.exists)
+    pick = chosen.nonzero().tolist()
+    out = torch.zeros(graph.exists.shape, dtype=torch.float64)
+    with torch.no_grad():
+        for batch in batches(model, pairs, batch_size):
+            cf = batch.run(graph, batch.counter, keep=True)
+            full = batch.run(graph, batch.clean).metric.double().sum()
+            for w, r in pick:
+                cut = torch.zeros_like(graph.exists)
+                cut[w, r] = True
+                out[w, r] += full - batch.run(graph, batch.clean, excluded=cut, other=cf.writes).metric.double().sum()
+                if progress is not None:
+                    progress(len(batch.rows) / len(pick))
+    return out

@@ -1,0 +1,95 @@
+"""Clean/counterfactual prompt pairs and the task metric (MIB's): what circuits are discovered and evaluated on.
+
+A pair is a clean prompt, its counterfactual (the same number of tokens), the clean answer's token ids and the
+counterfactual answer's. The metric on logits at the last token is MIB's: the logit difference of the clean
+answer over the counterfactual's (``logit_diff``), or the probability difference (``prob_diff``: the summed
+probability of the clean answers minus that of the counterfactual's, greater-than's years).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from ..errors import InputError
+
+MetricKind = Literal["logit_diff", "prob_diff"]
+
+
+@dataclass
+class Pairs:
+    """``clean[i]`` and ``counter[i]``: token ids of equal length; ``answers[i]`` / ``wrong[i]``: the clean and
+    counterfactual answers' token ids (one each for ``logit_diff``; one or more for ``prob_diff``)."""
+
+    clean: list[list[int]]
+    counter: list[list[int]]
+    answers: list[list[int]]
+    wrong: list[list[int]]
+    metric: MetricKind = "logit_diff"
+    names: list[str] | None = None  # where each pair came from ("line 3"), for messages
+
+    def __post_init__(self):
+        if self.metric not in ("logit_diff", "prob_diff"):
+            raise InputError(f"metric must be 'logit_diff' or 'prob_diff', got {self.metric!r}")
+        n = len(self.clean)
+        if not n:
+            raise InputError("no prompt pairs given")
+        for what in ("counter", "answers", "wrong"):
+            if len(getattr(self, what)) != n:
+                raise InputError(f"{len(getattr(self, what))} {what} for {n} clean prompts")
+        for i in range(n):
+            where = self.names[i] if self.names else f"pair {i}"
+            if not self.clean[i]:
+                raise InputError(f"{where}: the clean prompt is empty")
+            if len(self.clean[i]) != len(self.counter[i]):
+                raise InputError(f"{where}: the clean prompt has {len(self.clean[i])} tokens and the counterfactual "
+                                 f"{len(self.counter[i])}; MIB patches position by position, so they must be as long")
+            if not self.answers[i] or not self.wrong[i]:
+                raise InputError(f"{where}: an answer is missing")
+            if self.metric == "logit_diff" and (len(self.answers[i]) != 1 or len(self.wrong[i]) != 1):
+                raise InputError(f"{where}: the logit difference takes one answer token each")
+
+    def __len__(self) -> int:
+        return len(self.clean)
+
+    def subset(self, rows: list[int]) -> Pairs:
+        pick = lambda xs: [xs[i] for i in rows]  # noqa: E731
+        return Pairs(pick(self.clean), pick(self.counter), pick(self.answers), pick(self.wrong), self.metric,
+                     pick(self.names) if self.names else None)
+
+    def metric_of(self, rows: list[int]):
+        """The metric of these pairs: logits [len(rows) vocab] -> [len(rows)]."""
+        answers, wrong = [self.answers[i] for i in rows], [self.wrong[i] for i in rows]
+        if self.metric == "logit_diff":
+            good = torch.tensor([a[0] for a in answers])
+            bad = torch.tensor([w[0] for w in wrong])
+
+            def logit_diff(logits: Tensor) -> Tensor:
+                r = torch.arange(logits.shape[0], device=logits.device)
+                return logits[r, good.to(logits.device)] - logits[r, bad.to(logits.device)]
+            return logit_diff
+        good_mask = _mask(answers)
+        bad_mask = _mask(wrong)
+
+        def prob_diff(logits: Tensor) -> Tensor:
+            p = torch.softmax(logits, -1)
+            v = p.shape[-1]
+            return (p * _pad(good_mask, v, p)).sum(-1) - (p * _pad(bad_mask, v, p)).sum(-1)
+        return prob_diff
+
+
+def _mask(ids: list[list[int]]) -> Tensor:
+    width = max(max(a) for a in ids) + 1
+    out = torch.zeros(len(ids), width)
+    for r, a in enumerate(ids):
+        out[r, a] = 1
+    return out
+
+
+def _pad(mask: Tensor, v: int, like: Tensor) -> Tensor:
+    out = torch.zeros(mask.shape[0], v, dtype=like.dtype, device=like.device)
+    out[:, :mask.shape[1]] = mask.to(like.dtype)
+    return out

@@ -1,0 +1,276 @@
+"""MIB's protocol on tiny float64 models of every family (method.md section 9): the reader-by-reader run against
+HF's logits, f(full) = 1 and f(empty) = 0, the one-pass patched evaluation against patching edge by edge, EAP
+against exact patching on a model made linear, and DPA's edge scores against dpa.attribute."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import dpa
+from dpa.families import layer_modules, weight_rows
+from dpa.instrument import unembed
+from dpa.mib.evaluate import SIZES, area, evaluate
+from dpa.mib.graph import Graph
+from dpa.mib.methods import edge_scores
+from dpa.mib.pairs import Pairs
+from dpa.request import check_model
+from tests.conftest import ALL_FAMILIES, MHA_ONLY, tiny_model
+
+LAYOUT = [(f, kv) for f in ALL_FAMILIES for kv in ((4,) if f in MHA_ONLY else (4, 1))]
+
+
+def _pairs(n=3, t=6, seed=0, metric="logit_diff"):
+    g = torch.Generator().manual_seed(seed)
+    clean = torch.randint(3, 96, (n, t), generator=g).tolist()
+    counter = torch.randint(3, 96, (n, t), generator=g).tolist()
+    if metric == "prob_diff":
+        return Pairs(clean, counter, [[5, 6, 9]] * n, [[7, 8]] * n, metric)
+    return Pairs(clean, counter, [[5]] * n, [[7 + i] for i in range(n)])
+
+
+def _hf_metric(model, pairs, ids):
+    with torch.no_grad():
+        logits = model(torch.tensor(ids)).logits[:, -1].double()
+    return pairs.metric_of(list(range(len(pairs))))(logits)
+
+
+def _metrics(model, pairs, kept):
+    """m(circuit) per pair from the one-pass evaluation with a single size."""
+    graph = Graph.of(check_model(model))
+    scores = kept.double() * 2 - 1  # the kept edges first; then top(#kept) is exactly them, before pruning
+    res = evaluate(model, pairs, scores, sizes=((int(kept.sum()) + 0.5) / graph.n_edges,), batch_size=2)
+    return res, graph
+
+
+@pytest.mark.parametrize("family,kv", LAYOUT, ids=lambda p: str(p))
+def test_full_and_empty_runs_are_the_model_and_the_counterfactual(family, kv):
+    model = tiny_model(family, kv)
+    pairs = _pairs()
+    res = evaluate(model, pairs, torch.randn(Graph.of(check_model(model)).exists.shape, dtype=torch.float64),
+                   sizes=(0.0, 0.3, 1.0), batch_size=2)
+    curve = res.cpr_curve
+    torch.testing.assert_close(curve.full, _hf_metric(model, pairs, pairs.clean), rtol=0, atol=1e-10)
+    torch.testing.assert_close(curve.empty, _hf_metric(model, pairs, pairs.counter), rtol=0, atol=1e-10)
+    f = curve.f
+    assert f[0].item() == 0.0 and f[-1].item() == 1.0  # exactly: the same code with every / no edge excluded
+    assert curve.kept[0] == 0 and curve.kept[-1] == res.n_edges
+
+
+def _brute(model, pairs, kept):
+    """m(circuit) per pair, patching edge by edge: one reader at a time, each head alone (its o_proj term from
+    o_proj's input and weight), every excluded edge's difference added in a Python loop."""
+    spec = check_model(model)
+    graph = Graph.of(spec)
+    layers = layer_modules(model, spec)
+    excluded = graph.excluded(kept)
+    calls = {}
+    hooks = [m.attention.register_forward_pre_hook(
+        lambda _m, a, k, i=i: calls.__setitem__(i, (a[1:], {x: v for x, v in k.items() if x != "hidden_states"})),
+        with_kwargs=True) for i, m in enumerate(layers)]
+    out = []
+    try:
+        for row in range(len(pairs)):
+            ids = torch.tensor([pairs.clean[row]])
+            with torch.no_grad():
+                model(ids, use_cache=False)  # the attention arguments of this prompt (no cache: each call alone)
+                cf = _brute_run(model, spec, graph, layers, calls, torch.tensor([pairs.counter[row]]), None, None)[1]
+                logits = _brute_run(model, spec, graph, layers, calls, ids, excluded, cf)[0]
+            out.append(pairs.metric_of([row])(logits[:, -1].double()))
+    finally:
+        for h in hooks:
+            h.remove()
+    return torch.cat(out)
+
+
+def _brute_run(model, spec, graph, layers, calls, ids, excluded, other):
+    x = spec.embed(model)(ids)
+    if spec.positions(model) is not None:
+        x = x + spec.positions(model)(torch.arange(ids.shape[1])[None])
+    writes = [x]
+
+    def read(resid, r, below):
+        inp = resid
+        for w in range(below):
+            if excluded is not None and excluded[w, r]:
+                inp = inp + (other[w] - writes[w])
+        return inp
+
+    hd = spec.d_head
+    for i, m in enumerate(layers):
+        norm = m.block_inputs[0] if m.block_inputs else (lambda v: v)
+        terms = []
+        for h in range(spec.n_heads):
+            normed = {name: norm(read(x, graph.reads(i, c, h), graph.below(i, 0)))
+                      for c, name in enumerate(("query", "key", "value"))}
+            seen = {}
+            hooks = []
+            for name in ("query", "key", "value"):
+                module = m.branches[name]
+
+                def swap(mod, args, out, name=name):
+                    fresh = mod.forward(normed[name])
+                    col = m.columns.get(name)
+                    if col is None:
+                        return fresh
+                    out = out.clone()
+                    out[..., col] = fresh[..., col]
+                    return out
+                if name != "query":
+                    hooks.append(module.register_forward_hook(swap))
+            hooks.append(m.heads.register_forward_pre_hook(lambda _m, a: seen.__setitem__("z", a[0])))
+            try:
+                m.attention(normed["query"], *calls[i][0], **calls[i][1])
+            finally:
+                for hk in hooks:
+                    hk.remove()
+            w_o = weight_rows(m.heads)
+            terms.append(seen["z"][..., h * hd:(h + 1) * hd] @ w_o[:, h * hd:(h + 1) * hd].T)
+        bias = getattr(m.heads, "bias", None)
+        o = sum(terms) + (0 if bias is None else bias)
+        if m.post_norms[0] is not None:
+            post = m.post_norms[0]
+            scale = post(o) / o  # RMSNorm: gain / rms(o), elementwise
+            terms = [t * scale for t in terms]
+            block = post(o)
+        else:
+            block = o
+        writes.extend(terms)
+        mid = x + block
+        source = x if spec.parallel else mid
+        into = read(source, graph.mlp_reader(i), graph.below(i, 1))
+        y = m.mlp(m.block_inputs[1](into) if m.block_inputs else into)
+        y = y[0] if isinstance(y, tuple) else y
+        y = y if m.post_norms[1] is None else m.post_norms[1](y)
+        writes.append(y)
+        x = mid + y
+    final = read(x, graph.logits, graph.n_writers)
+    logits = unembed(model, _Req(spec), spec.final_norm(model)(final))
+    return logits, writes
+
+
+class _Req:
+    def __init__(self, spec):
+        self.spec = spec
+
+
+@pytest.mark.parametrize("family,kv", LAYOUT, ids=lambda p: str(p))
+def test_one_pass_evaluation_equals_patching_edge_by_edge(family, kv):
+    model = tiny_model(family, kv)
+    pairs = _pairs(n=2)
+    graph = Graph.of(check_model(model))
+    g = torch.Generator().manual_seed(3)
+    kept = graph.prune(graph.exists & (torch.rand(graph.exists.shape, generator=g) < 0.5))
+    res, _ = _metrics(model, pairs, kept)
+    assert res.cpr_curve.kept == [int(kept.sum())]
+    torch.testing.assert_close(res.cpr_curve.values[0], _brute(model, pairs, kept), rtol=0, atol=1e-10)
+
+
+def _linear(model):
+    """The tiny model made linear in its residual stream: q and k zero (uniform attention), every MLP parameter
+    zero (its output is 0), every norm's eps 1e30 with its gain 1e15 (1/rms frozen at 1e-15 to float64's
+    precision), no final soft-cap."""
+    spec = check_model(model)
+    with torch.no_grad():
+        for m in layer_modules(model, spec):
+            for name in ("query", "key"):
+                rows = m.columns.get(name)
+                w = weight_rows(m.branches[name])
+                if rows is None:
+                    w.zero_()
+                else:
+                    w[rows if isinstance(rows, slice) else rows] = 0
+                b = m.bias(name)
+                if b is not None and rows is None:
+                    b.zero_()
+                elif b is not None:
+                    m.branches[name].bias[rows if isinstance(rows, slice) else rows] = 0
+            for p in m.mlp.parameters():
+                p.zero_()
+        for name, mod in model.named_modules():
+            if hasattr(mod, "weight") and ("norm" in type(mod).__name__.lower()):
+                for attr in ("variance_epsilon", "eps", "epsilon"):
+                    if hasattr(mod, attr):
+                        setattr(mod, attr, 1e30)
+                one_plus = spec.parts.norm_kind == "rms_1p"
+                mod.weight.copy_(torch.full_like(mod.weight, 1e15 - (1 if one_plus else 0)))
+                if getattr(mod, "bias", None) is not None:
+                    mod.bias.zero_()
+    return model
+
+
+LINEAR = [(f, kv) for f, kv in LAYOUT if f != "gemma2"] + [("gemma2", 4)]
+
+
+@pytest.mark.parametrize("family,kv", LINEAR, ids=lambda p: str(p))
+def test_eap_is_exact_patching_on_a_linear_model(family, kv):
+    extra = {"final_logit_softcapping": None} if family == "gemma2" else {}
+    model = _linear(tiny_model(family, kv, **extra))
+    pairs = _pairs(n=2)
+    graph = Graph.of(check_model(model))
+    eap = edge_scores(model, pairs, "eap", batch_size=2)
+    exact = edge_scores(model, pairs, "exact", batch_size=2)
+    assert eap.abs().max() > 1e-3  # the value and logit edges carry something
+    torch.testing.assert_close(exact, eap, rtol=1e-9, atol=1e-9 * float(eap.abs().max()))
+    assert not bool((eap != 0)[~graph.exists].any())
+
+
+NO_CAP = [(f, kv) for f, kv in LAYOUT]
+
+
+@pytest.mark.parametrize("family,kv", NO_CAP, ids=lambda p: str(p))
+def test_dpa_edges_out_of_a_writer_add_up_to_its_dpa_score(family, kv):
+    """out_u . g^DPA summed over u's readers is out_u . (the gradient at u's output): dpa.attribute's head score,
+    its MLP's neurons (and down bias) together, the tokens' scores with the input."""
+    extra = {"final_logit_softcapping": None} if family == "gemma2" else {}
+    model = tiny_model(family, kv, **extra)
+    spec = check_model(model)
+    pairs = _pairs(n=2)
+    graph = Graph.of(spec)
+    scores = edge_scores(model, pairs, "dpa", batch_size=2)
+    out = scores.sum(1)
+    heads = torch.zeros(spec.n_layers, spec.n_heads, dtype=torch.float64)
+    tokens = 0.0
+    for i in range(len(pairs)):
+        a = dpa.attribute(model, None, pairs.clean[i], target=pairs.answers[i][0], contrast=pairs.wrong[i][0])
+        heads += a.head_scores.double()
+        tokens += float(a.token_scores.sum()) + float(a.position_scores.sum() if a.position_scores is not None else 0)
+    got = torch.stack([out[graph.head(i, 0):graph.head(i, 0) + spec.n_heads] for i in range(spec.n_layers)])
+    torch.testing.assert_close(got, heads, rtol=1e-9, atol=1e-10)
+    assert out[0].item() == pytest.approx(tokens, rel=1e-9, abs=1e-10)
+
+
+def test_graph_counts_and_names():
+    g = Graph(30, 9)  # SmolLM2-135M
+    assert g.n_writers == 301 and g.n_readers == 30 * 28 + 1
+    assert g.n_edges == sum(27 * (1 + 10 * i) + (10 + 10 * i) for i in range(30)) + 301
+    assert g.edge_name(g.head(0, 1), g.reads(2, 0, 3)) == "a0.h1->a2.h3<q>"
+    assert g.edge_name(0, g.logits) == "input->logits"
+    p = Graph(2, 2, parallel=True)
+    assert not bool(p.exists[p.head(0, 1), p.mlp_reader(0)])
+    assert bool(Graph(2, 2).exists[1, Graph(2, 2).mlp_reader(0)])
+
+
+def test_prune_drops_edges_off_every_path():
+    g = Graph(2, 2)
+    kept = torch.zeros_like(g.exists)
+    kept[g.head(0, 0), g.mlp_reader(1)] = True  # a0.h0 -> m1, but m1 reaches nothing and nothing reaches a0.h0
+    assert not bool(g.prune(kept).any())
+    kept[g.mlp(1), g.logits] = True
+    kept[0, g.reads(0, 2, 0)] = True  # input -> a0.h0<v>
+    assert int(g.prune(kept).sum()) == 3
+
+
+def test_areas_are_trapezoids_on_a_linear_axis():
+    f = torch.ones(len(SIZES), dtype=torch.float64)
+    assert area(f) == pytest.approx(1 - SIZES[0])
+    assert area(f, absolute=True) == 0
+    assert area(torch.zeros(len(SIZES), dtype=torch.float64), absolute=True) == pytest.approx(1 - SIZES[0])
+
+
+def test_prob_diff_metric_runs_and_is_the_model_at_full():
+    model = tiny_model("llama", 2)
+    pairs = _pairs(metric="prob_diff")
+    res = evaluate(model, pairs, torch.randn(Graph.of(check_model(model)).exists.shape, dtype=torch.float64),
+                   sizes=(0.0, 1.0), batch_size=3)
+    torch.testing.assert_close(res.cpr_curve.full, _hf_metric(model, pairs, pairs.clean), rtol=0, atol=1e-12)
