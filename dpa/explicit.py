@@ -43,9 +43,10 @@ def _per_feature(spec: ModelSpec, cos: Tensor, sin: Tensor) -> tuple[Tensor, Ten
 
 
 def attention_forward(spec: ModelSpec, request: Request, mods: LayerModules, index: int, keep: Tensor | None,
-                      recording) -> Callable:
+                      recording, temperature: float = 1.0) -> Callable:
     """A replacement for layer ``index``'s attention forward: the module's own projections (and head
-    norms), dpa's RoPE and softmax, alpha optionally multiplied by ``keep`` and recorded."""
+    norms), dpa's RoPE and softmax (its backward at GIM's ``temperature``), alpha optionally multiplied by
+    ``keep`` and recorded."""
     masks: dict = {}
 
     def forward(hidden_states: Tensor, position_embeddings=None, *args, **kwargs) -> tuple[Tensor, Tensor]:
@@ -69,7 +70,8 @@ def attention_forward(spec: ModelSpec, request: Request, mods: LayerModules, ind
         key = (b, t, x.device)
         if key not in masks:
             masks[key] = attention_mask(_row_mask(request, b, t, x.device), spec.sliding_windows[index])
-        probs = attention_probs(q, k, scaling(spec, mods.attention), masks[key], spec.attn_softcap, mods.sinks)
+        probs = attention_probs(q, k, scaling(spec, mods.attention), masks[key], spec.attn_softcap, mods.sinks,
+                                temperature)
         if keep is not None:
             probs = probs * keep.to(probs.dtype)
         recording.probs[index] = probs

@@ -43,7 +43,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .errors import ModelStateError, UnsupportedModelError
 from .families import check_experts, get, layer_modules, rope_depends_on_length
-from .linearise import Scores, Tap, freeze_norm, keep_input, linearise_layer, wrap
+from .linearise import Scores, Tap, freeze_norm, keep_input, linearise_layer, temper, wrap
 from .request import Request, check_loaded
 from .rotary import each_prompt_alone
 from .weights import PathWeights
@@ -300,6 +300,11 @@ def _put_back(m: nn.Module, training: bool, forward, hooks: dict) -> None:
             d.update(want)
     if m.training != training:
         m.training = training
+
+
+def _put_config(m: nn.Module, config) -> None:
+    if m.__dict__.get("config") is not config:
+        m.__dict__["config"] = config
 
 
 def _put_flag(p: nn.Parameter, flag: bool) -> None:
@@ -582,11 +587,15 @@ def instrument(model: nn.Module, request: Request, *, weights: PathWeights | Non
                     mask_experts(spec, mods, override, neuron_keep[i])
                 else:
                     hook(_neurons(mods, spec, "ablating neurons"), _mask_input(neuron_keep[i]), pre=True)
+            temperature = 1.0 if weights is None else weights.temperature
             if explicit or attn_keep is not None:
                 from .explicit import attention_forward
 
                 keep = (attn_keep or {}).get(i)
-                override(mods.attention, attention_forward(spec, request, mods, i, keep, recording))
+                override(mods.attention, attention_forward(spec, request, mods, i, keep, recording, temperature))
+            elif temperature != 1:  # GIM's softmax rule on the model's own kernel: the module's config, put back
+                undo.append(functools.partial(_put_config, mods.attention, mods.attention.__dict__.get("config")))
+                temper(mods.attention, temperature)
             if lean:
                 override(mods.layer, functools.partial(checkpoint, mods.layer.forward, use_reentrant=False))
                 if _release_memory is not None and spec.device(model).type == "cpu":

@@ -418,3 +418,70 @@ def wrap(override: Callable, module: nn.Module, *, pre: Callable | None = None, 
         override(module, lambda x, *a, **k: own(pre(x), *a, **k))
     else:
         override(module, lambda *a, **k: post(own(*a, **k)))
+
+
+# --- GIM's softmax rule on the model's own attention kernel (eager or fused) ---
+
+TEMPERED = "dpa_tempered"  # the attention implementation name a tempered attention module's config carries
+
+
+class _Sinks:
+    """The attention module as its kernel sees it, with its sink logits divided by the temperature (GPT-OSS's eager
+    kernel reads ``module.sinks``)."""
+
+    def __init__(self, module: nn.Module, temperature: float):
+        self._module, self.sinks = module, module.sinks / temperature
+
+    def __getattr__(self, name):
+        return getattr(self._module, name)
+
+
+def tempered_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask, **kwargs):
+    """The attention interface of a module whose config carries ``TEMPERED``: its value is the module's own kernel's
+    (``config._dpa_temper``: the implementation it had, and T), and its backward to the queries and keys is GIM's
+    rule. The kernel run at temperature T (scores x / T: the scale, the soft-cap and the sinks divided by T) has
+    the backward (1/T) s_T * (grad_s - sum(grad_s s_T)) to x, with the same grad_s = grad_out v^T; so T times it,
+    added as a term whose value is exactly zero, gives the rule, while the value path keeps the exact s."""
+    implementation, temperature = module.config._dpa_temper
+    kernel = _kernel(module, implementation)
+    out, weights = kernel(module, query.detach(), key.detach(), value, attention_mask, **kwargs)
+    hot = dict(kwargs)
+    scale = kwargs.get("scaling")
+    hot["scaling"] = (query.shape[-1] ** -0.5 if scale is None else scale) / temperature
+    if kwargs.get("softcap") is not None:
+        hot["softcap"] = kwargs["softcap"] / temperature
+    if kwargs.get("s_aux") is not None:
+        hot["s_aux"] = kwargs["s_aux"] / temperature
+    seen = _Sinks(module, temperature) if getattr(module, "sinks", None) is not None else module
+    tempered, _ = kernel(seen, query, key, value.detach(), attention_mask, **hot)
+    return out + Branch.apply(tempered - tempered.detach(), float(temperature), None, None), weights
+
+
+def _kernel(module: nn.Module, implementation: str | None) -> Callable:
+    """The attention function a module runs for ``implementation``: its modelling file's eager one, or the
+    registered kernel (sdpa)."""
+    import sys
+
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    if implementation in (None, "eager"):
+        return sys.modules[type(module).__module__].eager_attention_forward
+    return ALL_ATTENTION_FUNCTIONS[implementation]
+
+
+def temper(module: nn.Module, temperature: float) -> None:
+    """Give an attention module GIM's softmax rule: its own config copied, with ``TEMPERED`` as its attention
+    implementation (the module's forward looks the kernel up there). The caller puts ``module.config`` back."""
+    import copy
+
+    from transformers import AttentionInterface
+
+    if TEMPERED not in AttentionInterface._global_mapping:
+        AttentionInterface.register(TEMPERED, tempered_attention)
+    config = module.__dict__.get("config")
+    if config is None or not hasattr(config, "_attn_implementation"):
+        raise TypeError(f"{type(module).__name__} has no config of its own to set a softmax temperature on")
+    proxy = copy.copy(config)
+    proxy._dpa_temper = (config._attn_implementation, float(temperature))
+    proxy._attn_implementation_internal = TEMPERED
+    module.__dict__["config"] = proxy

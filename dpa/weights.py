@@ -33,6 +33,7 @@ class PathWeights:
     up: float = 0.5
     router: float | None = None  # mixture of experts: the router (control) and the experts (content); None on a
     expert: float | None = None  # model without experts, and the balanced 0.5 / 0.5 on one (``for_model``)
+    temperature: float = 1.0  # GIM's rule: the attention softmax's backward at this temperature (1: DPA's, exact)
 
     def __post_init__(self) -> None:
         for f in fields(self):  # numbers as plain floats: numpy scalars and 0-d tensors accepted
@@ -41,6 +42,16 @@ class PathWeights:
                 object.__setattr__(self, f.name, check_float(f"path weight {f.name}", value))
         if (self.router is None) != (self.expert is None):
             raise InputError("give the router and expert weights together (router=..., expert=...), or neither")
+        if not self.temperature > 0:
+            raise InputError(f"the softmax temperature must be positive, got {self.temperature}")
+
+    def with_temperature(self, temperature: float) -> PathWeights:
+        """These weights with GIM's softmax rule at ``temperature`` (method.md section 9): the attention softmax's
+        backward uses s_T = softmax(x / T) in place of its probabilities s, grad_x = s_T * (grad_s - sum(grad_s
+        s_T)), no 1/T factor. T = 1 is DPA's (the exact softmax Jacobian); GIM's default is 2."""
+        from dataclasses import replace
+
+        return replace(self, temperature=temperature)
 
     @property
     def moe(self) -> bool:
@@ -67,9 +78,10 @@ class PathWeights:
         return five + ((self.router, self.expert) if self.moe else ())
 
     def to_dict(self) -> dict[str, float]:
-        """The weights by name; router and expert only where set (a mixture-of-experts model's), so that a dense
-        model's records and run configs read and resume as before those weights existed."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+        """The weights by name; router and expert only where set (a mixture-of-experts model's), the temperature
+        only where it is not 1, so that records and run configs read and resume as before these existed."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None
+                and not (f.name == "temperature" and self.temperature == 1)}
 
     def for_model(self, has_experts: bool, family: str = "this model") -> PathWeights:
         """These weights for a model with or without experts: the balanced router 0.5 / expert 0.5 filled in on

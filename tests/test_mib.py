@@ -274,3 +274,32 @@ def test_prob_diff_metric_runs_and_is_the_model_at_full():
     res = evaluate(model, pairs, torch.randn(Graph.of(check_model(model)).exists.shape, dtype=torch.float64),
                    sizes=(0.0, 1.0), batch_size=3)
     torch.testing.assert_close(res.cpr_curve.full, _hf_metric(model, pairs, pairs.clean), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3_text", "phi3", "gpt_oss"])
+def test_gim_edges_run_the_rule_on_the_models_own_kernel(family):
+    import copy
+
+    model = tiny_model(family, 1 if family != "phi3" else 2)
+    eager = copy.deepcopy(model)
+    eager.set_attn_implementation("eager")
+    pairs = _pairs(n=2)
+    one = edge_scores(model, pairs, "gim", temperature=1.0, batch_size=2)
+    assert torch.equal(one, edge_scores(model, pairs, "dpa-cf", batch_size=2))  # T = 1 is DPA
+    hot = edge_scores(model, pairs, "gim", batch_size=2)  # GIM's T = 2
+    assert float((hot - one).abs().max()) > 1e-6 * float(one.abs().max())
+    torch.testing.assert_close(edge_scores(eager, pairs, "gim", batch_size=2), hot, rtol=0,
+                               atol=1e-6 * float(hot.abs().max()))  # HF's eager softmax rounds to float32
+
+
+def test_methods_refuse_what_they_do_not_take():
+    model = tiny_model("llama", 2)
+    pairs = _pairs(n=1)
+    with pytest.raises(dpa.errors.InputError, match="one of"):
+        edge_scores(model, pairs, "acdc")
+    with pytest.raises(dpa.errors.InputError, match="GIM's rule"):
+        edge_scores(model, pairs, "eap", temperature=2.0)
+    with pytest.raises(dpa.errors.InputError, match="path weights"):
+        edge_scores(model, pairs, "eap", weights=dpa.PathWeights())
+    with pytest.raises(dpa.errors.InputError, match="as long"):
+        Pairs([[1, 2, 3]], [[1, 2]], [[5]], [[7]])

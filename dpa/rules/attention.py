@@ -36,12 +36,35 @@ def attention_mask(mask: Tensor, window: int | None) -> Tensor:
     return allowed[None, None] & mask[:, None, None, :] & mask[:, None, :, None]
 
 
+class TemperedSoftmax(torch.autograd.Function):
+    """GIM's softmax rule (method.md section 9). Value: softmax(x) over the last dimension. Backward: the exact
+    Jacobian with s_T = softmax(x / T) in place of s, grad_x = s_T * (grad_s - sum(grad_s * s_T)), no 1/T factor
+    (T = 1: the exact backward)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, temperature: float) -> Tensor:
+        ctx.save_for_backward(torch.softmax(x / temperature, -1).nan_to_num(0.0))
+        return torch.softmax(x, -1)
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        (s_t,) = ctx.saved_tensors
+        g = g.nan_to_num(0.0)
+        return s_t * (g - (g * s_t).sum(-1, keepdim=True)), None
+
+
+def softmax(x: Tensor, temperature: float = 1.0) -> Tensor:
+    """softmax over the last dimension, with GIM's backward at ``temperature`` where it is not 1."""
+    return torch.softmax(x, -1) if temperature == 1 else TemperedSoftmax.apply(x, temperature)
+
+
 def attention_probs(q: Tensor, k: Tensor, scaling: float, mask: Tensor, softcap: float | None = None,
-                    sinks: Tensor | None = None) -> Tensor:
+                    sinks: Tensor | None = None, temperature: float = 1.0) -> Tensor:
     """softmax(q k^T * scale) over keys: q [batch head query d_head], k [batch kv_head key d_head],
     mask [batch 1|head query key] (True = may attend) -> [batch head query key], 0 where masked.
     softcap: the scores become c tanh(score / c) first (Gemma 2). sinks [head]: one more logit per head in
-    the softmax, attended to by no key (GPT-OSS): the row sums to less than one."""
+    the softmax, attended to by no key (GPT-OSS): the row sums to less than one. temperature: GIM's
+    backward (``TemperedSoftmax``)."""
     b, h, tq, dh = q.shape
     kv = k.shape[1]
     qg = q.reshape(b, kv, h // kv, tq, dh)  # [batch kv_head group query d_head]
@@ -51,8 +74,8 @@ def attention_probs(q: Tensor, k: Tensor, scaling: float, mask: Tensor, softcap:
     scores = scores.masked_fill(~mask, float("-inf"))
     if sinks is not None:
         sink = sinks.to(scores.dtype).view(1, h, 1, 1).expand(b, h, tq, 1)
-        return torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1] * mask.any(-1, keepdim=True)
-    return torch.softmax(scores, dim=-1).nan_to_num(0.0)  # fully masked rows (padding) -> 0
+        return softmax(torch.cat([scores, sink], dim=-1), temperature)[..., :-1] * mask.any(-1, keepdim=True)
+    return softmax(scores, temperature).nan_to_num(0.0)  # fully masked rows (padding) -> 0
 
 
 def attention_output(probs: Tensor, v: Tensor) -> Tensor:
