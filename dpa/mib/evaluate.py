@@ -79,37 +79,66 @@ def area(f: Tensor, sizes=SIZES, absolute: bool = False) -> float:
 
 def evaluate(model: nn.Module, pairs: Pairs, scores: Tensor, *, sizes=SIZES, batch_size: int = 8,
              progress=None) -> Faithfulness:
-    """CPR and CMD of edge scores [writer reader] on the pairs (see the module docstring)."""
+    """CPR and CMD of edge scores [writer reader] on the pairs (see the module docstring). ``progress(k)``: k more
+    pairs evaluated."""
     from ..request import check_model
 
-    graph = Graph.of(check_model(model))
-    n = graph.n_edges
-    circuits: dict[bytes, Tensor] = {}
-    plan = []  # (ranking, size) -> key into circuits
-    for absolute in (False, True):
-        for p in sizes:
-            kept = graph.top(scores, int(p * n), absolute)
-            key = kept.numpy().tobytes()
-            circuits.setdefault(key, kept)
-            plan.append((absolute, p, int(p * n), int(kept.sum()), key))
-    metrics = {key: torch.zeros(len(pairs), dtype=torch.float64) for key in circuits}
-    full = torch.zeros(len(pairs), dtype=torch.float64)
-    empty = torch.zeros(len(pairs), dtype=torch.float64)
-    with torch.no_grad():
-        for batch in batches(model, pairs, batch_size):
-            rows = torch.tensor(batch.rows)
-            with torch.no_grad():
-                cf = batch.run(graph, batch.counter, keep=True)
-                full[rows] = batch.run(graph, batch.clean).metric.double().cpu()
-                empty[rows] = batch.run(graph, batch.clean, excluded=graph.exists, other=cf.writes).metric.double().cpu()
-                for key, kept in circuits.items():
-                    metrics[key][rows] = batch.run(graph, batch.clean, excluded=graph.excluded(kept),
-                                                   other=cf.writes).metric.double().cpu()
-                    if progress is not None:
-                        progress(len(batch.rows) / len(circuits))
+    plan = Plan.of(Graph.of(check_model(model)), scores, sizes)
+    results = []
+    for batch in batches(model, pairs, batch_size):
+        results.append((batch.rows, plan.metrics(batch)))
+        if progress is not None:
+            progress(len(batch.rows))
+    return plan.collect(results, len(pairs))
 
-    def curve(absolute: bool) -> Curve:
-        rows = [r for r in plan if r[0] == absolute]
-        return Curve(absolute, tuple(sizes), [r[2] for r in rows], [r[3] for r in rows],
-                     torch.stack([metrics[r[4]] for r in rows]), full, empty)
-    return Faithfulness(curve(False), curve(True), n)
+
+@dataclass
+class Plan:
+    """The circuits to evaluate for one set of scores: each (ranking, size) and the distinct circuits they make."""
+
+    graph: Graph
+    sizes: tuple[float, ...]
+    rows: list[tuple[bool, float, int, int, int]]  # (absolute, p, edges asked, edges kept, circuit index)
+    circuits: list[Tensor]
+
+    @classmethod
+    def of(cls, graph: Graph, scores: Tensor, sizes=SIZES) -> Plan:
+        n = graph.n_edges
+        circuits: list[Tensor] = []
+        index: dict[bytes, int] = {}
+        rows = []
+        for absolute in (False, True):
+            for p in sizes:
+                kept = graph.top(scores, int(p * n), absolute)
+                key = kept.numpy().tobytes()
+                if key not in index:
+                    index[key] = len(circuits)
+                    circuits.append(kept)
+                rows.append((absolute, p, int(p * n), int(kept.sum()), index[key]))
+        return cls(graph, tuple(sizes), rows, circuits)
+
+    def metrics(self, batch) -> dict[str, Tensor]:
+        """One batch's metrics: ``full`` and ``empty`` [pair], ``circuits`` [circuit pair]."""
+        graph = self.graph
+        with torch.no_grad():
+            cf = batch.run(graph, batch.counter, keep=True)
+            full = batch.run(graph, batch.clean).metric.double().cpu()
+            empty = batch.run(graph, batch.clean, excluded=graph.exists, other=cf.writes).metric.double().cpu()
+            each = [batch.run(graph, batch.clean, excluded=graph.excluded(kept), other=cf.writes).metric.double().cpu()
+                    for kept in self.circuits]
+        return {"full": full, "empty": empty, "circuits": torch.stack(each)}
+
+    def collect(self, results: list[tuple[list[int], dict[str, Tensor]]], n_pairs: int) -> Faithfulness:
+        """Both curves from every batch's metrics (``metrics``), by pair."""
+        full = torch.zeros(n_pairs, dtype=torch.float64)
+        empty = torch.zeros(n_pairs, dtype=torch.float64)
+        each = torch.zeros(len(self.circuits), n_pairs, dtype=torch.float64)
+        for rows, m in results:
+            r = torch.tensor(rows)
+            full[r], empty[r], each[:, r] = m["full"], m["empty"], m["circuits"]
+
+        def curve(absolute: bool) -> Curve:
+            mine = [row for row in self.rows if row[0] == absolute]
+            return Curve(absolute, self.sizes, [row[2] for row in mine], [row[3] for row in mine],
+                         each[[row[4] for row in mine]], full, empty)
+        return Faithfulness(curve(False), curve(True), self.graph.n_edges)

@@ -160,3 +160,45 @@ class Graph:
     def excluded(self, in_graph: Tensor) -> Tensor:
         """[writer reader] bool: the graph's edges a circuit leaves out (their readers see the counterfactual)."""
         return self.exists & ~in_graph
+
+    # --- the EAP-IG Graph JSON, what MIB's leaderboard and tools read ---
+    def to_json(self, scores: Tensor, in_graph: Tensor | None = None, d_model: int = 0) -> dict:
+        """The EAP-IG ``Graph.to_json`` layout: ``cfg`` (n_layers, n_heads, parallel_attn_mlp, d_model), ``nodes``
+        (name -> in_graph), ``edges`` ("a0.h1->a2.h3<q>" -> score, in_graph). ``in_graph`` [writer reader]: the
+        circuit (default: every edge, as a scores-only submission is read)."""
+        kept = self.exists if in_graph is None else (in_graph & self.exists)
+        nodes_in = kept.any(1)
+        nodes_in[0] = True
+        nodes = {name: {"in_graph": bool(nodes_in[w])} for w, name in enumerate(self.writer_names)}
+        nodes["logits"] = {"in_graph": True}
+        edges = {}
+        flat = scores.detach().to(torch.float64)
+        for w, r in self.exists.nonzero().tolist():
+            edges[self.edge_name(w, r)] = {"score": float(flat[w, r]), "in_graph": bool(kept[w, r])}
+        cfg = {"n_layers": self.n_layers, "n_heads": self.n_heads, "parallel_attn_mlp": self.parallel,
+               "d_model": int(d_model)}
+        return {"cfg": cfg, "nodes": nodes, "edges": edges}
+
+    @classmethod
+    def from_json(cls, data: dict) -> tuple[Graph, Tensor, Tensor]:
+        """(graph, scores [writer reader], in_graph) from the EAP-IG JSON layout (``to_json``)."""
+        from ..errors import InputError
+
+        try:
+            cfg = data["cfg"]
+            graph = cls(int(cfg["n_layers"]), int(cfg["n_heads"]), bool(cfg.get("parallel_attn_mlp", False)))
+            edges = data["edges"]
+        except (KeyError, TypeError, ValueError) as err:
+            raise InputError(f"not an EAP-IG graph JSON (cfg with n_layers and n_heads, edges): {err}") from None
+        w_index = {n: i for i, n in enumerate(graph.writer_names)}
+        r_index = {n: i for i, n in enumerate(graph.reader_names)}
+        scores = torch.zeros(graph.exists.shape, dtype=torch.float64)
+        kept = torch.zeros(graph.exists.shape, dtype=torch.bool)
+        for name, info in edges.items():
+            source, _, target = name.partition("->")
+            if source not in w_index or target not in r_index or not graph.exists[w_index[source], r_index[target]]:
+                raise InputError(f"edge {name!r} is not an edge of a graph with {graph.n_layers} layers of "
+                                 f"{graph.n_heads} heads")
+            scores[w_index[source], r_index[target]] = float(info["score"])
+            kept[w_index[source], r_index[target]] = bool(info.get("in_graph", True))
+        return graph, scores, kept
