@@ -105,7 +105,11 @@ def _embed(session: Session, ids: Tensor) -> Tensor:
 
 
 class _Patcher:
-    """Readers' inputs: the residual plus, for each excluded edge, the other run's writer minus this run's."""
+    """Readers' inputs: the residual plus, for each excluded edge, the other run's writer minus this run's.
+
+    The differences D_w are kept as the writers come, with their running sum; a reader whose writers are mostly
+    excluded gets the sum minus its kept writers' differences, so each reader costs what the smaller of its kept
+    and excluded sets costs."""
 
     def __init__(self, graph: Graph, excluded: Tensor | None, other: Tensor | None, writes: list[Tensor]):
         self.writes, self.other = writes, other
@@ -114,6 +118,14 @@ class _Patcher:
             if other is None:
                 raise ValueError("excluded edges need the other run's writes")
             self.excluded = excluded
+            self.diffs: list[Tensor] = []
+            self.sums: list[Tensor] = []  # sums[k]: the sum of the first k + 1 differences
+
+    def _update(self) -> None:
+        for w in range(len(self.diffs), len(self.writes)):
+            d = self.other[w].to(self.writes[w].dtype) - self.writes[w]
+            self.diffs.append(d)
+            self.sums.append(d if not self.sums else self.sums[-1] + d)
 
     def inputs(self, resid: Tensor, readers: slice, below: int) -> Tensor:
         """[readers batch pos d_model]: the inputs of ``readers``, whose writers are the first ``below``."""
@@ -121,12 +133,22 @@ class _Patcher:
         x = resid.unsqueeze(0).expand(n, *resid.shape)
         if self.excluded is None:
             return x
-        cut = self.excluded[:below, readers].to(resid.dtype)  # [writer reader]
-        if not bool(cut.any()):
+        cut = self.excluded[:below, readers]  # [writer reader]: every writer below feeds these readers
+        n_cut = int(cut.sum())
+        if n_cut == 0:
             return x
-        used = cut.any(1).nonzero().flatten().tolist()
-        diff = torch.stack([self.other[w].to(resid.dtype) - self.writes[w] for w in used])
-        return x + torch.einsum("wbtd,wr->rbtd", diff, cut[used].to(diff.dtype))
+        self._update()
+        if 2 * n_cut <= cut.numel():
+            return x + self._sum(cut, resid.dtype)
+        return x + (self.sums[below - 1].unsqueeze(0) - self._sum(~cut, resid.dtype))
+
+    def _sum(self, pick: Tensor, dtype) -> Tensor:
+        """[reader batch pos d_model]: for each reader, the sum of the differences of the writers ``pick`` marks."""
+        used = pick.any(1).nonzero().flatten().tolist()
+        if not used:
+            return torch.zeros((), dtype=dtype, device=self.writes[0].device)
+        diff = torch.stack([self.diffs[w] for w in used])
+        return torch.einsum("wbtd,wr->rbtd", diff, pick[used].to(diff.dtype))
 
 
 def _rows(value, copies: int, batch: int):
@@ -253,18 +275,25 @@ class Batch:
         return run(self.session, graph, self.layers, self.args, self.metric, ids, **kw)
 
 
-def batches(model: nn.Module, pairs, batch_size: int, *, weights=None, grad: bool = False, rows: list[int] | None = None):
-    """The pairs in batches of ``batch_size``, each on the model inside ``dpa.instrument`` (linearised with
-    ``weights``, or the model's own backward with None): the one request step checks and encodes both prompts."""
+@contextmanager
+def batch_of(model: nn.Module, pairs, rows: list[int], *, weights=None, grad: bool = False):
+    """The pairs ``rows`` as one batch on the model inside ``dpa.instrument`` (linearised with ``weights``, or the
+    model's own backward with None): the one request step checks and encodes both prompts of each pair."""
     from .. import request as requests
     from ..families import layer_modules
     from ..instrument import instrument
 
+    req = requests.build(model, None, [pairs.clean[i] for i in rows], weights=weights, batch=True)
+    cf = requests.build(model, None, [pairs.counter[i] for i in rows], batch=True)
+    with instrument(model, req, weights=weights, record={"calls"}, grad=grad) as session:
+        yield Batch(list(rows), session, layer_modules(model, req.spec), calls(session), req.input_ids,
+                    cf.input_ids, pairs.metric_of(rows))
+
+
+def batches(model: nn.Module, pairs, batch_size: int, *, weights=None, grad: bool = False,
+            rows: list[int] | None = None):
+    """The pairs (or ``rows`` of them) in batches of ``batch_size`` (``batch_of``)."""
     order = list(range(len(pairs))) if rows is None else list(rows)
     for start in range(0, len(order), batch_size):
-        chunk = order[start:start + batch_size]
-        req = requests.build(model, None, [pairs.clean[i] for i in chunk], weights=weights, batch=True)
-        cf = requests.build(model, None, [pairs.counter[i] for i in chunk], batch=True)
-        with instrument(model, req, weights=weights, record={"calls"}, grad=grad) as session:
-            yield Batch(chunk, session, layer_modules(model, req.spec), calls(session), req.input_ids,
-                        cf.input_ids, pairs.metric_of(chunk))
+        with batch_of(model, pairs, order[start:start + batch_size], weights=weights, grad=grad) as batch:
+            yield batch

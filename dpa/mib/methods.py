@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from ..errors import InputError
 from ..weights import PathWeights
-from .forward import Batch, batches
+from .forward import Batch, batch_of, batches
 from .graph import Graph
 from .pairs import Pairs
 
@@ -36,34 +36,57 @@ def edge_scores(model: nn.Module, pairs: Pairs, method: Method = "dpa-cf", *, we
     method: ``dpa`` (out_u(clean) . g^DPA), ``dpa-cf`` (Δ_u . g^DPA), ``eap``, ``eap-ig`` (``steps`` points),
     ``gim`` (Δ_u . g^DPA at softmax temperature ``temperature``, 2 by default, GIM's), ``exact`` (each edge
     patched alone: m(full) - m(full without it); ``edges`` [writer reader] bool limits it to some), ``random``.
-    weights: DPA's path weights (default: dpa's defaults, which are GIM's too)."""
+    weights: DPA's path weights (default: dpa's defaults, which are GIM's too). ``progress(k)``: k more pairs."""
     from ..request import check_model
 
-    if method not in METHODS:
-        raise InputError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
+    method = check_method(method, weights, temperature)
     graph = Graph.of(check_model(model))
     if method == "random":
         g = torch.Generator().manual_seed(seed)
         return torch.randn(graph.exists.shape, generator=g, dtype=torch.float64) * graph.exists
     if method == "exact":
         return _exact(model, pairs, graph, batch_size, edges, progress)
-    linear = method in ("dpa", "dpa-cf", "gim")
-    if temperature is not None and method != "gim" and temperature != 1:
-        raise InputError(f"a softmax temperature is GIM's rule: method='gim', not {method!r}")
-    w = (weights or PathWeights()) if linear else None
-    if weights is not None and not linear:
-        raise InputError(f"{method} uses the model's own backward: path weights are for dpa, dpa-cf and gim")
-    if method == "gim":
-        w = w.with_temperature(2.0 if temperature is None else temperature)
     total = torch.zeros(graph.exists.shape, dtype=torch.float64)
-    for batch in batches(model, pairs, batch_size, weights=w, grad=True):
-        total += _batch_scores(batch, graph, method, steps)
+    rows = list(range(len(pairs)))
+    for start in range(0, len(rows), batch_size):
+        chunk = rows[start:start + batch_size]
+        total += batch_scores(model, pairs, chunk, method, graph, weights=weights, temperature=temperature,
+                              steps=steps)
         if progress is not None:
-            progress(len(batch.rows))
+            progress(len(chunk))
     return total * graph.exists
 
 
-def _batch_scores(batch: Batch, graph: Graph, method: str, steps: int) -> Tensor:
+def check_method(method: str, weights: PathWeights | None, temperature: float | None) -> str:
+    """The method, checked with the options given for it."""
+    if method not in METHODS:
+        raise InputError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
+    if temperature is not None and method != "gim" and temperature != 1:
+        raise InputError(f"a softmax temperature is GIM's rule: method='gim', not {method!r}")
+    if weights is not None and method not in LINEARISED:
+        raise InputError(f"{method} uses the model's own backward: path weights are for dpa, dpa-cf and gim")
+    return method
+
+
+LINEARISED = ("dpa", "dpa-cf", "gim")
+
+
+def batch_scores(model: nn.Module, pairs: Pairs, rows: list[int], method: str, graph: Graph, *,
+                 weights: PathWeights | None = None, temperature: float | None = None, steps: int = 5) -> Tensor:
+    """One batch's edge scores [writer reader] (the pairs ``rows``), for a gradient method."""
+    w = None
+    if method in LINEARISED:
+        w = weights or PathWeights()
+        if method == "gim":
+            w = w.with_temperature(2.0 if temperature is None else temperature)
+    with batch_of(model, pairs, rows, weights=w, grad=True) as batch:
+        return scores_in(batch, graph, method, steps)
+
+
+def scores_in(batch: Batch, graph: Graph, method: str, steps: int = 5) -> Tensor:
+    """A gradient method's edge scores [writer reader] on a batch already on the instrumented model (``batch_of``):
+    the writers' moves a_u from plain runs, the readers' gradients from one backward of the summed metric (per
+    interpolation point for EAP-IG), read out as a_u . g_r."""
     with torch.no_grad():
         clean = batch.run(graph, batch.clean, keep=True)
         if method == "dpa":

@@ -1,0 +1,293 @@
+"""Circuit discovery on a user's own clean/counterfactual pairs: read them, score every edge, evaluate MIB's
+faithfulness, export the EAP-IG Graph JSON (``dpa mib``; the book: circuit-discovery).
+
+A pairs file has one JSON object a line::
+
+    {"clean": "When Mary and John went to the store, John gave a drink to",
+     "counterfactual": "When Mary and John went to the store, Anne gave a drink to",
+     "answer": " Mary", "counterfactual_answer": " John"}
+
+(``answers`` / ``counterfactual_answers``, lists of tokens, for the probability difference instead of the logit
+difference). Prompts are encoded as every dpa entry point encodes them; a line that is not such an object, whose
+prompts differ in length, or whose answer is not one token is refused by its line number.
+
+With ``out`` the run is kept in a folder, batch by batch, and a run started again there goes on from where it
+stopped (the same pairs, model and settings; anything else is refused).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..errors import InputError
+from ..weights import PathWeights
+from .evaluate import SIZES, Faithfulness, Plan
+from .forward import batch_of
+from .graph import Graph
+from .methods import METHODS, Method, batch_scores, check_method
+from .pairs import Pairs
+
+KEYS = ("clean", "counterfactual")
+
+
+def read_pairs(path: str | os.PathLike, tokenizer, *, vocab_size: int | None = None) -> Pairs:
+    """The pairs of a JSON-lines file (module docstring); errors name the line."""
+    from ..request import encode_prompt
+    from ..targets import token_id
+
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as err:
+        raise InputError(f"cannot read the pairs file {str(path)!r}: {err.strerror or err}") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: not UTF-8 text (a pairs file is JSON lines)") from None
+    vocab = vocab_size or len(tokenizer)
+    clean, counter, answers, wrong, names, kinds = [], [], [], [], [], set()
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{path.name} line {n}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise InputError(f"{where}: not JSON ({err.msg})") from None
+        if not isinstance(row, dict):
+            raise InputError(f"{where}: a pair is a JSON object with {', '.join(KEYS)} and answers")
+        missing = [k for k in KEYS if not isinstance(row.get(k), str) or not row.get(k)]
+        if missing:
+            raise InputError(f"{where}: {missing[0]!r} is missing or not a non-empty string")
+        single = "answer" in row or "counterfactual_answer" in row
+        good = [row.get("answer")] if single else row.get("answers")
+        bad = [row.get("counterfactual_answer")] if single else row.get("counterfactual_answers")
+        if not isinstance(good, list) or not isinstance(bad, list) or not good or not bad or None in good + bad:
+            raise InputError(f"{where}: give 'answer' and 'counterfactual_answer' (or the lists 'answers' and "
+                             "'counterfactual_answers')")
+        kinds.add("logit_diff" if single else "prob_diff")
+        try:
+            a = [token_id(tokenizer, t, vocab, what="answer") for t in good]
+            b = [token_id(tokenizer, t, vocab, what="counterfactual answer") for t in bad]
+            ids = encode_prompt(tokenizer, row["clean"]), encode_prompt(tokenizer, row["counterfactual"])
+        except InputError as err:
+            raise InputError(f"{where}: {err}") from None
+        if len(ids[0]) != len(ids[1]):
+            raise InputError(f"{where}: the clean prompt is {len(ids[0])} tokens and the counterfactual "
+                             f"{len(ids[1])}; MIB patches position by position, so they must be as long")
+        clean.append(ids[0]), counter.append(ids[1]), answers.append(a), wrong.append(b), names.append(where)
+    if not clean:
+        raise InputError(f"{path}: no pairs in the file")
+    if len(kinds) > 1:
+        raise InputError(f"{path}: some lines give one answer and some lists of answers; one metric per file")
+    return Pairs(clean, counter, answers, wrong, kinds.pop(), names)
+
+
+@dataclass
+class Discovery:
+    """Edge scores on MIB's graph [writer reader], how they were made, and (``evaluate``) their faithfulness."""
+
+    graph: Graph
+    scores: Tensor
+    method: str
+    faithfulness: Faithfulness | None
+    d_model: int = 0
+
+    def circuit(self, size: float, absolute: bool = False) -> Tensor:
+        """The circuit of the top ``size`` share of edges (pruned, as MIB evaluates it) [writer reader] bool."""
+        return self.graph.top(self.scores, int(size * self.graph.n_edges), absolute)
+
+    def edges(self, size: float, absolute: bool = False) -> list[tuple[str, float]]:
+        """The circuit's edges by name with their scores, best first."""
+        kept = self.circuit(size, absolute)
+        pairs = [(self.graph.edge_name(w, r), float(self.scores[w, r])) for w, r in kept.nonzero().tolist()]
+        return sorted(pairs, key=lambda p: -abs(p[1]) if absolute else -p[1])
+
+    def to_json(self, size: float | None = None, absolute: bool = False) -> dict:
+        """The EAP-IG Graph JSON (what MIB's leaderboard reads): every edge's score; with ``size``, the circuit."""
+        kept = None if size is None else self.circuit(size, absolute)
+        return self.graph.to_json(self.scores, kept, self.d_model)
+
+    def save_json(self, path, size: float | None = None, absolute: bool = False) -> None:
+        _write_text(Path(path), json.dumps(self.to_json(size, absolute)))
+
+    def summary(self) -> str:
+        lines = [f"{self.method} edge scores on MIB's graph: {self.graph.n_edges} edges "
+                 f"({self.graph.n_layers} layers x {self.graph.n_heads} heads)"]
+        if self.faithfulness is not None:
+            f = self.faithfulness
+            lines.append(f"CPR {f.cpr:.3f} (higher is better)   CMD {f.cmd:.3f} (lower is better)")
+            lines.append("size   edges   f (signed)   f (|score|)")
+            for k, p in enumerate(f.cpr_curve.sizes):
+                lines.append(f"{p:<6g} {f.cpr_curve.kept[k]:>6}   {float(f.cpr_curve.f[k]):>9.3f}   "
+                             f"{float(f.cmd_curve.f[k]):>10.3f}")
+        return "\n".join(lines)
+
+    def plot(self, ax=None):
+        """f over the circuit size for both rankings (matplotlib ``Axes``)."""
+        import matplotlib.pyplot as plt
+
+        if self.faithfulness is None:
+            raise InputError("this discovery was not evaluated (evaluate=True)")
+        if ax is None:
+            _, ax = plt.subplots(figsize=(5, 3.2))
+        f = self.faithfulness
+        for curve, label in ((f.cpr_curve, f"signed (CPR {f.cpr:.2f})"), (f.cmd_curve, f"|score| (CMD {f.cmd:.2f})")):
+            ax.plot(curve.sizes, curve.f.numpy(), marker="o", label=label)
+        ax.axhline(1, color="grey", lw=0.8, ls="--")
+        ax.set_xscale("log")
+        ax.set_xlabel("share of edges kept")
+        ax.set_ylabel("faithfulness f")
+        ax.set_title(self.method)
+        ax.legend(frameon=False)
+        return ax
+
+
+def discover(model: nn.Module, tokenizer, pairs: Pairs | str | os.PathLike, *, method: Method = "dpa-cf",
+             weights: PathWeights | None = None, temperature: float | None = None, evaluate: bool = True,
+             sizes=SIZES, batch_size: int = 8, out: str | os.PathLike | None = None,
+             progress: bool = True) -> Discovery:
+    """Score every edge of MIB's graph on the pairs (a ``Pairs`` or a pairs file) with ``method`` (see
+    ``dpa.mib.edge_scores``) and, with ``evaluate``, measure the circuits' faithfulness (CPR, CMD). With ``out``, a
+    folder keeps every batch as it is done; called again with the same folder, the run goes on where it stopped."""
+    from ..request import check_model
+    from ..checks import check_int
+
+    spec = check_model(model)
+    check_int("batch_size", batch_size, low=1)
+    method = check_method(method, weights, temperature)
+    if not isinstance(pairs, Pairs):
+        pairs = read_pairs(pairs, tokenizer, vocab_size=spec.vocab_size)
+    graph = Graph.of(spec)
+    store = _Store(Path(out), _identity(model, spec, pairs, method, weights, temperature, sizes, batch_size)) \
+        if out is not None else None
+    rows = list(range(len(pairs)))
+    plan_rows = [rows[i:i + batch_size] for i in range(0, len(rows), batch_size)]
+    bar = _bar(progress, 2 * len(pairs) if evaluate else len(pairs), f"{method} edges")
+    try:
+        total = torch.zeros(graph.exists.shape, dtype=torch.float64)
+        if method == "random":  # no batches: one draw for the whole graph
+            from .methods import edge_scores
+
+            total, plan_rows_scored = edge_scores(model, pairs, "random"), []
+            bar.update(len(pairs))
+        else:
+            plan_rows_scored = plan_rows
+        for b, chunk in enumerate(plan_rows_scored):
+            part = store.get("scores", b) if store else None
+            if part is None:
+                part = _scores(model, pairs, chunk, method, weights, temperature, graph, batch_size)
+                if store:
+                    store.put("scores", b, part)
+            total += part
+            bar.update(len(chunk))
+        scores = total * graph.exists
+        result = None
+        if evaluate:
+            bar.set_description("faithfulness")
+            plan = Plan.of(graph, scores, sizes)
+            done = []
+            for b, chunk in enumerate(plan_rows):
+                m = store.get("metrics", b) if store else None
+                if m is None:
+                    with batch_of(model, pairs, chunk) as batch:
+                        m = plan.metrics(batch)
+                    if store:
+                        store.put("metrics", b, m)
+                done.append((chunk, m))
+                bar.update(len(chunk))
+            result = plan.collect(done, len(pairs))
+    finally:
+        bar.close()
+    found = Discovery(graph, scores, method, result, spec.d_model)
+    if store:
+        found.save_json(store.folder / "graph.json")
+        if result is not None:
+            _write_text(store.folder / "faithfulness.json", json.dumps(_faithfulness_json(found), indent=1))
+    return found
+
+
+def _scores(model, pairs, chunk, method, weights, temperature, graph, batch_size) -> Tensor:
+    from .methods import edge_scores
+
+    if method == "exact":
+        return edge_scores(model, pairs.subset(chunk), method, batch_size=batch_size)
+    return batch_scores(model, pairs, chunk, method, graph, weights=weights, temperature=temperature)
+
+
+def _faithfulness_json(found: Discovery) -> dict[str, Any]:
+    f = found.faithfulness
+    curve = lambda c: {"sizes": list(c.sizes), "edges": c.edges, "kept": c.kept,  # noqa: E731
+                       "f": [float(x) for x in c.f]}
+    return {"method": found.method, "n_edges": f.n_edges, "cpr": f.cpr, "cmd": f.cmd, "cpr_curve": curve(f.cpr_curve),
+            "cmd_curve": curve(f.cmd_curve), "m_full": float(f.cpr_curve.full.mean()),
+            "m_empty": float(f.cpr_curve.empty.mean())}
+
+
+def _identity(model, spec, pairs: Pairs, method, weights, temperature, sizes, batch_size) -> dict:
+    digest = hashlib.sha256(json.dumps([pairs.clean, pairs.counter, pairs.answers, pairs.wrong, pairs.metric])
+                            .encode()).hexdigest()
+    return {"model": getattr(model.config, "_name_or_path", "") or spec.family, "family": spec.family,
+            "layers": spec.n_layers, "heads": spec.n_heads, "pairs": digest, "n_pairs": len(pairs),
+            "method": method, "weights": None if weights is None else weights.to_dict(),
+            "temperature": temperature, "sizes": list(sizes), "batch_size": batch_size}
+
+
+class _Store:
+    """A run's folder: ``run.json`` (what the run is) and one file per batch and stage, written whole or not at all."""
+
+    def __init__(self, folder: Path, identity: dict):
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "batches").mkdir(exist_ok=True)
+        meta = folder / "run.json"
+        if meta.exists():
+            try:
+                before = json.loads(meta.read_text())
+            except (OSError, json.JSONDecodeError):
+                raise InputError(f"{meta} is damaged: delete the folder {folder} or use another --out") from None
+            if before != identity:
+                diff = sorted(k for k in set(before) | set(identity) if before.get(k) != identity.get(k))
+                raise InputError(f"{folder} holds another run (its {', '.join(diff)} differ): use a new --out folder, "
+                                 "or delete it")
+        else:
+            _write_text(meta, json.dumps(identity, indent=1))
+
+    def _path(self, stage: str, b: int) -> Path:
+        return self.folder / "batches" / f"{stage}-{b:05d}.pt"
+
+    def get(self, stage: str, b: int):
+        path = self._path(stage, b)
+        if not path.exists():
+            return None
+        try:
+            return torch.load(path, weights_only=True)
+        except Exception:  # noqa: BLE001 - a damaged file: said by name
+            raise InputError(f"{path} is damaged: delete it (its batch is run again when the run goes on)") from None
+
+    def put(self, stage: str, b: int, value) -> None:
+        path = self._path(stage, b)
+        tmp = path.with_suffix(".tmp")
+        torch.save(value, tmp)
+        os.replace(tmp, path)
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _bar(progress: bool, total: int, what: str):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="pair", desc=what, disable=not progress, leave=False)
+
+
+__all__ = ["Discovery", "discover", "read_pairs", "METHODS"]
