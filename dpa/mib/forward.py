@@ -1,8 +1,10 @@
 """The model run reader by reader: MIB's patched forward, and the pass its edge scores are read from.
 
-MIB's graph has a reader per head and per q/k/v input, so a layer's attention is run once per head ("copies",
-stacked in the batch): copy h gives its query input to the attention module, its key and value inputs to the
-key and value projections (hooks swap their inputs), and keeps only head h's slice at o_proj's input. Everything
+MIB's graph has a reader per head and per q/k/v input, so a layer's attention is run once per distinct triple of
+inputs ("copies", stacked in the batch): a copy gives its query input to the attention module, its key and value
+inputs to the key and value projections (hooks swap their inputs), and each head's output is its slice of
+o_proj's input in its own copy, through its columns of o_proj. Readers that exclude the same writers read one
+input, so a small or a large circuit runs few copies; the pass the gradients are read from runs one per head. Everything
 else is the model's own modules, called in order: the block input norms, the attention module (its rotary,
 masks, soft-caps, sinks and kernel, with the arguments it was called with in a plain forward), the post-norms,
 the MLP or sparse block, the final norm and the unembedding. Inside ``dpa.instrument`` these are the modules
@@ -68,20 +70,20 @@ def run(session: Session, graph: Graph, layers: list[LayerModules], args: dict, 
     out = Pass(metric=torch.empty(0))
     patch = _Patcher(graph, excluded, other, writes)
     for i, m in enumerate(layers):
-        ins = patch.inputs(x, graph.attention_readers(i), graph.below(i, 0))  # [3H b t d]
-        ins = ins.clone() if leaves else ins
-        heads, block = _attention(m, spec, args[i], ins, b)
+        ins, which = patch.inputs(x, graph.attention_readers(i), graph.below(i, 0), distinct=not leaves)
+        ins = ins.clone() if leaves else ins  # [3H b t d] leaves for the readers' gradients
+        heads, block = _attention(m, spec, args[i], ins, which, b)
         writes.extend(heads.detach().unbind(0))
         mid = x + block
         source = x if spec.parallel else mid
-        into = patch.inputs(source, slice(graph.mlp_reader(i), graph.mlp_reader(i) + 1), graph.below(i, 1))[0]
+        into = patch.inputs(source, slice(graph.mlp_reader(i), graph.mlp_reader(i) + 1), graph.below(i, 1))[0][0]
         into = into.clone() if leaves else into
         mlp = _mlp(m, into)
         writes.append(mlp.detach())
         x = mid + mlp
         if leaves:
             out.reads += [ins, into]
-    final = patch.inputs(x, slice(graph.logits, graph.logits + 1), graph.n_writers)[0]
+    final = patch.inputs(x, slice(graph.logits, graph.logits + 1), graph.n_writers)[0][0]
     final = final.clone() if leaves else final
     if leaves:
         out.reads.append(final)
@@ -127,20 +129,26 @@ class _Patcher:
             self.diffs.append(d)
             self.sums.append(d if not self.sums else self.sums[-1] + d)
 
-    def inputs(self, resid: Tensor, readers: slice, below: int) -> Tensor:
-        """[readers batch pos d_model]: the inputs of ``readers``, whose writers are the first ``below``."""
+    def inputs(self, resid: Tensor, readers: slice, below: int, distinct: bool = True) -> tuple[Tensor, Tensor]:
+        """The inputs of ``readers`` (whose writers are the first ``below``): ``distinct`` ones [input batch pos
+        d_model] and which of them each reader reads [reader] (readers that exclude the same writers read one
+        input); else one per reader."""
         n = readers.stop - readers.start
-        x = resid.unsqueeze(0).expand(n, *resid.shape)
-        if self.excluded is None:
-            return x
+        one = torch.zeros(n, dtype=torch.long)
+        if self.excluded is None or not bool(self.excluded[:below, readers].any()):
+            if distinct:
+                return resid.unsqueeze(0), one
+            return resid.unsqueeze(0).expand(n, *resid.shape), torch.arange(n)
         cut = self.excluded[:below, readers]  # [writer reader]: every writer below feeds these readers
-        n_cut = int(cut.sum())
-        if n_cut == 0:
-            return x
+        which = torch.arange(n)
+        if distinct:
+            cut, which = torch.unique(cut.T, dim=0, return_inverse=True)
+            cut = cut.T
         self._update()
-        if 2 * n_cut <= cut.numel():
-            return x + self._sum(cut, resid.dtype)
-        return x + (self.sums[below - 1].unsqueeze(0) - self._sum(~cut, resid.dtype))
+        x = resid.unsqueeze(0)
+        if 2 * int(cut.sum()) <= cut.numel():
+            return x + self._sum(cut, resid.dtype), which
+        return x + (self.sums[below - 1].unsqueeze(0) - self._sum(~cut, resid.dtype)), which
 
     def _sum(self, pick: Tensor, dtype) -> Tensor:
         """[reader batch pos d_model]: for each reader, the sum of the differences of the writers ``pick`` marks."""
@@ -168,25 +176,29 @@ def _norm(m: LayerModules, block: int) -> Callable[[Tensor], Tensor]:
     return m.block_inputs[block] if m.block_inputs else (lambda x: x)
 
 
-def _attention(m: LayerModules, spec, call: tuple[tuple, dict], ins: Tensor, b: int) -> tuple[Tensor, Tensor]:
-    """Layer ``m``'s attention with a separate input per head and per q/k/v (``ins`` [3H b t d]: q of every head, then k, then v): each head's
-    output [H b t d] and the block's output [b t d] (through its post-norm)."""
-    n_heads = spec.n_heads
+def _attention(m: LayerModules, spec, call: tuple[tuple, dict], ins: Tensor, which: Tensor,
+               b: int) -> tuple[Tensor, Tensor]:
+    """Layer ``m``'s attention with a separate input per head and per q/k/v: ``ins`` [input b t d] and
+    ``which`` [3H], the input each reader reads (q of every head, then k, then v). Heads reading the same three
+    inputs share a copy. Returns each head's output [H b t d] and the block's output [b t d] (its post-norm's)."""
+    n_heads, width = spec.n_heads, spec.d_head
     t, d = ins.shape[-2:]
-    norm = _norm(m, 0)
-    ins = ins.reshape(3, n_heads * b, t, d)  # readers q of every head, then k, then v
-    normed = {name: norm(ins[c]) for c, name in enumerate(("query", "key", "value"))}
+    normed = _norm(m, 0)(ins)
+    triples = which.view(3, n_heads).T.tolist()  # per head: its q, k and v input
+    copies = list(dict.fromkeys(map(tuple, triples)))
+    copy_of = [copies.index(tuple(tr)) for tr in triples]
+    pick = torch.tensor(copies, device=ins.device).T  # [3 copy]
+    c = len(copies)
+    inputs = {name: normed[pick[k]].reshape(c * b, t, d) for k, name in enumerate(("query", "key", "value"))}
     args, kwargs = call
-    width = spec.d_head
-    keep = torch.zeros(n_heads, 1, n_heads * width, dtype=ins.dtype, device=ins.device)
-    for h in range(n_heads):
-        keep[h, ..., h * width:(h + 1) * width] = 1
-    keep = keep.repeat_interleave(b, 0)  # copy h's rows keep head h
-    with _swapped_inputs(m, normed), _hook(m.heads, pre=lambda _m, a: (a[0] * keep.to(a[0].dtype), *a[1:])):
-        y = m.attention(normed["query"], *_rows(args, n_heads, b), **_rows(kwargs, n_heads, b))
-    y = (y[0] if isinstance(y, tuple) else y).view(n_heads, b, t, d)
+    seen = {}
+    with _swapped_inputs(m, inputs), _hook(m.heads, pre=lambda _m, a: seen.__setitem__("z", a[0])):
+        m.attention(inputs["query"], *_rows(args, c, b), **_rows(kwargs, c, b))
+    z = seen["z"].view(c, b, t, n_heads, width)
+    z = torch.stack([z[copy_of[h], :, :, h] for h in range(n_heads)])  # [H b t width]: each head from its copy
+    w_o = weight_rows(m.heads).view(d, n_heads, width).to(z.dtype)
+    terms = torch.einsum("hbte,dhe->hbtd", z, w_o)
     bias = getattr(m.heads, "bias", None)
-    terms = y if bias is None else y - bias
     total = terms.sum(0) if bias is None else terms.sum(0) + bias
     post = m.post_norms[0]
     if post is None:
