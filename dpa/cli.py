@@ -100,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=run_selftest)
     if add_evaluate_commands is not None:
         add_evaluate_commands(commands)
+    from .mib.cli import add_command as add_mib_command
+
+    add_mib_command(commands)
     return parser
 
 

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..errors import InputError
+from ..errors import DPAError, InputError
 from ..weights import PathWeights
 from .evaluate import SIZES, Faithfulness, Plan
 from .forward import batch_of
@@ -76,8 +76,8 @@ def read_pairs(path: str | os.PathLike, tokenizer, *, vocab_size: int | None = N
             a = [token_id(tokenizer, t, vocab, what="answer") for t in good]
             b = [token_id(tokenizer, t, vocab, what="counterfactual answer") for t in bad]
             ids = encode_prompt(tokenizer, row["clean"]), encode_prompt(tokenizer, row["counterfactual"])
-        except InputError as err:
-            raise InputError(f"{where}: {err}") from None
+        except DPAError as err:  # a target error says how to attribute a first token, which MIB's metric cannot
+            raise InputError(f"{where}: {str(err).split('. Pass one of')[0]}") from None
         if len(ids[0]) != len(ids[1]):
             raise InputError(f"{where}: the clean prompt is {len(ids[0])} tokens and the counterfactual "
                              f"{len(ids[1])}; MIB patches position by position, so they must be as long")
@@ -254,8 +254,8 @@ class _Store:
                 raise InputError(f"{meta} is damaged: delete the folder {folder} or use another --out") from None
             if before != identity:
                 diff = sorted(k for k in set(before) | set(identity) if before.get(k) != identity.get(k))
-                raise InputError(f"{folder} holds another run (its {', '.join(diff)} differ): use a new --out folder, "
-                                 "or delete it")
+                said = "; ".join(f"{k}: {before.get(k)!r} there, {identity.get(k)!r} now" for k in diff[:3])
+                raise InputError(f"{folder} holds another run ({said}): use a new --out folder, or delete it")
         else:
             _write_text(meta, json.dumps(identity, indent=1))
 
