@@ -73,20 +73,20 @@ def test_an_interrupted_run_goes_on_where_it_stopped(tmp_path, monkeypatch):
     model = tiny_model("llama", 2)
     pairs = _pairs()
     whole = discover(model, None, pairs, method="eap", batch_size=2, progress=False)
-    from dpa.mib import evaluate
+    from dpa.mib.evaluate import Plan
 
     calls = {"n": 0}
-    own = evaluate.Plan.metrics
+    own = Plan.metrics
 
     def flaky(self, batch):
         calls["n"] += 1
         if calls["n"] == 2:
             raise KeyboardInterrupt
         return own(self, batch)
-    monkeypatch.setattr(evaluate.Plan, "metrics", flaky)
+    monkeypatch.setattr(Plan, "metrics", flaky)
     with pytest.raises(KeyboardInterrupt):
         discover(model, None, pairs, method="eap", batch_size=2, out=tmp_path / "run", progress=False)
-    monkeypatch.setattr(evaluate.Plan, "metrics", own)
+    monkeypatch.setattr(Plan, "metrics", own)
     done = sorted(p.name for p in (tmp_path / "run" / "batches").iterdir())
     assert done == ["metrics-00000.pt", "scores-00000.pt", "scores-00001.pt", "scores-00002.pt"]
     again = discover(model, None, pairs, method="eap", batch_size=2, out=tmp_path / "run", progress=False)

@@ -109,9 +109,9 @@ def _embed(session: Session, ids: Tensor) -> Tensor:
 class _Patcher:
     """Readers' inputs: the residual plus, for each excluded edge, the other run's writer minus this run's.
 
-    The differences D_w are kept as the writers come, with their running sum; a reader whose writers are mostly
-    excluded gets the sum minus its kept writers' differences, so each reader costs what the smaller of its kept
-    and excluded sets costs."""
+    The differences D_w are kept in one tensor as the writers come, with their running sum; a reader whose
+    writers are mostly excluded gets the sum minus its kept writers' differences, so each reader costs what the
+    smaller of its kept and excluded sets costs, as one matrix product over the writers below it."""
 
     def __init__(self, graph: Graph, excluded: Tensor | None, other: Tensor | None, writes: list[Tensor]):
         self.writes, self.other = writes, other
@@ -120,14 +120,23 @@ class _Patcher:
             if other is None:
                 raise ValueError("excluded edges need the other run's writes")
             self.excluded = excluded
-            self.diffs: list[Tensor] = []
-            self.sums: list[Tensor] = []  # sums[k]: the sum of the first k + 1 differences
+            self.diffs: Tensor | None = None  # [writer batch pos d_model], filled as the writers come
+            self.sums: Tensor | None = None  # sums[k]: the sum of the first k + 1 differences
+            self.filled = 0
 
     def _update(self) -> None:
-        for w in range(len(self.diffs), len(self.writes)):
-            d = self.other[w].to(self.writes[w].dtype) - self.writes[w]
-            self.diffs.append(d)
-            self.sums.append(d if not self.sums else self.sums[-1] + d)
+        n = len(self.writes)
+        if self.diffs is None:
+            shape = (self.other.shape[0], *self.writes[0].shape)
+            self.diffs = torch.empty(shape, dtype=self.writes[0].dtype, device=self.writes[0].device)
+            self.sums = torch.empty_like(self.diffs)
+        for w in range(self.filled, n):
+            torch.sub(self.other[w].to(self.diffs.dtype), self.writes[w], out=self.diffs[w])
+            if w == 0:
+                self.sums[0].copy_(self.diffs[0])
+            else:
+                torch.add(self.sums[w - 1], self.diffs[w], out=self.sums[w])
+        self.filled = n
 
     def inputs(self, resid: Tensor, readers: slice, below: int, distinct: bool = True) -> tuple[Tensor, Tensor]:
         """The inputs of ``readers`` (whose writers are the first ``below``): ``distinct`` ones [input batch pos
@@ -147,16 +156,18 @@ class _Patcher:
         self._update()
         x = resid.unsqueeze(0)
         if 2 * int(cut.sum()) <= cut.numel():
-            return x + self._sum(cut, resid.dtype), which
-        return x + (self.sums[below - 1].unsqueeze(0) - self._sum(~cut, resid.dtype)), which
+            return x + self._sum(cut, below), which
+        return x + (self.sums[below - 1].unsqueeze(0) - self._sum(~cut, below)), which
 
-    def _sum(self, pick: Tensor, dtype) -> Tensor:
+    def _sum(self, pick: Tensor, below: int) -> Tensor:
         """[reader batch pos d_model]: for each reader, the sum of the differences of the writers ``pick`` marks."""
-        used = pick.any(1).nonzero().flatten().tolist()
-        if not used:
-            return torch.zeros((), dtype=dtype, device=self.writes[0].device)
-        diff = torch.stack([self.diffs[w] for w in used])
-        return torch.einsum("wbtd,wr->rbtd", diff, pick[used].to(diff.dtype))
+        rows = pick.any(1).nonzero().flatten()
+        if rows.numel() == 0:
+            return torch.zeros((), dtype=self.diffs.dtype, device=self.diffs.device)
+        lo, hi = int(rows[0]), int(rows[-1]) + 1  # a contiguous block of writers: a view, no copy
+        d = self.diffs[lo:hi]
+        weights = pick[lo:hi].to(d.dtype).to(d.device)
+        return (weights.T @ d.reshape(hi - lo, -1)).view(pick.shape[1], *d.shape[1:])
 
 
 def _rows(value, copies: int, batch: int):
