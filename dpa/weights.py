@@ -46,7 +46,7 @@ class PathWeights:
             raise InputError(f"the softmax temperature must be positive, got {self.temperature}")
 
     def with_temperature(self, temperature: float) -> PathWeights:
-        """These weights with GIM's softmax rule at ``temperature`` (method.md section 9): the attention softmax's
+        """These weights with GIM's softmax rule at ``temperature`` (book: circuit-discovery): the attention softmax's
         backward uses s_T = softmax(x / T) in place of its probabilities s, grad_x = s_T * (grad_s - sum(grad_s
         s_T)), no 1/T factor. T = 1 is DPA's (the exact softmax Jacobian); GIM's default is 2."""
         from dataclasses import replace

@@ -1,4 +1,4 @@
-"""MIB's protocol on tiny float64 models of every family (method.md section 9): the reader-by-reader run against
+"""MIB's protocol on tiny float64 models of every family (book: circuit-discovery): the reader-by-reader run against
 HF's logits, f(full) = 1 and f(empty) = 0, the one-pass patched evaluation against patching edge by edge, EAP
 against exact patching on a model made linear, and DPA's edge scores against dpa.attribute."""
 

@@ -1,4 +1,4 @@
-"""GIM's softmax rule (method.md section 9) as one more rule of the linearised model: the attention softmax's
+"""GIM's softmax rule (book: circuit-discovery) as one more rule of the linearised model: the attention softmax's
 backward at temperature T, grad_x = s_T * (grad_s - sum(grad_s s_T)), no 1/T; T = 1 is DPA's.
 
 The rule runs on the model's own kernel (``linearise.tempered_attention``); the reference is dpa's explicit

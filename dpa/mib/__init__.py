@@ -1,5 +1,5 @@
-"""Circuit discovery measured the way the field measures it: MIB's circuit-localization protocol (method.md
-section 9; the book: circuit-discovery).
+"""Circuit discovery measured the way the field measures it: MIB's circuit-localization protocol (the book:
+circuit-discovery).
 
     from dpa import mib
     pairs = mib.task_pairs(model, tokenizer, "ioi")                 # or mib.read_pairs("pairs.jsonl", tokenizer)

@@ -1,4 +1,4 @@
-"""MIB's faithfulness of circuits (method.md section 9): f per size, CPR and CMD.
+"""MIB's faithfulness of circuits (book: circuit-discovery): f per size, CPR and CMD.
 
 A circuit is the top n edges of a ranking, pruned (``Graph.top``); it is evaluated in one patched run per batch
 (``forward.run``): every excluded edge's reader sees the counterfactual writer. With m the mean metric,

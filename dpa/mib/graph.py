@@ -1,4 +1,4 @@
-"""MIB's computational graph of a decoder model (book: circuit-discovery; method.md section 9).
+"""MIB's computational graph of a decoder model (book: circuit-discovery).
 
 Writers (MIB's "forward" nodes): the input embedding, every attention head's output (its slice of the o_proj
 input through o_proj, and through a post-norm with its scale frozen at the run's value), every MLP's output.

@@ -1,6 +1,6 @@
 """Edge scores for MIB's graph [writer reader]: a read-out of one backward through the model run reader by reader.
 
-Every gradient method here is the same computation with another backward (method.md section 9):
+Every gradient method here is the same computation with another backward (book: circuit-discovery):
 
     score(u -> r) = sum over pairs and positions of  a_u . g_r
 

@@ -37,7 +37,7 @@ def attention_mask(mask: Tensor, window: int | None) -> Tensor:
 
 
 class TemperedSoftmax(torch.autograd.Function):
-    """GIM's softmax rule (method.md section 9). Value: softmax(x) over the last dimension. Backward: the exact
+    """GIM's softmax rule (book: circuit-discovery). Value: softmax(x) over the last dimension. Backward: the exact
     Jacobian with s_T = softmax(x / T) in place of s, grad_x = s_T * (grad_s - sum(grad_s * s_T)), no 1/T factor
     (T = 1: the exact backward)."""
 
