@@ -63,7 +63,7 @@ def env(tmp_path_factory) -> dict:
 def test_the_blocks_are_the_ones_this_test_knows():
     kinds = [k for k, _ in blocks()]
     assert set(kinds) <= {"bash", "python", "text"}, kinds
-    assert kinds.count("bash") == 6 and kinds.count("text") == 1, kinds
+    assert kinds.count("bash") == 7 and kinds.count("text") == 1, kinds
 
 
 def test_the_two_setup_commands_are_what_ci_runs(env, tmp_path):
@@ -112,9 +112,9 @@ def test_python_blocks_run_in_order(env, tmp_path, monkeypatch):
         (tmp_path / "runs" / "prompts-2" / "results.jsonl").read_text()
 
 
-@pytest.mark.parametrize("which", ["circuit", "command line", "benchmark"])
+@pytest.mark.parametrize("which", ["circuit", "command line", "benchmark", "mib"])
 def test_bash_blocks_run(env, tmp_path, which):
-    _, text = blocks("bash")[{"circuit": 2, "command line": 3, "benchmark": 5}[which]]
+    _, text = blocks("bash")[{"circuit": 2, "command line": 3, "benchmark": 5, "mib": 6}[which]]
     for line in commands(text):
         run_dpa(line, tmp_path, env)
     if which == "circuit":
@@ -122,6 +122,13 @@ def test_bash_blocks_run(env, tmp_path, which):
         assert "renderGraph" in (tmp_path / "ioi.html").read_text()
     elif which == "command line":
         assert (tmp_path / "paris.html").is_file() and (tmp_path / "paris.json").is_file()
+    elif which == "mib":
+        run = tmp_path / "runs" / "mib"
+        found = json.loads((run / "faithfulness.json").read_text())
+        assert found["cpr_curve"]["f"][-1] == 1 and found["n_edges"] == 123211
+        circuit = json.loads((run / "circuit.json").read_text())
+        assert sum(e["in_graph"] for e in circuit["edges"].values()) <= 0.05 * 123211
+        assert (run / "graph.json").is_file() and (run / "faithfulness.png").is_file()
     else:
         summary = json.loads((tmp_path / "runs" / "known-input" / "results.json").read_text())
         assert summary["n_evaluated"] == 1, summary.get("n_evaluated")
