@@ -32,6 +32,7 @@ from dpa.mib.forward import batch_of  # noqa: E402
 from dpa.mib.graph import Graph  # noqa: E402
 from dpa.mib.methods import batch_scores  # noqa: E402
 from dpa.mib.pairs import Pairs  # noqa: E402
+from dpa.request import check_model  # noqa: E402
 
 RESULTS = ROOT / "results" / "mib"
 MODELS = {"smollm2": None, "gemma-3-270m": "gemma-3-270m"}
@@ -66,7 +67,7 @@ def gradient_time(model, pairs: Pairs, rows: list[int]) -> float:
 
 
 def method_time(model, pairs: Pairs, rows: list[int], method: str) -> float:
-    graph = Graph.of(__import__("dpa").request.check_model(model))
+    graph = Graph.of(check_model(model))
     start = time.perf_counter()
     if method == "gim-package":
         from benchmarks.mib_gim_package import gim_package_scores
@@ -118,7 +119,7 @@ def run(args) -> None:
                 from dpa.mib.evaluate import evaluate
 
                 scores = gim_package_scores(model, pairs, batch_size=args.batch_size)
-                found = Discovery(Graph.of(dpa.request.check_model(model)), scores, method,
+                found = Discovery(Graph.of(check_model(model)), scores, method,
                                   evaluate(model, pairs, scores, batch_size=args.batch_size), model.config.hidden_size)
                 out.mkdir(parents=True, exist_ok=True)
                 found.save_json(out / "graph.json")

@@ -179,12 +179,12 @@ def _linear(model):
                 if rows is None:
                     w.zero_()
                 else:
-                    w[rows if isinstance(rows, slice) else rows] = 0
+                    w[rows] = 0
                 b = m.bias(name)
                 if b is not None and rows is None:
                     b.zero_()
                 elif b is not None:
-                    m.branches[name].bias[rows if isinstance(rows, slice) else rows] = 0
+                    m.branches[name].bias[rows] = 0
             for p in m.mlp.parameters():
                 p.zero_()
         for name, mod in model.named_modules():

@@ -10,7 +10,7 @@ import torch
 
 import dpa
 from dpa.errors import InputError
-from dpa.mib.tasks import RULES, TASKS, _ioi_file, candidates, task_pairs
+from dpa.mib.tasks import RULES, TASKS, candidates, task_pairs
 
 IOI_RECORDS = [
     {"case_id": 0, "prompt": "After the lunch, Mary and John went to the store. John gave a drink to", "answer": "Mary"},
@@ -178,11 +178,9 @@ def test_data_may_be_the_folder(smollm, ioi_file, monkeypatch):
 
 
 @pytest.mark.slow
-def test_task_pairs_ioi_keeps_pairs_the_model_gets_right(smollm):
+def test_task_pairs_ioi_keeps_pairs_the_model_gets_right(smollm, benchmark_data):
     model, tok = smollm
-    if not _ioi_file(None).is_file():
-        pytest.skip(f"no IOI data at {_ioi_file(None)} (set DPA_DATA)")
-    pairs = task_pairs(model, tok, "ioi", n=10)
+    pairs = task_pairs(model, tok, "ioi", n=10, data=benchmark_data)
     assert len(pairs) == 10
     for clean, good, bad in zip(pairs.clean, pairs.answers, pairs.wrong):
         logits = model(torch.tensor([clean])).logits[0, -1]

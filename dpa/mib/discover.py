@@ -175,11 +175,9 @@ def discover(model: nn.Module, tokenizer, pairs: Pairs | str | os.PathLike, *, m
         if method == "random":  # no batches: one draw for the whole graph
             from .methods import edge_scores
 
-            total, plan_rows_scored = edge_scores(model, pairs, "random"), []
+            total = edge_scores(model, pairs, "random")
             bar.update(len(pairs))
-        else:
-            plan_rows_scored = plan_rows
-        for b, chunk in enumerate(plan_rows_scored):
+        for b, chunk in enumerate(plan_rows if method != "random" else []):
             part = store.get("scores", b) if store else None
             if part is None:
                 part = _scores(model, pairs, chunk, method, weights, temperature, graph, batch_size)

@@ -62,7 +62,7 @@ def run(session: Session, graph: Graph, layers: list[LayerModules], args: dict, 
     positions; ``excluded`` [writer reader] bool with ``other`` [writer batch pos d_model]: the edges whose
     readers see the other run's writer. ``leaves``: the readers' inputs are kept for gradients."""
     spec, model, request = session.spec, session.model, session.request
-    b, t = ids.shape
+    b = ids.shape[0]
     x = embeds if embeds is not None else _embed(session, ids)
     if leaves and not x.requires_grad:
         x = x.detach().requires_grad_(True)

@@ -206,12 +206,19 @@ def _top_tokens(model, rows: list[list[int]], device, batch_size: int) -> list[i
 # --- IOI -------------------------------------------------------------------------------------------------------
 
 def _ioi_file(data) -> Path:
+    """``data`` (the file or its folder), else ioi.json in the benchmark data folder every dpa benchmark reads
+    (``dpa.evaluate.find_data_dir``: $DPA_DATA, else ../shared/data next to the repository)."""
+    from ..evaluate.datasets import DataError, find_data_dir
+
     if data is not None:
         path = Path(data).expanduser()
         return path / "ioi.json" if path.is_dir() else path
     if os.environ.get("DPA_DATA"):
         return Path(os.environ["DPA_DATA"]).expanduser() / "ioi.json"
-    return Path(__file__).resolve().parents[2].parent / "shared" / "data" / "ioi.json"
+    try:
+        return find_data_dir() / "ioi.json"
+    except DataError:
+        return Path(__file__).resolve().parents[2].parent / "shared" / "data" / "ioi.json"
 
 
 def _load_ioi(data) -> list[dict]:
