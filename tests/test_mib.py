@@ -20,10 +20,11 @@ from tests.conftest import ALL_FAMILIES, MHA_ONLY, tiny_model
 LAYOUT = [(f, kv) for f in ALL_FAMILIES for kv in ((4,) if f in MHA_ONLY else (4, 1))]
 
 
-def _pairs(n=3, t=6, seed=0, metric="logit_diff"):
+def _pairs(n=3, t=6, seed=0, metric="logit_diff", shared=0):
+    """``shared``: the first tokens the same in both prompts (the patched run adds nothing there)."""
     g = torch.Generator().manual_seed(seed)
     clean = torch.randint(3, 96, (n, t), generator=g).tolist()
-    counter = torch.randint(3, 96, (n, t), generator=g).tolist()
+    counter = [c[:shared] + o[shared:] for c, o in zip(clean, torch.randint(3, 96, (n, t), generator=g).tolist())]
     if metric == "prob_diff":
         return Pairs(clean, counter, [[5, 6, 9]] * n, [[7, 8]] * n, metric)
     return Pairs(clean, counter, [[5]] * n, [[7 + i] for i in range(n)])
@@ -157,7 +158,7 @@ class _Req:
 @pytest.mark.parametrize("family,kv", LAYOUT, ids=lambda p: str(p))
 def test_one_pass_evaluation_equals_patching_edge_by_edge(family, kv):
     model = tiny_model(family, kv)
-    pairs = _pairs(n=2)
+    pairs = _pairs(n=2, shared=2)
     graph = Graph.of(check_model(model))
     g = torch.Generator().manual_seed(3)
     kept = graph.prune(graph.exists & (torch.rand(graph.exists.shape, generator=g) < 0.5))

@@ -1,10 +1,14 @@
 """The model run reader by reader: MIB's patched forward, and the pass its edge scores are read from.
 
-MIB's graph has a reader per head and per q/k/v input, so a layer's attention is run once per distinct triple of
-inputs ("copies", stacked in the batch): a copy gives its query input to the attention module, its key and value
-inputs to the key and value projections (hooks swap their inputs), and each head's output is its slice of
-o_proj's input in its own copy, through its columns of o_proj. Readers that exclude the same writers read one
-input, so a small or a large circuit runs few copies; the pass the gradients are read from runs one per head. Everything
+MIB's graph has a reader per head and per q/k/v input, so a layer's attention runs on copies of the batch stacked
+together. In MIB's evaluation (the model's own projections) each copy's q, k and v projections compute only the
+columns of the heads that run there, each from that head's own input, and o_proj's input is read, not run: one
+copy for multi-head attention, at most as many as heads share a key/value head for GQA. Where the projections carry
+dpa's rules (the pass the gradients are read from) or q/k norms read every head at once (OLMo 2), a copy is a
+distinct triple of inputs run whole: its query input goes to the attention module, its key and value inputs to
+the key and value projections (hooks swap their inputs). Either way each head's output is its slice of o_proj's
+input in its own copy, through its columns of o_proj. Readers that exclude the same writers read one input.
+Everything
 else is the model's own modules, called in order: the block input norms, the attention module (its rotary,
 masks, soft-caps, sinks and kernel, with the arguments it was called with in a plain forward), the post-norms,
 the MLP or sparse block, the final norm and the unembedding. Inside ``dpa.instrument`` these are the modules
@@ -111,7 +115,10 @@ class _Patcher:
 
     The differences D_w are kept in one tensor as the writers come, with their running sum; a reader whose
     writers are mostly excluded gets the sum minus its kept writers' differences, so each reader costs what the
-    smaller of its kept and excluded sets costs, as one matrix product over the writers below it."""
+    smaller of its kept and excluded sets costs, as one matrix product over the writers below it.
+
+    Only positions from the first where the two runs' inputs differ are kept: before it every writer's output is
+    the same in both runs (the models are causal), so D_w is zero there and adds nothing."""
 
     def __init__(self, graph: Graph, excluded: Tensor | None, other: Tensor | None, writes: list[Tensor]):
         self.writes, self.other = writes, other
@@ -120,18 +127,22 @@ class _Patcher:
             if other is None:
                 raise ValueError("excluded edges need the other run's writes")
             self.excluded = excluded
-            self.diffs: Tensor | None = None  # [writer batch pos d_model], filled as the writers come
+            self.diffs: Tensor | None = None  # [writer batch pos d_model] from position ``start``, as writers come
             self.sums: Tensor | None = None  # sums[k]: the sum of the first k + 1 differences
             self.filled = 0
+            self.start = 0
 
     def _update(self) -> None:
         n = len(self.writes)
         if self.diffs is None:
-            shape = (self.other.shape[0], *self.writes[0].shape)
+            same = (self.other[0].to(self.writes[0].dtype) == self.writes[0]).flatten(2).all(-1).all(0)  # [pos]
+            self.start = int(same.long().cumprod(0).sum())  # the first position where the inputs differ
+            shape = (self.other.shape[0], *self.writes[0][:, self.start:].shape)
             self.diffs = torch.empty(shape, dtype=self.writes[0].dtype, device=self.writes[0].device)
             self.sums = torch.empty_like(self.diffs)
+        s = self.start
         for w in range(self.filled, n):
-            torch.sub(self.other[w].to(self.diffs.dtype), self.writes[w], out=self.diffs[w])
+            torch.sub(self.other[w, :, s:].to(self.diffs.dtype), self.writes[w][:, s:], out=self.diffs[w])
             if w == 0:
                 self.sums[0].copy_(self.diffs[0])
             else:
@@ -154,10 +165,14 @@ class _Patcher:
             cut, which = torch.unique(cut.T, dim=0, return_inverse=True)
             cut = cut.T
         self._update()
-        x = resid.unsqueeze(0)
+        x, s = resid.unsqueeze(0), self.start
         if 2 * int(cut.sum()) <= cut.numel():
-            return x + self._sum(cut, below), which
-        return x + (self.sums[below - 1].unsqueeze(0) - self._sum(~cut, below)), which
+            late = x[:, :, s:] + self._sum(cut, below)
+        else:
+            late = x[:, :, s:] + (self.sums[below - 1].unsqueeze(0) - self._sum(~cut, below))
+        if s == 0:
+            return late, which
+        return torch.cat([x[:, :, :s].expand(late.shape[0], -1, -1, -1), late], dim=2), which
 
     def _sum(self, pick: Tensor, below: int) -> Tensor:
         """[reader batch pos d_model]: for each reader, the sum of the differences of the writers ``pick`` marks."""
@@ -190,21 +205,30 @@ def _norm(m: LayerModules, block: int) -> Callable[[Tensor], Tensor]:
 def _attention(m: LayerModules, spec, call: tuple[tuple, dict], ins: Tensor, which: Tensor,
                b: int) -> tuple[Tensor, Tensor]:
     """Layer ``m``'s attention with a separate input per head and per q/k/v: ``ins`` [input b t d] and
-    ``which`` [3H], the input each reader reads (q of every head, then k, then v). Heads reading the same three
-    inputs share a copy. Returns each head's output [H b t d] and the block's output [b t d] (its post-norm's)."""
+    ``which`` [3H], the input each reader reads (q of every head, then k, then v). The module runs on copies of
+    the batch stacked (``_copies``). Returns each head's output [H b t d] and the block's output [b t d] (its
+    post-norm's)."""
     n_heads, width = spec.n_heads, spec.d_head
     t, d = ins.shape[-2:]
     normed = _norm(m, 0)(ins)
-    triples = which.view(3, n_heads).T.tolist()  # per head: its q, k and v input
-    copies = list(dict.fromkeys(map(tuple, triples)))
-    copy_of = [copies.index(tuple(tr)) for tr in triples]
-    pick = torch.tensor(copies, device=ins.device).T  # [3 copy]
-    c = len(copies)
-    inputs = {name: normed[pick[k]].reshape(c * b, t, d) for k, name in enumerate(("query", "key", "value"))}
+    triples = [tuple(tr) for tr in which.view(3, n_heads).T.tolist()]  # per head: its q, k and v input
+    own = (spec.parts.head_norms_over == "head"  # OLMo 2's q/k norms read every head's columns at once
+           and not any("forward" in module.__dict__ for module in (*(m.branches[n] for n in QKV), m.heads)))
+    copy_of = _copies(triples, n_heads // spec.n_kv_heads, own)
+    c = max(copy_of) + 1
     args, kwargs = call
-    seen = {}
-    with _swapped_inputs(m, inputs), _hook(m.heads, pre=lambda _m, a: seen.__setitem__("z", a[0])):
-        m.attention(inputs["query"], *_rows(args, c, b), **_rows(kwargs, c, b))
+    seen: dict[str, Tensor] = {}
+    if own:
+        query = normed[triples[0][0]]
+        query = query if c == 1 else query.repeat(c, 1, 1)  # its shape is read; its projections are _sliced
+        with _sliced(m, spec, normed, triples, copy_of, b, seen):
+            m.attention(query, *_rows(args, c, b), **_rows(kwargs, c, b))
+    else:
+        first = {k: triples[copy_of.index(k)] for k in range(c)}
+        inputs = {name: normed[torch.tensor([first[k][j] for k in range(c)], device=ins.device)].reshape(c * b, t, d)
+                  for j, name in enumerate(QKV)}
+        with _swapped_inputs(m, inputs), _hook(m.heads, pre=lambda _m, a: seen.__setitem__("z", a[0])):
+            m.attention(inputs["query"], *_rows(args, c, b), **_rows(kwargs, c, b))
     z = seen["z"].view(c, b, t, n_heads, width)
     z = torch.stack([z[copy_of[h], :, :, h] for h in range(n_heads)])  # [H b t width]: each head from its copy
     w_o = weight_rows(m.heads).view(d, n_heads, width).to(z.dtype)
@@ -216,6 +240,78 @@ def _attention(m: LayerModules, spec, call: tuple[tuple, dict], ins: Tensor, whi
         return terms, total
     block = post(total)
     return terms * _frozen_scale(post, spec, total.detach()), block
+
+
+QKV = ("query", "key", "value")
+
+
+def _copies(triples: list[tuple], per_kv: int, own: bool) -> list[int]:
+    """The copy of the batch each head runs in. Modules with dpa's rules on them, or q/k norms over the whole
+    projection, run whole, so heads share a copy only when they read the same three inputs. The model's own projections are sliced (``_sliced``): a head's
+    query columns can come from any input, and in each group of heads sharing a key/value head the k-th distinct
+    (key, value) input pair runs in copy k, so MHA runs one copy and GQA at most one per head of a group."""
+    if not own:
+        distinct = list(dict.fromkeys(triples))
+        return [distinct.index(tr) for tr in triples]
+    ranks: dict[int, list[tuple]] = {}
+    out = []
+    for h, (_, k, v) in enumerate(triples):
+        seen = ranks.setdefault(h // per_kv, [])
+        if (k, v) not in seen:
+            seen.append((k, v))
+        out.append(seen.index((k, v)))
+    return out
+
+
+@contextmanager
+def _sliced(m: LayerModules, spec, normed: Tensor, triples: list[tuple], copy_of: list[int], b: int, seen: dict):
+    """While the attention module runs on ``max(copy_of) + 1`` copies of the batch: its q, k and v projections (the
+    model's own, no rules on them) compute in each copy only the columns of the heads that run there, each from
+    its own input (``normed`` [input b t d]); the other columns are zeros, which nothing reads. o_proj is not run:
+    ``seen["z"]`` gets its input, all that is read of it."""
+    per_kv, width, device = spec.n_heads // spec.n_kv_heads, spec.d_head, normed.device
+    c = max(copy_of) + 1
+    units = {name: {} for name in QKV}  # name -> (copy, input) -> the heads (q) or key/value heads it computes
+    for h, tr in enumerate(triples):
+        for j, name in enumerate(QKV):
+            unit = h if name == "query" else h // per_kv
+            got = units[name].setdefault((copy_of[h], tr[j]), [])
+            if unit not in got:
+                got.append(unit)
+
+    def columns(name: str, heads: list[int]) -> Tensor:
+        idx = (torch.tensor(heads, device=device)[:, None] * width + torch.arange(width, device=device)).flatten()
+        cols = m.columns.get(name)
+        if cols is None:
+            return idx
+        return idx + (cols.start or 0) if isinstance(cols, slice) else cols.to(device)[idx]
+
+    def forward_of(module: nn.Module, names: list[str]) -> Callable:
+        weight, bias = weight_rows(module), getattr(module, "bias", None)
+        pieces = [(k, i, columns(name, heads)) for name in names for (k, i), heads in units[name].items()]
+
+        def forward(*_a, **_k):
+            out = normed.new_zeros(c, *normed.shape[1:-1], weight.shape[0])
+            for k, i, idx in pieces:
+                out[k, ..., idx] = nn.functional.linear(normed[i], weight[idx], None if bias is None else bias[idx])
+            return out.view(c * b, *out.shape[2:])
+        return forward
+
+    def skipped(x, *_a, **_k):
+        seen["z"] = x
+        return x.new_zeros(*x.shape[:-1], weight_rows(m.heads).shape[0])
+
+    groups: dict[nn.Module, list[str]] = {}
+    for name in QKV:
+        groups.setdefault(m.branches[name], []).append(name)
+    patched = [(module, forward_of(module, names)) for module, names in groups.items()] + [(m.heads, skipped)]
+    try:
+        for module, forward in patched:
+            module.__dict__["forward"] = forward
+        yield
+    finally:
+        for module, _ in patched:
+            module.__dict__.pop("forward", None)
 
 
 def _frozen_scale(norm: nn.Module, spec, pre: Tensor) -> Tensor:
