@@ -40,6 +40,23 @@ METHODS = ("dpa", "dpa-cf", "eap", "eap-ig", "gim", "gim-package", "random")
 BEST_AGAINST = ("eap-ig", "gim")  # DPA's best variant is compared with these, paired
 
 
+def variant(name: str):
+    """A method name with its settings: ``dpa-cf``, or an experiment's variant ``dpa-cf@control_content=0.8``
+    (a path-weight family at p, ``dpa.PathWeights.preset``), ``dpa-cf@weights=q,k,v,gate,up``, ``gim@T=4``.
+    Returns (method, path weights or None, temperature or None)."""
+    from dpa.weights import PathWeights
+
+    base, _, setting = name.partition("@")
+    if not setting:
+        return base, None, None
+    key, _, value = setting.partition("=")
+    if key == "T":
+        return base, None, float(value)
+    if key == "weights":
+        return base, PathWeights.parse(value), None
+    return base, PathWeights.preset(key, float(value)), None
+
+
 def _pairs_file(folder: Path, make) -> Pairs:
     path = folder / "pairs.json"
     if path.exists():
@@ -76,7 +93,8 @@ def method_time(model, pairs: Pairs, rows: list[int], method: str) -> float:
     elif method == "random":
         pass
     else:
-        batch_scores(model, pairs, rows, method, graph)
+        base, weights, temperature = variant(method)
+        batch_scores(model, pairs, rows, base, graph, weights=weights, temperature=temperature)
     return time.perf_counter() - start
 
 
@@ -125,8 +143,9 @@ def run(args) -> None:
                 found.save_json(out / "graph.json")
                 _write_text(out / "faithfulness.json", json.dumps(_faithfulness_json(found), indent=1))
             else:
-                found = discover(model, tok, pairs, method=method, batch_size=args.batch_size, out=out,
-                                 progress=not args.quiet)
+                base, weights, temperature = variant(method)
+                found = discover(model, tok, pairs, method=base, weights=weights, temperature=temperature,
+                                 batch_size=args.batch_size, out=out, progress=not args.quiet)
             _save_curves(out, found.faithfulness)
             print(f"  CPR {found.faithfulness.cpr:.3f} CMD {found.faithfulness.cmd:.3f} "
                   f"({time.perf_counter() - start:.0f} s)", flush=True)
@@ -168,7 +187,8 @@ def table() -> None:
         tasks = sorted(p for p in model_dir.iterdir() if p.is_dir())
         if not tasks:
             continue
-        methods = [m for m in METHODS if any((t / m / "faithfulness.json").exists() for t in tasks)]
+        found_names = sorted({p.parent.name for t in tasks for p in t.glob("*/faithfulness.json")})
+        methods = [m for m in METHODS if m in found_names] + [m for m in found_names if m not in METHODS]
         lines += [f"## {model_dir.name}", "", "| method | " + " | ".join(f"{t.name} CPR | CMD" for t in tasks) + " |",
                   "|---|" + "---|---|" * len(tasks)]
         for m in methods:
