@@ -213,7 +213,7 @@ def _attention(m: LayerModules, spec, call: tuple[tuple, dict], ins: Tensor, whi
     normed = _norm(m, 0)(ins)
     triples = [tuple(tr) for tr in which.view(3, n_heads).T.tolist()]  # per head: its q, k and v input
     own = (spec.parts.head_norms_over == "head"  # OLMo 2's q/k norms read every head's columns at once
-           and not any("forward" in module.__dict__ for module in (*(m.branches[n] for n in QKV), m.heads)))
+           and not any("forward" in module.__dict__ for module in (*(m.branches[n] for n in BRANCHES), m.heads)))
     copy_of = _copies(triples, n_heads // spec.n_kv_heads, own)
     c = max(copy_of) + 1
     args, kwargs = call
@@ -226,7 +226,7 @@ def _attention(m: LayerModules, spec, call: tuple[tuple, dict], ins: Tensor, whi
     else:
         first = {k: triples[copy_of.index(k)] for k in range(c)}
         inputs = {name: normed[torch.tensor([first[k][j] for k in range(c)], device=ins.device)].reshape(c * b, t, d)
-                  for j, name in enumerate(QKV)}
+                  for j, name in enumerate(BRANCHES)}
         with _swapped_inputs(m, inputs), _hook(m.heads, pre=lambda _m, a: seen.__setitem__("z", a[0])):
             m.attention(inputs["query"], *_rows(args, c, b), **_rows(kwargs, c, b))
     z = seen["z"].view(c, b, t, n_heads, width)
@@ -242,7 +242,7 @@ def _attention(m: LayerModules, spec, call: tuple[tuple, dict], ins: Tensor, whi
     return terms * _frozen_scale(post, spec, total.detach()), block
 
 
-QKV = ("query", "key", "value")
+BRANCHES = ("query", "key", "value")
 
 
 def _copies(triples: list[tuple], per_kv: int, own: bool) -> list[int]:
@@ -271,9 +271,9 @@ def _sliced(m: LayerModules, spec, normed: Tensor, triples: list[tuple], copy_of
     ``seen["z"]`` gets its input, all that is read of it."""
     per_kv, width, device = spec.n_heads // spec.n_kv_heads, spec.d_head, normed.device
     c = max(copy_of) + 1
-    units = {name: {} for name in QKV}  # name -> (copy, input) -> the heads (q) or key/value heads it computes
+    units = {name: {} for name in BRANCHES}  # name -> (copy, input) -> the heads (q) or key/value heads it computes
     for h, tr in enumerate(triples):
-        for j, name in enumerate(QKV):
+        for j, name in enumerate(BRANCHES):
             unit = h if name == "query" else h // per_kv
             got = units[name].setdefault((copy_of[h], tr[j]), [])
             if unit not in got:
@@ -302,7 +302,7 @@ def _sliced(m: LayerModules, spec, normed: Tensor, triples: list[tuple], copy_of
         return x.new_zeros(*x.shape[:-1], weight_rows(m.heads).shape[0])
 
     groups: dict[nn.Module, list[str]] = {}
-    for name in QKV:
+    for name in BRANCHES:
         groups.setdefault(m.branches[name], []).append(name)
     patched = [(module, forward_of(module, names)) for module, names in groups.items()] + [(m.heads, skipped)]
     try:
