@@ -216,6 +216,24 @@ def test_eap_is_exact_patching_on_a_linear_model(family, kv):
     assert eap[sample].abs().max() > 1e-3  # the value and logit edges carry something
     torch.testing.assert_close(exact[sample], eap[sample], rtol=1e-9, atol=1e-9 * float(eap.abs().max()))
     assert not bool((eap != 0)[~graph.exists].any()) and not bool((exact != 0)[~sample].any())
+    ig = edge_scores(model, pairs, "eap-ig", batch_size=2)  # a linear model's gradient is the same at every point
+    torch.testing.assert_close(ig, eap, rtol=1e-9, atol=1e-9 * float(eap.abs().max()))
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3_text", "gpt2", "qwen3_moe"])
+@pytest.mark.parametrize("method,single", [("eap-ig", "eap"), ("dpa-ig", "dpa-cf")])
+def test_one_interpolation_point_is_the_counterfactual_end(family, method, single):
+    """With one step the interpolated methods read the gradient at the counterfactual's input alone (EAP-IG's
+    points are k/steps, k = 0..steps-1): the single-point method on the swapped pairs, negated."""
+    model = tiny_model(family, 4)
+    pairs = _pairs(n=2)
+    swapped = Pairs(pairs.counter, pairs.clean, pairs.answers, pairs.wrong)
+    one = edge_scores(model, pairs, method, steps=1, batch_size=2)
+    other = edge_scores(model, swapped, single, batch_size=2)
+    assert one.abs().max() > 1e-6
+    torch.testing.assert_close(one, -other, rtol=1e-9, atol=1e-9 * float(one.abs().max()))
+    five = edge_scores(model, pairs, method, batch_size=2)
+    assert not torch.allclose(five, one)
 
 
 NO_CAP = [(f, kv) for f, kv in LAYOUT]

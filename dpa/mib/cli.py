@@ -6,6 +6,8 @@ import argparse
 import functools
 from pathlib import Path
 
+from .methods import METHODS
+
 
 def add_command(commands) -> None:
     p = commands.add_parser(
@@ -23,7 +25,7 @@ def add_command(commands) -> None:
                         "lists \"answers\", \"counterfactual_answers\" for the probability difference)")
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help="the run's folder")
     p.add_argument("--method", default="dpa-cf",
-                   choices=("dpa", "dpa-cf", "eap", "eap-ig", "gim", "exact", "random"),
+                   choices=METHODS,
                    help="how edges are scored (default dpa-cf: Δ_u . g^DPA)")
     p.add_argument("--temperature", type=float, metavar="T", help="with --method gim: the softmax temperature "
                                                                   "(default 2, GIM's)")

@@ -24,8 +24,8 @@ from .forward import Batch, batch_of, batches
 from .graph import Graph
 from .pairs import Pairs
 
-Method = Literal["dpa", "dpa-cf", "eap", "eap-ig", "gim", "exact", "random"]
-METHODS: tuple[str, ...] = ("dpa", "dpa-cf", "eap", "eap-ig", "gim", "exact", "random")
+Method = Literal["dpa", "dpa-cf", "dpa-ig", "eap", "eap-ig", "gim", "exact", "random"]
+METHODS: tuple[str, ...] = ("dpa", "dpa-cf", "dpa-ig", "eap", "eap-ig", "gim", "exact", "random")
 
 
 def edge_scores(model: nn.Module, pairs: Pairs, method: Method = "dpa-cf", *, weights: PathWeights | None = None,
@@ -33,7 +33,8 @@ def edge_scores(model: nn.Module, pairs: Pairs, method: Method = "dpa-cf", *, we
                 edges: Tensor | None = None, progress: Callable[[float], None] | None = None) -> Tensor:
     """Scores [writer reader] (``Graph.of(spec)``'s indexing; 0 where there is no edge), summed over the pairs.
 
-    method: ``dpa`` (out_u(clean) . g^DPA), ``dpa-cf`` (Δ_u . g^DPA), ``eap``, ``eap-ig`` (``steps`` points),
+    method: ``dpa`` (out_u(clean) . g^DPA), ``dpa-cf`` (Δ_u . g^DPA), ``dpa-ig`` (Δ_u . g^DPA averaged over EAP-IG's
+    ``steps`` points), ``eap``, ``eap-ig`` (``steps`` points),
     ``gim`` (Δ_u . g^DPA at softmax temperature ``temperature``, 2 by default, GIM's), ``exact`` (each edge
     patched alone: m(full) - m(full without it); ``edges`` [writer reader] bool limits it to some), ``random``.
     weights: DPA's path weights (default: dpa's defaults, which are GIM's too). ``progress(k)``: k more pairs."""
@@ -68,7 +69,7 @@ def check_method(method: str, weights: PathWeights | None, temperature: float | 
     return method
 
 
-LINEARISED = ("dpa", "dpa-cf", "gim")
+LINEARISED = ("dpa", "dpa-cf", "dpa-ig", "gim")
 
 
 def batch_scores(model: nn.Module, pairs: Pairs, rows: list[int], method: str, graph: Graph, *,
@@ -94,7 +95,7 @@ def scores_in(batch: Batch, graph: Graph, method: str, steps: int = 5) -> Tensor
         else:
             moved = clean.writes - batch.run(graph, batch.counter, keep=True).writes
     points = [1.0]
-    if method == "eap-ig":
+    if method in ("eap-ig", "dpa-ig"):
         points = [k / steps for k in range(steps)]
     scores = torch.zeros(graph.exists.shape, dtype=torch.float64)
     for alpha in points:
