@@ -36,7 +36,7 @@ from dpa.request import check_model  # noqa: E402
 
 RESULTS = ROOT / "results" / "mib"
 MODELS = {"smollm2": None, "gemma-3-270m": "gemma-3-270m"}
-METHODS = ("dpa", "dpa-cf", "eap", "eap-ig", "gim", "gim-package", "random")
+METHODS = ("dpa", "dpa-cf", "dpa-ig", "eap", "eap-ig", "gim", "gim-package", "random")
 BEST_AGAINST = ("eap-ig", "gim")  # DPA's best variant is compared with these, paired
 
 
@@ -149,10 +149,12 @@ def run(args) -> None:
             _save_curves(out, found.faithfulness)
             print(f"  CPR {found.faithfulness.cpr:.3f} CMD {found.faithfulness.cmd:.3f} "
                   f"({time.perf_counter() - start:.0f} s)", flush=True)
-        cost_file = folder / "cost.json"
-        if not cost_file.exists():
-            measured = costs(model, pairs, [m for m in args.methods if m != "random"], args.batch_size)
-            cost_file.write_text(json.dumps({"batch_size": args.batch_size, "ratio": measured,
+        cost_file = folder / "cost.json"  # each ratio against a gradient timed beside it (interleaved, one process)
+        known = json.loads(cost_file.read_text())["ratio"] if cost_file.exists() else {}
+        missing = [m for m in args.methods if m != "random" and m not in known]
+        if missing:
+            known.update(costs(model, pairs, missing, args.batch_size))
+            cost_file.write_text(json.dumps({"batch_size": args.batch_size, "ratio": known,
                                              "threads": args.threads}, indent=1))
 
 
@@ -210,7 +212,7 @@ def table() -> None:
         lines += ["", "Paired bootstrap (pairs resampled, 95%): DPA's best variant minus each rival:", ""]
         for t in tasks:
             found = {m: _load(t / m) for m in methods}
-            dpas = [m for m in ("dpa", "dpa-cf") if found.get(m) is not None]
+            dpas = [m for m in ("dpa", "dpa-cf", "dpa-ig") if found.get(m) is not None]
             if not dpas:
                 continue
             best = max(dpas, key=lambda m: found[m].cpr)
