@@ -63,6 +63,22 @@ class Faithfulness:
     def cmd(self) -> float:
         return self.cmd_curve.area
 
+    def save(self, path) -> None:
+        """Every pair's metric at every size, both rankings (``torch.save``): what paired intervals need."""
+        torch.save({"cpr": self.cpr_curve.values, "cmd": self.cmd_curve.values, "full": self.cpr_curve.full,
+                    "empty": self.cpr_curve.empty, "sizes": self.cpr_curve.sizes, "n_edges": self.n_edges,
+                    "edges": [self.cpr_curve.edges, self.cmd_curve.edges],
+                    "kept": [self.cpr_curve.kept, self.cmd_curve.kept]}, path)
+
+    @classmethod
+    def load(cls, path) -> Faithfulness:
+        """What ``save`` wrote."""
+        d = torch.load(path, weights_only=True)
+        sizes = tuple(d["sizes"])
+        edges, kept = d.get("edges", [[], []]), d.get("kept", [[], []])
+        return cls(Curve(False, sizes, edges[0], kept[0], d["cpr"], d["full"], d["empty"]),
+                   Curve(True, sizes, edges[1], kept[1], d["cmd"], d["full"], d["empty"]), d.get("n_edges", 0))
+
 
 def faithfulness(values: Tensor, full: Tensor, empty: Tensor) -> Tensor:
     """f per size from per-pair metrics [size pair], [pair], [pair]: the means' ratio, as MIB computes it."""
