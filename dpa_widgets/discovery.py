@@ -29,7 +29,7 @@ import traitlets as t
 import dpa
 from dpa.checks import check_int
 from dpa.mib.discover import Discovery
-from dpa.mib.evaluate import SIZES, Faithfulness, evaluate
+from dpa.mib.evaluate import SIZES, Faithfulness, check_size, evaluate
 from dpa.mib.graph import QKV, Graph
 from dpa.mib.pairs import Pairs
 
@@ -123,14 +123,18 @@ class DiscoveryWidget(anywidget.AnyWidget):
             raise dpa.InputTypeError(f"pairs must be a dpa.mib.Pairs (mib.read_pairs or mib.task_pairs), got "
                                      f"{type(pairs).__name__}")
         if model is not None:
+            from dpa.mib.forward import check_graph_run
             from dpa.request import check_model
 
-            mine = Graph.of(check_model(model))
+            spec = check_model(model)
+            check_graph_run(model, spec)  # f is evaluated on MIB's graph run: a model it cannot run is refused now
+            mine = Graph.of(spec)
             if mine != graph:
                 raise dpa.InputError(f"the model's graph ({mine.n_layers} layers x {mine.n_heads} heads"
                                      f"{', parallel' if mine.parallel else ''}) is not the discovery's "
                                      f"({graph.n_layers} x {graph.n_heads}"
                                      f"{', parallel' if graph.parallel else ''}): pass the model it was made on")
+            pairs.check(spec)  # pairs the model cannot read (ids past its vocabulary, prompts past its context)
         if name is not None and not isinstance(name, str):
             raise dpa.InputTypeError(f"name must be a string, got {type(name).__name__}")
 
@@ -278,6 +282,7 @@ class DiscoveryWidget(anywidget.AnyWidget):
         kept, so a size is evaluated once)."""
         if self.model is None:
             raise dpa.InputError("evaluating f at a size runs the model: pass model= and pairs= to DiscoveryWidget")
+        size = check_size(size)
         if size not in self._cache:
             self._cache[size] = evaluate(self.model, self.pairs, self.discovery.scores, sizes=(size,),
                                          batch_size=self.batch_size)

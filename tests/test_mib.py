@@ -324,3 +324,14 @@ def test_methods_refuse_what_they_do_not_take():
         edge_scores(model, pairs, "eap", weights=dpa.PathWeights())
     with pytest.raises(dpa.errors.InputError, match="as long"):
         Pairs([[1, 2, 3]], [[1, 2]], [[5]], [[7]])
+
+
+def test_f_is_refused_where_it_is_undefined_and_sizes_must_increase():
+    from dpa.mib.evaluate import faithfulness
+
+    with pytest.raises(dpa.InputError, match="same mean metric"):
+        faithfulness(torch.ones(2, 3), torch.tensor([1.0, 2.0, 3.0]), torch.tensor([3.0, 2.0, 1.0]))
+    model = tiny_model("llama", 4)
+    scores = torch.randn(Graph.of(check_model(model)).exists.shape, dtype=torch.float64)
+    with pytest.raises(dpa.InputError, match="sizes must increase"):
+        evaluate(model, _pairs(n=2), scores, sizes=(0.5, 0.1))

@@ -290,6 +290,39 @@ class TestArguments:
         with pytest.raises(dpa.InputTypeError, match="name must be a string"):
             DiscoveryWidget(found, name=3)
 
+    def test_what_the_model_cannot_run_is_refused_at_once(self, found, model, pairs):
+        """Pairs past the model's vocabulary, or a model whose attention has a forward of its own (MIB's graph run
+        reads heads at o_proj's input, so it would miss the edit), failed only when a size was evaluated (an
+        IndexError), or were evaluated as the unedited model."""
+        from tests.test_model_state import state
+
+        past = Pairs(pairs.clean, pairs.counter, [[500]] * len(pairs), pairs.wrong)
+        with pytest.raises(dpa.InputError, match="pair 0: the answer holds the token id 500, outside the model's "
+                                                 "vocabulary"):
+            DiscoveryWidget(found, model=model, pairs=past)
+        edited = tiny_model("llama", kv_heads=2)
+        attention = edited.model.layers[2].self_attn
+
+        class Halved(type(attention)):
+            def forward(self, hidden_states, *args, **kwargs):
+                out = super().forward(hidden_states, *args, **kwargs)
+                return (out[0] / 2, *out[1:])
+        attention.__class__ = Halved
+        before = state(edited)
+        with pytest.raises(dpa.UnsupportedModelError, match=r"layers\[2\]'s attention is a Halved whose forward is "
+                                                            "its own"):
+            DiscoveryWidget(found, model=edited, pairs=pairs)
+        assert state(edited) == before
+
+    def test_evaluate_takes_a_share_of_the_edges(self, found, model, pairs):
+        """``evaluate(size)`` went straight to the evaluation: -1 gave f = 0 for an empty circuit, 5 every edge, nan
+        a ValueError from int()."""
+        w = DiscoveryWidget(found, model=model, pairs=pairs)
+        for size in (-1, 0, 5, float("nan")):
+            with pytest.raises(dpa.InputError, match="size"):
+                w.evaluate(size)
+        assert not w._cache
+
     def test_the_model_name_is_shown(self, found, model, pairs):
         assert DiscoveryWidget(found)._data["model"] == ""
         assert DiscoveryWidget(found, name="SmolLM2-135M")._data["model"] == "SmolLM2-135M"

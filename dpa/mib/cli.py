@@ -41,8 +41,11 @@ def add_command(commands) -> None:
 
 def run(args: argparse.Namespace, *, parser: argparse.ArgumentParser) -> int:
     import dpa
+
     from ..models import read_tokenizer_and_config, resolve
+    from ..request import sizes_of
     from .discover import discover, read_pairs
+    from .methods import check_method
 
     if args.batch_size < 1:
         parser.error("--batch-size must be at least 1")
@@ -50,20 +53,30 @@ def run(args: argparse.Namespace, *, parser: argparse.ArgumentParser) -> int:
         parser.error("--size is a share of the edges, in (0, 1]")
     if args.temperature is not None and args.method != "gim":
         parser.error("--temperature is for --method gim")
+    check_method(args.method, None, args.temperature)
     tokenizer, config = read_tokenizer_and_config(resolve(args.model), quick=True)
-    read_pairs(args.pairs, tokenizer, vocab_size=config.vocab_size)  # a bad line fails before the weights load
+    sizes = sizes_of(config)
+    pairs = read_pairs(args.pairs, tokenizer, vocab_size=sizes.vocab_size)  # read once (a pipe can be read once)
+    pairs.check(sizes)  # a bad line fails before the weights load
     model, tokenizer = dpa.load_model(args.model, device=args.device)
-    found = discover(model, tokenizer, args.pairs, method=args.method, temperature=args.temperature,
+    found = discover(model, tokenizer, pairs, method=args.method, temperature=args.temperature,
                      evaluate=not args.no_evaluate, batch_size=args.batch_size, out=args.out,
                      progress=not args.quiet)
     print(found.summary())
     print(f"wrote {args.out / 'graph.json'}")
     if found.faithfulness is not None:
+        import io
+
         import matplotlib
+        import matplotlib.pyplot
+
+        from ..files import write_bytes
 
         matplotlib.use("Agg")
-        ax = found.plot()
-        ax.figure.savefig(args.out / "faithfulness.png", dpi=120, bbox_inches="tight")
+        ax, png = found.plot(), io.BytesIO()
+        ax.figure.savefig(png, dpi=120, bbox_inches="tight", format="png")
+        matplotlib.pyplot.close(ax.figure)
+        write_bytes(args.out / "faithfulness.png", png.getvalue())  # dpa's one writer
         print(f"wrote {args.out / 'faithfulness.json'} and {args.out / 'faithfulness.png'}")
     if args.size is not None:
         found.save_json(args.out / "circuit.json", args.size)

@@ -12,7 +12,8 @@ difference). Prompts are encoded as every dpa entry point encodes them; a line t
 prompts differ in length, or whose answer is not one token is refused by its line number.
 
 With ``out`` the run is kept in a folder, batch by batch, and a run started again there goes on from where it
-stopped (the same pairs, model and settings; anything else is refused).
+stopped (the same pairs, model and settings, the model known by its weights, config, buffers and dtype as every dpa
+run folder knows it; anything else is refused, and so is a second run writing the folder at once).
 """
 
 from __future__ import annotations
@@ -27,45 +28,49 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..errors import DPAError, InputError
+from ..errors import DPAError, InputError, InputTypeError, NonFiniteError
 from ..weights import PathWeights
-from .evaluate import SIZES, Faithfulness, Plan
+from .evaluate import SIZES, Faithfulness, Plan, check_size, check_sizes
 from .forward import batch_of
 from .graph import Graph
 from .methods import METHODS, Method, batch_scores, check_method
 from .pairs import Pairs
 
 KEYS = ("clean", "counterfactual")
+SINGLE = ("answer", "counterfactual_answer")
+LISTS = ("answers", "counterfactual_answers")
 
 
 def read_pairs(path: str | os.PathLike, tokenizer, *, vocab_size: int | None = None) -> Pairs:
     """The pairs of a JSON-lines file (module docstring); errors name the line."""
+    from ..files import load_json, read_text, split_lines
     from ..request import encode_prompt
     from ..targets import token_id
 
+    if not isinstance(path, (str, os.PathLike)):
+        raise InputTypeError(f"the pairs file must be a path (a str or os.PathLike), got {type(path).__name__}")
     path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as err:
-        raise InputError(f"cannot read the pairs file {str(path)!r}: {err.strerror or err}") from None
-    except UnicodeDecodeError:
-        raise InputError(f"{path}: not UTF-8 text (a pairs file is JSON lines)") from None
+    lines = split_lines(read_text(path, "pairs file"))  # dpa's one text reader: UTF-8 (a BOM dropped), not empty
     vocab = vocab_size or len(tokenizer)
     clean, counter, answers, wrong, names, kinds = [], [], [], [], [], set()
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         where = f"{path.name} line {n}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise InputError(f"{where}: not JSON ({err.msg})") from None
+        row = load_json(line, where)  # dpa's one JSON reader: a key twice in an object is refused
         if not isinstance(row, dict):
             raise InputError(f"{where}: a pair is a JSON object with {', '.join(KEYS)} and answers")
+        unknown = sorted(set(row) - set(KEYS) - set(SINGLE) - set(LISTS))
+        if unknown:
+            raise InputError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; a pair has "
+                             f"{', '.join(KEYS + SINGLE)} (or the lists {', '.join(LISTS)})")
         missing = [k for k in KEYS if not isinstance(row.get(k), str) or not row.get(k)]
         if missing:
             raise InputError(f"{where}: {missing[0]!r} is missing or not a non-empty string")
-        single = "answer" in row or "counterfactual_answer" in row
+        single = any(k in row for k in SINGLE)
+        if single and any(k in row for k in LISTS):
+            raise InputError(f"{where}: give 'answer' and 'counterfactual_answer' or the lists 'answers' and "
+                             "'counterfactual_answers', not both")
         good = [row.get("answer")] if single else row.get("answers")
         bad = [row.get("counterfactual_answer")] if single else row.get("counterfactual_answers")
         if not isinstance(good, list) or not isinstance(bad, list) or not good or not bad or None in good + bad:
@@ -101,7 +106,10 @@ class Discovery:
 
     def circuit(self, size: float, absolute: bool = False) -> Tensor:
         """The circuit of the top ``size`` share of edges (pruned, as MIB evaluates it) [writer reader] bool."""
-        return self.graph.top(self.scores, int(size * self.graph.n_edges), absolute)
+        from ..checks import check_bool
+
+        size = check_size(size)
+        return self.graph.top(self.scores, int(size * self.graph.n_edges), check_bool("absolute", absolute))
 
     def edges(self, size: float, absolute: bool = False) -> list[tuple[str, float]]:
         """The circuit's edges by name with their scores, best first."""
@@ -115,7 +123,7 @@ class Discovery:
         return self.graph.to_json(self.scores, kept, self.d_model)
 
     def save_json(self, path, size: float | None = None, absolute: bool = False) -> None:
-        _write_text(Path(path), json.dumps(self.to_json(size, absolute)))
+        _write_text(path, json.dumps(self.to_json(size, absolute)))
 
     def summary(self) -> str:
         lines = [f"{self.method} edge scores on MIB's graph: {self.graph.n_edges} edges "
@@ -156,17 +164,40 @@ def discover(model: nn.Module, tokenizer, pairs: Pairs | str | os.PathLike, *, m
     """Score every edge of MIB's graph on the pairs (a ``Pairs`` or a pairs file) with ``method`` (see
     ``dpa.mib.edge_scores``) and, with ``evaluate``, measure the circuits' faithfulness (CPR, CMD). With ``out``, a
     folder keeps every batch as it is done; called again with the same folder, the run goes on where it stopped."""
+    from ..checks import check_bool, check_int
     from ..request import check_model
-    from ..checks import check_int
+    from .forward import check_graph_run
 
     spec = check_model(model)
-    check_int("batch_size", batch_size, low=1)
+    check_graph_run(model, spec)
+    batch_size = check_int("batch_size", batch_size, low=1)
+    evaluate, progress = check_bool("evaluate", evaluate), check_bool("progress", progress)
+    sizes = check_sizes(sizes)
     method = check_method(method, weights, temperature)
     if not isinstance(pairs, Pairs):
+        if not isinstance(pairs, (str, os.PathLike)):
+            raise InputTypeError(f"pairs must be a dpa.mib.Pairs or a pairs file's path, got {type(pairs).__name__}")
         pairs = read_pairs(pairs, tokenizer, vocab_size=spec.vocab_size)
+    pairs.check(spec)
+    if out is not None and not isinstance(out, (str, os.PathLike)):
+        raise InputTypeError(f"out must be a folder (a str or path), got {type(out).__name__}")
     graph = Graph.of(spec)
-    store = _Store(Path(out), _identity(model, spec, pairs, method, weights, temperature, sizes, batch_size)) \
-        if out is not None else None
+    if out is None:
+        return _discover(model, pairs, method, weights, temperature, evaluate, sizes, batch_size, graph, spec, None,
+                         progress)
+    from .. import locks
+    from ..files import run_folder
+
+    folder = run_folder(out)
+    identity = _identity(model, spec, pairs, method, weights, temperature, sizes, batch_size)
+    store = _Store(folder, identity, graph)
+    with locks.hold(folder, then=store.open):  # one run writes a folder at a time, and only the run it holds
+        return _discover(model, pairs, method, weights, temperature, evaluate, sizes, batch_size, graph, spec, store,
+                         progress)
+
+
+def _discover(model, pairs, method, weights, temperature, evaluate, sizes, batch_size, graph, spec, store,
+              progress) -> Discovery:
     rows = list(range(len(pairs)))
     plan_rows = [rows[i:i + batch_size] for i in range(0, len(rows), batch_size)]
     bar = _bar(progress, 2 * len(pairs) if evaluate else len(pairs), f"{method} edges")
@@ -178,9 +209,13 @@ def discover(model: nn.Module, tokenizer, pairs: Pairs | str | os.PathLike, *, m
             total = edge_scores(model, pairs, "random")
             bar.update(len(pairs))
         for b, chunk in enumerate(plan_rows if method != "random" else []):
-            part = store.get("scores", b) if store else None
+            part = store.get("scores", b, chunk) if store else None
             if part is None:
                 part = _scores(model, pairs, chunk, method, weights, temperature, graph, batch_size)
+                if not bool(torch.isfinite(part).all()):
+                    raise NonFiniteError(f"{method} edge scores of the pairs {_named(pairs, chunk)} are not finite "
+                                         "(NaN or infinite: the model's activations or gradients overflow, or hold "
+                                         "NaN, on them); no circuit can be ranked")
                 if store:
                     store.put("scores", b, part)
             total += part
@@ -192,7 +227,7 @@ def discover(model: nn.Module, tokenizer, pairs: Pairs | str | os.PathLike, *, m
             plan = Plan.of(graph, scores, sizes)
             done = []
             for b, chunk in enumerate(plan_rows):
-                m = store.get("metrics", b) if store else None
+                m = store.get("metrics", b, chunk, len(plan.circuits)) if store else None
                 if m is None:
                     with batch_of(model, pairs, chunk) as batch:
                         m = plan.metrics(batch)
@@ -209,6 +244,11 @@ def discover(model: nn.Module, tokenizer, pairs: Pairs | str | os.PathLike, *, m
         if result is not None:
             _write_text(store.folder / "faithfulness.json", json.dumps(_faithfulness_json(found), indent=1))
     return found
+
+
+def _named(pairs: Pairs, rows: list[int]) -> str:
+    names = [pairs.names[i] if pairs.names else str(i) for i in rows]
+    return f"{names[0]} .. {names[-1]}" if len(names) > 1 else names[0]
 
 
 def _scores(model, pairs, chunk, method, weights, temperature, graph, batch_size) -> Tensor:
@@ -229,45 +269,78 @@ def _faithfulness_json(found: Discovery) -> dict[str, Any]:
 
 
 def _identity(model, spec, pairs: Pairs, method, weights, temperature, sizes, batch_size) -> dict:
+    from ..files import model_identity
+
     digest = hashlib.sha256(json.dumps([pairs.clean, pairs.counter, pairs.answers, pairs.wrong, pairs.metric])
                             .encode()).hexdigest()
-    return {"model": getattr(model.config, "_name_or_path", "") or spec.family, "family": spec.family,
+    # the model by its weights, config, buffers and dtype too (dpa's run identity): never resumed on another
+    return {**model_identity(model, spec.unembed(model).weight.dtype),
+            "model": getattr(model.config, "_name_or_path", "") or spec.family, "family": spec.family,
             "layers": spec.n_layers, "heads": spec.n_heads, "pairs": digest, "n_pairs": len(pairs),
             "method": method, "weights": None if weights is None else weights.to_dict(),
             "temperature": temperature, "sizes": list(sizes), "batch_size": batch_size}
 
 
 class _Store:
-    """A run's folder: ``run.json`` (what the run is) and one file per batch and stage, written whole or not at all."""
+    """A run's folder: ``run.json`` (what the run is) and one file per batch and stage, written whole or not at all.
+    ``open`` (under the folder's lock) checks ``run.json`` against the run, or writes it; a batch file read back
+    must be what its stage writes for that batch (a damaged one is named)."""
 
-    def __init__(self, folder: Path, identity: dict):
-        self.folder = folder
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "batches").mkdir(exist_ok=True)
+    def __init__(self, folder: Path, identity: dict, graph: Graph):
+        self.folder, self.identity, self.graph = folder, identity, graph
+
+    def open(self) -> None:
+        from ..files import FINGERPRINTS, WEIGHTS_KEY
+
+        folder, identity = self.folder, self.identity
         meta = folder / "run.json"
+        (folder / "batches").mkdir(exist_ok=True)
         if meta.exists():
             try:
-                before = json.loads(meta.read_text())
-            except (OSError, json.JSONDecodeError):
-                raise InputError(f"{meta} is damaged: delete the folder {folder} or use another --out") from None
-            if before != identity:
-                diff = sorted(k for k in set(before) | set(identity) if before.get(k) != identity.get(k))
-                said = "; ".join(f"{k}: {before.get(k)!r} there, {identity.get(k)!r} now" for k in diff[:3])
+                before = json.loads(meta.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                before = None
+            if not isinstance(before, dict):
+                raise InputError(f"{meta} is damaged: delete the folder {folder} or use another --out")
+            # a run.json of a dpa that recorded no model fingerprints: taken as this model's, recorded from now on
+            assumed = {k: identity[k] for k in (*FINGERPRINTS, "dtype") if k in identity and k not in before} \
+                if WEIGHTS_KEY not in before else {}
+            full = {**before, **assumed}
+            if full != identity:
+                def shown(d: dict, k: str):  # a float32 run records no dtype
+                    return d.get(k, "float32") if k == "dtype" else d.get(k)
+                diff = sorted(k for k in set(full) | set(identity) if full.get(k) != identity.get(k))
+                said = "; ".join(f"{k}: {shown(full, k)!r} there, {shown(identity, k)!r} now" for k in diff[:3])
                 raise InputError(f"{folder} holds another run ({said}): use a new --out folder, or delete it")
-        else:
-            _write_text(meta, json.dumps(identity, indent=1))
+            if not assumed:
+                return
+        _write_text(meta, json.dumps(identity, indent=1))
 
     def _path(self, stage: str, b: int) -> Path:
         return self.folder / "batches" / f"{stage}-{b:05d}.pt"
 
-    def get(self, stage: str, b: int):
+    def get(self, stage: str, b: int, rows: list[int], circuits: int = 0):
         path = self._path(stage, b)
         if not path.exists():
             return None
         try:
-            return torch.load(path, weights_only=True)
+            value = torch.load(path, weights_only=True)
         except Exception:  # noqa: BLE001 - a damaged file: said by name
-            raise InputError(f"{path} is damaged: delete it (its batch is run again when the run goes on)") from None
+            value = None
+        if not self._whole(stage, value, len(rows), circuits):
+            raise InputError(f"{path} is damaged: delete it (its batch is run again when the run goes on)")
+        return value
+
+    def _whole(self, stage: str, value, n: int, circuits: int) -> bool:
+        """Whether ``value`` is what ``stage`` writes for a batch of ``n`` pairs: finite edge scores [writer
+        reader], or the metrics full and empty [n] and circuits [circuits n]."""
+        def tensor(x, shape) -> bool:
+            return isinstance(x, Tensor) and x.is_floating_point() and tuple(x.shape) == shape
+        if stage == "scores":  # scores are stored only when finite
+            return tensor(value, tuple(self.graph.exists.shape)) and bool(torch.isfinite(value).all())
+        return (isinstance(value, dict) and set(value) == {"full", "empty", "circuits"}
+                and tensor(value["full"], (n,)) and tensor(value["empty"], (n,))
+                and tensor(value["circuits"], (circuits, n)))
 
     def put(self, stage: str, b: int, value) -> None:
         path = self._path(stage, b)
@@ -277,9 +350,10 @@ class _Store:
 
 
 def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    """dpa's one writer (``dpa.files.write_text``): atomic, a device or FIFO written straight, a folder refused."""
+    from ..files import write_text
+
+    write_text(path, text)
 
 
 def _bar(progress: bool, total: int, what: str):

@@ -12,16 +12,40 @@ everything, excluded: the model's forward and the counterfactual's.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
 
+from ..errors import InputError, InputTypeError
 from .forward import batches
 from .graph import Graph
 from .pairs import Pairs
 
 SIZES = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+
+
+def check_size(size, empty: bool = False) -> float:
+    """A share of the graph's edges, in (0, 1] (``empty``: [0, 1], 0 the empty circuit)."""
+    from ..checks import check_float
+
+    p = check_float("size", size)
+    if not (0 <= p <= 1 if empty else 0 < p <= 1):
+        raise InputError(f"size is a share of the edges, in {'[0' if empty else '(0'}, 1]; got {p}")
+    return p
+
+
+def check_sizes(sizes, empty: bool = False) -> tuple[float, ...]:
+    """MIB's sizes to evaluate at: shares of the edges in (0, 1], increasing (CPR and CMD are areas over them)."""
+    if isinstance(sizes, (str, bytes)) or not hasattr(sizes, "__iter__"):
+        raise InputTypeError(f"sizes must be a sequence of shares of the edges, got {type(sizes).__name__}")
+    out = tuple(check_size(p, empty) for p in sizes)
+    if not out:
+        raise InputError("sizes is empty: give the shares of the edges to evaluate at (default: MIB's ten)")
+    if any(b <= a for a, b in itertools.pairwise(out)):
+        raise InputError(f"sizes must increase (CPR and CMD are areas over them), got {list(out)}")
+    return out
 
 
 @dataclass
@@ -83,6 +107,9 @@ class Faithfulness:
 def faithfulness(values: Tensor, full: Tensor, empty: Tensor) -> Tensor:
     """f per size from per-pair metrics [size pair], [pair], [pair]: the means' ratio, as MIB computes it."""
     m_full, m_empty = full.mean(), empty.mean()
+    if not bool(m_full != m_empty):
+        raise InputError(f"the full model and the empty circuit give the same mean metric ({float(m_full):.6g}) on "
+                         "these pairs: f = (m(C) - m(empty)) / (m(full) - m(empty)) is undefined")
     return (values.mean(-1) - m_empty) / (m_full - m_empty)
 
 
@@ -99,7 +126,7 @@ def evaluate(model: nn.Module, pairs: Pairs, scores: Tensor, *, sizes=SIZES, bat
     pairs evaluated."""
     from ..request import check_model
 
-    plan = Plan.of(Graph.of(check_model(model)), scores, sizes)
+    plan = Plan.of(Graph.of(check_model(model)), scores, check_sizes(sizes, empty=True))
     results = []
     for batch in batches(model, pairs, batch_size):
         results.append((batch.rows, plan.metrics(batch)))

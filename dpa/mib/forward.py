@@ -33,7 +33,8 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from ..families import LayerModules, norm_eps, weight_rows
+from ..errors import UnsupportedModelError
+from ..families import LayerModules, layer_modules, norm_eps, weight_rows
 from ..instrument import Session, unembed
 from ..rules.norm import GAIN, rms_scale
 from .graph import Graph
@@ -377,6 +378,23 @@ def _hook(module: nn.Module, pre: Callable):
         handle.remove()
 
 
+def check_graph_run(model: nn.Module, spec) -> None:
+    """MIB's graph is run module by module (``forward.run``): the norms, the attention module (its output read at
+    o_proj's input, o_proj from its weights), the MLP, never the decoder stack's, the layers' or the attention's own
+    forward as a whole. A class that replaces one of these forwards (a subclass with a forward of its own) may
+    compute something those parts do not: refused by name rather than measured as another model."""
+    modules = [("the decoder stack", spec.base(model))]
+    for i, m in enumerate(layer_modules(model, spec)):
+        modules += [(f"layers[{i}]", m.layer), (f"layers[{i}]'s attention", m.attention)]
+    for name, module in modules:
+        forward = type(module).forward
+        if not getattr(forward, "__module__", "").startswith("transformers"):
+            raise UnsupportedModelError(
+                f"{name} is a {type(module).__name__} whose forward is its own ({forward.__qualname__}, not "
+                "transformers'): MIB's graph runs the model part by part (norms, attention heads read at o_proj's "
+                "input, MLPs), not that forward, so what it changes would be missed; use the model's own class")
+
+
 @dataclass
 class Batch:
     """A batch of pairs on the instrumented model: its rows, the session, each layer's modules and attention
@@ -399,9 +417,9 @@ def batch_of(model: nn.Module, pairs, rows: list[int], *, weights=None, grad: bo
     """The pairs ``rows`` as one batch on the model inside ``dpa.instrument`` (linearised with ``weights``, or the
     model's own backward with None): the one request step checks and encodes both prompts of each pair."""
     from .. import request as requests
-    from ..families import layer_modules
     from ..instrument import instrument
 
+    check_graph_run(model, requests.check_model(model))
     req = requests.build(model, None, [pairs.clean[i] for i in rows], weights=weights, batch=True)
     cf = requests.build(model, None, [pairs.counter[i] for i in rows], batch=True)
     with instrument(model, req, weights=weights, record={"calls"}, grad=grad) as session:

@@ -182,14 +182,18 @@ class Graph:
     @classmethod
     def from_json(cls, data: dict) -> tuple[Graph, Tensor, Tensor]:
         """(graph, scores [writer reader], in_graph) from the EAP-IG JSON layout (``to_json``)."""
+        import math
+
         from ..errors import InputError
 
-        try:
-            cfg = data["cfg"]
-            graph = cls(int(cfg["n_layers"]), int(cfg["n_heads"]), bool(cfg.get("parallel_attn_mlp", False)))
-            edges = data["edges"]
-        except (KeyError, TypeError, ValueError) as err:
-            raise InputError(f"not an EAP-IG graph JSON (cfg with n_layers and n_heads, edges): {err}") from None
+        cfg = data.get("cfg") if isinstance(data, dict) else None
+        edges = data.get("edges") if isinstance(data, dict) else None
+        sizes = [cfg.get(k) if isinstance(cfg, dict) else None for k in ("n_layers", "n_heads")]
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sizes) or not isinstance(
+                edges, dict) or not isinstance(cfg.get("parallel_attn_mlp", False), bool):
+            raise InputError("not an EAP-IG graph JSON: an object with cfg (n_layers and n_heads, positive ints; "
+                             "parallel_attn_mlp, a bool) and edges (an object), as EAP-IG's Graph.to_json writes")
+        graph = cls(sizes[0], sizes[1], cfg.get("parallel_attn_mlp", False))
         w_index = {n: i for i, n in enumerate(graph.writer_names)}
         r_index = {n: i for i, n in enumerate(graph.reader_names)}
         scores = torch.zeros(graph.exists.shape, dtype=torch.float64)
@@ -199,6 +203,12 @@ class Graph:
             if source not in w_index or target not in r_index or not graph.exists[w_index[source], r_index[target]]:
                 raise InputError(f"edge {name!r} is not an edge of a graph with {graph.n_layers} layers of "
                                  f"{graph.n_heads} heads")
-            scores[w_index[source], r_index[target]] = float(info["score"])
-            kept[w_index[source], r_index[target]] = bool(info.get("in_graph", True))
+            score = info.get("score") if isinstance(info, dict) else None
+            in_graph = info.get("in_graph", True) if isinstance(info, dict) else None
+            if (not isinstance(score, (int, float)) or isinstance(score, bool) or not math.isfinite(score)
+                    or not isinstance(in_graph, bool)):
+                raise InputError(f"edge {name!r}: {info!r} is not an edge's entry (an object with a finite number "
+                                 "score and a bool in_graph)")
+            scores[w_index[source], r_index[target]] = float(score)
+            kept[w_index[source], r_index[target]] = in_graph
         return graph, scores, kept

@@ -18,7 +18,7 @@ from typing import Callable, Literal
 import torch
 from torch import Tensor, nn
 
-from ..errors import InputError
+from ..errors import InputError, InputTypeError
 from ..weights import PathWeights
 from .forward import Batch, batch_of, batches
 from .graph import Graph
@@ -41,7 +41,12 @@ def edge_scores(model: nn.Module, pairs: Pairs, method: Method = "dpa-cf", *, we
     from ..request import check_model
 
     method = check_method(method, weights, temperature)
-    graph = Graph.of(check_model(model))
+    spec = check_model(model)
+    if not isinstance(pairs, Pairs):
+        raise InputTypeError(f"pairs must be a dpa.mib.Pairs (mib.read_pairs or mib.task_pairs), got "
+                             f"{type(pairs).__name__}")
+    pairs.check(spec)
+    graph = Graph.of(spec)
     if method == "random":
         g = torch.Generator().manual_seed(seed)
         return torch.randn(graph.exists.shape, generator=g, dtype=torch.float64) * graph.exists
@@ -62,8 +67,12 @@ def check_method(method: str, weights: PathWeights | None, temperature: float | 
     """The method, checked with the options given for it."""
     if method not in METHODS:
         raise InputError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
+    if weights is not None and not isinstance(weights, PathWeights):
+        raise InputTypeError(f"weights must be a dpa.PathWeights, got {type(weights).__name__}")
     if temperature is not None and method != "gim" and temperature != 1:
         raise InputError(f"a softmax temperature is GIM's rule: method='gim', not {method!r}")
+    if method == "gim" and temperature is not None:
+        (weights or PathWeights()).with_temperature(temperature)  # checked now, before any run (or folder) starts
     if weights is not None and method not in LINEARISED:
         raise InputError(f"{method} uses the model's own backward: path weights are for dpa, dpa-cf and gim")
     return method

@@ -8,13 +8,14 @@ probability of the clean answers minus that of the counterfactual's, greater-tha
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 from torch import Tensor
 
-from ..errors import InputError
+from ..errors import InputError, InputTypeError
 
 MetricKind = Literal["logit_diff", "prob_diff"]
 
@@ -37,20 +38,41 @@ class Pairs:
         n = len(self.clean)
         if not n:
             raise InputError("no prompt pairs given")
-        for what in ("counter", "answers", "wrong"):
+        for what in ("counter", "answers", "wrong") + (("names",) if self.names is not None else ()):
             if len(getattr(self, what)) != n:
                 raise InputError(f"{len(getattr(self, what))} {what} for {n} clean prompts")
+        for what in ("clean", "counter", "answers", "wrong"):  # token ids, as ints: never read as something else
+            setattr(self, what, [_ids(row, self._where(i), what) for i, row in enumerate(getattr(self, what))])
         for i in range(n):
-            where = self.names[i] if self.names else f"pair {i}"
+            where = self._where(i)
             if not self.clean[i]:
                 raise InputError(f"{where}: the clean prompt is empty")
             if len(self.clean[i]) != len(self.counter[i]):
                 raise InputError(f"{where}: the clean prompt has {len(self.clean[i])} tokens and the counterfactual "
                                  f"{len(self.counter[i])}; MIB patches position by position, so they must be as long")
+            if self.clean[i] == self.counter[i]:
+                raise InputError(f"{where}: the clean and counterfactual prompts are the same tokens: patching "
+                                 "changes nothing, so the pair measures nothing")
             if not self.answers[i] or not self.wrong[i]:
                 raise InputError(f"{where}: an answer is missing")
             if self.metric == "logit_diff" and (len(self.answers[i]) != 1 or len(self.wrong[i]) != 1):
                 raise InputError(f"{where}: the logit difference takes one answer token each")
+            both = sorted(set(self.answers[i]) & set(self.wrong[i]))
+            if both:
+                raise InputError(f"{where}: token {both[0]} is both an answer and a counterfactual answer: the metric "
+                                 "cannot tell them apart")
+
+    def _where(self, i: int) -> str:
+        return self.names[i] if self.names else f"pair {i}"
+
+    def check(self, sizes) -> None:
+        """The pairs against a model's sizes (a ``ModelSpec``, or ``dpa.request.sizes_of(config)``): every token id
+        in its vocabulary, every prompt within its context; a pair that is not is refused by its name."""
+        for i in range(len(self)):
+            if len(self.clean[i]) > sizes.max_positions:
+                raise InputError(f"{self._where(i)}: the prompts are {len(self.clean[i])} tokens, more than the "
+                                 f"model's context of {sizes.max_positions}")
+            _in_vocab(self, i, sizes.vocab_size)
 
     def __len__(self) -> int:
         return len(self.clean)
@@ -63,11 +85,16 @@ class Pairs:
     def metric_of(self, rows: list[int]):
         """The metric of these pairs: logits [len(rows) vocab] -> [len(rows)]."""
         answers, wrong = [self.answers[i] for i in rows], [self.wrong[i] for i in rows]
+
+        def check(logits: Tensor) -> None:  # the model's vocabulary is the logits' width: an id past it is refused
+            for i in rows:
+                _in_vocab(self, i, logits.shape[-1], prompts=False)
         if self.metric == "logit_diff":
             good = torch.tensor([a[0] for a in answers])
             bad = torch.tensor([w[0] for w in wrong])
 
             def logit_diff(logits: Tensor) -> Tensor:
+                check(logits)
                 r = torch.arange(logits.shape[0], device=logits.device)
                 return logits[r, good.to(logits.device)] - logits[r, bad.to(logits.device)]
             return logit_diff
@@ -75,10 +102,41 @@ class Pairs:
         bad_mask = _mask(wrong)
 
         def prob_diff(logits: Tensor) -> Tensor:
+            check(logits)
             p = torch.softmax(logits, -1)
             v = p.shape[-1]
             return (p * _pad(good_mask, v, p)).sum(-1) - (p * _pad(bad_mask, v, p)).sum(-1)
         return prob_diff
+
+
+def _ids(row, where: str, what: str) -> list[int]:
+    """A row of token ids as ints (an int, numpy or 0-d integer tensor each); anything else is refused by name."""
+    name = {"clean": "the clean prompt", "counter": "the counterfactual prompt", "answers": "the answers",
+            "wrong": "the counterfactual answers"}[what]
+    if isinstance(row, (str, bytes, dict)) or not hasattr(row, "__iter__"):
+        raise InputTypeError(f"{where}: {name} must be a list of token ids, got {type(row).__name__}")
+    out = []
+    for x in row:
+        try:
+            if isinstance(x, bool) or (isinstance(x, Tensor) and x.dtype == torch.bool):
+                raise TypeError
+            out.append(operator.index(x))
+        except TypeError:
+            raise InputTypeError(f"{where}: {name} must be token ids (ints), got {x!r}") from None
+        if out[-1] < 0:
+            raise InputError(f"{where}: {name} hold the token id {out[-1]}; ids are 0 or more")
+    return out
+
+
+def _in_vocab(pairs: Pairs, i: int, vocab_size: int, prompts: bool = True) -> None:
+    rows = [("answer", pairs.answers[i]), ("counterfactual answer", pairs.wrong[i])]
+    if prompts:
+        rows = [("clean prompt", pairs.clean[i]), ("counterfactual prompt", pairs.counter[i])] + rows
+    for what, ids in rows:
+        outside = [t for t in ids if t >= vocab_size]
+        if outside:
+            raise InputError(f"{pairs._where(i)}: the {what} holds the token id {outside[0]}, outside the model's "
+                             f"vocabulary (size {vocab_size})")
 
 
 def _mask(ids: list[list[int]]) -> Tensor:
