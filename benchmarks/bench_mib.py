@@ -42,7 +42,8 @@ BEST_AGAINST = ("eap-ig", "gim")  # DPA's best variant is compared with these, p
 
 def variant(name: str):
     """A method name with its settings: ``dpa-cf``, or an experiment's variant ``dpa-cf@control_content=0.8``
-    (a path-weight family at p, ``dpa.PathWeights.preset``), ``dpa-cf@weights=q,k,v,gate,up``, ``gim@T=4``.
+    (a path-weight family at p, ``dpa.PathWeights.preset``), ``dpa-cf@weights=q:k:v:gate:up`` (colons: ``--methods``
+    is a comma-separated list), ``gim@T=4``.
     Returns (method, path weights or None, temperature or None)."""
     from dpa.weights import PathWeights
 
@@ -53,7 +54,7 @@ def variant(name: str):
     if key == "T":
         return base, None, float(value)
     if key == "weights":
-        return base, PathWeights.parse(value), None
+        return base, PathWeights.parse(value.replace(":", ",")), None
     return base, PathWeights.preset(key, float(value)), None
 
 
@@ -177,10 +178,12 @@ def table() -> None:
 
     lines = ["# MIB circuit localization: CPR (higher is better) and CMD (lower is better)", "",
              "Made by `python benchmarks/bench_mib.py --model MODEL --data ../shared/data` and `--table`. Tasks "
-             "rebuilt offline (`dpa.mib.tasks.RULES`); 100 pairs each that the model answers right.", ""]
+             "rebuilt offline (`dpa.mib.tasks.RULES`); 100 pairs each that the model answers right. A model or task "
+             "appears once one of its runs has finished; a variant `METHOD@SETTING` is one of the experiments that "
+             "explain the order (path weights `weights=q:k:v:gate:up`, GIM's temperature `T=`).", ""]
     for model_dir in sorted(p for p in RESULTS.iterdir() if p.is_dir()):
-        tasks = sorted(p for p in model_dir.iterdir() if p.is_dir())
-        if not tasks:
+        tasks = sorted(p for p in model_dir.iterdir() if p.is_dir() and any(p.glob("*/faithfulness.json")))
+        if not tasks:  # nothing finished yet on this model
             continue
         found_names = sorted({p.parent.name for t in tasks for p in t.glob("*/faithfulness.json")})
         methods = [m for m in METHODS if m in found_names] + [m for m in found_names if m not in METHODS]
