@@ -47,7 +47,22 @@ class TraitTypeError(dpa.InputTypeError, t.TraitError):
     """A widget trait set to a value of the wrong type or shape (traitlets' own check)."""
 
 
-class CircuitWidget(anywidget.AnyWidget):
+class UserTraits:
+    """A widget whose user-facing traits (``_user_traits``) turn traitlets' type errors into dpa's, naming the
+    trait and the value."""
+
+    _user_traits: tuple[str, ...] = ()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        try:
+            super().__setattr__(name, value)
+        except t.TraitError as e:
+            if isinstance(e, dpa.DPAError) or name not in self._user_traits:
+                raise
+            raise TraitTypeError(f"{e} (setting {name} = {value!r})") from None
+
+
+class CircuitWidget(UserTraits, anywidget.AnyWidget):
     """Inspect ``result`` (a ``dpa.Attribution``); pass ``model`` and ``tokenizer`` for live controls.
 
     ``top_neurons``: how many neurons per layer the view receives (by |score|).
@@ -62,6 +77,7 @@ class CircuitWidget(anywidget.AnyWidget):
     _esm = STATIC / "circuit.js"
     _css = STATIC / "circuit.css"
 
+    _user_traits = USER_TRAITS
     _data = t.Dict().tag(sync=True)
     _details = t.Dict().tag(sync=True)
     _live = t.Bool(False).tag(sync=True)
@@ -99,14 +115,6 @@ class CircuitWidget(anywidget.AnyWidget):
     graph_threshold = t.Float(1.0, help="The graph's pruning: keep the fewest heads and neurons whose influence "
                                         "on the target adds up to this share of theirs (Circuit.prune); 1 keeps "
                                         "all.").tag(sync=True)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        try:
-            super().__setattr__(name, value)
-        except t.TraitError as e:
-            if isinstance(e, dpa.DPAError) or name not in USER_TRAITS:
-                raise
-            raise TraitTypeError(f"{e} (setting {name} = {value!r})") from None
 
     @staticmethod
     def _check_arguments(result, model, tokenizer, top_neurons, circuit, kwargs: dict) -> int:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
 
 import anywidget
 import torch
@@ -33,7 +32,7 @@ from dpa.mib.evaluate import SIZES, Faithfulness, check_size, evaluate
 from dpa.mib.graph import QKV, Graph
 from dpa.mib.pairs import Pairs
 
-from .circuit import TraitTypeError, TraitValueError
+from .circuit import TraitValueError, UserTraits
 
 STATIC = Path(__file__).parent / "static"
 RANKINGS = ("signed", "absolute")  # MIB's CPR ranks edges by score, CMD by |score|
@@ -49,7 +48,7 @@ def _finite(x) -> float | None:
     return x if math.isfinite(x) else None
 
 
-class DiscoveryWidget(anywidget.AnyWidget):
+class DiscoveryWidget(UserTraits, anywidget.AnyWidget):
     """Show ``discovery`` (a ``dpa.mib.Discovery``): its f curve and its circuit at ``size`` and ``ranking``.
 
     ``size``: the share of the graph's edges kept, in (0, 1]; by default the smallest evaluated size whose f on
@@ -60,6 +59,7 @@ class DiscoveryWidget(anywidget.AnyWidget):
     ``name``: the model's name in the header (default: the model's, when given).
     """
 
+    _user_traits = USER_TRAITS
     _esm = STATIC / "discovery.js"
     _css = STATIC / "discovery.css"
 
@@ -72,14 +72,6 @@ class DiscoveryWidget(anywidget.AnyWidget):
     size = t.Float(FALLBACK_SIZE, help="The share of edges kept, in (0, 1].").tag(sync=True)
     ranking = t.Unicode("signed", help="'signed' (by score, MIB's CPR) or 'absolute' (by |score|, CMD)."
                         ).tag(sync=True)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        try:
-            super().__setattr__(name, value)
-        except t.TraitError as e:
-            if isinstance(e, dpa.DPAError) or name not in USER_TRAITS:
-                raise
-            raise TraitTypeError(f"{e} (setting {name} = {value!r})") from None
 
     def __init__(self, discovery: Discovery, *, model=None, pairs: Pairs | None = None, batch_size: int = 8,
                  max_edges: int = MAX_EDGES, name: str | None = None, size: float | None = None,
