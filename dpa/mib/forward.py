@@ -318,8 +318,6 @@ def _sliced(m: LayerModules, spec, normed: Tensor, triples: list[tuple], copy_of
 def _frozen_scale(norm: nn.Module, spec, pre: Tensor) -> Tensor:
     """A post-norm as the diagonal it multiplies by at this run [b t d]: its gain times 1/rms of its input."""
     if spec.parts.norm_kind == "layer":
-        from ..errors import UnsupportedModelError
-
         raise UnsupportedModelError(f"{spec.family}: a LayerNorm after a block is not supported in MIB's graph")
     gain = GAIN[spec.parts.norm_kind](norm.weight.detach().to(pre.dtype))
     return gain * rms_scale(pre, norm_eps(norm)).to(pre.dtype)
