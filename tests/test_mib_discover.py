@@ -57,8 +57,8 @@ def test_pairs_files_read_both_metrics(tmp_path, smol_tokenizer):
     path = tmp_path / "pairs.jsonl"
     path.write_text(_line() + "\n\n" + _line() + "\n")
     pairs = read_pairs(path, smol_tokenizer)
-    assert len(pairs) == 2 and pairs.metric == "logit_diff" and pairs.names == ["pairs.jsonl line 1",
-                                                                                  "pairs.jsonl line 3"]
+    assert len(pairs) == 2 and pairs.metric == "logit_diff" and pairs.names == ("pairs.jsonl line 1",
+                                                                                  "pairs.jsonl line 3")
     path.write_text(json.dumps({"clean": "The capital of France is", "counterfactual": "The capital of Italy is",
                                 "answers": [" Paris", " France"], "counterfactual_answers": [" Rome"]}))
     assert read_pairs(path, smol_tokenizer).metric == "prob_diff"
@@ -187,6 +187,22 @@ def test_pairs_hold_token_ids(edit, error, message):
     row = {"clean": [[1, 2, 3]], "counter": [[1, 2, 4]], "answers": [[5]], "wrong": [[7]]} | edit
     with pytest.raises(error, match=message):
         Pairs(row["clean"], row["counter"], row["answers"], row["wrong"])
+
+
+def test_pairs_cannot_change_after_their_check():
+    """Pairs are checked once, when made: a list edited afterwards (the caller's, or the pairs' own) must not reach
+    a run unchecked, so the pairs copy every row into tuples and refuse assignment."""
+    from dataclasses import FrozenInstanceError
+
+    clean, counter = [[1, 2, 3]], [[1, 2, 4]]
+    pairs = Pairs(clean, counter, [[5]], [[7]])
+    clean[0][2] = 4  # the caller's list, now the same as the counterfactual: the pairs keep what was checked
+    assert pairs.clean == ((1, 2, 3),)
+    with pytest.raises(FrozenInstanceError):
+        pairs.counter = pairs.clean
+    with pytest.raises(AttributeError):
+        pairs.clean[0].append(9)
+    assert pairs.subset([0]) == pairs
 
 
 def test_pairs_are_checked_against_the_model():

@@ -45,11 +45,11 @@ def test_pairs_have_equal_lengths_and_one_token_answers(smollm, ioi_file, task):
     assert task in RULES and len(RULES[task]) > 200
     for clean, counter, good, bad in zip(pairs.clean, pairs.counter, pairs.answers, pairs.wrong):
         assert len(clean) == len(counter) and clean != counter
-        assert clean == tok(tok.decode(clean)).input_ids  # the ids are the prompt as the model reads it
+        assert list(clean) == tok(tok.decode(clean)).input_ids  # the ids are the prompt as the model reads it
         assert not set(good) & set(bad)
         if pairs.metric == "logit_diff":
             assert len(good) == len(bad) == 1
-            assert len(tok.decode(good)) >= 1 and tok(tok.decode(clean) + tok.decode(good)).input_ids == clean + good
+            assert len(tok.decode(good)) >= 1 and tok(tok.decode(clean) + tok.decode(good)).input_ids == list(clean + good)
 
 
 @pytest.mark.parametrize("task", TASKS)

@@ -418,8 +418,8 @@ def batch_of(model: nn.Module, pairs, rows: list[int], *, weights=None, grad: bo
     from ..instrument import instrument
 
     check_graph_run(model, requests.check_model(model))
-    req = requests.build(model, None, [pairs.clean[i] for i in rows], weights=weights, batch=True)
-    cf = requests.build(model, None, [pairs.counter[i] for i in rows], batch=True)
+    req = requests.build(model, None, [list(pairs.clean[i]) for i in rows], weights=weights, batch=True)
+    cf = requests.build(model, None, [list(pairs.counter[i]) for i in rows], batch=True)
     with instrument(model, req, weights=weights, record={"calls"}, grad=grad) as session:
         yield Batch(list(rows), session, layer_modules(model, req.spec), calls(session), req.input_ids,
                     cf.input_ids, pairs.metric_of(rows))

@@ -20,17 +20,20 @@ from ..errors import InputError, InputTypeError
 MetricKind = Literal["logit_diff", "prob_diff"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Pairs:
     """``clean[i]`` and ``counter[i]``: token ids of equal length; ``answers[i]`` / ``wrong[i]``: the clean and
-    counterfactual answers' token ids (one each for ``logit_diff``; one or more for ``prob_diff``)."""
+    counterfactual answers' token ids (one each for ``logit_diff``; one or more for ``prob_diff``).
 
-    clean: list[list[int]]
-    counter: list[list[int]]
-    answers: list[list[int]]
-    wrong: list[list[int]]
+    Checked once, when made, and immutable after (every row a tuple): a pair cannot change between the check and
+    the runs that read it, or between a run's saved identity and its resumption."""
+
+    clean: tuple[tuple[int, ...], ...]
+    counter: tuple[tuple[int, ...], ...]
+    answers: tuple[tuple[int, ...], ...]
+    wrong: tuple[tuple[int, ...], ...]
     metric: MetricKind = "logit_diff"
-    names: list[str] | None = None  # where each pair came from ("line 3"), for messages
+    names: tuple[str, ...] | None = None  # where each pair came from ("line 3"), for messages
 
     def __post_init__(self):
         if self.metric not in ("logit_diff", "prob_diff"):
@@ -41,8 +44,11 @@ class Pairs:
         for what in ("counter", "answers", "wrong") + (("names",) if self.names is not None else ()):
             if len(getattr(self, what)) != n:
                 raise InputError(f"{len(getattr(self, what))} {what} for {n} clean prompts")
+        if self.names is not None:
+            object.__setattr__(self, "names", tuple(str(x) for x in self.names))
         for what in ("clean", "counter", "answers", "wrong"):  # token ids, as ints: never read as something else
-            setattr(self, what, [_ids(row, self._where(i), what) for i, row in enumerate(getattr(self, what))])
+            object.__setattr__(self, what, tuple(_ids(row, self._where(i), what)
+                                                 for i, row in enumerate(getattr(self, what))))
         for i in range(n):
             where = self._where(i)
             if not self.clean[i]:
@@ -109,7 +115,7 @@ class Pairs:
         return prob_diff
 
 
-def _ids(row, where: str, what: str) -> list[int]:
+def _ids(row, where: str, what: str) -> tuple[int, ...]:
     """A row of token ids as ints (an int, numpy or 0-d integer tensor each); anything else is refused by name."""
     name = {"clean": "the clean prompt", "counter": "the counterfactual prompt", "answers": "the answers",
             "wrong": "the counterfactual answers"}[what]
@@ -125,7 +131,7 @@ def _ids(row, where: str, what: str) -> list[int]:
             raise InputTypeError(f"{where}: {name} must be token ids (ints), got {x!r}") from None
         if out[-1] < 0:
             raise InputError(f"{where}: {name} hold the token id {out[-1]}; ids are 0 or more")
-    return out
+    return tuple(out)
 
 
 def _in_vocab(pairs: Pairs, i: int, vocab_size: int, prompts: bool = True) -> None:
