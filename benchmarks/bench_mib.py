@@ -142,12 +142,12 @@ def run(args) -> None:
                                   evaluate(model, pairs, scores, batch_size=args.batch_size), model.config.hidden_size)
                 out.mkdir(parents=True, exist_ok=True)
                 found.save_json(out / "graph.json")
+                found.faithfulness.save(out / "per_pair.pt")  # per-pair metrics, for the paired intervals
                 _write_text(out / "faithfulness.json", json.dumps(_faithfulness_json(found), indent=1))
             else:
                 base, weights, temperature = variant(method)
                 found = discover(model, tok, pairs, method=base, weights=weights, temperature=temperature,
-                                 batch_size=args.batch_size, out=out, progress=not args.quiet)
-            _save_curves(out, found.faithfulness)
+                                 batch_size=args.batch_size, out=out, progress=not args.quiet)  # per_pair.pt too
             print(f"  CPR {found.faithfulness.cpr:.3f} CMD {found.faithfulness.cmd:.3f} "
                   f"({time.perf_counter() - start:.0f} s)", flush=True)
         cost_file = folder / "cost.json"  # each ratio against a gradient timed beside it (interleaved, one process)
@@ -157,11 +157,6 @@ def run(args) -> None:
             known.update(costs(model, pairs, missing, args.batch_size))
             cost_file.write_text(json.dumps({"batch_size": args.batch_size, "ratio": known,
                                              "threads": args.threads}, indent=1))
-
-
-def _save_curves(out: Path, f: Faithfulness) -> None:
-    """Per-pair metrics, for the paired intervals."""
-    f.save(out / "per_pair.pt")
 
 
 def _load(out: Path) -> Faithfulness | None:

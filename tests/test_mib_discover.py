@@ -100,7 +100,7 @@ def test_an_interrupted_run_goes_on_where_it_stopped(tmp_path, monkeypatch):
     with pytest.raises(InputError, match="another run .method: 'eap' there, 'dpa' now"):
         discover(model, None, pairs, method="dpa", batch_size=2, out=tmp_path / "run", progress=False)
     (tmp_path / "run" / "batches" / "metrics-00001.pt").write_bytes(b"half a file")
-    with pytest.raises(InputError, match="metrics-00001.pt is damaged: delete it"):
+    with pytest.raises(InputError, match="metrics-00001.pt is damaged.* delete it"):
         discover(model, None, pairs, method="eap", batch_size=2, out=tmp_path / "run", progress=False)
 
 
@@ -305,7 +305,8 @@ def test_a_run_folder_of_an_older_dpa_goes_on(tmp_path):
     assert json.loads((out / "run.json").read_text()) == meta
 
 
-@pytest.mark.parametrize("damage", ["shape", "nan", "type", "metrics-shape", "metrics-keys", "run.json-list"])
+@pytest.mark.parametrize("damage", ["shape", "nan", "type", "metrics-shape", "metrics-keys", "bare",
+                                    "run.json-list"])
 def test_a_damaged_run_file_is_named(tmp_path, damage):
     """A batch file that loads but is not what its stage writes (another shape, NaN, another type) was summed in
     (a wrong CPR, silently) or broke inside torch; run.json that is not an object broke with AttributeError."""
@@ -313,22 +314,71 @@ def test_a_damaged_run_file_is_named(tmp_path, damage):
     model = tiny_model("llama", 1)
     discover(model, None, pairs, method="eap", batch_size=2, out=out, progress=False)
     batch = out / "batches" / ("metrics-00001.pt" if damage.startswith("metrics") else "scores-00001.pt")
-    value = torch.load(batch, weights_only=True)
+    saved = torch.load(batch, weights_only=True)
+    value = saved["value"]
     if damage == "shape":
-        torch.save(value[:, :3], batch)
+        torch.save({**saved, "value": value[:, :3]}, batch)
     elif damage == "nan":
-        torch.save(value * float("nan"), batch)
+        torch.save({**saved, "value": value * float("nan")}, batch)
     elif damage == "type":
-        torch.save({"a": 1}, batch)
+        torch.save({**saved, "value": {"a": 1}}, batch)
     elif damage == "metrics-shape":
-        torch.save({**value, "full": value["full"][:1]}, batch)
+        torch.save({**saved, "value": {**value, "full": value["full"][:1]}}, batch)
     elif damage == "metrics-keys":
-        torch.save({"full": value["full"]}, batch)
+        torch.save({**saved, "value": {"full": value["full"]}}, batch)
+    elif damage == "bare":  # the value without its stamp (as an older dpa wrote it)
+        torch.save(value, batch)
     else:
         (out / "run.json").write_text("[1, 2]")
-    named = "run.json is damaged" if damage == "run.json-list" else f"{batch.name} is damaged: delete it"
+    named = "run.json is damaged" if damage == "run.json-list" else f"{batch.name} is damaged.* delete it"
     with pytest.raises(InputError, match=named):
         discover(model, None, pairs, method="eap", batch_size=2, out=out, progress=False)
+
+
+def test_a_batch_file_of_another_run_or_batch_is_refused(tmp_path):
+    """Batch files are stamped with their run, stage and pairs: one copied in from another folder (another model,
+    method or pairs) or moved to another batch's name was summed in as this run's, a wrong CPR told as right."""
+    pairs, model = _pairs(4), tiny_model("llama", 1)
+    discover(model, None, pairs, method="eap", batch_size=2, out=tmp_path / "a", progress=False)
+    discover(model, None, pairs, method="dpa", batch_size=2, out=tmp_path / "b", evaluate=False, progress=False)
+    (tmp_path / "a" / "batches" / "scores-00001.pt").write_bytes((tmp_path / "b" / "batches" / "scores-00001.pt")
+                                                                 .read_bytes())
+    with pytest.raises(InputError, match="scores-00001.pt is not this run's scores of batch 1 .pairs 2..3.: it was "
+                                         "written by another run"):
+        discover(model, None, pairs, method="eap", batch_size=2, out=tmp_path / "a", progress=False)
+    batches = tmp_path / "b" / "batches"
+    (batches / "scores-00000.pt").replace(batches / "scores-00001.pt")
+    with pytest.raises(InputError, match="scores-00001.pt is not this run's scores of batch 1"):
+        discover(model, None, pairs, method="dpa", batch_size=2, out=tmp_path / "b", evaluate=False, progress=False)
+
+
+def test_a_finished_run_loads_without_the_model_read_only(tmp_path):
+    """``mib.load`` reads a finished folder back (scores, method, faithfulness) with no model, lock or write: a
+    read-only copy (a results folder shared by others) reads too; an unfinished one is refused by what it lacks."""
+    import os
+    import stat
+
+    from dpa.mib import load
+
+    pairs, model, out = _pairs(4), tiny_model("llama", 1), tmp_path / "run"
+    found = discover(model, None, pairs, method="eap", batch_size=2, out=out, progress=False)
+    for path in [out, *out.rglob("*")]:
+        path.chmod(path.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+    try:
+        before = sorted(p.name for p in out.rglob("*"))
+        back = load(out)
+        assert sorted(p.name for p in out.rglob("*")) == before
+    finally:
+        for path in [out, *out.rglob("*")]:
+            path.chmod(path.stat().st_mode | stat.S_IWUSR)
+    assert back.method == "eap" and torch.equal(back.scores, found.scores) and back.d_model == found.d_model
+    assert back.faithfulness.cpr == found.faithfulness.cpr and back.faithfulness.cmd == found.faithfulness.cmd
+    assert back.edges(0.1) == found.edges(0.1)
+    os.remove(out / "graph.json")
+    with pytest.raises(InputError, match="holds no graph.json: the run did not finish"):
+        load(out)
+    with pytest.raises(InputError, match="is not a dpa mib run folder"):
+        load(tmp_path)
 
 
 def test_non_finite_scores_are_refused_not_stored(tmp_path, monkeypatch):

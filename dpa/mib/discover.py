@@ -13,7 +13,10 @@ prompts differ in length, or whose answer is not one token is refused by its lin
 
 With ``out`` the run is kept in a folder, batch by batch, and a run started again there goes on from where it
 stopped (the same pairs, model and settings, the model known by its weights, config, buffers and dtype as every dpa
-run folder knows it; anything else is refused, and so is a second run writing the folder at once).
+run folder knows it; anything else is refused, and so is a second run writing the folder at once). Every batch file
+is stamped with its run, stage and pairs: one copied in from another run is refused by name. A finished folder holds
+``graph.json`` (the EAP-IG JSON), ``faithfulness.json`` and ``per_pair.pt`` (every pair's metric at every size);
+``load`` reads it back without the model and without writing or locking anything (a read-only copy reads too).
 """
 
 from __future__ import annotations
@@ -217,7 +220,7 @@ def _discover(model, pairs, method, weights, temperature, evaluate, sizes, batch
                                          "(NaN or infinite: the model's activations or gradients overflow, or hold "
                                          "NaN, on them); no circuit can be ranked")
                 if store:
-                    store.put("scores", b, part)
+                    store.put("scores", b, chunk, part)
             total += part
             bar.update(len(chunk))
         scores = total * graph.exists
@@ -232,7 +235,7 @@ def _discover(model, pairs, method, weights, temperature, evaluate, sizes, batch
                     with batch_of(model, pairs, chunk) as batch:
                         m = plan.metrics(batch)
                     if store:
-                        store.put("metrics", b, m)
+                        store.put("metrics", b, chunk, m)
                 done.append((chunk, m))
                 bar.update(len(chunk))
             result = plan.collect(done, len(pairs))
@@ -242,8 +245,40 @@ def _discover(model, pairs, method, weights, temperature, evaluate, sizes, batch
     if store:
         found.save_json(store.folder / "graph.json")
         if result is not None:
+            result.save(store.folder / "per_pair.pt")
             _write_text(store.folder / "faithfulness.json", json.dumps(_faithfulness_json(found), indent=1))
     return found
+
+
+def load(folder: str | os.PathLike) -> Discovery:
+    """A finished ``discover(..., out=folder)`` run (or ``dpa mib --out``), read back without the model: the edge
+    scores from ``graph.json``, the method from ``run.json``, the faithfulness from ``per_pair.pt`` where the run was
+    evaluated. Reads only: no lock is taken and nothing is written, so a read-only copy reads too."""
+    from ..files import load_json, read_text
+
+    if not isinstance(folder, (str, os.PathLike)):
+        raise InputTypeError(f"folder must be a run folder's path (a str or path), got {type(folder).__name__}")
+    folder = Path(folder)
+    meta = load_json(read_text(folder / "run.json", "run file"), str(folder / "run.json")) \
+        if (folder / "run.json").is_file() else None
+    if not isinstance(meta, dict) or not isinstance(meta.get("method"), str):
+        raise InputError(f"{folder} is not a dpa mib run folder (no readable run.json naming its method)")
+    if not (folder / "graph.json").is_file():
+        raise InputError(f"{folder} holds no graph.json: the run did not finish; run it again with the same "
+                         "out folder (it goes on where it stopped)")
+    data = load_json(read_text(folder / "graph.json", "graph file"), str(folder / "graph.json"))
+    graph, scores, _ = Graph.from_json(data)
+    if (graph.n_layers, graph.n_heads) != (meta.get("layers"), meta.get("heads")):
+        raise InputError(f"{folder}: graph.json is a graph of {graph.n_layers} layers x {graph.n_heads} heads, "
+                         f"run.json's model has {meta.get('layers')} x {meta.get('heads')}: not this run's graph")
+    result = None
+    if (folder / "per_pair.pt").is_file():
+        try:
+            result = Faithfulness.load(folder / "per_pair.pt")
+        except Exception:  # noqa: BLE001 - said by name
+            raise InputError(f"{folder / 'per_pair.pt'} is damaged: run the folder again after deleting it") from None
+    d_model = data["cfg"].get("d_model", 0)
+    return Discovery(graph, scores, meta["method"], result, d_model if isinstance(d_model, int) else 0)
 
 
 def _named(pairs: Pairs, rows: list[int]) -> str:
@@ -287,7 +322,10 @@ class _Store:
     must be what its stage writes for that batch (a damaged one is named)."""
 
     def __init__(self, folder: Path, identity: dict, graph: Graph):
+        from ..files import run_id
+
         self.folder, self.identity, self.graph = folder, identity, graph
+        self.run = run_id(identity)  # stamped on every batch file: one of another run is known
 
     def open(self) -> None:
         from ..files import FINGERPRINTS, WEIGHTS_KEY
@@ -324,12 +362,18 @@ class _Store:
         if not path.exists():
             return None
         try:
-            value = torch.load(path, weights_only=True)
+            saved = torch.load(path, weights_only=True)
         except Exception:  # noqa: BLE001 - a damaged file: said by name
-            value = None
-        if not self._whole(stage, value, len(rows), circuits):
-            raise InputError(f"{path} is damaged: delete it (its batch is run again when the run goes on)")
-        return value
+            saved = None
+        again = "delete it (its batch is run again when the run goes on)"
+        if not isinstance(saved, dict) or set(saved) != {"run", "stage", "batch", "rows", "value"}:
+            raise InputError(f"{path} is damaged or not a batch file of dpa mib: {again}")
+        if (saved["run"], saved["stage"], saved["batch"]) != (self.run, stage, b) or saved["rows"] != list(rows):
+            raise InputError(f"{path} is not this run's {stage} of batch {b} (pairs {rows[0]}..{rows[-1]}): it was "
+                             f"written by another run or for another batch (copied in?): {again}")
+        if not self._whole(stage, saved["value"], len(rows), circuits):
+            raise InputError(f"{path} is damaged: {again}")
+        return saved["value"]
 
     def _whole(self, stage: str, value, n: int, circuits: int) -> bool:
         """Whether ``value`` is what ``stage`` writes for a batch of ``n`` pairs: finite edge scores [writer
@@ -342,11 +386,15 @@ class _Store:
                 and tensor(value["full"], (n,)) and tensor(value["empty"], (n,))
                 and tensor(value["circuits"], (circuits, n)))
 
-    def put(self, stage: str, b: int, value) -> None:
-        path = self._path(stage, b)
-        tmp = path.with_suffix(".tmp")
-        torch.save(value, tmp)
-        os.replace(tmp, path)
+    def put(self, stage: str, b: int, rows: list[int], value) -> None:
+        _save(self._path(stage, b), {"run": self.run, "stage": stage, "batch": b, "rows": list(rows), "value": value})
+
+
+def _save(path: Path, value) -> None:
+    """``torch.save``, whole or not at all."""
+    tmp = path.with_suffix(".tmp")
+    torch.save(value, tmp)
+    os.replace(tmp, path)
 
 
 def _write_text(path: Path, text: str) -> None:
@@ -362,4 +410,4 @@ def _bar(progress: bool, total: int, what: str):
     return tqdm(total=total, unit="pair", desc=what, disable=not progress, leave=False)
 
 
-__all__ = ["Discovery", "discover", "read_pairs", "METHODS"]
+__all__ = ["Discovery", "discover", "load", "read_pairs", "METHODS"]
