@@ -560,6 +560,13 @@ def check_experts(layer: nn.Module, family: Family, i: int) -> None:
 
 
 def _check_modules(model: nn.Module, family: Family) -> None:
+    forward = type(model).forward
+    if not getattr(forward, "__module__", "").startswith("transformers"):
+        raise UnsupportedModelError(
+            f"{type(model).__name__}'s forward is its own ({forward.__qualname__}, not transformers'): dpa runs the "
+            f"decoder stack and computes the logits from {family.unembed} itself, so what that forward changes (a "
+            "logit bias or scale, a mask, another head) would be missed, a silently different model: attribute the "
+            "model's own class (AutoModelForCausalLM)")
     try:
         layers = get(model, family.layers)
         get(model, family.embed), get(model, family.final_norm)

@@ -325,6 +325,34 @@ def test_a_train_mode_parametrization_is_refused_before_its_weight_is_read():
     assert torch.equal(u, down.parametrizations.weight[0]._u)
 
 
+@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+def test_a_causal_lm_subclass_with_a_forward_of_its_own_is_refused(family):
+    """dpa runs the decoder stack and takes the logits from the unembedding itself: a *ForCausalLM subclass whose
+    forward adds a logit bias was attributed as the model without it (target logit and every score off, silently).
+    A subclass that keeps transformers' forward (a marker) is the same model and attributed as such."""
+    from dpa.mib import Pairs, discover
+
+    model = tiny_model(family, 2)
+    want = attribute(model)
+
+    class Biased(type(model)):
+        def forward(self, *args, **kwargs):
+            out = super().forward(*args, **kwargs)
+            out.logits = out.logits + 1.0
+            return out
+    model.__class__ = Biased
+    message = r"Biased's forward is its own \(.*Biased.forward, not transformers'\)"
+    with pytest.raises(UnsupportedModelError, match=message):
+        attribute(model)
+    with pytest.raises(UnsupportedModelError, match=message):
+        discover(model, None, Pairs([[1, 2, 3]], [[1, 2, 4]], [[5]], [[7]]), progress=False)
+
+    class Marked(type(model).__mro__[1]):
+        pass
+    model.__class__ = Marked
+    assert_same(attribute(model), want)
+
+
 def test_a_compiled_layer_is_refused_by_name():
     model = tiny_model("llama", 2)
     model.model.layers[1] = torch.compile(model.model.layers[1], backend="eager")
