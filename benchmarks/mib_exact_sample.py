@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT.parent))
 
 from benchmarks.bench_mib import MODELS, RESULTS, _pairs_file  # noqa: E402
 
-SCORED = ("dpa", "dpa-cf", "eap", "eap-ig", "gim", "gim-package")
+SCORED = ("dpa", "dpa-cf", "dpa-ig", "eap", "eap-ig", "gim", "gim-package")
 
 
 def method_scores(folder: Path, n_pairs: int) -> dict[str, torch.Tensor]:
@@ -40,8 +40,13 @@ def method_scores(folder: Path, n_pairs: int) -> dict[str, torch.Tensor]:
             raise SystemExit(f"--pairs must be a multiple of the runs' batch size ({size})")
         parts = [run / "batches" / f"scores-{b:05d}.pt" for b in range(n_pairs // size)]
         if all(p.exists() for p in parts):
-            out[method] = sum(torch.load(p, weights_only=True) for p in parts)
+            out[method] = sum(_value(torch.load(p, weights_only=True)) for p in parts)
     return out
+
+
+def _value(saved):
+    """A batch file's scores: stamped with its run (``dpa.mib.discover``), or bare (as an older dpa wrote them)."""
+    return saved["value"] if isinstance(saved, dict) else saved
 
 
 def sample(scores: dict[str, torch.Tensor], exists: torch.Tensor, n: int, seed: int) -> torch.Tensor:

@@ -187,11 +187,14 @@ def cli(*args: str, env: dict | None = None, **kw) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
 
 
+N_KILLED = 240  # prompts, one a batch: five kills land at random batches and within one
+
+
 def test_sigkill_at_random_moments_then_resume_equals_an_uninterrupted_run(folder, tmp_path):
     """Kill the CLI with SIGKILL at random moments (seeded) within an uninterrupted run's time, read what is
     there after each kill (never unreadable, never less than before), resume; the end result equals the
     uninterrupted run's, prompt by prompt and file by file."""
-    prompts = many(tmp_path / "p.jsonl", 480, length=(20, 60))
+    prompts = many(tmp_path / "p.jsonl", N_KILLED, length=(20, 60))
     args = ["--prompts", str(prompts), "--model", str(folder), "--batch-size", "1"]
     start = time.monotonic()
     ref = cli(*args, "--out", str(tmp_path / "ref"))
@@ -204,7 +207,7 @@ def test_sigkill_at_random_moments_then_resume_equals_an_uninterrupted_run(folde
     for _ in range(5):
         proc = cli(*args, "--out", str(out))
         # wait until a random number of new batches is written, then a random part of one batch's time more
-        goal = shards() + rng.randint(1, max(1, (480 - shards()) // 3))
+        goal = shards() + rng.randint(1, max(1, (N_KILLED - shards()) // 3))
         while shards() < goal and proc.poll() is None:
             time.sleep(0.01)
         time.sleep(rng.uniform(0, 0.05))
@@ -219,9 +222,9 @@ def test_sigkill_at_random_moments_then_resume_equals_an_uninterrupted_run(folde
             same(res, want[tuple(res.tokens)])
     proc = cli(*args, "--out", str(out))
     assert proc.wait(timeout=600) == 0, proc.stderr.read()
-    assert len(seen) - 1 >= 3 and all(0 < n < 480 for n in seen[1:]), f"results after each kill: {seen[1:]}"
+    assert len(seen) - 1 >= 3 and all(0 < n < N_KILLED for n in seen[1:]), f"results after each kill: {seen[1:]}"
     got = dpa.read_results(out)
-    assert len(got) == len(want) == 480
+    assert len(got) == len(want) == N_KILLED
     for res in got:
         same(res, want[tuple(res.tokens)])
     assert (out / "results.jsonl").read_text() == (tmp_path / "ref" / "results.jsonl").read_text()

@@ -231,48 +231,56 @@ def console_problems(page) -> list[str]:
     return problems
 
 
+CODE_WIDTHS = (1000, 1400)  # the book's column at a narrow and a wide window
+
+
+@pytest.fixture(scope="module")
+def every_page(built_book, browser):  # noqa: F811
+    """Every page opened once, from disk offline: its console problems, blocked requests, and at each of
+    ``CODE_WIDTHS`` the code blocks and outputs wider than their column (one load per page serves both tests)."""
+    seen = {}
+    for name in ["index"] + toc_files():
+        page = browser.new_page(viewport={"width": CODE_WIDTHS[0], "height": 900})
+        problems = console_problems(page)
+        try:
+            page, blocked = open_offline(browser, built_book / f"{name}.html", page)
+            if name == f"book/{WIDGET_PAGE}":
+                page.locator(".dpa-circuit").first.locator("rect.dpa-head").first.wait_for(timeout=60_000)
+            if name == f"book/{GRAPH_PAGE}":
+                page.locator(".dpa-graph-nodes").first.wait_for(timeout=60_000)
+            page.wait_for_load_state("networkidle")
+            page.wait_for_timeout(500)
+            wide = {}
+            for width in CODE_WIDTHS if name != "index" else ():  # (index.html only redirects to the first chapter)
+                page.set_viewport_size({"width": width, "height": 900})
+                wide[width] = page.evaluate("() => [...document.querySelectorAll('pre')].filter(p => p.offsetParent "
+                                            "!== null && p.scrollWidth > p.clientWidth + 1).map(p => "
+                                            "p.textContent.slice(0, 60))")
+        finally:
+            page.close()
+        seen[name] = {"problems": problems, "blocked": blocked, "wide": wide}
+    return seen
+
+
 @pytest.mark.slow
 @pytest.mark.browser
 class TestBuiltPagesInBrowser:
-    def test_pages_log_no_console_error(self, built_book, browser):  # noqa: F811
+    def test_pages_log_no_console_error(self, every_page):
         """Every page, opened from disk offline, loads without a console error or an uncaught exception: no
         script declared twice (sphinx-thebe's THEBE_JS_URL), no theme-mode complaint, no asset that fails to load
         (the html-manager's fonts on the widget page, which load once the widget has rendered)."""
-        found = {}
-        for name in ["index"] + toc_files():
-            page = browser.new_page()
-            problems = console_problems(page)
-            try:
-                page, blocked = open_offline(browser, built_book / f"{name}.html", page)
-                if name == f"book/{WIDGET_PAGE}":
-                    page.locator(".dpa-circuit").first.locator("rect.dpa-head").first.wait_for(timeout=60_000)
-                if name == f"book/{GRAPH_PAGE}":
-                    page.locator(".dpa-graph-nodes").first.wait_for(timeout=60_000)
-                page.wait_for_load_state("networkidle")
-                page.wait_for_timeout(500)
-                assert not blocked, f"{name}: network requests: {blocked}"
-            finally:
-                page.close()
-            if problems:
-                found[name] = problems
+        found = {name: seen["problems"] for name, seen in every_page.items() if seen["problems"]}
         assert not found, "\n".join(f"{name}: {p}" for name, problems in found.items() for p in problems)
+        blocked = {name: seen["blocked"] for name, seen in every_page.items() if seen["blocked"]}
+        assert not blocked, f"network requests: {blocked}"
 
-    @pytest.mark.parametrize("width", [1000, 1400])
-    def test_no_code_line_is_cut_off(self, built_book, browser, width):  # noqa: F811
+    @pytest.mark.parametrize("width", CODE_WIDTHS)
+    def test_no_code_line_is_cut_off(self, every_page, width):
         """Every code block and printed output of every page fits its column (wrapped where long): nothing hidden
         behind a scrollbar at the book's width."""
-        cut = {}
-        for name in toc_files():  # (index.html only redirects to the first chapter)
-            page = browser.new_page(viewport={"width": width, "height": 900})
-            try:
-                page.goto((built_book / f"{name}.html").as_uri(), wait_until="load")
-                wide = page.evaluate("() => [...document.querySelectorAll('pre')].filter(p => p.offsetParent !== null"
-                                     " && p.scrollWidth > p.clientWidth + 1).map(p => p.textContent.slice(0, 60))")
-            finally:
-                page.close()
-            if wide:
-                cut[name] = wide
+        cut = {name: seen["wide"][width] for name, seen in every_page.items() if seen["wide"].get(width)}
         assert not cut, cut
+        assert sum(width in seen["wide"] for seen in every_page.values()) == len(toc_files())
 
     def test_equations_render_offline(self, built_book, browser):  # noqa: F811
         page, blocked = open_offline(browser, built_book / "book" / f"{EQUATION_PAGE}.html")

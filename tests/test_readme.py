@@ -67,6 +67,9 @@ def test_the_blocks_are_the_ones_this_test_knows():
 
 
 def test_the_two_setup_commands_are_what_ci_runs(env, tmp_path):
+    """The first command ends with the attribution it runs here, as written; every line of README's sample
+    output (but the '...') appears, as printed, in its output (``NO_COLOR``: no colour codes, as ``--color
+    never``)."""
     (_, install), (_, test) = blocks("bash")[:2]
     first, = commands(install)
     assert first.startswith("bash .ci/install && python -m dpa attribute ")
@@ -75,20 +78,14 @@ def test_the_two_setup_commands_are_what_ci_runs(env, tmp_path):
     ci_test = (ROOT / ".ci" / "test").read_text()
     steps = re.findall(r'^phase "[^"]*" (.*)$', ci_test, re.M)  # each phase: phase "what it does" command...
     assert steps and steps[0] == "bash .ci/install", "the test command installs first"
+    assert env["NO_COLOR"] == "1"
     out = run_dpa(first.split(" && ", 1)[1], tmp_path, env).stdout
-    assert "predicted" in out and "top 10 components" in out
-
-
-def test_the_sample_output_is_what_the_command_prints(env, tmp_path):
-    """Every line of README's sample output (but the '...') appears, as printed, in the real output."""
-    (_, install), = blocks("bash")[:1]
-    command = commands(install)[0].split(" && ", 1)[1] + " --color never"
-    out = run_dpa(command, tmp_path, env).stdout.splitlines()
+    assert "predicted" in out and "top 10 components" in out and "\x1b[" not in out
     (_, sample), = blocks("text")
+    printed = [o.rstrip() for o in out.splitlines()]
     for line in sample.splitlines():
         if line.strip() and line.strip() != "...":
-            assert line.rstrip() in [o.rstrip() for o in out], f"README shows {line!r}; the command prints:\n" + \
-                "\n".join(out)
+            assert line.rstrip() in printed, f"README shows {line!r}; the command prints:\n{out}"
 
 
 def test_python_blocks_run_in_order(env, tmp_path, monkeypatch):

@@ -12,8 +12,8 @@ recovery and total) within the tolerances below. Nothing under ``benchmarks/resu
 Which samples and methods (``plan``): in every folder its two evaluated samples with the fewest tokens (the cheapest,
 ties by index; one for a bfloat16 model), the filter's verdicts on them and on the two shortest prompts it dropped
 because the model got them wrong, and its lead method: DPA (the folder's first method), or in a sweep its first point
-with every path on and weights other than the default, on the first sample and on the second where that has at most
-``LONG`` tokens (SQuAD and IMDb prompts are longer: their second sample is checked by its verdict). That recomputes
+with every path on and weights other than the default, on the first sample (the second is checked by its filter
+verdict: one lead row per folder, to keep CI within its time). That recomputes
 each folder's own data, prompt format, units, grid, dtype and weights. Every other method is recomputed once per unit,
 on the chosen sample where the committed rows say it was cheapest (mostly Known 1000, the shortest prompts): a
 method's code does not depend on the dataset; the methods that recompute each layer from its weights
@@ -67,7 +67,6 @@ AUC_ATOL = {"input": 0.01, "component": 0.05}  # each AUC of a sample, absolute,
 NEAR_TIES = {("gemma-3-270m/ioi-component-logit-diff", 5, "ifr"): 3.0}
 N_SAMPLES = 2
 N_DROPPED = 2
-LONG = 64  # tokens: a folder's second sample longer than this (SQuAD, IMDb) is checked by its filter verdict alone
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -288,7 +287,7 @@ def plan(runs: list[Run]) -> dict[str, dict[int, list[str]]]:
 
     out = {}
     for run in runs:
-        out[run.label()] = {i: [] if run.dtype == torch.bfloat16 or (k and run.n_tokens(i) > LONG) else [run.lead()]
+        out[run.label()] = {i: [] if run.dtype == torch.bfloat16 or k else [run.lead()]
                             for k, i in enumerate(run.shortest())}
     cheapest = {}  # (model or None, unit, method) -> (committed seconds, folder, sample)
     for run in runs:

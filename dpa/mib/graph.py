@@ -171,10 +171,12 @@ class Graph:
         nodes_in[0] = True
         nodes = {name: {"in_graph": bool(nodes_in[w])} for w, name in enumerate(self.writer_names)}
         nodes["logits"] = {"in_graph": True}
-        edges = {}
-        flat = scores.detach().to(torch.float64)
-        for w, r in self.exists.nonzero().tolist():
-            edges[self.edge_name(w, r)] = {"score": float(flat[w, r]), "in_graph": bool(kept[w, r])}
+        where = self.exists.nonzero()
+        ws, rs = where[:, 0], where[:, 1]
+        values = scores.detach().to(torch.float64).cpu()[ws, rs].tolist()
+        inside = kept.cpu()[ws, rs].tolist()
+        edges = {self.edge_name(w, r): {"score": v, "in_graph": k}
+                 for w, r, v, k in zip(ws.tolist(), rs.tolist(), values, inside)}
         cfg = {"n_layers": self.n_layers, "n_heads": self.n_heads, "parallel_attn_mlp": self.parallel,
                "d_model": int(d_model)}
         return {"cfg": cfg, "nodes": nodes, "edges": edges}
