@@ -203,6 +203,10 @@ def test_pairs_cannot_change_after_their_check():
     with pytest.raises(AttributeError):
         pairs.clean[0].append(9)
     assert pairs.subset([0]) == pairs
+    made = Pairs((row for row in [[1, 2, 3]]), iter([[1, 2, 4]]), [[5]], [[7]])  # iterables: read once, kept
+    assert made == pairs and len(made) == 1
+    with pytest.raises(InputTypeError, match="clean must be a list with one entry per pair, got int"):
+        Pairs(3, [[1, 2, 4]], [[5]], [[7]])
 
 
 def test_pairs_are_checked_against_the_model():

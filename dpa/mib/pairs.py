@@ -38,6 +38,11 @@ class Pairs:
     def __post_init__(self):
         if self.metric not in ("logit_diff", "prob_diff"):
             raise InputError(f"metric must be 'logit_diff' or 'prob_diff', got {self.metric!r}")
+        for what in ("clean", "counter", "answers", "wrong") + (("names",) if self.names is not None else ()):
+            rows = getattr(self, what)
+            if isinstance(rows, (str, bytes, dict)) or not hasattr(rows, "__iter__"):
+                raise InputTypeError(f"{what} must be a list with one entry per pair, got {type(rows).__name__}")
+            object.__setattr__(self, what, tuple(rows))  # a generator is read once, here
         n = len(self.clean)
         if not n:
             raise InputError("no prompt pairs given")
