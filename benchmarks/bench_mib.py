@@ -213,14 +213,17 @@ def table() -> None:
                                  f"[{b['cpr']['interval'][0]:+.3f}, {b['cpr']['interval'][1]:+.3f}], CMD "
                                  f"{b['cmd']['difference']:+.4f} [{b['cmd']['interval'][0]:+.4f}, "
                                  f"{b['cmd']['interval'][1]:+.4f}]")
-        fig, axes = plt.subplots(2, len(tasks), figsize=(3.2 * len(tasks), 5.5), squeeze=False)
+        fig, axes = plt.subplots(2, len(tasks), figsize=(3.2 * len(tasks), 6.2), squeeze=False,
+                                 layout="constrained")
+        palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+        colour = {m: palette[k % len(palette)] for k, m in enumerate(methods)}  # one colour a method, every panel
         for j, t in enumerate(tasks):
             for m in methods:
                 f = _load(t / m)
                 if f is None:
                     continue
-                axes[0, j].plot(f.cpr_curve.sizes, f.cpr_curve.f.numpy(), marker=".", label=m)
-                axes[1, j].plot(f.cmd_curve.sizes, f.cmd_curve.f.numpy(), marker=".", label=m)
+                axes[0, j].plot(f.cpr_curve.sizes, f.cpr_curve.f.numpy(), marker=".", label=m, color=colour[m])
+                axes[1, j].plot(f.cmd_curve.sizes, f.cmd_curve.f.numpy(), marker=".", label=m, color=colour[m])
             axes[0, j].set_title(t.name)
             for i in (0, 1):
                 axes[i, j].set_xscale("log")
@@ -228,8 +231,9 @@ def table() -> None:
             axes[1, j].set_xlabel("share of edges kept")
         axes[0, 0].set_ylabel("f, signed ranking (CPR)")
         axes[1, 0].set_ylabel("f, |score| ranking (CMD)")
-        axes[0, -1].legend(fontsize=7, frameon=False)
-        fig.tight_layout()
+        handles = {h.get_label(): h for ax in axes[0] for h in ax.get_lines() if not h.get_label().startswith("_")}
+        fig.legend(handles.values(), handles.keys(), fontsize=7, frameon=False, loc="outside lower center",
+                   ncol=min(4, len(handles)))
         fig.savefig(RESULTS / f"curves-{model_dir.name}.png", dpi=110)
         lines += ["", f"![curves](curves-{model_dir.name}.png)", ""]
     (RESULTS / "README.md").write_text("\n".join(lines) + "\n")
