@@ -559,9 +559,14 @@ def check_experts(layer: nn.Module, family: Family, i: int) -> None:
                                     f"{family.model_type} description knows {'weight, bias' if moe.router_bias else 'weight'})")
 
 
+def own_forward(module: nn.Module) -> bool:
+    """Whether ``module``'s class has a forward of its own (a subclass's), not transformers'."""
+    return not getattr(type(module).forward, "__module__", "").startswith("transformers")
+
+
 def _check_modules(model: nn.Module, family: Family) -> None:
     forward = type(model).forward
-    if not getattr(forward, "__module__", "").startswith("transformers"):
+    if own_forward(model):
         raise UnsupportedModelError(
             f"{type(model).__name__}'s forward is its own ({forward.__qualname__}, not transformers'): dpa runs the "
             f"decoder stack and computes the logits from {family.unembed} itself, so what that forward changes (a "

@@ -34,7 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import UnsupportedModelError
-from ..families import LayerModules, layer_modules, norm_eps, weight_rows
+from ..families import LayerModules, layer_modules, norm_eps, own_forward, weight_rows
 from ..instrument import Session, unembed
 from ..rules.norm import GAIN, rms_scale
 from .graph import Graph
@@ -386,7 +386,7 @@ def check_graph_run(model: nn.Module, spec) -> None:
         modules += [(f"layers[{i}]", m.layer), (f"layers[{i}]'s attention", m.attention)]
     for name, module in modules:
         forward = type(module).forward
-        if not getattr(forward, "__module__", "").startswith("transformers"):
+        if own_forward(module):
             raise UnsupportedModelError(
                 f"{name} is a {type(module).__name__} whose forward is its own ({forward.__qualname__}, not "
                 "transformers'): MIB's graph runs the model part by part (norms, attention heads read at o_proj's "
