@@ -97,3 +97,67 @@ def test_bf16_evaluation_on_cuda_takes_the_paper_softmax_in_bf16(tmp_path):
         rows = [json.loads(x) for x in (tmp_path / unit / "samples.jsonl").read_text().splitlines()]
         assert all(r["paper_p_clean"] > 0 and r["p_clean"] > 0 for r in rows)
         assert any(r["paper_p_clean"] != r["p_clean"] for r in rows)  # bf16 softmax vs float32 softmax
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+def test_mib_edge_scores_and_curves_on_cuda_match_cpu(family):
+    """MIB: every method's edge scores, and the one-pass patched evaluation, on CUDA equal the CPU's (float64)."""
+    from dpa.mib.evaluate import evaluate
+    from dpa.mib.methods import edge_scores
+
+    from .test_mib import _pairs
+
+    cpu, gpu = tiny_model(family, 1), tiny_model(family, 1).cuda()
+    pairs = _pairs(n=3)
+    for method in ("dpa", "dpa-cf", "eap", "eap-ig", "gim", "dpa-ig", "random"):
+        a = edge_scores(cpu, pairs, method, batch_size=2)
+        b = edge_scores(gpu, pairs, method, batch_size=2)
+        assert b.device.type == "cpu", method
+        torch.testing.assert_close(b, a, msg=method)
+    scores = edge_scores(cpu, pairs, "dpa-cf", batch_size=2)
+    x, y = evaluate(cpu, pairs, scores, batch_size=2), evaluate(gpu, pairs, scores, batch_size=2)
+    for c, d in ((x.cpr_curve, y.cpr_curve), (x.cmd_curve, y.cmd_curve)):
+        torch.testing.assert_close(d.f, c.f)
+    assert y.cpr_curve.f[-1].item() == 1.0
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_float32_on_cudas_fused_attention_matches_float64(family):
+    """float32 on CUDA runs SDPA's fused kernels (not the math path float64 takes): DPA's scores and GIM's
+    tempered edges through them agree with the float64 CPU reference to float32's precision."""
+    from dpa.mib.methods import edge_scores
+
+    from .test_mib import _pairs
+
+    ref = tiny_model(family, 2)
+    gpu = tiny_model(family, 2).float().cuda()
+    assert gpu.config._attn_implementation == "sdpa"
+    ids = random_ids(24)
+    a = dpa.attribute(ref, None, ids, target=5, edges=True)
+    b = dpa.attribute(gpu, None, ids, target=5, edges=True)
+    for name in ("token_scores", "head_scores", "neuron_scores", "edge_scores"):
+        x, y = getattr(a, name), getattr(b, name)
+        torch.testing.assert_close(y.double().cpu(), x, rtol=1e-3, atol=1e-4 * float(x.abs().max()), msg=name)
+    pairs = _pairs(n=2)
+    for method in ("dpa-cf", "gim"):
+        x = edge_scores(ref, pairs, method, batch_size=2)
+        y = edge_scores(gpu, pairs, method, batch_size=2)
+        torch.testing.assert_close(y, x, rtol=1e-3, atol=1e-4 * float(x.abs().max()), msg=method)
+
+
+def test_bf16_mib_evaluation_on_cuda_keeps_its_ends_exact():
+    """A bf16 model on CUDA: f(empty) = 0 and f(full) = 1 exactly (the same code with no / every edge excluded)
+    and the areas near float32's."""
+    from dpa.mib.evaluate import evaluate
+    from dpa.mib.methods import edge_scores
+
+    from .test_mib import _pairs
+
+    model = tiny_model("llama", 2).float()
+    pairs = _pairs(n=4)
+    scores = edge_scores(model, pairs, "dpa-cf", batch_size=2)
+    ref = evaluate(model, pairs, scores, batch_size=4)
+    res = evaluate(model.cuda().to(torch.bfloat16), pairs, scores, batch_size=4)
+    for curve in (res.cpr_curve, res.cmd_curve):
+        assert curve.f[0].item() == 0.0 and curve.f[-1].item() == 1.0
+    assert res.cpr == pytest.approx(ref.cpr, abs=0.1) and res.cmd == pytest.approx(ref.cmd, abs=0.1)
