@@ -130,8 +130,10 @@ def _run(model: nn.Module, req: Request, dtype: torch.dtype, *, lean: bool, edge
     scores = Scores.empty(spec, req.batch, req.n_tokens, dtype, req.device, neuron_positions)
     with instrument(model, req, weights=req.weights, scores=scores, record=record, lean=lean) as session:
         hidden = session.forward()  # [batch pos d_model], the model's own values
-        final = hidden[torch.arange(req.batch, device=req.device), req.positions]  # [batch d_model]
         unembed = spec.unembed(model).weight
+        # [batch d_model], on the unembedding's device (a device map may put the last layers and the head elsewhere)
+        rows = torch.arange(req.batch, device=hidden.device)
+        final = hidden[rows, req.positions.to(hidden.device)].to(unembed.device)
         if not finite(final.detach()):
             raise NonFiniteError(_locate_non_finite(session))
         probs = None

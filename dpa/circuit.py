@@ -42,6 +42,10 @@ BLOCKS = ("attention", "mlp")
 LETTER = {"head": "H", "neuron": "N", "expert": "E"}  # the unit kinds, and their letter in labels
 MAX_UNITS = 20000  # nodes=None on a model this size or a prompt this long: the dense edge matrix would not fit
 
+# The graph is assembled on the CPU whatever devices the model is on (a device map may spread its layers): what
+# the DPA run recorded is copied here; a block runs again where its weights are, its gradient copied back.
+CPU = torch.device("cpu")
+
 
 @dataclass(frozen=True)
 class Node:
@@ -422,17 +426,17 @@ class _Recorded:
 def _recorded(session, grads: list[Tensor], dtype) -> _Recorded:
     spec, rec, L = session.spec, session.recording, session.spec.n_layers
     t_len = session.request.n_tokens
-    z = {(i, 0): rec.head_inputs[i][0].detach().to(dtype) for i in range(L)}
-    big = {(i, b): grads[1 + b * L + i][0].to(dtype) for b in (0, 1) for i in range(L)}
+    z = {(i, 0): rec.head_inputs[i][0].detach().to(CPU, dtype) for i in range(L)}
+    big = {(i, b): grads[1 + b * L + i][0].to(CPU, dtype) for b in (0, 1) for i in range(L)}
     per = {0: torch.stack([(z[(i, 0)] * big[(i, 0)]).view(t_len, -1, spec.d_head).sum(-1) for i in range(L)])}
     if spec.n_experts:  # an expert's score from its router tap (the same as its term . t)
-        per[1] = session.scores.expert_positions[0].to(dtype)
+        per[1] = session.scores.expert_positions[0].to(CPU, dtype)
     else:
-        z.update({(i, 1): rec.neuron_inputs[i][0].detach().to(dtype) for i in range(L)})
+        z.update({(i, 1): rec.neuron_inputs[i][0].detach().to(CPU, dtype) for i in range(L)})
         per[1] = torch.stack([z[(i, 1)] * big[(i, 1)] for i in range(L)])
-    return _Recorded(resid={i: rec.resid[i][0].detach().to(dtype) for i in range(L + 1)},
-                     mid={i: rec.mid[i][0].detach().to(dtype) for i in range(L)}, calls=dict(rec.calls), z=z,
-                     big=big, t_final=grads[0][0].to(dtype), per=per)
+    return _Recorded(resid={i: rec.resid[i][0].detach().to(CPU, dtype) for i in range(L + 1)},
+                     mid={i: rec.mid[i][0].detach().to(CPU, dtype) for i in range(L)}, calls=dict(rec.calls), z=z,
+                     big=big, t_final=grads[0][0].to(CPU, dtype), per=per)
 
 
 def build_graph(session, grads: list[Tensor], direction: Tensor, value: float, n_units: int | None,
@@ -446,7 +450,7 @@ def build_graph(session, grads: list[Tensor], direction: Tensor, value: float, n
     r = _recorded(session, grads, dtype)
     units = _select(r.per, n_units, positions, spec)
     with torch.no_grad():
-        emb = spec.embed(model)(req.input_ids)[0].detach().to(dtype)
+        emb = spec.embed(model)(req.input_ids)[0].detach().to(CPU, dtype)
     g, inblock, reads, values = _pullbacks(session, mods, units, r.resid, r.mid, r.calls, r.big, dtype)
     gains: dict = {}
     writes = torch.stack([values[k] if values[k] is not None else  # an expert's write: its term of the block
@@ -455,8 +459,8 @@ def build_graph(session, grads: list[Tensor], direction: Tensor, value: float, n
     # the target as a destination: t^(L) at the final residual, its in-block bias the final norm's beta . u
     beta = getattr(spec.final_norm(model), "bias", None)
     g = torch.cat([g, r.t_final[None]])
-    inblock = torch.cat([inblock, torch.tensor([0.0 if beta is None else float(beta.to(dtype) @ direction.to(dtype))],
-                                               dtype=dtype)])
+    bias_in_block = 0.0 if beta is None else float(beta.to(CPU, dtype) @ direction.to(CPU, dtype))
+    inblock = torch.cat([inblock, torch.tensor([bias_in_block], dtype=dtype)])
     flow = _in_flows(model, spec, mods, units, r, g, writes, emb, positions)
     unit_scores = torch.stack([_unit_score(r.per, u) for u in units]) if units else torch.zeros(0, dtype=dtype)
     dest_scores = torch.cat([unit_scores, torch.tensor([value], dtype=dtype)])
@@ -471,14 +475,14 @@ def build_graph(session, grads: list[Tensor], direction: Tensor, value: float, n
     edges = torch.zeros(len(nodes), len(nodes), dtype=dtype)
     edges[:t_len, dest_index] = flow["tokens"].T
     edges[t_len:t_len + len(units), dest_index] = flow["units"]
-    all_scores = torch.cat([session.scores.tokens[0].to(dtype), dest_scores])
+    all_scores = torch.cat([session.scores.tokens[0].to(CPU, dtype), dest_scores])
     out_rest = all_scores - edges.sum(1)
     out_rest[-1] = 0.0
     in_pos = torch.zeros(len(nodes), t_len, dtype=dtype)
     in_pos[dest_index] = flow["by_position"]
     zero = torch.zeros(t_len, dtype=dtype)
     fields = dict(in_positions=in_pos, writes=writes, embeddings=emb,
-                  reads={t_len + k: x for k, x in enumerate(reads)}, direction=direction.detach().to(dtype))
+                  reads={t_len + k: x for k, x in enumerate(reads)}, direction=direction.detach().to(CPU, dtype))
     return _assemble(None, nodes, edges, all_scores, rest, torch.cat([zero, in_gap]),
                      torch.cat([zero, bias_in]), out_rest, **fields)
 
@@ -571,7 +575,8 @@ def _post_gain(mods, spec: ModelSpec, block: int, pre: Tensor) -> Tensor | None:
         return None
     if spec.parts.norm_kind == "layer":
         raise UnsupportedModelError(f"{spec.family}: a LayerNorm after a block is not supported in circuit graphs")
-    return GAIN[spec.parts.norm_kind](norm.weight.detach().to(pre.dtype)) * rms_scale(pre, norm_eps(norm)).to(pre.dtype)
+    gain = GAIN[spec.parts.norm_kind](norm.weight.detach().to(pre.device, pre.dtype))
+    return gain * rms_scale(pre, norm_eps(norm)).to(pre.dtype)
 
 
 def _out_module(mods, block: int) -> nn.Module:
@@ -582,7 +587,7 @@ def _write(mods, spec: ModelSpec, u: Node, z: Tensor, dtype, gains: dict) -> Ten
     """out_u [pos d_model]: the unit's slice of its block's o_proj / down input through the projection (no bias)
     and the frozen post-norm, at its position (or every position). ``gains`` caches the post-norms' diagonals."""
     proj = _out_module(mods, u.block)
-    w = weight_rows(proj).detach().to(dtype)  # [d_model width]
+    w = weight_rows(proj).detach().to(CPU, dtype)  # [d_model width]
     cols = _columns(spec, u)
     rows = slice(None) if u.position is None else slice(u.position, u.position + 1)
     out = torch.zeros(z.shape[0], w.shape[0], dtype=dtype)
@@ -591,7 +596,8 @@ def _write(mods, spec: ModelSpec, u: Node, z: Tensor, dtype, gains: dict) -> Ten
         key = (u.layer, u.block)
         if key not in gains:
             bias = getattr(proj, "bias", None)
-            gains[key] = _post_gain(mods, spec, u.block, z @ w.T + (0 if bias is None else bias.detach().to(dtype)))
+            pre = z @ w.T + (0 if bias is None else bias.detach().to(CPU, dtype))
+            gains[key] = _post_gain(mods, spec, u.block, pre)
         out[rows] = out[rows] * gains[key][rows]
     return out
 
@@ -606,7 +612,7 @@ def _bias_writes(mods, spec: ModelSpec, dtype) -> dict[int, Tensor]:
                 if m.post_norms[b] is not None:
                     raise UnsupportedModelError(f"{spec.family}: a biased projection before a post-norm is not "
                                                 "supported in circuit graphs")
-                out[2 * i + b] = bias.detach().to(dtype)
+                out[2 * i + b] = bias.detach().to(CPU, dtype)
     return out
 
 
@@ -660,7 +666,7 @@ def _pullback(session, m, layer: int, block: int, units: list[Node], reads: list
     else:
         x = source[None].expand(len(units), -1, -1)
     param_dtype = spec.embed(session.model).weight.dtype
-    x = x.to(param_dtype).clone().requires_grad_(True)
+    x = x.to(next(m.layer.parameters()).device, param_dtype).clone().requires_grad_(True)  # where the block runs
     G = torch.zeros(len(units), x.shape[1], width, dtype=dtype)
     for r, (u, read) in enumerate(zip(units, reads)):
         cols = _columns(spec, u)
@@ -685,14 +691,14 @@ def _pullback(session, m, layer: int, block: int, units: list[Node], reads: list
         m.mlp(h)
         tap = rec.neuron_inputs[layer]
     # with the anchor too: the taps of constants (GPT-OSS's expert biases) lie on no path to x, yet take their share
-    grad, _ = torch.autograd.grad(tap, [x, session.anchor], G.to(tap.dtype), allow_unused=True)
-    value = tap.detach().to(dtype) if experts else None
+    grad, _ = torch.autograd.grad(tap, [x, session.anchor], G.to(tap.device, tap.dtype), allow_unused=True)
+    value = tap.detach().to(CPU, dtype) if experts else None
     shares = sink[mark:]
     del sink[mark:]
     bias = torch.zeros(len(units), dtype=dtype)
     for s in shares:
-        bias = bias + s.to(dtype).reshape(len(units))
-    grad = grad.detach().to(dtype)
+        bias = bias + s.to(CPU, dtype).reshape(len(units))
+    grad = grad.detach().to(CPU, dtype)
     if one:
         out = torch.zeros(len(units), t_len, spec.d_model, dtype=dtype)
         written = None if value is None else torch.zeros_like(out)

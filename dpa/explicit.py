@@ -31,7 +31,8 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """RoPE on x [batch head pos d_head] with the rotary module's cos/sin [batch pos d_rot]: the first d_rot
     features of each head rotate, the rest pass (partial rotary, GPT-NeoX; d_rot = d_head elsewhere)."""
     d_rot = cos.shape[-1]
-    turned = apply_rope(x[..., :d_rot], cos[:, None].to(x.dtype), sin[:, None].to(x.dtype))
+    cos, sin = (c[:, None].to(x.device, x.dtype) for c in (cos, sin))  # the rotary module's device may be another's
+    turned = apply_rope(x[..., :d_rot], cos, sin)
     return turned if d_rot == x.shape[-1] else torch.cat([turned, x[..., d_rot:]], dim=-1)
 
 

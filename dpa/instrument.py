@@ -658,7 +658,7 @@ def logits_at(model: nn.Module, request: Request, hidden: Tensor, positions: Ten
     pos = request.positions if positions is None else positions
     if isinstance(pos, Tensor) and pos.numel() == 1:
         pos = int(pos)
-    final = hidden[:, pos] if isinstance(pos, int) else hidden[rows, pos]
+    final = hidden[:, pos] if isinstance(pos, int) else hidden[rows, pos.to(hidden.device)]
     logits = unembed(model, request, final)
     return logits.to(torch.promote_types(logits.dtype, torch.float32))
 

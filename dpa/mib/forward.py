@@ -381,6 +381,11 @@ def check_graph_run(model: nn.Module, spec) -> None:
     o_proj's input, o_proj from its weights), the MLP, never the decoder stack's, the layers' or the attention's own
     forward as a whole. A class that replaces one of these forwards (a subclass with a forward of its own) may
     compute something those parts do not: refused by name rather than measured as another model."""
+    devices = sorted({str(t.device) for t in (*model.parameters(), *model.buffers())})
+    if len(devices) > 1:  # the writers' outputs are kept side by side and summed per reader, on one device
+        raise UnsupportedModelError(
+            f"MIB's graph runs on a model on one device; this one is split across {', '.join(devices)} (a device "
+            "map): load it on one device (dpa.attribute and dpa.circuit take a split model)")
     modules = [("the decoder stack", spec.base(model))]
     for i, m in enumerate(layer_modules(model, spec)):
         modules += [(f"layers[{i}]", m.layer), (f"layers[{i}]'s attention", m.attention)]

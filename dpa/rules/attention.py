@@ -73,7 +73,7 @@ def attention_probs(q: Tensor, k: Tensor, scaling: float, mask: Tensor, softcap:
         scores = torch.tanh(scores / softcap) * softcap
     scores = scores.masked_fill(~mask, float("-inf"))
     if sinks is not None:
-        sink = sinks.to(scores.dtype).view(1, h, 1, 1).expand(b, h, tq, 1)
+        sink = sinks.to(scores.device, scores.dtype).view(1, h, 1, 1).expand(b, h, tq, 1)
         return softmax(torch.cat([scores, sink], dim=-1), temperature)[..., :-1] * mask.any(-1, keepdim=True)
     return softmax(scores, temperature).nan_to_num(0.0)  # fully masked rows (padding) -> 0
 
