@@ -278,6 +278,20 @@ def _offloads(hook) -> bool:
     return bool(getattr(hook, "offload", False)) or any(_offloads(h) for h in getattr(hook, "hooks", None) or ())
 
 
+def _foreign_hook(hook):
+    """The first accelerate hook (``module._hf_hook``, or one inside a ``SequentialHook``) that is not one of
+    accelerate's own device hooks (``AlignDevicesHook``, exactly: a subclass may change what the module returns), or
+    None. Those only move tensors between devices; any other (a user's ``ModelHook``, ``CpuOffload``, which moves the
+    whole model at forward time) could change what dpa attributes."""
+    from accelerate.hooks import AlignDevicesHook, SequentialHook
+
+    if hook is None or type(hook) is AlignDevicesHook:
+        return None
+    if type(hook) is SequentialHook:
+        return next((f for f in map(_foreign_hook, hook.hooks) if f is not None), None)
+    return hook
+
+
 def check_loaded(model: nn.Module) -> None:
     """Every weight where dpa reads it: no module offloaded by accelerate (its weights kept on the meta device,
     loaded into the module for each forward and dropped after), no parameter or buffer on the meta device. dpa
@@ -291,6 +305,13 @@ def check_loaded(model: nn.Module) -> None:
                 "time); dpa reads weights directly and does not read offloaded weights: load the model without "
                 "offload (no \"cpu\" or \"disk\" in device_map beside an accelerator, no accelerate.cpu_offload or "
                 "disk_offload), or with a device_map on devices that hold all the weights")
+        foreign = _foreign_hook(getattr(m, "_hf_hook", None))
+        if foreign is not None:
+            raise ModelStateError(
+                f"{name or 'the model'} carries an accelerate hook dpa does not know ({type(foreign).__qualname__}; "
+                "accelerate's device hooks, AlignDevicesHook, are the ones that pass): it could change what the module "
+                "returns or move the model during the call; remove it (accelerate.hooks.remove_hook_from_module) "
+                "before attributing")
         params = getattr(m, "parametrizations", None)
         if isinstance(params, nn.ModuleDict) and any(p.training and any(True for _ in p.buffers(recurse=False))
                                                      for p in params.modules()):

@@ -149,7 +149,9 @@ class TestModelLeftAsItWas:
         assert attn.forward is patched
         model(random_ids(6)[None])
         assert seen
-        attn._hf_hook = object()  # accelerate's device hook (moves tensors): allowed, and kept
+        from accelerate.hooks import AlignDevicesHook
+
+        attn._hf_hook = AlignDevicesHook("cpu")  # accelerate's device hook (moves tensors): allowed, and kept
         res = baselines.atp(model, None, random_ids(6), 3)
         assert attn.forward is patched and torch.isfinite(res.head_scores).all()
         del attn._hf_hook

@@ -341,6 +341,25 @@ class TestOffloaded:
             entries(model, random_ids(6))[entry]()
         assert state(model) == before
 
+    @pytest.mark.parametrize("entry", ["attribute", "circuit"])
+    def test_an_accelerate_hook_that_is_not_a_device_hook_is_refused_by_name(self, entry):
+        """accelerate's ModelHook can return anything from a module (here tanh of its output) and CpuOffload moves
+        the whole model at forward time: only accelerate's device hooks pass (the same rule as torch hooks)."""
+        from accelerate.hooks import CpuOffload, ModelHook, SequentialHook, add_hook_to_module
+
+        class Squash(ModelHook):
+            def post_forward(self, module, output):
+                return torch.tanh(output)
+
+        for where, hook in (("model.layers.0.mlp", Squash()), ("the model", CpuOffload(execution_device="cpu")),
+                            ("model.layers.1", SequentialHook(accelerate.hooks.AlignDevicesHook("cpu"), Squash()))):
+            model = tiny_model("llama", 2)
+            add_hook_to_module(model.get_submodule(where) if where.startswith("model.") else model, hook)
+            before = state(model)
+            with pytest.raises(ModelStateError, match=f"{where} carries an accelerate hook dpa does not know"):
+                entries(model, random_ids(6))[entry]()
+            assert state(model) == before
+
     def test_a_device_map_with_disk_offload_is_refused_and_nothing_is_loaded(self, tmp_path):
         from .test_cli import save_tiny_model
 

@@ -1,7 +1,7 @@
 """Models split across devices with a device map (accelerate's dispatch, as device_map="auto" does).
 
-On CPU the two "devices" are both the CPU: this checks that dispatch hooks do not disturb the
-instrumented forward or the backward. With CUDA the layers are split between the GPU and the CPU, each run where
+On CPU the two "devices" are both the CPU: this checks that dispatch hooks (``force_hooks``: accelerate adds none for
+a map on one device) do not disturb the instrumented forward or the backward. With CUDA the layers are split between the GPU and the CPU, each run where
 its weights are (``main_device="cpu"``), so the backward crosses devices at a layer boundary. accelerate's default
 (and from_pretrained's device_map) makes "cpu" beside a GPU an offload instead: weights on the meta device, loaded
 for each forward; dpa refuses that by name.
@@ -35,7 +35,7 @@ def test_sharded_equals_single_device(family, devices, memory):
     ids = random_ids(10)
     ref = dpa.attribute(tiny_model(family, 2), None, ids, target=5, edges=True, effective_targets=True)
     model = tiny_model(family, 2)
-    sharded = dispatch_model(model, device_map=split_map(model, devices), main_device="cpu")
+    sharded = dispatch_model(model, device_map=split_map(model, devices), main_device="cpu", force_hooks=True)
     res = dpa.attribute(sharded, None, ids, target=5, edges=True, effective_targets=True, memory=memory)
     for name in ("token_scores", "head_scores", "neuron_scores", "edge_scores", "effective_targets"):
         torch.testing.assert_close(getattr(res, name), getattr(ref, name), msg=name)
