@@ -33,7 +33,7 @@ from torch import Tensor, nn
 
 from ..errors import DPAError, InputError, InputTypeError, NonFiniteError
 from ..weights import PathWeights
-from .evaluate import SIZES, Faithfulness, Plan, check_size, check_sizes
+from .evaluate import SIZES, Faithfulness, Plan, check_size, check_sizes, save_whole
 from .forward import batch_of
 from .graph import Graph
 from .methods import METHODS, Method, batch_scores, check_method
@@ -387,14 +387,8 @@ class _Store:
                 and tensor(value["circuits"], (circuits, n)))
 
     def put(self, stage: str, b: int, rows: list[int], value) -> None:
-        _save(self._path(stage, b), {"run": self.run, "stage": stage, "batch": b, "rows": list(rows), "value": value})
-
-
-def _save(path: Path, value) -> None:
-    """``torch.save``, whole or not at all."""
-    tmp = path.with_suffix(".tmp")
-    torch.save(value, tmp)
-    os.replace(tmp, path)
+        save_whole(self._path(stage, b), {"run": self.run, "stage": stage, "batch": b, "rows": list(rows),
+                                          "value": value})
 
 
 def _write_text(path: Path, text: str) -> None:

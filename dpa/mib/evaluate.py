@@ -13,7 +13,9 @@ everything, excluded: the model's forward and the counterfactual's.
 from __future__ import annotations
 
 import itertools
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
@@ -89,10 +91,10 @@ class Faithfulness:
 
     def save(self, path) -> None:
         """Every pair's metric at every size, both rankings (``torch.save``): what paired intervals need."""
-        torch.save({"cpr": self.cpr_curve.values, "cmd": self.cmd_curve.values, "full": self.cpr_curve.full,
-                    "empty": self.cpr_curve.empty, "sizes": self.cpr_curve.sizes, "n_edges": self.n_edges,
-                    "edges": [self.cpr_curve.edges, self.cmd_curve.edges],
-                    "kept": [self.cpr_curve.kept, self.cmd_curve.kept]}, path)
+        curves = (self.cpr_curve, self.cmd_curve)
+        save_whole(Path(path), {"cpr": curves[0].values, "cmd": curves[1].values, "full": curves[0].full,
+                                "empty": curves[0].empty, "sizes": curves[0].sizes, "n_edges": self.n_edges,
+                                "edges": [c.edges for c in curves], "kept": [c.kept for c in curves]})
 
     @classmethod
     def load(cls, path) -> Faithfulness:
@@ -102,6 +104,14 @@ class Faithfulness:
         edges, kept = d.get("edges", [[], []]), d.get("kept", [[], []])
         return cls(Curve(False, sizes, edges[0], kept[0], d["cpr"], d["full"], d["empty"]),
                    Curve(True, sizes, edges[1], kept[1], d["cmd"], d["full"], d["empty"]), d.get("n_edges", 0))
+
+
+def save_whole(path: Path, value) -> None:
+    """``torch.save``, whole or not at all: written beside ``path``, then renamed over it (an interrupted save
+    leaves the old file, or none, never half of one)."""
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(value, tmp)
+    os.replace(tmp, path)
 
 
 def faithfulness(values: Tensor, full: Tensor, empty: Tensor) -> Tensor:
