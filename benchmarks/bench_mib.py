@@ -194,6 +194,9 @@ def table() -> None:
                 else:
                     cells += ["", ""]
             lines.append(f"| {m} | " + " | ".join(cells) + " |")
+        for t in sorted(model_dir.glob("*/skipped.txt")):  # a task the model cannot do: MIB's filter leaves too few
+            why = t.read_text().strip().removeprefix(f"{t.parent.name}: ")
+            lines += ["", f"Not measured, {t.parent.name}: {why}"]
         lines += ["", "Cost (time of one batch's edge scores / one gradient on that batch, median of 3, same run):", "",
                   "| task | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
         for t in tasks:
