@@ -271,25 +271,27 @@ def check_model(model: nn.Module) -> ModelSpec:
     return spec
 
 
-def _offloads(hook) -> bool:
-    """Whether an accelerate hook (``module._hf_hook``, or one inside a ``SequentialHook``) loads the module's
-    weights at forward time (``AlignDevicesHook(offload=True)``: cpu_offload, disk_offload, a device_map with
-    "cpu" or "disk" entries beside an accelerator)."""
-    return bool(getattr(hook, "offload", False)) or any(_offloads(h) for h in getattr(hook, "hooks", None) or ())
+def _accelerate_hooks(module: nn.Module) -> list:
+    """The accelerate hooks on ``module`` (``module._hf_hook``, a ``SequentialHook`` opened into its parts)."""
+    hook = getattr(module, "_hf_hook", None)
+    if hook is None:
+        return []
+    from accelerate.hooks import SequentialHook
+
+    out, todo = [], [hook]
+    while todo:
+        h = todo.pop(0)
+        if type(h) is SequentialHook:
+            todo[:0] = h.hooks
+        else:
+            out.append(h)
+    return out
 
 
-def _foreign_hook(hook):
-    """The first accelerate hook (``module._hf_hook``, or one inside a ``SequentialHook``) that is not one of
-    accelerate's own device hooks (``AlignDevicesHook``, exactly: a subclass may change what the module returns), or
-    None. Those only move tensors between devices; any other (a user's ``ModelHook``, ``CpuOffload``, which moves the
-    whole model at forward time) could change what dpa attributes."""
-    from accelerate.hooks import AlignDevicesHook, SequentialHook
+def _align_devices_hook() -> type:
+    from accelerate.hooks import AlignDevicesHook
 
-    if hook is None or type(hook) is AlignDevicesHook:
-        return None
-    if type(hook) is SequentialHook:
-        return next((f for f in map(_foreign_hook, hook.hooks) if f is not None), None)
-    return hook
+    return AlignDevicesHook
 
 
 def check_loaded(model: nn.Module) -> None:
@@ -299,13 +301,17 @@ def check_loaded(model: nn.Module) -> None:
     model on their own, so an offloaded module would give meta-tensor errors or wrong numbers; refused by name,
     before anything runs (so nothing offloaded is ever loaded into memory by dpa)."""
     for name, m in model.named_modules():
-        if _offloads(getattr(m, "_hf_hook", None)):
+        hooks = _accelerate_hooks(m)
+        # AlignDevicesHook(offload=True): cpu_offload, disk_offload, "cpu"/"disk" in a device_map beside an accelerator
+        if any(getattr(h, "offload", False) for h in hooks):
             raise ModelStateError(
                 f"{name or 'the model'} is offloaded (weights on the meta device, loaded by accelerate at forward "
                 "time); dpa reads weights directly and does not read offloaded weights: load the model without "
                 "offload (no \"cpu\" or \"disk\" in device_map beside an accelerator, no accelerate.cpu_offload or "
                 "disk_offload), or with a device_map on devices that hold all the weights")
-        foreign = _foreign_hook(getattr(m, "_hf_hook", None))
+        # only accelerate's own device hook, exactly (a subclass, a user's ModelHook, CpuOffload moving the whole model
+        # at forward time could change what dpa attributes)
+        foreign = next((h for h in hooks if type(h) is not _align_devices_hook()), None)
         if foreign is not None:
             raise ModelStateError(
                 f"{name or 'the model'} carries an accelerate hook dpa does not know ({type(foreign).__qualname__}; "
