@@ -151,12 +151,15 @@ def run(args) -> None:
             print(f"  CPR {found.faithfulness.cpr:.3f} CMD {found.faithfulness.cmd:.3f} "
                   f"({time.perf_counter() - start:.0f} s)", flush=True)
         cost_file = folder / "cost.json"  # each ratio against a gradient timed beside it (interleaved, one process)
-        known = json.loads(cost_file.read_text())["ratio"] if cost_file.exists() else {}
+        before = json.loads(cost_file.read_text()) if cost_file.exists() else {"ratio": {}, "threads": {}}
+        known = before["ratio"]
+        threads = before["threads"] if isinstance(before["threads"], dict) else dict.fromkeys(known, before["threads"])
         missing = [m for m in args.methods if m != "random" and m not in known]
         if missing:
             known.update(costs(model, pairs, missing, args.batch_size))
+            threads.update(dict.fromkeys(missing, args.threads))  # each ratio with the threads it was timed on
             cost_file.write_text(json.dumps({"batch_size": args.batch_size, "ratio": known,
-                                             "threads": args.threads}, indent=1))
+                                             "threads": threads}, indent=1))
 
 
 def _load(out: Path) -> Faithfulness | None:

@@ -11,6 +11,7 @@ Edge scores need alpha itself and come from the explicit path (explicit.py).
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 from typing import Literal
@@ -26,7 +27,7 @@ from .families import ModelSpec, layer_modules, weight_rows
 from .instrument import instrument
 from .linearise import Scores
 from .request import Prompt, Request
-from .result import Attribution, TargetInfo
+from .result import Attribution, TargetInfo, TargetTerm
 from .targets import spelling_hint, target_direction
 from .weights import PathWeights
 
@@ -35,7 +36,7 @@ def attribute(model: nn.Module, tokenizer, prompt: Prompt | list[Prompt], target
               kind: Literal["logit", "logprob"] = "logit", position: int | list[int] | None = None,
               weights: PathWeights | None = None, edges: bool = False, neuron_positions: bool = False,
               effective_targets: bool = False, neuron_target: Literal["output", "mid"] = "output",
-              multi_token: Literal["error", "first"] = "error", memory: Literal["auto", "full", "lean"] = "auto",
+              multi_token: Literal["error", "first", "sum"] = "error", memory: Literal["auto", "full", "lean"] = "auto",
               padding_side: Literal["right", "left"] = "right",
               probabilities: bool = True) -> Attribution | list[Attribution]:
     """Dual Path Attribution of ``target`` at the end of ``prompt``: token, head and neuron scores from one forward
@@ -60,7 +61,12 @@ def attribute(model: nn.Module, tokenizer, prompt: Prompt | list[Prompt], target
         [layer + 1, pos, d_model] (0: the embeddings), the vectors every score is a dot product with.
     neuron_target: "output" (default, the paper: neurons scored against their layer's output target) or "mid"
         (the reference code: against the target in the middle of the layer).
-    multi_token: what a target string of several tokens does: "error" (default) or "first" (its first token).
+    multi_token: what a target string of several tokens does: "error" (default), "first" (its first token) or
+        "sum" (the whole of it under teacher forcing: its tokens are appended to the prompt but the last, and the
+        attributed quantity is the sum of each token's logit -- or log-probability, ``kind="logprob"`` -- at the
+        position before it, in one forward and one backward pass; ``target.terms`` has each token's share, and the
+        token scores cover the appended tokens too). Read after the whole prompt (``position`` the last token);
+        a contrast stays one token, subtracted at the first position.
     memory: "full" keeps the whole graph of the forward pass, "lean" recomputes one decoder layer at a time in the
         backward, "auto" (default) picks lean when the full graph would not fit in half the free memory. Both give
         the same scores.
@@ -79,7 +85,7 @@ def attribute(model: nn.Module, tokenizer, prompt: Prompt | list[Prompt], target
     effective_targets = check_bool("effective_targets", effective_targets)
     probabilities = check_bool("probabilities", probabilities)
     req = requests.build(model, tokenizer, prompt, target, contrast=contrast, kind=kind, position=position,
-                         weights=weights, padding_side=padding_side, multi_token=multi_token)
+                         weights=weights, padding_side=padding_side, multi_token=multi_token, sums=True)
     spec = req.spec
     if neuron_target == "mid" and spec.n_experts:
         raise UnsupportedModelError(f"neuron_target='mid' reads each neuron's down projection; {spec.family}'s "
@@ -112,6 +118,8 @@ class Run:
     effective_targets: Tensor | None  # [batch layer+1 pos d_model]
     capped: Tensor | None = None  # [batch] the value after the final soft-cap (Gemma 2), where there is one
     graph: object = None  # what a ``Graph`` extension built inside the session (circuit.py)
+    term_rows: list[int] | None = None  # each term's row (Request.terms); probs are per term then: [term vocab]
+    term_values: Tensor | None = None  # [term] each term's share of values (a target token's logit or logprob)
 
 
 def _run(model: nn.Module, req: Request, dtype: torch.dtype, *, lean: bool, edges: bool, neuron_positions: bool,
@@ -132,25 +140,30 @@ def _run(model: nn.Module, req: Request, dtype: torch.dtype, *, lean: bool, edge
         hidden = session.forward()  # [batch pos d_model], the model's own values
         unembed = spec.unembed(model).weight
         # [batch d_model], on the unembedding's device (a device map may put the last layers and the head elsewhere)
-        rows = torch.arange(req.batch, device=hidden.device)
-        final = hidden[rows, req.positions.to(hidden.device)].to(unembed.device)
+        # every term (a target token: several under teacher forcing for a target of several tokens), flat
+        rows, at = req.terms()
+        first = [rows.index(b) for b in range(req.batch)]  # each row's first term: its target position
+        final = hidden[torch.tensor(rows, device=hidden.device), torch.tensor(at, device=hidden.device)]
+        final = final.to(unembed.device)  # [term d_model], on the unembedding's device (a device map may split)
         if not finite(final.detach()):
             raise NonFiniteError(_locate_non_finite(session))
         probs = None
         if probabilities:
             with torch.no_grad():
-                logits = (final.detach().to(unembed.dtype) @ unembed.T).to(dtype)  # [batch vocab]
+                logits = (final.detach().to(unembed.dtype) @ unembed.T).to(dtype)  # [term vocab]
             if not finite(logits):
                 raise NonFiniteError("non-finite logits (NaN or inf): the unembedding overflows on this input")
-            req.resolve(logits)
+            req.resolve(logits[first])
             probs = softcap(logits, spec.final_softcap).softmax(-1)  # the model's own distribution, in `dtype`
         capped = spec.final_softcap is not None
-        u = torch.stack([target_direction(t, unembed.detach().to(dtype), None if probs is None else probs[b],
-                                          (logits[b], spec.final_softcap) if capped and probs is not None else None)
-                         for b, t in enumerate(req.targets)])
-        values = (final.to(dtype) * u).sum(-1)  # [batch]
-        after_cap = _after_cap(req, final.detach().to(dtype), unembed.detach().to(dtype), values.detach(),
-                               spec.final_softcap) if capped else None
+        terms = [req.targets[b].term(j - first[b]) for j, b in enumerate(rows)]
+        u = torch.stack([target_direction(t, unembed.detach().to(dtype), None if probs is None else probs[j],
+                                          (logits[j], spec.final_softcap) if capped and probs is not None else None)
+                         for j, t in enumerate(terms)])
+        term_values = (final.to(dtype) * u).sum(-1)  # [term]
+        values = term_values.new_zeros(req.batch).index_add(0, torch.tensor(rows, device=u.device), term_values)
+        after_cap = _after_cap(terms, rows, req.batch, final.detach().to(dtype), unembed.detach().to(dtype),
+                               term_values.detach(), spec.final_softcap) if capped else None
         rec = session.recording
         extra: list[Tensor] = []
         if effective_targets:
@@ -180,22 +193,24 @@ def _run(model: nn.Module, req: Request, dtype: torch.dtype, *, lean: bool, edge
         raise NonFiniteError(f"the {bad[0]} scores are not finite (NaN or inf): the path weights "
                              f"{req.weights.as_tuple()} or the target overflow in {dtype}")
     return Run(scores=scores, values=values.detach(), probs=probs, edges=edge, effective_targets=targets,
-               capped=after_cap, graph=built)
+               capped=after_cap, graph=built, term_rows=rows, term_values=term_values.detach())
 
 
-def _after_cap(req: Request, final: Tensor, unembed: Tensor, values: Tensor, cap: float) -> Tensor:
-    """The attributed value after the final soft-cap [batch]: cap(z_y), cap(z_y) - cap(z_y') for a contrast,
-    the value itself for a log-probability (whose direction already has the cap linearised), NaN for a vector."""
+def _after_cap(terms: list, rows: list[int], batch: int, final: Tensor, unembed: Tensor, values: Tensor,
+               cap: float) -> Tensor:
+    """The attributed value after the final soft-cap [batch], the sum of its terms': cap(z_y), cap(z_y) -
+    cap(z_y') for a contrast, the value itself for a log-probability (whose direction already has the cap
+    linearised), NaN for a vector."""
     out = []
-    for b, t in enumerate(req.targets):
+    for j, t in enumerate(terms):
         if t.kind == "logprob":
-            out.append(values[b])
+            out.append(values[j])
         elif t.kind == "vector":
             out.append(values.new_tensor(float("nan")))
         else:
-            z = softcap(final[b] @ unembed[t.token_id], cap)
-            out.append(z - softcap(final[b] @ unembed[t.contrast_id], cap) if t.kind == "contrast" else z)
-    return torch.stack(out)
+            z = softcap(final[j] @ unembed[t.token_id], cap)
+            out.append(z - softcap(final[j] @ unembed[t.contrast_id], cap) if t.kind == "contrast" else z)
+    return values.new_zeros(batch).index_add(0, torch.tensor(rows, device=values.device), torch.stack(out))
 
 
 def softcap(logits: Tensor, cap: float | None) -> Tensor:
@@ -268,19 +283,29 @@ def _result(model: nn.Module, req: Request, run: Run, b: int, neuron_target: str
     real = req.real(b)
     ids = req.token_ids(b)
     t = req.targets[b]
-    probs = None if run.probs is None else run.probs[b]
+    mine = [j for j, r in enumerate(run.term_rows) if r == b]  # this row's terms (several: a target of several tokens)
+    probs = None if run.probs is None else run.probs[mine[0]]
     top = None if probs is None else probs.topk(min(5, probs.numel()))
     name = lambda i: None if i is None else req.decode([i])[0]  # noqa: E731
     known = probs is not None and t.token_id is not None
     hints = [] if probs is None else [spelling_hint(req.tokenizer, text, i, probs, what) for text, i, what in
-                                      ((t.text, t.token_id, "target"), (t.contrast_text, t.contrast_id, "contrast"))]
+                                      ((None if t.tokens else t.text, t.token_id, "target"), (t.contrast_text, t.contrast_id, "contrast"))]
+    terms = None
+    if t.tokens:  # each token at its own position; the continuation's probability is their product
+        p = [float(run.probs[j][i]) if run.probs is not None else None for j, i in zip(mine, t.tokens)]
+        terms = [TargetTerm(position=req.position(b) + k, token=name(i), token_id=i,
+                            value=float(run.term_values[j]), probability=p[k])
+                 for k, (j, i) in enumerate(zip(mine, t.tokens))]
+    logprob = (None if not known else float(probs[t.token_id].clamp_min(1e-45).log()) if terms is None else
+               sum(math.log(max(q, 1e-45)) for q in p))
     info = TargetInfo(
-        kind=t.kind, position=req.position(b), token=name(t.token_id), token_id=t.token_id,
+        kind=t.kind, position=req.position(b),
+        token=name(t.token_id) if terms is None else "".join(req.decode(list(t.tokens))), token_id=t.token_id,
         contrast=name(t.contrast_id), contrast_id=t.contrast_id,
-        probability=float(probs[t.token_id]) if known else None,
-        logprob=float(probs[t.token_id].clamp_min(1e-45).log()) if known else None,
-        hint=" ".join(h for h in hints if h) or None,
+        probability=None if logprob is None else (float(probs[t.token_id]) if terms is None else math.exp(logprob)),
+        logprob=logprob, hint=" ".join(h for h in hints if h) or None,
         capped_logit=None if run.capped is None or t.kind == "vector" else float(run.capped[b]),
+        terms=terms,
     )
     s = run.scores
     token_scores = s.tokens[b].cpu()[real]

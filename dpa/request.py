@@ -19,11 +19,12 @@ from torch import Tensor, nn
 from .checks import check_int
 from .errors import InputError, InputTypeError, ModelStateError, TargetError, UnsupportedModelError
 from .families import ModelSpec, context_length, spec_for
-from .targets import TargetSpec, token_id, token_text
+from .targets import TargetSpec, token_ids, token_text
 from .weights import PathWeights
 
 Prompt = str | Sequence[int] | Tensor
 Kind = Literal["logit", "logprob"]
+MULTI_TOKEN = ("error", "first", "sum")  # what a target string of several tokens does (dpa.attribute's docstring)
 
 
 @dataclass
@@ -72,6 +73,17 @@ class Request:
     def position_ids(self) -> Tensor:
         """Positions that ignore padding on either side: cumsum(mask) - 1, clamped at 0. [batch pos]"""
         return (self.mask.long().cumsum(-1) - 1).clamp(min=0)
+
+    def terms(self) -> tuple[list[int], list[int]]:
+        """Where the targets are read: for every term (one a target token; a target of several tokens has one per
+        token, under teacher forcing: its j-th token at the position after its (j-1)-th) its row and its position
+        in the padded batch, flat, row by row. ``targets[row].term(j)`` is the term's one-token target."""
+        rows, at = [], []
+        for b, t in enumerate(self.targets):
+            start = int(self.positions[b])
+            rows += [b] * t.n_terms
+            at += range(start, start + t.n_terms)
+        return rows, at
 
     def resolve(self, logits: Tensor) -> None:
         """Fill the targets left to the model's prediction from logits [batch vocab] at the positions."""
@@ -367,9 +379,10 @@ class Encoded:
 
 def build(model: nn.Module, tokenizer, prompt: Prompt | list[Prompt], target=None, *, contrast=None,
           kind: Kind = "logit", position: int | list[int] | None = None, weights: PathWeights | None = None,
-          padding_side: Literal["right", "left"] = "right", multi_token: Literal["error", "first"] = "error",
-          batch: bool | None = None) -> Request:
-    """Check and encode a request. ``batch=False`` refuses a batch (the baselines take one prompt)."""
+          padding_side: Literal["right", "left"] = "right", multi_token: Literal["error", "first", "sum"] = "error",
+          batch: bool | None = None, sums: bool = False) -> Request:
+    """Check and encode a request. ``batch=False`` refuses a batch (the baselines take one prompt); ``sums=True``:
+    the caller attributes a target of several tokens as the sum of its terms (``multi_token="sum"``)."""
     spec = check_model(model)
     check_tokenizer(tokenizer)
     weights = PathWeights() if weights is None else weights
@@ -377,7 +390,7 @@ def build(model: nn.Module, tokenizer, prompt: Prompt | list[Prompt], target=Non
         raise InputError(f"weights must be a dpa.PathWeights, got {type(weights).__name__}")
     weights = weights.for_model(spec.n_experts > 0, spec.family)
     enc = encode(tokenizer, spec, prompt, target, contrast=contrast, kind=kind, position=position,
-                 padding_side=padding_side, multi_token=multi_token, batch=batch)
+                 padding_side=padding_side, multi_token=multi_token, batch=batch, sums=sums)
     device = spec.device(model)
     with torch.inference_mode(False):  # normal tensors even when called inside inference mode (autograd needs them)
         t = max(map(len, enc.rows))
@@ -393,7 +406,7 @@ def build(model: nn.Module, tokenizer, prompt: Prompt | list[Prompt], target=Non
 
 def encode(tokenizer, sizes, prompt: Prompt | list[Prompt], target=None, *, contrast=None, kind: Kind = "logit",
            position: int | list[int] | None = None, padding_side: str = "right", multi_token: str = "error",
-           batch: bool | None = None) -> Encoded:
+           batch: bool | None = None, sums: bool = False) -> Encoded:
     """The model-free part of ``build``: prompts, positions and targets checked against ``sizes`` (anything
     with ``vocab_size``, ``max_positions`` and ``d_model``: a ``ModelSpec``, or ``sizes_of(config)`` so that
     the CLI can refuse a bad request before it loads the weights)."""
@@ -402,8 +415,11 @@ def encode(tokenizer, sizes, prompt: Prompt | list[Prompt], target=None, *, cont
         raise InputError(f"kind must be 'logit' or 'logprob', got {kind!r}")
     if padding_side not in ("right", "left"):
         raise InputError(f"padding_side must be 'right' or 'left', got {padding_side!r}")
-    if multi_token not in ("error", "first"):
-        raise InputError(f"multi_token must be 'error' or 'first', got {multi_token!r}")
+    allowed = MULTI_TOKEN if sums else MULTI_TOKEN[:2]
+    if multi_token not in allowed:
+        raise InputError(f"multi_token must be one of {', '.join(map(repr, allowed))}"
+                         + ("" if sums or multi_token != "sum" else " here: a target of several tokens is attributed "
+                            "as a sum by dpa.attribute (and the commands built on it)") + f", got {multi_token!r}")
     prompt = _canonical(tokenizer, prompt)
     batched = _is_batch(prompt)
     if batched and batch is False:
@@ -421,7 +437,20 @@ def encode(tokenizer, sizes, prompt: Prompt | list[Prompt], target=None, *, cont
         if bad:
             raise InputError(f"{which}: token id {bad[0]} is outside the vocabulary (size {sizes.vocab_size})")
     positions = [_position(p, len(ids)) for p, ids in zip(_as_list(position, len(rows), "position"), rows)]
-    targets = _targets(tokenizer, sizes, len(rows), target, contrast, kind, multi_token)
+    targets = _targets(tokenizer, sizes, len(rows), target, contrast, kind, multi_token, sums)
+    for n, (ids, t) in enumerate(zip(rows, targets)):  # a target of several tokens: teacher forcing
+        if len(t.tokens) < 2:
+            continue
+        which = f"prompt {n}" if batched else "the prompt"
+        if positions[n] != len(ids) - 1:
+            raise InputError(f"{which}: a target of several tokens is read after the whole prompt (its first token at "
+                             f"the last position, {len(ids) - 1}, each next one after it), not at position "
+                             f"{positions[n]}: cut the prompt there instead")
+        rows[n] = ids = ids + list(t.tokens[:-1])
+        if len(ids) > sizes.max_positions:
+            raise InputError(f"{which} and its target of {len(t.tokens)} tokens (teacher forcing: the prompt and "
+                             f"every target token but the last) have {len(ids)} tokens, more than the model's "
+                             f"context of {sizes.max_positions}")
     return Encoded(rows=rows, positions=positions, targets=targets, batched=batched)
 
 
@@ -468,7 +497,7 @@ def _position(position, length: int) -> int:
     return p
 
 
-def _targets(tokenizer, spec, n: int, target, contrast, kind: str, multi_token: str) -> list[TargetSpec]:
+def _targets(tokenizer, spec, n: int, target, contrast, kind: str, multi_token: str, sums: bool) -> list[TargetSpec]:
     out = []
     target, contrast = (_numpy(x, what) if not isinstance(x, (list, tuple)) else [_numpy(v, what) for v in x]
                         for x, what in ((target, "target"), (contrast, "contrast")))
@@ -487,17 +516,23 @@ def _targets(tokenizer, spec, n: int, target, contrast, kind: str, multi_token: 
                 raise TargetError("the vector target holds NaN or infinite values")
             out.append(TargetSpec("vector", vector=tg.detach()))
             continue
-        resolve = lambda t, what: token_id(  # noqa: E731
-            tokenizer, _scalar_id(t, what), spec.vocab_size, multi_token=multi_token, what=what)
-        y = None if tg is None else resolve(tg, "target")
-        foil_id = None if foil is None else resolve(foil, "contrast")
+        resolve = lambda t, what: token_ids(  # noqa: E731
+            tokenizer, _scalar_id(t, what), spec.vocab_size, multi_token=multi_token, what=what, sum_option=sums)
+        ys = () if tg is None else resolve(tg, "target")
+        foils = () if foil is None else resolve(foil, "contrast")
+        if len(foils) > 1:
+            raise TargetError(f"contrast {foil!r} is several tokens: a contrast is one token (the target's first "
+                              "token's logit minus the contrast's, at the same position); pass one token, or "
+                              "attribute the two continuations one call each and subtract")
+        y, foil_id = (ys[0] if ys else None), (foils[0] if foils else None)
         if foil_id is not None and kind == "logprob":
             raise TargetError("the logprob target takes no contrast (it already contrasts with every token)")
         if foil_id is not None and foil_id == y:
             raise TargetError("contrast and target are the same token")
         kind_name = "contrast" if foil_id is not None else ("logprob" if kind == "logprob" else "token")
         out.append(TargetSpec(kind_name, token_id=y, contrast_id=foil_id, text=tg if isinstance(tg, str) else None,
-                              contrast_text=foil if isinstance(foil, str) else None))
+                              contrast_text=foil if isinstance(foil, str) else None,
+                              tokens=ys if len(ys) > 1 else ()))
     return out
 
 

@@ -26,8 +26,22 @@ class Component(NamedTuple):
 
 
 @dataclass(frozen=True)
+class TargetTerm:
+    """One token of a target of several tokens (``multi_token="sum"``), read at its own position under teacher
+    forcing: its logit (or log-probability, ``kind="logprob"``) is its share of ``Attribution.target_logit``."""
+
+    position: int  # where it is predicted: the token before it
+    token: str | None
+    token_id: int
+    value: float  # its logit (minus the contrast's, for the first term with a contrast) or log-probability
+    probability: float | None = None  # p(token) at its position
+
+
+@dataclass(frozen=True)
 class TargetInfo:
-    """What was attributed, at which position, and what the model predicted there."""
+    """What was attributed, at which position, and what the model predicted there. A target of several tokens
+    has ``terms`` (one per token); ``token`` is then the whole target, ``position`` and ``token_id`` its first
+    token's, ``probability`` and ``logprob`` those of the whole continuation (the product of its tokens')."""
 
     kind: str  # token | contrast | logprob | vector
     position: int
@@ -39,6 +53,7 @@ class TargetInfo:
     logprob: float | None = None
     hint: str | None = None  # a likelier spelling of the target or contrast string, when there is one
     capped_logit: float | None = None  # the target after the model's final soft-cap (Gemma 2); None without one
+    terms: list[TargetTerm] | None = None  # a target of several tokens: each token's share, in order
 
 
 @dataclass
@@ -434,12 +449,17 @@ def _prediction(name: str, value: Any) -> tuple[str, float]:
     return _text(f"{name}[0]", value[0]), _probability(f"{name}[1]", value[1])
 
 
+TERM_FIELDS = {
+    "position": _index, "token": _optional(_text), "token_id": _index, "value": check_float,
+    "probability": _optional(_probability),
+}
 TARGET_FIELDS = {
     "kind": lambda name, value: check_choice(name, value, ("token", "contrast", "logprob", "vector")),
     "position": _index, "token": _optional(_text), "token_id": _optional(_index), "contrast": _optional(_text),
     "contrast_id": _optional(_index), "probability": _optional(_probability),
     "logprob": _optional(lambda name, value: check_float(name, value, high=0)), "hint": _optional(_text),
     "capped_logit": _optional(check_float),
+    "terms": _optional(_list_of(lambda name, value: _record(name, value, TargetTerm, TERM_FIELDS))),
 }
 FIELDS = {  # every field of Attribution but the scores (SCORES), whose reader depends on score_dtype
     "tokens": _list_of(_text), "token_ids": _list_of(_index), "target_logit": check_float,

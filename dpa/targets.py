@@ -33,6 +33,18 @@ class TargetSpec:
     vector: Tensor | None = None  # [d_model], kind == "vector"
     text: str | None = None  # the target as the caller wrote it, when a string (for spelling hints)
     contrast_text: str | None = None
+    tokens: tuple[int, ...] = ()  # a target of several tokens (multi_token="sum"): all of them, tokens[0] == token_id
+
+    @property
+    def n_terms(self) -> int:
+        """How many positions the target reads: its tokens under teacher forcing (1 for a one-token target)."""
+        return max(1, len(self.tokens))
+
+    def term(self, j: int) -> TargetSpec:
+        """The one-token target of term j: the j-th token of the target (term 0 keeps the contrast)."""
+        if j == 0:
+            return TargetSpec(self.kind, token_id=self.token_id, contrast_id=self.contrast_id, vector=self.vector)
+        return TargetSpec("logprob" if self.kind == "logprob" else "token", token_id=self.tokens[j])
 
 
 def token_id(tokenizer, token: str | int, vocab_size: int, *, multi_token: str = "error", what: str = "target") -> int:
@@ -41,12 +53,22 @@ def token_id(tokenizer, token: str | int, vocab_size: int, *, multi_token: str =
     ``multi_token="first"`` takes the first token of a string that splits into several;
     the default raises and says how it splits.
     """
+    ids = token_ids(tokenizer, token, vocab_size, multi_token="first" if multi_token == "first" else "error",
+                    what=what, sum_option=False)
+    return ids[0]
+
+
+def token_ids(tokenizer, token: str | int, vocab_size: int, *, multi_token: str = "error",
+              what: str = "target", sum_option: bool = True) -> tuple[int, ...]:
+    """The ids of a target string (or a checked int id): one id, or with ``multi_token="sum"`` every token of a
+    string that splits into several (attributed as the sum of its tokens under teacher forcing).
+    ``sum_option``: the caller accepts ``multi_token="sum"`` (the error names it then)."""
     if isinstance(token, bool):
         raise TargetError(f"{what} must be a token string or id, got {token!r}")
     if isinstance(token, int):
         if not 0 <= token < vocab_size:
             raise TargetError(f"{what} id {token} is outside the vocabulary (size {vocab_size})")
-        return token
+        return (token,)
     if not isinstance(token, str):
         raise TargetError(f"{what} must be a token string or id, got {type(token).__name__}")
     if tokenizer is None:
@@ -65,16 +87,20 @@ def token_id(tokenizer, token: str | int, vocab_size: int, *, multi_token: str =
     if len(ids) != 1:
         pieces = [token_text(tokenizer, i) for i in ids]
         if multi_token == "first" and ids:
-            return ids[0]
+            return (ids[0],)
+        if multi_token == "sum" and ids:
+            return tuple(ids)
         others = [v for v, _ in single_token_spellings(tokenizer, token)] if token.strip() else []
         # a piece is worth suggesting only if it reads back as itself (a byte of a character does not)
         typed = next((p for p, i in zip(pieces, ids) if tokenizer.encode(p, add_special_tokens=False) == [i]), None)
-        advice = ((f"pass one of the pieces (e.g. {typed!r}), or " if typed is not None else
-                   f"pass a piece's id in Python (e.g. {ids[0]}: the pieces are parts of one character), or ")
-                  + "attribute the first (multi_token='first' in Python, --first-token on the command line)")
+        whole = ("attribute the whole of it, the sum of its tokens' logits under teacher forcing (multi_token='sum' "
+                 "in Python, --multi-token sum on the command line), " if sum_option else "")
+        advice = (whole + (f"pass one of the pieces (e.g. {typed!r}), or " if typed is not None else
+                           f"pass a piece's id in Python (e.g. {ids[0]}: the pieces are parts of one character), or ")
+                  + "attribute the first (multi_token='first' in Python, --multi-token first on the command line)")
         raise TargetError(f"{what} {token!r} is not a single token: it splits into {len(ids)} tokens {pieces!r}. "
                           + (f"{others[0]!r} is one token; or {advice}" if others else advice[0].upper() + advice[1:]))
-    return ids[0]
+    return (ids[0],)
 
 
 def _byte_alphabet() -> dict[str, int]:
