@@ -300,7 +300,7 @@ def _result(model: nn.Module, req: Request, run: Run, b: int, neuron_target: str
                sum(math.log(max(q, 1e-45)) for q in p))
     info = TargetInfo(
         kind=t.kind, position=req.position(b),
-        token=name(t.token_id) if terms is None else "".join(req.decode(list(t.tokens))), token_id=t.token_id,
+        token=name(t.token_id) if terms is None else t.text, token_id=t.token_id,  # several tokens: as written
         contrast=name(t.contrast_id), contrast_id=t.contrast_id,
         probability=None if logprob is None else (float(probs[t.token_id]) if terms is None else math.exp(logprob)),
         logprob=logprob, hint=" ".join(h for h in hints if h) or None,

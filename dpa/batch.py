@@ -270,7 +270,7 @@ def attribute_file(model: nn.Module, tokenizer, prompts: str | os.PathLike, out:
     """
     opts = Options(target=target, contrast=contrast, kind=check_choice("kind", kind, ("logit", "logprob")),
                    weights=PathWeights() if weights is None else weights,
-                   multi_token=check_choice("multi_token", multi_token, ("error", "first")),
+                   multi_token=check_choice("multi_token", multi_token, request.MULTI_TOKEN),
                    batch_size=check_int("batch_size", batch_size, low=1), top=check_int("top", top, low=0))
     if not isinstance(opts.weights, PathWeights):
         raise InputTypeError(f"weights must be a dpa.PathWeights, got {type(opts.weights).__name__}")
@@ -303,7 +303,7 @@ def attribute_file(model: nn.Module, tokenizer, prompts: str | os.PathLike, out:
             try:
                 enc = request.encode(tokenizer, spec, r.prompt, _or(r.target, opts.target),
                                      contrast=_or(r.contrast, opts.contrast), kind=opts.kind, position=r.position,
-                                     multi_token=opts.multi_token, batch=False)
+                                     multi_token=opts.multi_token, batch=False, sums=True)
                 lengths[r.line] = len(enc.rows[0])
             except DPAError as err:
                 errors.append({"line": r.line, "id": r.id, "error": f"{type(err).__name__}: {err}"})

@@ -118,8 +118,13 @@ def _request_options(p: argparse.ArgumentParser) -> None:
                        help="path weights, e.g. 0.25,0.25,0.5,0.5,0.5 (the default)")
     group.add_argument("--preset", choices=FAMILIES, help="one of the paper's sensitivity families (with --p)")
     p.add_argument("--p", type=float, metavar="P", help="the preset's parameter in [0, 1] (default 0.5)")
-    p.add_argument("--first-token", action="store_true",
-                   help="a target or contrast of several tokens: attribute its first token (default: an error)")
+    tokens = p.add_mutually_exclusive_group()
+    tokens.add_argument("--multi-token", choices=("first", "sum"), dest="multi_token",
+                        help="a target of several tokens: 'sum' attributes the whole of it (the sum of its tokens' "
+                             "logits under teacher forcing; dpa attribute only), 'first' its first token (default: "
+                             "an error)")
+    tokens.add_argument("--first-token", action="store_const", const="first", dest="multi_token",
+                        help="the same as --multi-token first")
     p.add_argument("--logprob", action="store_true", help="attribute log p(target) instead of its logit")
     p.add_argument("--position", type=int, metavar="N",
                    help="target position (default: the last token; negative counts from the end)")
@@ -162,7 +167,7 @@ def run_attribute(args: argparse.Namespace, *, parser: argparse.ArgumentParser) 
     from .report import html_report, terminal_report, wants_color
     from .result import write_text
 
-    model, tokenizer, kind, multi_token = _load(args, parser)
+    model, tokenizer, kind, multi_token = _load(args, parser, sums=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", dpa.TargetWarning)  # printed below, in one line
         res = dpa.attribute(model, tokenizer, args.prompt, args.target, contrast=args.contrast, kind=kind,
@@ -208,7 +213,7 @@ def _check_outputs(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
             parser.error(f"cannot write {out}: it is a folder; give a file name")
 
 
-def _load(args: argparse.Namespace, parser: argparse.ArgumentParser):
+def _load(args: argparse.Namespace, parser: argparse.ArgumentParser, *, sums: bool = False):
     """The model and tokenizer, after the request is checked against the tokenizer and config alone (a bad
     prompt or target fails before the weights load); returns (model, tokenizer, kind, multi_token)."""
     import dpa
@@ -221,9 +226,9 @@ def _load(args: argparse.Namespace, parser: argparse.ArgumentParser):
     tokenizer, config = models.read_tokenizer_and_config(folder, quick=True)
     check_family(config)  # the whole config is checked when the model loads
     kind = "logprob" if args.logprob else "logit"
-    multi_token = "first" if args.first_token else "error"
+    multi_token = args.multi_token or "error"
     request.encode(tokenizer, request.sizes_of(config), args.prompt, args.target, contrast=args.contrast,
-                   kind=kind, position=args.position, multi_token=multi_token)
+                   kind=kind, position=args.position, multi_token=multi_token, sums=sums)
     model, tokenizer = dpa.load_model(args.model, device=args.device)
     return model, tokenizer, kind, multi_token
 
@@ -293,7 +298,7 @@ def _run_file(args: argparse.Namespace, parser: argparse.ArgumentParser, weights
         summary = batch.attribute_file(
             model, tokenizer, args.prompts, args.out, target=args.target, contrast=args.contrast,
             kind="logprob" if args.logprob else "logit", weights=weights,
-            multi_token="first" if args.first_token else "error", batch_size=args.batch_size, top=args.top,
+            multi_token=args.multi_token or "error", batch_size=args.batch_size, top=args.top,
             progress=not args.quiet, format=args.format)
         if group.main:
             print(f"{summary['attributed']} of {summary['prompts']} prompts attributed into {args.out} "

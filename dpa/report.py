@@ -78,12 +78,24 @@ def component_label(c: Component) -> str:
     return f"{'head' if c.kind == 'head' else 'neuron'} L{c.layer} {'H' if c.kind == 'head' else 'N'}{c.index}"
 
 
+def teacher_forced(res: Attribution) -> set[int]:
+    """The positions that hold a target's own tokens (a target of several tokens: all but its last are input)."""
+    terms = getattr(res.target, "terms", None) or []
+    return {term.position for term in terms[1:]}
+
+
 def describe_target(res: Attribution) -> str:
     """What was attributed and its value, named: for logprob both log p and the attributed quantity."""
     t = res.target
     where = f"after position {t.position} ({show_token(res.tokens[t.position])!r})"
     p = f" (p = {t.probability:.4f})" if t.token is not None and t.probability is not None else ""
     value = f"{res.target_logit:.4f} logit units"
+    if getattr(t, "terms", None):  # a target of several tokens, under teacher forcing
+        each = ", ".join(f"{term.token!r} after position {term.position} {term.value:+.4f}" for term in t.terms)
+        what = ("log p" if t.kind == "logprob" else "logit") + f"s of {t.token!r}"
+        foil = f" - logit({t.contrast!r}) at the first" if t.kind == "contrast" else ""
+        logp = f" (log p = {t.logprob:.4f}, p = {t.probability:.4g})" if t.logprob is not None else ""
+        return f"sum of the {what}, {len(t.terms)} tokens{foil} ({each}){logp} = {value}"
     if t.kind == "logprob":
         logp = f"log p({t.token!r}) = {t.logprob:.4f}{p}" if t.logprob is not None else f"log p({t.token!r})"
         return f"{logp} {where}; attributed: logit({t.token!r}) - expected logit, p held fixed = {value}"
@@ -150,6 +162,7 @@ def terminal_report(res: Attribution, *, color: bool, top: int = 10) -> str:
     scale = color_scale(res)
     special = res.special or [False] * len(res.tokens)
     scores = res.token_scores.tolist()
+    forced = teacher_forced(res)
     out.append("")
     if color:
         out.append("input attribution, in logit units (red raises the target, blue lowers it):")
@@ -161,7 +174,8 @@ def terminal_report(res: Attribution, *, color: bool, top: int = 10) -> str:
         out.append("input attribution, in logit units (positive raises the target, negative lowers it):")
         out.append(f"  {'pos':>4}  {'score':>10}  token")
         for i, (t, s) in enumerate(zip(res.tokens, scores)):
-            out.append(f"  {i:>4}  {s:>+10.4f}  {show_token(t)!r}{'  (special)' if special[i] else ''}")
+            out.append(f"  {i:>4}  {s:>+10.4f}  {show_token(t)!r}{'  (special)' if special[i] else ''}"
+                       f"{'  (target, teacher-forced)' if i in forced else ''}")
     out.append("")
     out.extend(completeness_lines(res))
     out.append("")
@@ -246,7 +260,9 @@ def html_report(res: Attribution, *, top: int = 10, prompt: str | None = None) -
     special = res.special or [False] * len(res.tokens)
     spans = token_spans(res)
     comps, what = ranked(res, top)
-    table = [f"<tr><td>{i}</td><td><code>{_esc(repr(tok))}</code>{' (special)' if special[i] else ''}</td>"
+    forced = teacher_forced(res)
+    table = [f"<tr><td>{i}</td><td><code>{_esc(repr(tok))}</code>{' (special)' if special[i] else ''}"
+             f"{' (target, teacher-forced)' if i in forced else ''}</td>"
              f"<td class='num'>{s:+.4f}</td></tr>" for i, (tok, s) in enumerate(zip(res.tokens, res.token_scores.tolist()))]
     gradient = ", ".join(RDBU)
     info = "\n".join(f"<dt>{_esc(label)}</dt><dd>{_esc(text)}</dd>" for label, text in summary_lines(res))

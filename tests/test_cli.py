@@ -144,6 +144,27 @@ class TestAttribute:
         assert err.startswith("error: target 'paris london' is not a single token: it splits into 2 tokens")
         assert err.count("\n") == 1
 
+    def test_multi_token_sum(self, capsys, tiny_dir, tiny, tmp_path):
+        """--multi-token sum: the sum of the target's tokens under teacher forcing, as dpa.attribute gives it;
+        a file of prompts takes it too; dpa circuit refuses it by name."""
+        code, out, _ = run(capsys, "attribute", PROMPT, "--model", str(tiny_dir), "--target", "paris london",
+                           "--multi-token", "sum", "--json", str(tmp_path / "r.json"))
+        assert code == 0 and "sum of the logits of 'paris london', 2 tokens" in out
+        assert "'paris'  (target, teacher-forced)" in out
+        want = dpa.attribute(*tiny, PROMPT, "paris london", multi_token="sum")
+        back = dpa.Attribution.from_json(tmp_path / "r.json")
+        assert back.target.terms == want.target.terms and back.target_logit == pytest.approx(want.target_logit)
+        prompts = tmp_path / "p.jsonl"
+        prompts.write_text(json.dumps({"prompt": PROMPT, "target": "paris london"}) + "\n")
+        code, _, _ = run(capsys, "attribute", "--prompts", str(prompts), "--model", str(tiny_dir), "--out",
+                         str(tmp_path / "runs"), "--multi-token", "sum", "--quiet")
+        (res,) = dpa.batch.read_results(tmp_path / "runs")
+        assert code == 0 and res.target.terms == want.target.terms
+        torch.testing.assert_close(res.token_scores, want.token_scores.float(), rtol=1e-6, atol=1e-6)
+        code, out, err = run(capsys, "circuit", PROMPT, "--model", str(tiny_dir), "--target", "paris london",
+                             "--multi-token", "sum")
+        assert code == 2 and "multi_token must be one of 'error', 'first' here" in err
+
     def test_empty_prompt(self, capsys, tiny_dir):
         code, _, err = run(capsys, "attribute", "  ", "--model", str(tiny_dir))
         assert (code, err) == (2, "error: the prompt is empty\n")
