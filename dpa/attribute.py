@@ -85,7 +85,8 @@ def attribute(model: nn.Module, tokenizer, prompt: Prompt | list[Prompt], target
     effective_targets = check_bool("effective_targets", effective_targets)
     probabilities = check_bool("probabilities", probabilities)
     req = requests.build(model, tokenizer, prompt, target, contrast=contrast, kind=kind, position=position,
-                         weights=weights, padding_side=padding_side, multi_token=multi_token, sums=True)
+                         weights=weights, padding_side=padding_side, multi_token=multi_token,
+                         multi_options=requests.MULTI_TOKEN)
     spec = req.spec
     if neuron_target == "mid" and spec.n_experts:
         raise UnsupportedModelError(f"neuron_target='mid' reads each neuron's down projection; {spec.family}'s "

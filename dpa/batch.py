@@ -303,7 +303,8 @@ def attribute_file(model: nn.Module, tokenizer, prompts: str | os.PathLike, out:
             try:
                 enc = request.encode(tokenizer, spec, r.prompt, _or(r.target, opts.target),
                                      contrast=_or(r.contrast, opts.contrast), kind=opts.kind, position=r.position,
-                                     multi_token=opts.multi_token, batch=False, sums=True)
+                                     multi_token=opts.multi_token, batch=False,
+                                     multi_options=request.MULTI_TOKEN)
                 lengths[r.line] = len(enc.rows[0])
             except DPAError as err:
                 errors.append({"line": r.line, "id": r.id, "error": f"{type(err).__name__}: {err}"})

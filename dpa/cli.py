@@ -167,7 +167,7 @@ def run_attribute(args: argparse.Namespace, *, parser: argparse.ArgumentParser) 
     from .report import html_report, terminal_report, wants_color
     from .result import write_text
 
-    model, tokenizer, kind, multi_token = _load(args, parser, sums=True)
+    model, tokenizer, kind, multi_token = _load(args, parser, multi_options=("error", "first", "sum"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", dpa.TargetWarning)  # printed below, in one line
         res = dpa.attribute(model, tokenizer, args.prompt, args.target, contrast=args.contrast, kind=kind,
@@ -213,7 +213,7 @@ def _check_outputs(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
             parser.error(f"cannot write {out}: it is a folder; give a file name")
 
 
-def _load(args: argparse.Namespace, parser: argparse.ArgumentParser, *, sums: bool = False):
+def _load(args: argparse.Namespace, parser: argparse.ArgumentParser, *, multi_options=("error", "first")):
     """The model and tokenizer, after the request is checked against the tokenizer and config alone (a bad
     prompt or target fails before the weights load); returns (model, tokenizer, kind, multi_token)."""
     import dpa
@@ -228,7 +228,8 @@ def _load(args: argparse.Namespace, parser: argparse.ArgumentParser, *, sums: bo
     kind = "logprob" if args.logprob else "logit"
     multi_token = args.multi_token or "error"
     request.encode(tokenizer, request.sizes_of(config), args.prompt, args.target, contrast=args.contrast,
-                   kind=kind, position=args.position, multi_token=multi_token, sums=sums)
+                   kind=kind, position=args.position, multi_token=multi_token,
+                   multi_options=multi_options)
     model, tokenizer = dpa.load_model(args.model, device=args.device)
     return model, tokenizer, kind, multi_token
 

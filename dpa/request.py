@@ -380,9 +380,10 @@ class Encoded:
 def build(model: nn.Module, tokenizer, prompt: Prompt | list[Prompt], target=None, *, contrast=None,
           kind: Kind = "logit", position: int | list[int] | None = None, weights: PathWeights | None = None,
           padding_side: Literal["right", "left"] = "right", multi_token: Literal["error", "first", "sum"] = "error",
-          batch: bool | None = None, sums: bool = False) -> Request:
-    """Check and encode a request. ``batch=False`` refuses a batch (the baselines take one prompt); ``sums=True``:
-    the caller attributes a target of several tokens as the sum of its terms (``multi_token="sum"``)."""
+          batch: bool | None = None, multi_options: tuple[str, ...] = MULTI_TOKEN[:2]) -> Request:
+    """Check and encode a request. ``batch=False`` refuses a batch (the baselines take one prompt);
+    ``multi_options``: the values of ``multi_token`` the caller offers (``MULTI_TOKEN``: ``dpa.attribute``'s; the
+    baselines offer none but "error"), which its errors name."""
     spec = check_model(model)
     check_tokenizer(tokenizer)
     weights = PathWeights() if weights is None else weights
@@ -390,7 +391,7 @@ def build(model: nn.Module, tokenizer, prompt: Prompt | list[Prompt], target=Non
         raise InputError(f"weights must be a dpa.PathWeights, got {type(weights).__name__}")
     weights = weights.for_model(spec.n_experts > 0, spec.family)
     enc = encode(tokenizer, spec, prompt, target, contrast=contrast, kind=kind, position=position,
-                 padding_side=padding_side, multi_token=multi_token, batch=batch, sums=sums)
+                 padding_side=padding_side, multi_token=multi_token, batch=batch, multi_options=multi_options)
     device = spec.device(model)
     with torch.inference_mode(False):  # normal tensors even when called inside inference mode (autograd needs them)
         t = max(map(len, enc.rows))
@@ -406,7 +407,7 @@ def build(model: nn.Module, tokenizer, prompt: Prompt | list[Prompt], target=Non
 
 def encode(tokenizer, sizes, prompt: Prompt | list[Prompt], target=None, *, contrast=None, kind: Kind = "logit",
            position: int | list[int] | None = None, padding_side: str = "right", multi_token: str = "error",
-           batch: bool | None = None, sums: bool = False) -> Encoded:
+           batch: bool | None = None, multi_options: tuple[str, ...] = MULTI_TOKEN[:2]) -> Encoded:
     """The model-free part of ``build``: prompts, positions and targets checked against ``sizes`` (anything
     with ``vocab_size``, ``max_positions`` and ``d_model``: a ``ModelSpec``, or ``sizes_of(config)`` so that
     the CLI can refuse a bad request before it loads the weights)."""
@@ -415,11 +416,10 @@ def encode(tokenizer, sizes, prompt: Prompt | list[Prompt], target=None, *, cont
         raise InputError(f"kind must be 'logit' or 'logprob', got {kind!r}")
     if padding_side not in ("right", "left"):
         raise InputError(f"padding_side must be 'right' or 'left', got {padding_side!r}")
-    allowed = MULTI_TOKEN if sums else MULTI_TOKEN[:2]
-    if multi_token not in allowed:
-        raise InputError(f"multi_token must be one of {', '.join(map(repr, allowed))}"
-                         + ("" if sums or multi_token != "sum" else " here: a target of several tokens is attributed "
-                            "as a sum by dpa.attribute (and the commands built on it)") + f", got {multi_token!r}")
+    if multi_token not in multi_options:
+        raise InputError(f"multi_token must be {' or '.join(map(repr, multi_options))}"
+                         + (" here: a target of several tokens is attributed as a sum by dpa.attribute (and the "
+                            "commands built on it)" if multi_token in MULTI_TOKEN else "") + f", got {multi_token!r}")
     prompt = _canonical(tokenizer, prompt)
     batched = _is_batch(prompt)
     if batched and batch is False:
@@ -437,7 +437,7 @@ def encode(tokenizer, sizes, prompt: Prompt | list[Prompt], target=None, *, cont
         if bad:
             raise InputError(f"{which}: token id {bad[0]} is outside the vocabulary (size {sizes.vocab_size})")
     positions = [_position(p, len(ids)) for p, ids in zip(_as_list(position, len(rows), "position"), rows)]
-    targets = _targets(tokenizer, sizes, len(rows), target, contrast, kind, multi_token, sums)
+    targets = _targets(tokenizer, sizes, len(rows), target, contrast, kind, multi_token, multi_options)
     for n, (ids, t) in enumerate(zip(rows, targets)):  # a target of several tokens: teacher forcing
         if len(t.tokens) < 2:
             continue
@@ -497,7 +497,8 @@ def _position(position, length: int) -> int:
     return p
 
 
-def _targets(tokenizer, spec, n: int, target, contrast, kind: str, multi_token: str, sums: bool) -> list[TargetSpec]:
+def _targets(tokenizer, spec, n: int, target, contrast, kind: str, multi_token: str,
+             multi_options: tuple[str, ...]) -> list[TargetSpec]:
     out = []
     target, contrast = (_numpy(x, what) if not isinstance(x, (list, tuple)) else [_numpy(v, what) for v in x]
                         for x, what in ((target, "target"), (contrast, "contrast")))
@@ -517,7 +518,8 @@ def _targets(tokenizer, spec, n: int, target, contrast, kind: str, multi_token: 
             out.append(TargetSpec("vector", vector=tg.detach()))
             continue
         resolve = lambda t, what: token_ids(  # noqa: E731
-            tokenizer, _scalar_id(t, what), spec.vocab_size, multi_token=multi_token, what=what, sum_option=sums)
+            tokenizer, _scalar_id(t, what), spec.vocab_size, multi_token=multi_token, what=what,
+            options=multi_options)
         ys = () if tg is None else resolve(tg, "target")
         foils = () if foil is None else resolve(foil, "contrast")
         if len(foils) > 1:

@@ -47,22 +47,23 @@ class TargetSpec:
         return TargetSpec("logprob" if self.kind == "logprob" else "token", token_id=self.tokens[j])
 
 
-def token_id(tokenizer, token: str | int, vocab_size: int, *, multi_token: str = "error", what: str = "target") -> int:
+def token_id(tokenizer, token: str | int, vocab_size: int, *, multi_token: str = "error", what: str = "target",
+             options: tuple[str, ...] = ("error", "first")) -> int:
     """The id of a single-token string (or a checked int id).
 
     ``multi_token="first"`` takes the first token of a string that splits into several;
     the default raises and says how it splits.
     """
     ids = token_ids(tokenizer, token, vocab_size, multi_token="first" if multi_token == "first" else "error",
-                    what=what, sum_option=False)
+                    what=what, options=options)
     return ids[0]
 
 
 def token_ids(tokenizer, token: str | int, vocab_size: int, *, multi_token: str = "error",
-              what: str = "target", sum_option: bool = True) -> tuple[int, ...]:
+              what: str = "target", options: tuple[str, ...] = ("error", "first", "sum")) -> tuple[int, ...]:
     """The ids of a target string (or a checked int id): one id, or with ``multi_token="sum"`` every token of a
     string that splits into several (attributed as the sum of its tokens under teacher forcing).
-    ``sum_option``: the caller accepts ``multi_token="sum"`` (the error names it then)."""
+    ``options``: the values of ``multi_token`` the caller offers (the error names those)."""
     if isinstance(token, bool):
         raise TargetError(f"{what} must be a token string or id, got {token!r}")
     if isinstance(token, int):
@@ -94,10 +95,12 @@ def token_ids(tokenizer, token: str | int, vocab_size: int, *, multi_token: str 
         # a piece is worth suggesting only if it reads back as itself (a byte of a character does not)
         typed = next((p for p, i in zip(pieces, ids) if tokenizer.encode(p, add_special_tokens=False) == [i]), None)
         whole = ("attribute the whole of it, the sum of its tokens' logits under teacher forcing (multi_token='sum' "
-                 "in Python, --multi-token sum on the command line), " if sum_option else "")
-        advice = (whole + (f"pass one of the pieces (e.g. {typed!r}), or " if typed is not None else
-                           f"pass a piece's id in Python (e.g. {ids[0]}: the pieces are parts of one character), or ")
-                  + "attribute the first (multi_token='first' in Python, --multi-token first on the command line)")
+                 "in Python, --multi-token sum on the command line), " if "sum" in options else "")
+        piece = (f"pass one of the pieces (e.g. {typed!r})" if typed is not None else
+                 f"pass a piece's id in Python (e.g. {ids[0]}: the pieces are parts of one character)")
+        first = ("attribute the first (multi_token='first' in Python, --multi-token first on the command line)"
+                 if "first" in options else "")
+        advice = whole + (f"{piece}, or {first}" if first else piece)
         raise TargetError(f"{what} {token!r} is not a single token: it splits into {len(ids)} tokens {pieces!r}. "
                           + (f"{others[0]!r} is one token; or {advice}" if others else advice[0].upper() + advice[1:]))
     return (ids[0],)

@@ -163,7 +163,7 @@ class TestAttribute:
         torch.testing.assert_close(res.token_scores, want.token_scores.float(), rtol=1e-6, atol=1e-6)
         code, out, err = run(capsys, "circuit", PROMPT, "--model", str(tiny_dir), "--target", "paris london",
                              "--multi-token", "sum")
-        assert code == 2 and "multi_token must be one of 'error', 'first' here" in err
+        assert code == 2 and "multi_token must be 'error' or 'first' here" in err
 
     def test_empty_prompt(self, capsys, tiny_dir):
         code, _, err = run(capsys, "attribute", "  ", "--model", str(tiny_dir))

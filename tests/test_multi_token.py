@@ -145,8 +145,18 @@ class TestRefused:
 
     def test_where_sums_are_not_attributed(self):
         model = tiny_model("llama")
-        with pytest.raises(InputError, match="multi_token must be one of 'error', 'first' here"):
+        with pytest.raises(InputError, match="multi_token must be 'error' or 'first' here"):
             dpa.circuit(model, TOK, PROMPT, target=TARGET, multi_token="sum")
         with pytest.raises(TargetError, match="not a single token") as err:
             dpa.circuit(model, TOK, PROMPT, target=TARGET)
         assert "'sum'" not in str(err.value)  # the option is named only where it is accepted
+
+    def test_the_baselines_attribute_one_token(self):
+        """No baseline sums several target tokens: the error offers nothing the baseline does not take."""
+        from dpa import baselines
+
+        model = tiny_model("llama")
+        for method in (baselines.gradient, baselines.occlusion, baselines.atp):
+            with pytest.raises(TargetError, match="not a single token") as err:
+                method(model, TOK, PROMPT, TARGET)
+            assert "multi_token" not in str(err.value)

@@ -26,7 +26,8 @@ def prepare(model: nn.Module, tokenizer, prompt: Prompt, target=None, contrast=N
             position: int | None = None) -> Request:
     """The checked one-prompt request, its target resolved (a forward pass only when the target is
     the model's own prediction)."""
-    req = requests.build(model, tokenizer, prompt, target, contrast=contrast, position=position, batch=False)
+    req = requests.build(model, tokenizer, prompt, target, contrast=contrast, position=position, batch=False,
+                         multi_options=("error",))  # one target token: no baseline sums several
     if req.targets[0].kind == "vector":
         raise requests.TargetError("the baselines attribute a token (or a token contrast), not a vector target")
     if req.targets[0].token_id is None:

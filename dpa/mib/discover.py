@@ -81,8 +81,8 @@ def read_pairs(path: str | os.PathLike, tokenizer, *, vocab_size: int | None = N
                              "'counterfactual_answers')")
         kinds.add("logit_diff" if single else "prob_diff")
         try:
-            a = [token_id(tokenizer, t, vocab, what="answer") for t in good]
-            b = [token_id(tokenizer, t, vocab, what="counterfactual answer") for t in bad]
+            a = [token_id(tokenizer, t, vocab, what="answer", options=("error",)) for t in good]
+            b = [token_id(tokenizer, t, vocab, what="counterfactual answer", options=("error",)) for t in bad]
             ids = encode_prompt(tokenizer, row["clean"]), encode_prompt(tokenizer, row["counterfactual"])
         except DPAError as err:  # a target error says how to attribute a first token, which MIB's metric cannot
             raise InputError(f"{where}: {str(err).split('. Pass one of')[0]}") from None
