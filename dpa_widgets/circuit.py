@@ -179,7 +179,7 @@ class CircuitWidget(UserTraits, anywidget.AnyWidget):
             **kwargs)
         if model is not None and result.target.kind != "vector" and (
                 result.edge_scores is None or result.neuron_position_scores is None):
-            result = live.recompute(model, tokenizer, result, target=result.target.token_id,
+            result = live.recompute(model, tokenizer, result, target=live.same_target(result.target),
                                     contrast=result.target.contrast_id, weights=result.weights)
         self._show(result)
         self._computed = self._settings()
@@ -420,7 +420,7 @@ class CircuitWidget(UserTraits, anywidget.AnyWidget):
             if p.token == token:
                 return p.token_id
         if token == self.result.target.token:
-            return self.result.target.token_id
+            return live.same_target(self.result.target)
         if token == self.result.target.contrast:
             return self.result.target.contrast_id
         if self.tokenizer is None and token.strip().isdigit():  # no tokenizer: tokens are shown as ids

@@ -39,6 +39,9 @@ def compute(model: nn.Module, tokenizer, result: Attribution, *, nodes: int = NO
     if t.kind == "vector" or t.token_id is None:
         raise dpa.InputError("a circuit graph of a vector target is not computed by the widget: pass one from "
                              "dpa.circuit")
+    if t.terms:
+        raise dpa.InputError(f"a circuit graph attributes one target token; {t.token!r} is {len(t.terms)} tokens "
+                             "(their sum is in the token, head and neuron views): pick one of them as the target")
     return dpa.circuit(model, tokenizer, list(result.token_ids), target=t.token_id, contrast=t.contrast_id,
                        kind="logprob" if t.kind == "logprob" else "logit", position=t.position,
                        weights=result.weights, nodes=nodes, positions=positions)

@@ -61,14 +61,22 @@ def weights_for(preset: str, p: float) -> PathWeights:
     return PathWeights() if preset == "default" else PathWeights.preset(preset, p)
 
 
+def same_target(target) -> str | int:
+    """What attributes ``target`` (a result's ``TargetInfo``) again: its id, or for several tokens its text."""
+    return target.token if target.terms else target.token_id
+
+
 def recompute(model: nn.Module, tokenizer, result: Attribution, *, target: str | int | None,
               contrast: str | int | None, weights: PathWeights) -> Attribution:
-    """``result``'s prompt and position attributed again (with edges and neuron positions)."""
+    """``result``'s prompt and position attributed again (with edges and neuron positions). A target of several
+    tokens is attributed whole (``multi_token="sum"``, teacher forcing): the prompt is the result's up to its
+    target position (a result of several target tokens holds them after it)."""
     if result.target.kind == "vector":
         raise dpa.TargetError("a vector target cannot be changed from the widget; recompute it with dpa.attribute")
+    position = result.target.position
     return dpa.attribute(
-        model, tokenizer, list(result.token_ids), target=target, contrast=contrast,
-        kind="logprob" if result.target.kind == "logprob" else "logit", position=result.target.position,
+        model, tokenizer, list(result.token_ids[: position + 1]), target=target, contrast=contrast,
+        kind="logprob" if result.target.kind == "logprob" else "logit", multi_token="sum",
         weights=weights, edges=True, neuron_positions=True, neuron_target=result.neuron_target)
 
 
@@ -124,6 +132,9 @@ def compare(model: nn.Module, tokenizer, result: Attribution, method: str) -> di
     t = result.target
     if t.kind == "vector":
         raise dpa.TargetError("baselines attribute a token: they cannot be compared with this vector target")
+    if t.terms:
+        raise dpa.TargetError(f"baselines attribute one target token; {t.token!r} is {len(t.terms)} tokens, whose "
+                              "sum only DPA attributes here")
     other = fn(model, tokenizer, list(result.token_ids), t.token_id, contrast=t.contrast_id, position=t.position)
     if level == "input":
         return {"method": method, "level": level, "token_scores": other.token_scores.double().tolist(),

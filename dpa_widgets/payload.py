@@ -86,7 +86,10 @@ def view_payload(result: Attribution, *, top_neurons: int = 32, routes: int = 8,
         "token_scores": rounded(result.token_scores),
         "special": list(result.special) if result.special is not None else [False] * len(result.tokens),
         "target": {f: getattr(target, f) for f in
-                   ("kind", "position", "token", "token_id", "contrast", "contrast_id", "probability", "logprob")},
+                   ("kind", "position", "token", "token_id", "contrast", "contrast_id", "probability", "logprob")}
+        | {"terms": None if not target.terms else [  # a target of several tokens: each token's share
+            {"position": t.position, "token": t.token, "value": rounded(t.value), "probability": t.probability}
+            for t in target.terms]},
         "target_logit": rounded(result.target_logit),
         "completeness_gap": rounded(result.completeness_gap),
         "caveats": result.caveats,

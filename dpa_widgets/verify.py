@@ -50,6 +50,16 @@ def run(model: nn.Module, result: Attribution, *, mode: str, units: str, k: int,
     return _components(model, result, mode, heads, neurons)
 
 
+def _product(probs, result: Attribution) -> torch.Tensor:
+    """p(target) per row from ``probs(position, token_id)``: for a target of several tokens the probability of the
+    whole of it under teacher forcing, the product of its tokens' (each at its own position)."""
+    t = result.target
+    out = probs(t.position, t.token_id)
+    for term in (t.terms or [])[1:]:
+        out = out * probs(term.position, term.token_id)
+    return out
+
+
 def _ids(result: Attribution) -> torch.Tensor:
     return torch.tensor(list(result.token_ids))
 
@@ -62,8 +72,7 @@ def _tokens(model: nn.Module, result: Attribution, mode: str, chosen: list[int])
     mask = torch.zeros(n, dtype=torch.bool)
     mask[chosen] = True
     keep[1] = (~mask).float() if mode == "disrupt" else mask.float()
-    t = result.target
-    probs = input_ablation_probs(model, _ids(result), keep, t.position, t.token_id)
+    probs = _product(lambda position, token: input_ablation_probs(model, _ids(result), keep, position, token), result)
     return _report(mode, [f"token {p} {result.tokens[p]!r}" for p in chosen], result, probs)
 
 
@@ -84,8 +93,8 @@ def _components(model: nn.Module, result: Attribution, mode: str, heads: list[tu
     ablated_n = chosen_n if mode == "disrupt" else ~chosen_n
     attn_keep = torch.stack([torch.ones_like(chosen_h), ~ablated_h])[:, :, :, None, None]
     neuron_keep = torch.stack([torch.ones_like(chosen_n), ~ablated_n])[:, :, None, :]
-    t = result.target
-    probs = component_ablation_probs(model, _ids(result), attn_keep, neuron_keep, t.position, t.token_id)
+    probs = _product(lambda position, token: component_ablation_probs(model, _ids(result), attn_keep, neuron_keep,
+                                                                       position, token), result)
     names = [f"L{l}.H{h}" for l, h in heads] + [f"L{l}.N{i}" for l, i in neurons]
     return _report(mode, names, result, probs)
 

@@ -817,3 +817,49 @@ def test_pages_embed_token_text_that_looks_like_html(result, tmp_path):
     html = circuit_html(circ)
     embedded = html.rsplit('renderGraph(document.getElementById("graph"), ', 1)[1].split(", {});", 1)[0]
     assert "<" not in embedded and json.loads(embedded)["tokens"] == circ.tokens, "the graph's data holds no '<'"
+
+
+class TestMultiToken:
+    """A target of several tokens (``multi_token="sum"``) in the widget: shown with its terms, recomputed whole,
+    verified as the probability of the whole continuation; what attributes one token refuses it by name."""
+
+    @pytest.fixture
+    def multi(self, model):
+        from tests.test_multi_token import PROMPT as TEXT, TARGET, TOK
+
+        res = dpa.attribute(model, TOK, TEXT, target=TARGET, multi_token="sum", edges=True, neuron_positions=True)
+        return CircuitWidget(res, model, TOK), TOK, TEXT, TARGET
+
+    def test_payload_and_recompute(self, multi, model):
+        w, tok, text, target = multi
+        terms = w._data["target"]["terms"]
+        assert [t["token"] for t in terms] == list(target) and w._data["target"]["token"] == target
+        with w.hold_trait_notifications():  # new weights: the same whole target, attributed again
+            w.weights_preset = "attention"
+            w.weights_p = 0.8
+        assert w._error == ""
+        want = dpa.attribute(model, tok, text, target=target, multi_token="sum",
+                             weights=dpa.PathWeights.preset("attention", 0.8))
+        close(w._data["head_scores"], want.head_scores)
+        assert w.result.target.terms == want.target.terms
+        w.target = "xy"  # a typed target of several tokens is attributed whole too
+        assert w._error == "" and [t.token for t in w.result.target.terms] == ["x", "y"]
+        assert w.result.tokens == want.tokens[:len(text) + 1] + ["x"]
+
+    def test_verify_is_the_whole_continuation(self, multi, model):
+        w, *_ = multi
+        w.selected_token = 3
+        out = w.verify("disrupt", "selection")
+        t = w.result.target
+        assert out["p_before"] == pytest.approx(t.probability, rel=1e-6)
+        want = 1.0
+        for term in t.terms:
+            want *= _prob_with_hooks(model, list(w.result.token_ids), term.position, term.token_id, zero_tokens=[3])
+        assert out["p_after"] == pytest.approx(want, rel=1e-6)
+
+    def test_one_token_views_refuse(self, multi, model):
+        w, tok, *_ = multi
+        with pytest.raises(dpa.InputError, match="circuit graph attributes one target token"):
+            graph.compute(model, tok, w.result)
+        with pytest.raises(dpa.TargetError, match="baselines attribute one target token"):
+            live.compare(model, tok, w.result, "tokens:gradient")

@@ -34,11 +34,15 @@ export function headerView(ctx) {
   const t = data.target;
   const what = t.kind === "contrast" ? `${JSON.stringify(t.token)} − ${JSON.stringify(t.contrast)}` :
     t.kind === "vector" ? "a vector direction" : JSON.stringify(t.token);
+  const terms = t.terms || [];  // a target of several tokens, each read at its own position (teacher forcing)
+  const each = terms.map((x) => `${JSON.stringify(x.token)} after position ${x.position}: ${formatScore(x.value)}`).join("\n");
+  const kind = t.kind === "contrast" ? "logit difference" : t.kind;
   return h("div", { class: "dpa-header" }, [
     ...viewTabs(ctx),
-    h("span", { class: "dpa-title", text: `Target ${what}` }),
+    h("span", { class: "dpa-title", text: `Target ${what}` + (terms.length ? ` (${terms.length} tokens, teacher-forced)` : ""),
+      title: each }),
     h("span", { text: t.probability === null ? "" : `p = ${t.probability.toFixed(3)}` }),
-    h("span", { text: `${t.kind === "contrast" ? "logit difference" : t.kind} ${formatScore(data.target_logit)}` }),
+    h("span", { title: each, text: `${terms.length ? `sum of ${terms.length} ${kind}s` : kind} ${formatScore(data.target_logit)}` }),
     h("span", { title: "sum of token scores − target", text: `gap ${formatScore(data.completeness_gap)}` }),
     ...(data.caveats || []).filter((c) => c.startsWith("path weights off")).map((c) =>
       h("span", { class: "dpa-error", title: c, text: "⚠ weights off the paper's constraints" })),

@@ -48,7 +48,8 @@
  * @property {number[]} token_scores
  * @property {boolean[]} special
  * @property {{kind: string, position: number, token: string|null, token_id: number|null,
- *   contrast: string|null, contrast_id: number|null, probability: number|null, logprob: number|null}} target
+ *   contrast: string|null, contrast_id: number|null, probability: number|null, logprob: number|null,
+ *   terms: {position: number, token: string|null, value: number, probability: number|null}[]|null}} target
  * @property {number} target_logit
  * @property {number} completeness_gap
  * @property {string[]} [caveats]             what dpa cannot vouch for (Attribution.caveats)
