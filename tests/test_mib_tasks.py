@@ -192,3 +192,33 @@ def test_task_pairs_says_how_many_survive(smollm, ioi_file):
     model, tok = smollm
     with pytest.raises(InputError, match=r"ioi: only \d of 3 candidate pairs are answered right.*n=5"):
         task_pairs(model, tok, "ioi", n=5, data=ioi_file)
+
+
+class _Answers(torch.nn.Module):
+    """A stand-in model whose top next token is ``answer(prompt ids)``."""
+
+    def __init__(self, vocab: int, answer):
+        super().__init__()
+        self.vocab, self.answer = vocab, answer
+        self.anchor = torch.nn.Parameter(torch.zeros(1))  # task_pairs reads the device off a parameter
+
+    def forward(self, ids, logits_to_keep=None):
+        from types import SimpleNamespace
+
+        logits = torch.zeros(ids.shape[0], 1, self.vocab)
+        for b, row in enumerate(ids.tolist()):
+            logits[b, 0, self.answer(tuple(row))] = 1
+        return SimpleNamespace(logits=logits)
+
+
+def test_mcqa_refuses_a_model_that_names_one_symbol(smollm):
+    """Four symbols in random order: a model that always says ' A' keeps only the pairs whose answer is A, and the
+    circuit would explain that bias, not the task. A model that reads the colour keeps all four symbols."""
+    _, tok = smollm
+    pool = candidates("mcqa", tok, n=400)
+    a = tok.encode(" A", add_special_tokens=False)[0]
+    with pytest.raises(InputError, match=r"mcqa: the model names ' A' in 20 of the 20 pairs it answers right"):
+        task_pairs(_Answers(len(tok), lambda row: a), tok, "mcqa", n=20)
+    right = {tuple(c): ans[0] for c, ans in zip(pool.clean, pool.answers)}
+    pairs = task_pairs(_Answers(len(tok), right.__getitem__), tok, "mcqa", n=20)
+    assert len(pairs) == 20 and len({ans[0] for ans in pairs.answers}) == 4

@@ -64,7 +64,8 @@ RULES: dict[str, str] = {
         "randomLetter counterfactuals, which draw other letters, are separate columns). Metric: logit difference "
         "of the two symbols. " + _FILTERS.format(what="the right symbol")
         + " Since only the clean prompt is checked, a model that always names one symbol keeps exactly the pairs "
-        "whose answer is that symbol: look at the spread of the kept answers."),
+        "whose answer is that symbol; task_pairs refuses such a model by name (one symbol in more than two thirds "
+        "of at least 20 kept pairs, where the right symbols are spread evenly over A-D)."),
     "arithmetic-add": (
         "MIB's arithmetic prompt 'Q: How much is {a} plus {b}? A: ' (trailing space; MIB-causal-variable-track "
         "tasks/two_digit_addition_task/arithmetic.py) and five paraphrases of ours: the hub set "
@@ -145,7 +146,17 @@ def task_pairs(model, tokenizer, task: str, *, n: int = 100, seed: int = 0, data
         raise InputError(f"{task}: only {len(kept)} of {checked} candidate pairs are answered right by the model "
                          f"(top next token on the clean prompt = {right}); asked for n={n}. Ask for n <= "
                          f"{len(kept)} (RULES[{task!r}] says how the candidates are built)")
-    return pool.subset(kept[:n])
+    kept = kept[:n]
+    if task == "mcqa" and len(kept) >= 20:  # four symbols in random order: a model that reads the colour spreads
+        # its answers over them (the first 20 of the pool: 12 of one symbol at most); two thirds of one is a bias
+        symbol, most = Counter(pool.answers[i][0] for i in kept).most_common(1)[0]
+        if 3 * most > 2 * len(kept):
+            name = tokenizer.decode([symbol])
+            raise InputError(f"mcqa: the model names {name!r} in {most} of the {len(kept)} pairs it answers right "
+                             f"(of {checked} checked; the right symbol is each of A-D equally often): it picks one "
+                             "symbol whatever the colour, so MIB's circuit would explain that bias rather than the "
+                             "task (RULES['mcqa'])")
+    return pool.subset(kept)
 
 
 # --- shared -----------------------------------------------------------------------------------------------------
