@@ -6,12 +6,13 @@ from .circuit import Circuit, Node, circuit
 from .errors import (DPAError, InputError, InputTypeError, ModelStateError, NonFiniteError, OutputError, TargetError,
                      TargetWarning, UnsupportedModelError)
 from .families import Family, ModelSpec, spec_for
+from .generation import Generation, attribute_generation
 from .result import Attribution, Component, NeuronTop, TargetInfo
 from .weights import PathWeights
 
 __all__ = [
     "Attribution", "Circuit", "Component", "Node", "DPAError", "Family", "InputError", "InputTypeError", "ModelSpec", "ModelStateError",
-    "NeuronTop", "NonFiniteError", "OutputError", "PathWeights", "TargetError", "TargetInfo", "TargetWarning", "UnsupportedModelError", "attribute", "attribute_file", "circuit", "read_results",
+    "Generation", "NeuronTop", "NonFiniteError", "OutputError", "PathWeights", "TargetError", "TargetInfo", "TargetWarning", "UnsupportedModelError", "attribute", "attribute_file", "attribute_generation", "circuit", "read_results",
     "load_model", "spec_for",
 ]
 __version__ = "0.1.0"

@@ -121,10 +121,13 @@ class Run:
     graph: object = None  # what a ``Graph`` extension built inside the session (circuit.py)
     term_rows: list[int] | None = None  # each term's row (Request.terms); probs are per term then: [term vocab]
     term_values: Tensor | None = None  # [term] each term's share of values (a target token's logit or logprob)
+    per_term: list[Scores] | None = None  # each term's own scores (each_term=True: one backward per term)
+    term_capped: Tensor | None = None  # [term] each term's value after the final soft-cap, where there is one
 
 
 def _run(model: nn.Module, req: Request, dtype: torch.dtype, *, lean: bool, edges: bool, neuron_positions: bool,
-         effective_targets: bool, neuron_target: str, probabilities: bool = True, graph=None) -> Run:
+         effective_targets: bool, neuron_target: str, probabilities: bool = True, graph=None,
+         each_term: bool = False) -> Run:
     """The instrumented forward and the linearised backward. ``graph`` (circuit.py) extends the run: it names
     what to record (``graph.record``) and which recorded tensors' gradients it needs (``graph.tensors``), and
     ``graph.build(session, grads, directions, values)`` runs inside the session after the scores are settled."""
@@ -163,8 +166,10 @@ def _run(model: nn.Module, req: Request, dtype: torch.dtype, *, lean: bool, edge
                          for j, t in enumerate(terms)])
         term_values = (final.to(dtype) * u).sum(-1)  # [term]
         values = term_values.new_zeros(req.batch).index_add(0, torch.tensor(rows, device=u.device), term_values)
-        after_cap = _after_cap(terms, rows, req.batch, final.detach().to(dtype), unembed.detach().to(dtype),
-                               term_values.detach(), spec.final_softcap) if capped else None
+        term_capped = _after_cap(terms, final.detach().to(dtype), unembed.detach().to(dtype), term_values.detach(),
+                                 spec.final_softcap) if capped else None
+        after_cap = None if term_capped is None else term_capped.new_zeros(req.batch).index_add(
+            0, torch.tensor(rows, device=term_capped.device), term_capped)
         rec = session.recording
         extra: list[Tensor] = []
         if effective_targets:
@@ -174,7 +179,16 @@ def _run(model: nn.Module, req: Request, dtype: torch.dtype, *, lean: bool, edge
         if edges:
             extra += [rec.head_inputs[i] for i in range(spec.n_layers)]
         own = [] if graph is None else graph.tensors(rec, spec)
-        grads = session.backward(values.sum(), extra + own)
+        per_term = None
+        if each_term:  # one backward per term, the graph kept between them: each term's own scores
+            if extra or own:
+                raise ValueError("each_term gives token, head and neuron scores only")
+            per_term = []
+            for j in range(len(terms)):
+                session.backward(term_values[j], again=j < len(terms) - 1)
+                per_term.append(scores.take())
+            scores = sum_scores(per_term)
+        grads = [] if each_term else session.backward(values.sum(), extra + own)
         own, grads = grads[len(extra):], grads[:len(extra)]
         targets = None
         if effective_targets:
@@ -185,23 +199,35 @@ def _run(model: nn.Module, req: Request, dtype: torch.dtype, *, lean: bool, edge
                 lam = grads[i].to(dtype) @ weight_rows(mods.neurons).detach().to(dtype)  # t_mid W_D  [batch pos d_mlp]
                 scores.parts[("neuron_positions", i)] = [rec.neuron_inputs[i].detach().to(dtype) * lam]
             grads = grads[spec.n_layers:]
-        scores.settle()
+        if not each_term:
+            scores.settle()
         edge = edge_scores(spec, model, req, rec, grads, dtype) if edges else None
         built = None if graph is None else graph.build(session, own, u.detach(), values.detach())
     names = ("tokens", "heads", "neurons", "bias")
-    bad = [n for n in names if not finite(getattr(scores, n))]
+    bad = [n for s in [scores, *(per_term or [])] for n in names if not finite(getattr(s, n))]
     if bad:
         raise NonFiniteError(f"the {bad[0]} scores are not finite (NaN or inf): the path weights "
                              f"{req.weights.as_tuple()} or the target overflow in {dtype}")
     return Run(scores=scores, values=values.detach(), probs=probs, edges=edge, effective_targets=targets,
-               capped=after_cap, graph=built, term_rows=rows, term_values=term_values.detach())
+               capped=after_cap, graph=built, term_rows=rows, term_values=term_values.detach(), per_term=per_term,
+               term_capped=term_capped)
 
 
-def _after_cap(terms: list, rows: list[int], batch: int, final: Tensor, unembed: Tensor, values: Tensor,
-               cap: float) -> Tensor:
-    """The attributed value after the final soft-cap [batch], the sum of its terms': cap(z_y), cap(z_y) -
-    cap(z_y') for a contrast, the value itself for a log-probability (whose direction already has the cap
-    linearised), NaN for a vector."""
+def sum_scores(parts: list[Scores]) -> Scores:
+    """One ``Scores`` holding the sums of several settled ones (the terms of one target)."""
+    first = parts[0]
+    total = Scores(first.spec, first.shape, first.dtype, first.device, first.positions)
+    for name in ("tokens", "heads", "neurons", "neuron_positions", "bias", "position_scores", "experts",
+                 "expert_positions"):
+        values = [getattr(p, name) for p in parts]
+        setattr(total, name, None if values[0] is None else torch.stack(values).sum(0))
+    return total
+
+
+def _after_cap(terms: list, final: Tensor, unembed: Tensor, values: Tensor, cap: float) -> Tensor:
+    """Each term's attributed value after the final soft-cap [term]: cap(z_y), cap(z_y) - cap(z_y') for a
+    contrast, the value itself for a log-probability (whose direction already has the cap linearised), NaN for
+    a vector."""
     out = []
     for j, t in enumerate(terms):
         if t.kind == "logprob":
@@ -211,7 +237,7 @@ def _after_cap(terms: list, rows: list[int], batch: int, final: Tensor, unembed:
         else:
             z = softcap(final[j] @ unembed[t.token_id], cap)
             out.append(z - softcap(final[j] @ unembed[t.contrast_id], cap) if t.kind == "contrast" else z)
-    return values.new_zeros(batch).index_add(0, torch.tensor(rows, device=values.device), torch.stack(out))
+    return torch.stack(out)
 
 
 def softcap(logits: Tensor, cap: float | None) -> Tensor:

@@ -496,9 +496,10 @@ class Session:
         """Token embeddings [rows pos d_model] (what the input ablation zeroes)."""
         return self.spec.embed(self.model)(self.request.input_ids if input_ids is None else input_ids)
 
-    def backward(self, value: Tensor, extra: list[Tensor] = ()) -> list[Tensor | None]:
-        """Run the linearised backward from the scalar ``value``; returns the gradients of ``extra``."""
-        grads = torch.autograd.grad(value, [self.anchor, *extra], allow_unused=True)
+    def backward(self, value: Tensor, extra: list[Tensor] = (), *, again: bool = False) -> list[Tensor | None]:
+        """Run the linearised backward from the scalar ``value``; returns the gradients of ``extra``.
+        ``again``: keep the graph for another backward from another value (one per generated token)."""
+        grads = torch.autograd.grad(value, [self.anchor, *extra], allow_unused=True, retain_graph=again)
         return list(grads[1:])
 
 

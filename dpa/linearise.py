@@ -161,6 +161,7 @@ class Scores:
     device: torch.device
     positions: bool
     parts: dict = field(default_factory=dict)
+    buffers: set = field(default_factory=set)  # the keys of parts that are one buffer added into in place
     tokens: Tensor | None = None
     heads: Tensor | None = None
     neurons: Tensor | None = None
@@ -182,7 +183,22 @@ class Scores:
         """A zero tensor the taps of one layer add into in place (the experts: many small parts)."""
         out = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.parts[(kind, layer)] = [out]
+        self.buffers.add((kind, layer))
         return out
+
+    def take(self) -> Scores:
+        """What the backward so far wrote, settled into a new ``Scores``; this one is left empty for the next
+        backward (the taps keep writing into the same lists and buffers, so they are emptied in place)."""
+        taken = Scores(self.spec, self.shape, self.dtype, self.device, self.positions)
+        for key, parts in self.parts.items():
+            if key in self.buffers:
+                taken.parts[key] = [parts[0].clone()]
+                parts[0].zero_()
+            else:
+                taken.parts[key] = list(parts)
+                parts.clear()
+        taken.settle()
+        return taken
 
     def settle(self) -> None:
         """Turn the parts the backward appended into the score tensors."""

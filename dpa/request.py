@@ -380,10 +380,12 @@ class Encoded:
 def build(model: nn.Module, tokenizer, prompt: Prompt | list[Prompt], target=None, *, contrast=None,
           kind: Kind = "logit", position: int | list[int] | None = None, weights: PathWeights | None = None,
           padding_side: Literal["right", "left"] = "right", multi_token: Literal["error", "first", "sum"] = "error",
-          batch: bool | None = None, multi_options: tuple[str, ...] = MULTI_TOKEN[:2]) -> Request:
+          batch: bool | None = None, multi_options: tuple[str, ...] = MULTI_TOKEN[:2],
+          continuation: Sequence[int] | None = None) -> Request:
     """Check and encode a request. ``batch=False`` refuses a batch (the baselines take one prompt);
     ``multi_options``: the values of ``multi_token`` the caller offers (``MULTI_TOKEN``: ``dpa.attribute``'s; the
-    baselines offer none but "error"), which its errors name."""
+    baselines offer none but "error"), which its errors name. ``continuation``: token ids that follow the one
+    prompt, attributed as one target of several tokens (a generation; ``target`` is then None)."""
     spec = check_model(model)
     check_tokenizer(tokenizer)
     weights = PathWeights() if weights is None else weights
@@ -391,7 +393,8 @@ def build(model: nn.Module, tokenizer, prompt: Prompt | list[Prompt], target=Non
         raise InputError(f"weights must be a dpa.PathWeights, got {type(weights).__name__}")
     weights = weights.for_model(spec.n_experts > 0, spec.family)
     enc = encode(tokenizer, spec, prompt, target, contrast=contrast, kind=kind, position=position,
-                 padding_side=padding_side, multi_token=multi_token, batch=batch, multi_options=multi_options)
+                 padding_side=padding_side, multi_token=multi_token, batch=batch, multi_options=multi_options,
+                 continuation=continuation)
     device = spec.device(model)
     with torch.inference_mode(False):  # normal tensors even when called inside inference mode (autograd needs them)
         t = max(map(len, enc.rows))
@@ -407,7 +410,8 @@ def build(model: nn.Module, tokenizer, prompt: Prompt | list[Prompt], target=Non
 
 def encode(tokenizer, sizes, prompt: Prompt | list[Prompt], target=None, *, contrast=None, kind: Kind = "logit",
            position: int | list[int] | None = None, padding_side: str = "right", multi_token: str = "error",
-           batch: bool | None = None, multi_options: tuple[str, ...] = MULTI_TOKEN[:2]) -> Encoded:
+           batch: bool | None = None, multi_options: tuple[str, ...] = MULTI_TOKEN[:2],
+           continuation: Sequence[int] | None = None) -> Encoded:
     """The model-free part of ``build``: prompts, positions and targets checked against ``sizes`` (anything
     with ``vocab_size``, ``max_positions`` and ``d_model``: a ``ModelSpec``, or ``sizes_of(config)`` so that
     the CLI can refuse a bad request before it loads the weights)."""
@@ -438,6 +442,15 @@ def encode(tokenizer, sizes, prompt: Prompt | list[Prompt], target=None, *, cont
             raise InputError(f"{which}: token id {bad[0]} is outside the vocabulary (size {sizes.vocab_size})")
     positions = [_position(p, len(ids)) for p, ids in zip(_as_list(position, len(rows), "position"), rows)]
     targets = _targets(tokenizer, sizes, len(rows), target, contrast, kind, multi_token, multi_options)
+    if continuation is not None:  # a generation: its tokens are the target, each after the one before
+        if batched or target is not None or contrast is not None:
+            raise InputError("a continuation is attributed after one prompt, with no other target or contrast")
+        ids = [_scalar_id(t, "continuation token") for t in continuation]
+        if not ids or any(not isinstance(i, int) or not 0 <= i < sizes.vocab_size for i in ids):
+            raise InputError(f"the continuation must be one or more token ids in the vocabulary (size "
+                             f"{sizes.vocab_size}), got {list(continuation)[:8]!r}")
+        targets = [TargetSpec("logprob" if kind == "logprob" else "token", token_id=ids[0],
+                              tokens=tuple(ids) if len(ids) > 1 else ())]
     for n, (ids, t) in enumerate(zip(rows, targets)):  # a target of several tokens: teacher forcing
         if len(t.tokens) < 2:
             continue

@@ -1,0 +1,151 @@
+"""``attribute_generation``: every generated token attributed to every token before it (book: whole-answers).
+
+A generation is a target of several tokens (``multi_token="sum"``) whose terms are kept apart: the model's own
+greedy continuation (or one given) is appended to the prompt, one instrumented forward pass runs over the whole,
+and one linearised backward per generated token runs through that same graph (kept between them). Row j of the
+[generated x source] matrix is step j's token scores: exactly the one-position ``dpa.attribute`` call on the
+prompt and the first j generated tokens with the j-th generated token as the target (causal attention: later
+tokens get zero), with that step's head and neuron scores beside it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from . import request as requests
+from .attribute import Run, _result, _run, plan_memory
+from .checks import check_bool, check_choice, check_int
+from .errors import InputError
+from .instrument import clean_logits
+from .request import Prompt
+from .result import Attribution
+from .targets import TargetSpec
+from .weights import PathWeights
+
+
+@dataclass
+class Generation:
+    """What ``attribute_generation`` returns: the tokens (prompt, then generated), the matrix of token scores
+    [generated x source] and each step's whole ``Attribution`` (its tokens are the prefix it read)."""
+
+    tokens: list[str]  # the prompt's tokens, then the generated ones
+    token_ids: list[int]
+    prompt_length: int  # the first generated token is tokens[prompt_length]
+    scores: Tensor  # [generated, source]: row j = step j's token scores; sources from position n - 1 + j on are 0
+    steps: list[Attribution]  # step j: the target tokens[prompt_length + j] after the prompt and j generated tokens
+    generated_by: str  # "greedy" (the model's own argmax, one token at a time) or "given"
+
+    @property
+    def generated(self) -> list[str]:
+        return self.tokens[self.prompt_length:]
+
+    @property
+    def values(self) -> list[float]:
+        """Each step's attributed value (the generated token's logit, or what ``kind="logprob"`` attributes)."""
+        return [s.target_logit for s in self.steps]
+
+    def __repr__(self) -> str:
+        text = "".join(self.generated)
+        return (f"<dpa.Generation of {len(self.steps)} tokens ({self.generated_by}) after {self.prompt_length} "
+                f"prompt tokens: {text!r}; scores [{self.scores.shape[0]} x {self.scores.shape[1]}], steps[j] holds "
+                "step j's heads and neurons>")
+
+
+def attribute_generation(model: nn.Module, tokenizer, prompt: Prompt, continuation: str | list[int] | None = None, *,
+                         max_new_tokens: int = 20, stop_at_eos: bool = True,
+                         kind: Literal["logit", "logprob"] = "logit", weights: PathWeights | None = None,
+                         memory: Literal["auto", "full", "lean"] = "auto") -> Generation:
+    """Generate greedily after ``prompt`` (or take ``continuation``) and attribute every generated token to every
+    token before it, prompt and generated, with each step's head and neuron scores.
+
+    continuation: the tokens to attribute instead of generating: a string (tokenised on its own, no special
+        tokens) or token ids. max_new_tokens: how many tokens to generate (greedy: the model's argmax, one at a
+        time). stop_at_eos: stop after the model's end-of-sequence token (it is attributed too). kind, weights,
+        memory: as in ``dpa.attribute``.
+
+    One forward pass over the prompt and the generation, then one linearised backward per generated token
+    through that graph. Returns a ``Generation``: ``scores`` [generated x source], ``steps`` (one ``Attribution``
+    each, equal to ``dpa.attribute`` on its prefix).
+    """
+    check_choice("kind", kind, ("logit", "logprob"))
+    check_choice("memory", memory, ("auto", "full", "lean"))
+    stop_at_eos = check_bool("stop_at_eos", stop_at_eos)
+    spec = requests.check_model(model)
+    ids = requests.encode(tokenizer, spec, prompt, batch=False).rows[0]
+    if continuation is None:
+        max_new_tokens = check_int("max_new_tokens", max_new_tokens, low=1)
+        if len(ids) + max_new_tokens - 1 > spec.max_positions:
+            raise InputError(f"the prompt has {len(ids)} tokens: {max_new_tokens} more do not fit the model's context "
+                             f"of {spec.max_positions} (the last generated token is a target, not an input)")
+        new, how = _greedy(model, tokenizer, ids, max_new_tokens, stop_at_eos), "greedy"
+    else:
+        new, how = _continuation(tokenizer, continuation), "given"
+    req = requests.build(model, tokenizer, ids, kind=kind, weights=weights, batch=False, continuation=new)
+    dtype = torch.float64 if spec.embed(model).weight.dtype == torch.float64 else torch.float32
+    lean = plan_memory(model, spec, 1, req.n_tokens, memory)
+    run = _run(model, req, dtype, lean=lean, edges=False, neuron_positions=False, effective_targets=False,
+               neuron_target="output", probabilities=True, each_term=True)
+    n = len(ids)
+    steps = [_result(model, *_step(req, run, j, n), 0, "output", False) for j in range(len(new))]
+    t = len(ids) + len(new) - 1  # the sources: the prompt and every generated token but the last
+    matrix = torch.zeros(len(new), t, dtype=steps[0].token_scores.dtype)
+    for j, s in enumerate(steps):
+        matrix[j, :len(s.token_scores)] = s.token_scores
+    all_ids = ids + new
+    return Generation(tokens=req.decode(all_ids), token_ids=all_ids, prompt_length=n, scores=matrix, steps=steps,
+                      generated_by=how)
+
+
+def _step(req: requests.Request, run: Run, j: int, n: int) -> tuple[requests.Request, Run]:
+    """Step j as a one-position request and run of its own: the prefix it reads, its target and scores."""
+    t = req.targets[0]
+    cut = n + j  # the prompt and the first j generated tokens
+    step_req = dataclasses.replace(
+        req, input_ids=req.input_ids[:, :cut], mask=req.mask[:, :cut],
+        positions=torch.tensor([cut - 1], device=req.device),
+        targets=[TargetSpec(t.kind if t.kind == "logprob" else "token", token_id=t.term(j).token_id)],
+        clean_logits=None)
+    one = slice(j, j + 1)
+    return step_req, Run(scores=run.per_term[j], values=run.term_values[one], probs=run.probs[one], edges=None,
+                         effective_targets=None, capped=None if run.term_capped is None else run.term_capped[one],
+                         term_rows=[0], term_values=run.term_values[one])
+
+
+def _greedy(model: nn.Module, tokenizer, ids: list[int], max_new_tokens: int, stop_at_eos: bool) -> list[int]:
+    """The model's argmax, one token at a time (no sampling, no penalties: the generation config is not read)."""
+    eos = _eos_ids(model, tokenizer) if stop_at_eos else set()
+    out: list[int] = []
+    for _ in range(max_new_tokens):
+        req = requests.build(model, tokenizer, ids + out, batch=False)
+        out.append(int(clean_logits(model, req)[0].argmax()))
+        if out[-1] in eos:
+            break
+    return out
+
+
+def _eos_ids(model: nn.Module, tokenizer) -> set[int]:
+    found = set()
+    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
+        value = getattr(source, "eos_token_id", None)
+        found |= set(value) if isinstance(value, (list, tuple)) else ({value} if isinstance(value, int) else set())
+    return found
+
+
+def _continuation(tokenizer, continuation) -> list[int]:
+    if isinstance(continuation, str):
+        if tokenizer is None:
+            raise InputError("a continuation string needs the tokenizer; pass token ids instead")
+        if not continuation:
+            raise InputError("the continuation is an empty string")
+        return list(tokenizer.encode(continuation, add_special_tokens=False))
+    if isinstance(continuation, Tensor):
+        continuation = continuation.flatten().tolist()
+    if not isinstance(continuation, (list, tuple)) or not continuation:
+        raise InputError(f"the continuation must be a string or a non-empty list of token ids, got "
+                         f"{type(continuation).__name__}")
+    return list(continuation)
