@@ -11,6 +11,7 @@ tokens get zero), with that step's head and neuron scores beside it.
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 from typing import Literal
 
@@ -48,6 +49,62 @@ class Generation:
     def values(self) -> list[float]:
         """Each step's attributed value (the generated token's logit, or what ``kind="logprob"`` attributes)."""
         return [s.target_logit for s in self.steps]
+
+    def to_dict(self, **kwargs) -> dict:
+        """JSON-ready: the tokens, the prompt length, how it was generated and each step's ``Attribution.to_dict``
+        (``kwargs``: its ``precision`` and ``top_neurons``); the matrix is the steps' token scores."""
+        return {"format": "dpa.Generation/1", "tokens": list(self.tokens), "token_ids": list(self.token_ids),
+                "prompt_length": self.prompt_length, "generated_by": self.generated_by,
+                "steps": [s.to_dict(**kwargs) for s in self.steps]}
+
+    def to_json(self, path: str | None = None, **kwargs) -> str:
+        """The generation as JSON (``to_dict``); written to ``path`` atomically when given."""
+        from .result import write_text
+
+        text = json.dumps(self.to_dict(**kwargs), allow_nan=False)
+        if path is not None:
+            write_text(path, text)
+        return text
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Generation:
+        """What ``to_dict`` wrote, checked: each step read by ``Attribution.from_dict``, and the steps must be the
+        prefixes of the tokens, one a generated token."""
+        if not isinstance(data, dict) or data.get("format") != "dpa.Generation/1":
+            raise InputError("not a dpa generation (to_dict writes format 'dpa.Generation/1')")
+        unknown = sorted(set(data) - {"format", "tokens", "token_ids", "prompt_length", "generated_by", "steps"})
+        if unknown:
+            raise InputError(f"unknown field(s) {', '.join(unknown)}")
+        ids, n = data.get("token_ids"), data.get("prompt_length")
+        steps = data.get("steps")
+        if not isinstance(steps, list) or not steps or not isinstance(ids, list) or not isinstance(n, int):
+            raise InputError("a generation needs token_ids, prompt_length and a non-empty list of steps")
+        steps = [Attribution.from_dict(s) for s in steps]
+        if n < 1 or len(ids) != n + len(steps) or data.get("generated_by") not in ("greedy", "given") or any(
+                s.token_ids != ids[:n + j] or s.target.token_id != ids[n + j] for j, s in enumerate(steps)):
+            raise InputError("the steps are not the generation's: step j reads the prompt and j generated tokens "
+                             "and attributes the next one")
+        matrix = torch.zeros(len(steps), len(ids) - 1, dtype=steps[0].token_scores.dtype)
+        for j, s in enumerate(steps):
+            matrix[j, :len(s.token_scores)] = s.token_scores
+        tokens = data.get("tokens")
+        if not isinstance(tokens, list) or len(tokens) != len(ids) or not all(isinstance(t, str) for t in tokens):
+            raise InputError("tokens must be one string per token id")
+        return cls(tokens=tokens, token_ids=ids, prompt_length=n, scores=matrix, steps=steps,
+                   generated_by=data["generated_by"])
+
+    @classmethod
+    def from_json(cls, source) -> Generation:
+        """What ``to_json`` wrote: JSON text, or the path of a file holding it (as ``Attribution.from_json``)."""
+        from .result import json_source
+
+        data, path = json_source(source, "generation")
+        try:
+            return cls.from_dict(data)
+        except InputError as err:
+            if path is None:
+                raise
+            raise type(err)(f"{path!r}: {err}") from None
 
     def __repr__(self) -> str:
         text = "".join(self.generated)

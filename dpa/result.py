@@ -361,29 +361,36 @@ class Attribution:
         whose name starts with ``{`` is given as a ``Path`` (a ``str`` that is not valid JSON and names a file says
         so). A byte-order mark (U+FEFF) first in a ``str`` is dropped (text read from a file saved with one). A key
         twice in one object is refused."""
-        if not isinstance(source, (str, os.PathLike)):
-            raise InputTypeError(f"from_json takes JSON text or a file path, got {type(source).__name__}")
-        if isinstance(source, str):
-            source = source.removeprefix("\ufeff")
-            if not source.strip():
-                raise InputError("from_json got an empty string: give JSON text or the path of a result file")
-        text = source.lstrip() if isinstance(source, str) else ""
-        if text.startswith("{") or (text.startswith("[") and not os.path.lexists(source)):
-            try:
-                data = load_json(source, "the JSON text")
-            except InputError as err:
-                if text.startswith("{") and os.path.lexists(source):  # lexists: False for a name too long
-                    raise type(err)(f"{err}; a file of that name exists: pass pathlib.Path({source!r}) to read "
-                                    f"it") from None
-                raise
-            return cls.from_dict(data)
-        if "\0" in os.fsdecode(source):  # os.stat's raw ValueError
-            raise InputError(f"no result file {os.fsdecode(source)!r}: a path cannot hold a NUL character")
-        data = read_json(source, "result file")
+        data, path = json_source(source, "result")
         try:
             return cls.from_dict(data)
         except InputError as err:
-            raise type(err)(f"{os.fsdecode(source)!r}: {err}") from None
+            if path is None:
+                raise
+            raise type(err)(f"{path!r}: {err}") from None
+
+
+def json_source(source: str | os.PathLike, what: str) -> tuple[Any, str | None]:
+    """(the parsed JSON, the file's path or None) of what ``from_json`` takes: JSON text, or the path of a file (see
+    ``Attribution.from_json``); ``what`` names it in messages ("result", "generation")."""
+    if not isinstance(source, (str, os.PathLike)):
+        raise InputTypeError(f"from_json takes JSON text or a file path, got {type(source).__name__}")
+    if isinstance(source, str):
+        source = source.removeprefix("\ufeff")
+        if not source.strip():
+            raise InputError(f"from_json got an empty string: give JSON text or the path of a {what} file")
+    text = source.lstrip() if isinstance(source, str) else ""
+    if text.startswith("{") or (text.startswith("[") and not os.path.lexists(source)):
+        try:
+            return load_json(source, "the JSON text"), None
+        except InputError as err:
+            if text.startswith("{") and os.path.lexists(source):  # lexists: False for a name too long
+                raise type(err)(f"{err}; a file of that name exists: pass pathlib.Path({source!r}) to read "
+                                f"it") from None
+            raise
+    if "\0" in os.fsdecode(source):  # os.stat's raw ValueError
+        raise InputError(f"no {what} file {os.fsdecode(source)!r}: a path cannot hold a NUL character")
+    return read_json(source, f"{what} file"), os.fsdecode(source)
 
 
 # --- reading a saved result: one reader a field, each naming the field in its messages ------------------------

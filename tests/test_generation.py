@@ -92,3 +92,19 @@ class TestRefused:
     def test_one_prompt(self):
         with pytest.raises(InputError, match="one prompt"):
             attribute_generation(tiny_model("llama"), TOK, [PROMPT, PROMPT])
+
+
+def test_saved_and_read_back(tmp_path):
+    model = tiny_model("llama")
+    gen = attribute_generation(model, TOK, PROMPT, max_new_tokens=3, stop_at_eos=False)
+    gen.to_json(str(tmp_path / "g.json"), precision="full")
+    back = dpa.Generation.from_json(tmp_path / "g.json")
+    assert back.token_ids == gen.token_ids and back.prompt_length == gen.prompt_length
+    torch.testing.assert_close(back.scores, gen.scores, rtol=0, atol=0)
+    assert [s.target for s in back.steps] == [s.target for s in gen.steps]
+    data = gen.to_dict()
+    data["token_ids"][-1] += 1  # the last step's target is no longer the last generated token
+    with pytest.raises(InputError, match="the steps are not the generation's"):
+        dpa.Generation.from_dict(data)
+    with pytest.raises(InputError, match="no generation file .*nothing.json"):
+        dpa.Generation.from_json(tmp_path / "nothing.json")
