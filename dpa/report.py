@@ -148,6 +148,31 @@ def summary_lines(res: Attribution) -> list[tuple[str, str]]:
     return rows
 
 
+def generation_report(gen, top: int = 3) -> str:
+    """``dpa generate``'s output: the prompt and the generation, then each step's value, probability, the sources
+    that raise it most and its top component (``gen``: a ``dpa.Generation``)."""
+    first = gen.steps[0]
+    n = gen.prompt_length
+    out = [f"{'model':<11}{first.model_name}",
+           f"{'prompt':<11}{gen.text[0]!r} ({n} tokens)",
+           f"{'generated':<11}{gen.text[1]!r} ({len(gen.steps)} tokens, {gen.generated_by})",
+           f"{'weights μ':<11}{describe_weights(first)}", "",
+           f"each generated token: its {'log p (attributed: logit - expected logit)' if first.target.kind == 'logprob' else 'logit'}, "
+           f"p, the {top} sources that raise it most and its top component:",
+           f"  {'step':>4}  {'token':<14}{'value':>9}  {'p':>6}  sources"]
+    for j, step in enumerate(gen.steps):
+        row = gen.scores[j, :n + j]
+        best = row.topk(min(top, len(row))).indices.tolist()
+        sources = ", ".join(f"{show_token(gen.tokens[i])!r}@{i} {float(row[i]):+.3f}" for i in best)
+        comps = step.top_components(1)["positive"]
+        comp = f" | {component_label(comps[0])} {comps[0].score:+.3f}" if comps else ""
+        p = step.target.probability
+        out.append(f"  {j:>4}  {show_token(gen.generated[j])!r:<14}{step.target_logit:>9.3f}  "
+                   f"{'' if p is None else f'{p:.3f}':>6}  {sources}{comp}")
+    out.append("")
+    return "\n".join(out)
+
+
 # ---------------------------------------------------------------------------------------------- terminal
 
 

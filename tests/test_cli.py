@@ -388,3 +388,24 @@ def test_cli_attributes_every_kind_of_family(family, tmp_path, capsys):
     assert (out["target"]["capped_logit"] is not None) == (spec.final_softcap is not None)
     assert (out["position_scores"] is not None) == (family == "gpt2")
     assert (out["expert_scores"] is not None) == (spec.n_experts > 0)
+
+
+class TestGenerate:
+    def test_generate_prints_each_step_and_writes_json(self, capsys, tiny_dir, tiny, tmp_path):
+        code, out, _ = run(capsys, "generate", PROMPT, "--model", str(tiny_dir), "--max-new-tokens", "3",
+                           "--json", str(tmp_path / "g.json"))
+        want = dpa.attribute_generation(*tiny, PROMPT, max_new_tokens=3)
+        assert code == 0 and f"({len(want.steps)} tokens, greedy)" in out
+        back = dpa.Generation.from_json(tmp_path / "g.json")
+        assert back.token_ids == want.token_ids
+        torch.testing.assert_close(back.scores, want.scores.float(), rtol=1e-6, atol=1e-6)
+        for j, step in enumerate(want.steps):
+            assert f"{j:>4}  {want.generated[j]!r:<14}{step.target_logit:>9.3f}" in out
+
+    def test_continuation_and_refusals(self, capsys, tiny_dir, tiny):
+        code, out, _ = run(capsys, "generate", PROMPT, "--model", str(tiny_dir), "--continuation", "paris london")
+        assert code == 0 and "generated  'paris london' (2 tokens, given)" in out
+        code, _, err = run(capsys, "generate", "  ", "--model", str(tiny_dir))
+        assert (code, err) == (2, "error: the prompt is empty\n")
+        with pytest.raises(SystemExit):
+            main(["generate", PROMPT, "--model", str(tiny_dir), "--max-new-tokens", "0"])
