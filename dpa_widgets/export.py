@@ -13,11 +13,12 @@ import html
 import json
 from pathlib import Path
 
-from dpa import Attribution, InputTypeError
+from dpa import Attribution, Generation, InputTypeError
 from dpa.report import script_json
 from dpa.result import write_text
 
 from .circuit import CircuitWidget
+from .generation import GenerationWidget
 
 STATE_MIME = "application/vnd.jupyter.widget-state+json"
 VIEW_MIME = "application/vnd.jupyter.widget-view+json"
@@ -36,13 +37,14 @@ def _json(data) -> str:
 HOST = Path(__file__).parent / "static" / "host.js"
 
 
-def page(widget: CircuitWidget, title: str = "dpa circuit inspector") -> str:
+def page(widget: CircuitWidget | GenerationWidget, title: str = "dpa circuit inspector") -> str:
     """The standalone HTML text for ``widget``."""
     state = dict(widget.get_state())
     state = {k: v for k, v in state.items() if not k.startswith("_model_") and not k.startswith("_view_")
              and k not in ("layout", "_dom_classes", "tabbable", "tooltip", "_anywidget_id")}
     esm, css = state.pop("_esm"), state.pop("_css", "")
-    state.update(OFFLINE)
+    if isinstance(widget, CircuitWidget):
+        state.update(OFFLINE)
     return (
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
         "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
@@ -57,15 +59,18 @@ def page(widget: CircuitWidget, title: str = "dpa circuit inspector") -> str:
     )
 
 
-def save_html(widget_or_result: CircuitWidget | Attribution, path: str | Path, *,
+def save_html(widget_or_result: CircuitWidget | GenerationWidget | Attribution | Generation, path: str | Path, *,
               title: str = "dpa circuit inspector") -> Path:
-    """Write a standalone HTML file showing the widget (or a new one for an ``Attribution``)."""
+    """Write a standalone HTML file showing the widget (or a new one for an ``Attribution`` or a ``Generation``)."""
     if isinstance(widget_or_result, Attribution):
         widget = CircuitWidget(widget_or_result)
-    elif isinstance(widget_or_result, CircuitWidget):
+    elif isinstance(widget_or_result, Generation):
+        widget = GenerationWidget(widget_or_result)
+    elif isinstance(widget_or_result, (CircuitWidget, GenerationWidget)):
         widget = widget_or_result
     else:
-        raise InputTypeError(f"save_html takes a CircuitWidget or a dpa.Attribution, got "
+        raise InputTypeError(f"save_html takes a CircuitWidget, a GenerationWidget, a dpa.Attribution or a "
+                             f"dpa.Generation, got "
                              f"{type(widget_or_result).__name__}"
                              + (" (a batch gives a list: pass one of its results)" if isinstance(widget_or_result, list)
                                 else ""))

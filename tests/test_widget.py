@@ -863,3 +863,51 @@ class TestMultiToken:
             graph.compute(model, tok, w.result)
         with pytest.raises(dpa.TargetError, match="baselines attribute one target token"):
             live.compare(model, tok, w.result, "tokens:gradient")
+
+
+class TestGenerationWidget:
+    """The generation view's state: the matrix rows are the generation's, each step's heads, neurons and sources
+    its own; ``step`` checked; a saved page holds it all."""
+
+    @pytest.fixture(scope="class")
+    def gen(self, model):
+        from tests.test_multi_token import TOK
+
+        return dpa.attribute_generation(model, TOK, "the cat sa", max_new_tokens=4, stop_at_eos=False)
+
+    def test_payload(self, gen):
+        from dpa_widgets import GenerationWidget
+
+        w = GenerationWidget(gen, top=3)
+        data, n = w._data, gen.prompt_length
+        assert w.step == 0 and data["prompt_length"] == n and data["tokens"] == gen.tokens
+        for j, (row, step) in enumerate(zip(data["rows"], data["steps"])):
+            close(row, gen.scores[j, :n + j])
+            close(step["head_scores"], gen.steps[j].head_scores)
+            scores = gen.steps[j].neuron_scores
+            best = scores.flatten().topk(3).values.tolist()
+            assert [v for *_, v in step["neurons"]["positive"]] == pytest.approx(best, rel=1e-4)
+            for layer, index, v in step["neurons"]["negative"]:
+                assert v < 0 and float(scores[layer, index]) == pytest.approx(v, rel=1e-4)
+            assert step["sources"]["positive"][0][0] == int(gen.scores[j, :n + j].argmax())
+
+    def test_step_is_checked(self, gen):
+        from dpa_widgets import GenerationWidget
+
+        w = GenerationWidget(gen, step=None)
+        w.step = 3
+        with pytest.raises(dpa.InputError, match="step must be None or a step of the generation, 0 to 3"):
+            w.step = 4
+        with pytest.raises(dpa.InputTypeError, match="GenerationWidget shows a dpa.Generation"):
+            GenerationWidget(gen.steps[0])
+
+    def test_saved_page_and_a_generation_read_back(self, gen, tmp_path):
+        from dpa_widgets import GenerationWidget
+
+        save_html(gen, tmp_path / "g.html")
+        text = (tmp_path / "g.html").read_text()
+        assert "dpa-gen" in text and '"prompt_length"' in text and "_live" not in text
+        gen.to_json(str(tmp_path / "g.json"), top_neurons=4)  # neurons saved as each layer's top 4
+        back = GenerationWidget(dpa.Generation.from_json(tmp_path / "g.json"), top=3)
+        assert back._data["steps"][1]["neurons"]["positive"] == GenerationWidget(gen, top=3)._data["steps"][1][
+            "neurons"]["positive"]
