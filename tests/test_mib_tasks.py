@@ -222,3 +222,11 @@ def test_mcqa_refuses_a_model_that_names_one_symbol(smollm):
     right = {tuple(c): ans[0] for c, ans in zip(pool.clean, pool.answers)}
     pairs = task_pairs(_Answers(len(tok), right.__getitem__), tok, "mcqa", n=20)
     assert len(pairs) == 20 and len({ans[0] for ans in pairs.answers}) == 4
+
+
+def test_a_model_that_answers_none_right_cannot_do_the_task(smollm):
+    _, tok = smollm
+    never = tok.encode(" zebra", add_special_tokens=False)[0]
+    with pytest.raises(InputError, match=r"mcqa: none of the \d+ candidate pairs is answered right by the model.*"
+                                         r"cannot do this task"):
+        task_pairs(_Answers(len(tok), lambda row: never), tok, "mcqa", n=20)

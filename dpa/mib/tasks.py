@@ -143,6 +143,10 @@ def task_pairs(model, tokenizer, task: str, *, n: int = 100, seed: int = 0, data
             break
     if len(kept) < n and not (fewer and kept):
         right = "the clean answer" if pool.metric == "logit_diff" else "one of the answer tokens"
+        if not kept:
+            raise InputError(f"{task}: none of the {checked} candidate pairs is answered right by the model (top next "
+                             f"token on the clean prompt = {right}): it cannot do this task (RULES[{task!r}] says "
+                             "how the candidates are built)")
         raise InputError(f"{task}: only {len(kept)} of {checked} candidate pairs are answered right by the model "
                          f"(top next token on the clean prompt = {right}); asked for n={n}. Ask for n <= "
                          f"{len(kept)} (RULES[{task!r}] says how the candidates are built)")
