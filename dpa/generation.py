@@ -11,7 +11,6 @@ tokens get zero), with that step's head and neuron scores beside it.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from typing import Literal
 
@@ -24,13 +23,13 @@ from .checks import check_bool, check_choice, check_int
 from .errors import InputError
 from .instrument import clean_logits
 from .request import Prompt
-from .result import Attribution
+from .result import Attribution, JsonRecord
 from .targets import TargetSpec
 from .weights import PathWeights
 
 
 @dataclass
-class Generation:
+class Generation(JsonRecord):
     """What ``attribute_generation`` returns: the tokens (prompt, then generated), the matrix of token scores
     [generated x source] and each step's whole ``Attribution`` (its tokens are the prefix it read)."""
 
@@ -41,6 +40,8 @@ class Generation:
     steps: list[Attribution]  # step j: the target tokens[prompt_length + j] after the prompt and j generated tokens
     generated_by: str  # "greedy" (the model's own argmax, one token at a time) or "given"
     text: tuple[str, str] = ("", "")  # (prompt, generation) as the tokenizer decodes them
+
+    _json_what = "generation"  # what from_json's messages call a file of it (JsonRecord)
 
     @property
     def generated(self) -> list[str]:
@@ -57,15 +58,6 @@ class Generation:
         return {"format": "dpa.Generation/1", "tokens": list(self.tokens), "token_ids": list(self.token_ids),
                 "prompt_length": self.prompt_length, "generated_by": self.generated_by, "text": list(self.text),
                 "steps": [s.to_dict(**kwargs) for s in self.steps]}
-
-    def to_json(self, path: str | None = None, **kwargs) -> str:
-        """The generation as JSON (``to_dict``); written to ``path`` atomically when given."""
-        from .result import write_text
-
-        text = json.dumps(self.to_dict(**kwargs), allow_nan=False)
-        if path is not None:
-            write_text(path, text)
-        return text
 
     @classmethod
     def from_dict(cls, data: dict) -> Generation:
@@ -96,19 +88,6 @@ class Generation:
             raise InputError("text must be [prompt, generation], two strings")
         return cls(tokens=tokens, token_ids=ids, prompt_length=n, scores=matrix, steps=steps,
                    generated_by=data["generated_by"], text=tuple(text))
-
-    @classmethod
-    def from_json(cls, source) -> Generation:
-        """What ``to_json`` wrote: JSON text, or the path of a file holding it (as ``Attribution.from_json``)."""
-        from .result import json_source
-
-        data, path = json_source(source, "generation")
-        try:
-            return cls.from_dict(data)
-        except InputError as err:
-            if path is None:
-                raise
-            raise type(err)(f"{path!r}: {err}") from None
 
     def __repr__(self) -> str:
         text = self.text[1]

@@ -102,8 +102,38 @@ class NeuronTop:
                 for i, v in zip(idx, sc)]
 
 
+class JsonRecord:
+    """``to_json`` and ``from_json`` from a class's ``to_dict`` and ``from_dict`` (a result, a generation)."""
+
+    _json_what = "result"  # what messages call a file of it
+
+    def to_json(self, path: str | None = None, **kwargs) -> str:
+        """As JSON (strict: no bare NaN; ``kwargs`` go to ``to_dict``); written to ``path`` atomically when given."""
+        text = json.dumps(self.to_dict(**kwargs), allow_nan=False)
+        if path is not None:
+            write_text(path, text)
+        return text
+
+    @classmethod
+    def from_json(cls, source: str | os.PathLike):
+        """What ``to_json`` wrote: JSON text, or the path of a file holding it (UTF-8; what else it is, e.g.
+        gzip-compressed or UTF-16, is refused by name: ``files.read_text``). A path object (``pathlib.Path``, any
+        ``os.PathLike``) is always a file; a ``str`` is JSON text when it starts with ``{`` (after blank space),
+        or with ``[`` and names no file (a list: refused as not a result), else the path of a file; so a file
+        whose name starts with ``{`` is given as a ``Path`` (a ``str`` that is not valid JSON and names a file says
+        so). A byte-order mark (U+FEFF) first in a ``str`` is dropped (text read from a file saved with one). A key
+        twice in one object is refused."""
+        data, path = json_source(source, cls._json_what)
+        try:
+            return cls.from_dict(data)
+        except InputError as err:
+            if path is None:
+                raise
+            raise type(err)(f"{path!r}: {err}") from None
+
+
 @dataclass
-class Attribution:
+class Attribution(JsonRecord):
     """Scores for one prompt. Index conventions: ``[layer, head]``, ``[layer, d_mlp]``, ``[pos]``.
 
     ``target_logit`` is the value of the attributed linear target at the forward pass:
@@ -281,13 +311,6 @@ class Attribution:
                                   "score": [row(r) for r in top.score], "total": row(top.total)}
         return out
 
-    def to_json(self, path: str | None = None, **kwargs) -> str:
-        """The result as JSON (strict: no bare NaN); written to ``path`` atomically when given."""
-        text = json.dumps(self.to_dict(**kwargs), allow_nan=False)
-        if path is not None:
-            write_text(path, text)
-        return text
-
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Attribution:
         """The result ``to_dict`` wrote (a result saved with ``top_neurons`` has ``neuron_scores=None``). Every
@@ -351,23 +374,6 @@ class Attribution:
         if self.target.position >= n:
             return f"target.position {self.target.position!r} is outside the {n} tokens"
         return None
-
-    @classmethod
-    def from_json(cls, source: str | os.PathLike) -> Attribution:
-        """The result ``to_json`` wrote: JSON text, or the path of a file holding it (UTF-8; what else it is, e.g.
-        gzip-compressed or UTF-16, is refused by name: ``files.read_text``). A path object (``pathlib.Path``, any
-        ``os.PathLike``) is always a file; a ``str`` is JSON text when it starts with ``{`` (after blank space),
-        or with ``[`` and names no file (a list: refused as not a result), else the path of a file; so a file
-        whose name starts with ``{`` is given as a ``Path`` (a ``str`` that is not valid JSON and names a file says
-        so). A byte-order mark (U+FEFF) first in a ``str`` is dropped (text read from a file saved with one). A key
-        twice in one object is refused."""
-        data, path = json_source(source, "result")
-        try:
-            return cls.from_dict(data)
-        except InputError as err:
-            if path is None:
-                raise
-            raise type(err)(f"{path!r}: {err}") from None
 
 
 def json_source(source: str | os.PathLike, what: str) -> tuple[Any, str | None]:
