@@ -373,6 +373,18 @@ class Attribution(JsonRecord):
             return f"d_expert {self.d_expert!r} does not fit the expert and neuron scores"
         if self.target.position >= n:
             return f"target.position {self.target.position!r} is outside the {n} tokens"
+        terms = self.target.terms
+        if terms is not None:  # a target of several tokens: each read after the last, its own token the next input
+            p = self.target.position
+            if len(terms) < 2 or [t.position for t in terms] != list(range(p, p + len(terms))) \
+                    or p + len(terms) != n or terms[0].token_id != self.target.token_id \
+                    or [t.token_id for t in terms[:-1]] != self.token_ids[p + 1:]:
+                return (f"target.terms do not fit the tokens: a target of several tokens has one term a token, the "
+                        f"first at target.position ({p}), each next one a position later, and every term but the "
+                        "last is the next input token (teacher forcing), up to the end of the tokens")
+            total = sum(t.value for t in terms)
+            if not math.isclose(total, self.target_logit, rel_tol=1e-4, abs_tol=1e-4):
+                return f"target.terms add up to {total!r}, not to target_logit {self.target_logit!r}"
         return None
 
 

@@ -160,3 +160,16 @@ class TestRefused:
             with pytest.raises(TargetError, match="not a single token") as err:
                 method(model, TOK, PROMPT, TARGET)
             assert "multi_token" not in str(err.value)
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda d: d["target"]["terms"].pop(), "do not fit the tokens"),
+    (lambda d: d["target"]["terms"][1].update(position=3), "do not fit the tokens"),
+    (lambda d: d["token_ids"].__setitem__(-1, 1), "do not fit the tokens"),
+    (lambda d: d["target"]["terms"][0].update(value=d["target"]["terms"][0]["value"] + 1), "add up to"),
+])
+def test_a_saved_result_whose_terms_do_not_fit_is_refused(edit, match):
+    data = dpa.attribute(tiny_model("llama"), TOK, PROMPT, target=TARGET, multi_token="sum").to_dict()
+    edit(data)
+    with pytest.raises(InputError, match=match):
+        dpa.Attribution.from_dict(data)
