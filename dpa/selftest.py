@@ -6,9 +6,9 @@ device (CPU, and every CUDA / MPS device torch sees, or those named with ``--dev
 
 * on a tiny random model of every family: the forward oracle (the target dpa attributes is the model's own
   logit), completeness (with conservative weights the token scores sum to the target), the component sums
-  (edges add up to heads, position-level neurons to neurons), lean memory equal to full, and a padded batch
-  equal to each prompt alone; on a device other than the CPU, every score equal to the CPU's (the CPU being
-  the one the suite checks against autograd);
+  (edges add up to heads, position-level neurons to neurons), lean memory equal to full, a padded batch
+  equal to each prompt alone, and a generation's steps equal to one-position calls; on a device other than the
+  CPU, every score equal to the CPU's (the CPU being the one the suite checks against autograd);
 * on the default model (unless ``--no-model``): one attribution of a known fact, and the cost of a DPA call
   against a forward + autograd gradient on the same prompt (interleaved, after a warm-up, median of repeats).
 
@@ -84,6 +84,9 @@ def check_family(family: str, device: str, reference: dict) -> list[Check]:
     full = dpa.attribute(model, None, ids, target=target, memory="full")
     batch = dpa.attribute(model, None, [ids, other], target=target)
     alone = [full, dpa.attribute(model, None, other, target=target)]
+    follow = [7, 9, 11]  # a given continuation: one forward, one backward per token, each = its one-position call
+    gen = dpa.attribute_generation(model, None, ids, follow)
+    steps = [dpa.attribute(model, None, ids.tolist() + follow[:j], target=t) for j, t in enumerate(follow)]
     name = f"{family}:"
     checks = [
         Check(device, f"{name} forward oracle (target = the model's logit)", relative(told, logits), tol),
@@ -96,6 +99,8 @@ def check_family(family: str, device: str, reference: dict) -> list[Check]:
               tol),
         Check(device, f"{name} padded batch = each prompt alone",
               max(relative(a, b) for r, s in zip(batch, alone) for a, b in zip(_scores(r), _scores(s))), tol),
+        Check(device, f"{name} a generation's steps = one-position calls",
+              max(relative(a, b) for g, s in zip(gen.steps, steps) for a, b in zip(_scores(g), _scores(s))), tol),
     ]
     if device == "cpu":
         reference[family] = _scores(full)
