@@ -63,9 +63,10 @@ def attribute(model: nn.Module, tokenizer, prompt: Prompt | list[Prompt], target
         (the reference code: against the target in the middle of the layer).
     multi_token: what a target string of several tokens does: "error" (default), "first" (its first token) or
         "sum" (the whole of it under teacher forcing: its tokens are appended to the prompt but the last, and the
-        attributed quantity is the sum of each token's logit -- or log-probability, ``kind="logprob"`` -- at the
-        position before it, in one forward and one backward pass; ``target.terms`` has each token's share, and the
-        token scores cover the appended tokens too). Read after the whole prompt (``position`` the last token);
+        attributed quantity is the sum of each token's logit -- with ``kind="logprob"``, of each token's logit minus
+        the expected logit at its position, p held fixed -- read at the position before it, in one forward and one
+        backward pass; ``target.terms`` has each token's share and probability, ``target.logprob`` the true log p of
+        the whole, and the token scores cover the appended tokens too). Read after the whole prompt (``position`` the last token);
         a contrast stays one token, subtracted at the first position.
     memory: "full" keeps the whole graph of the forward pass, "lean" recomputes one decoder layer at a time in the
         backward, "auto" (default) picks lean when the full graph would not fit in half the free memory. Both give
@@ -203,10 +204,10 @@ def _run(model: nn.Module, req: Request, dtype: torch.dtype, *, lean: bool, edge
             scores.settle()
         edge = edge_scores(spec, model, req, rec, grads, dtype) if edges else None
         built = None if graph is None else graph.build(session, own, u.detach(), values.detach())
-    names = ("tokens", "heads", "neurons", "bias")
+    names = ("tokens", "heads", "neurons", "bias")  # "the token scores", ...
     bad = [n for s in [scores, *(per_term or [])] for n in names if not finite(getattr(s, n))]
     if bad:
-        raise NonFiniteError(f"the {bad[0]} scores are not finite (NaN or inf): the path weights "
+        raise NonFiniteError(f"the {bad[0].removesuffix('s')} scores are not finite (NaN or inf): the path weights "
                              f"{req.weights.as_tuple()} or the target overflow in {dtype}")
     return Run(scores=scores, values=values.detach(), probs=probs, edges=edge, effective_targets=targets,
                capped=after_cap, graph=built, term_rows=rows, term_values=term_values.detach(), per_term=per_term,

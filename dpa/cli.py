@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "with the largest DPA scores, the tokens and the target, and every direct effect between them "
                     "(the book's chapter Circuits as graphs); written as an offline HTML page and JSON.")
     c.add_argument("prompt", metavar="PROMPT", help="the prompt")
-    _request_options(c)
+    _request_options(c, sums=False)
     c.add_argument("--nodes", type=int, default=64, metavar="K", help="units to keep (default 64)")
     c.add_argument("--components", action="store_true",
                    help="one node per head or neuron over all positions (default: per position)")
@@ -92,13 +92,14 @@ def build_parser() -> argparse.ArgumentParser:
                     "every token before it, prompt and generated: one forward pass and one linearised backward per "
                     "generated token. Prints each step's value, probability, top sources and top component.")
     g.add_argument("prompt", metavar="PROMPT", help="the prompt")
-    g.add_argument("--max-new-tokens", type=int, default=20, metavar="N", help="tokens to generate (default 20)")
+    g.add_argument("--max-new-tokens", type=int, metavar="N", help="tokens to generate (default 20)")
     g.add_argument("--continuation", metavar="TEXT", help="attribute this continuation instead of generating")
     g.add_argument("--no-stop", action="store_true", help="go on after the end-of-sequence token")
     _model_options(g)
     g.add_argument("--top", type=int, default=3, metavar="K", help="sources listed per step (default 3)")
     g.add_argument("--json", type=Path, metavar="FILE",
-                   help="write the generation as JSON (read back with dpa.Generation.from_json)")
+                   help="write the generation as JSON (read back with dpa.Generation.from_json); '-' prints it "
+                        "instead of the report")
     g.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
     g.set_defaults(func=functools.partial(run_generate, parser=g))
     t = commands.add_parser(
@@ -121,16 +122,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _request_options(p: argparse.ArgumentParser) -> None:
-    """The options that say what to attribute, shared by ``attribute`` and ``circuit``."""
+def _request_options(p: argparse.ArgumentParser, *, sums: bool = True) -> None:
+    """The options that say what to attribute, shared by ``attribute`` and ``circuit`` (``sums``: the command
+    attributes a target of several tokens whole)."""
     p.add_argument("--target", metavar="TOKEN", help="the token to attribute (default: the model's prediction)")
     p.add_argument("--contrast", metavar="TOKEN", help="attribute logit(target) - logit(TOKEN)")
     _model_options(p)
     tokens = p.add_mutually_exclusive_group()
-    tokens.add_argument("--multi-token", choices=("first", "sum"), dest="multi_token",
+    tokens.add_argument("--multi-token", choices=("first", "sum") if sums else ("first",), dest="multi_token",
                         help="a target of several tokens: 'sum' attributes the whole of it (the sum of its tokens' "
-                             "logits under teacher forcing; dpa attribute only), 'first' its first token (default: "
-                             "an error)")
+                             "logits under teacher forcing), 'first' its first token (default: an error)" if sums else
+                             "a target of several tokens: 'first' attributes its first token (default: an error; "
+                             "a circuit attributes one token)")
     tokens.add_argument("--first-token", action="store_const", const="first", dest="multi_token",
                         help="the same as --multi-token first")
     p.add_argument("--position", type=int, metavar="N",
@@ -348,9 +351,12 @@ def run_generate(args: argparse.Namespace, *, parser: argparse.ArgumentParser) -
     weights = _path_weights(args, parser)
     if args.top < 1:
         parser.error("--top must be at least 1")
-    if args.max_new_tokens < 1:
+    if args.max_new_tokens is not None and args.max_new_tokens < 1:
         parser.error("--max-new-tokens must be at least 1")
-    if args.json is not None and not args.json.parent.is_dir():
+    if args.max_new_tokens is not None and args.continuation is not None:
+        parser.error("--max-new-tokens is for generating: a --continuation is attributed whole")
+    to_stdout = args.json is not None and str(args.json) == "-"
+    if args.json is not None and not to_stdout and not args.json.parent.is_dir():
         parser.error(f"cannot write {args.json}: no folder {args.json.parent}")
     import dpa
     from . import models, request
@@ -365,6 +371,9 @@ def run_generate(args: argparse.Namespace, *, parser: argparse.ArgumentParser) -
     gen = dpa.attribute_generation(model, tokenizer, args.prompt, args.continuation,
                                    max_new_tokens=args.max_new_tokens, stop_at_eos=not args.no_stop,
                                    kind="logprob" if args.logprob else "logit", weights=weights)
+    if to_stdout:  # the JSON alone on stdout, for a pipe
+        print(gen.to_json(top_neurons=16))
+        return 0
     sys.stdout.write(generation_report(gen, top=args.top))
     if args.json is not None:
         gen.to_json(str(args.json), top_neurons=16)

@@ -73,19 +73,29 @@ class Generation(JsonRecord):
         steps = data.get("steps")
         if not isinstance(steps, list) or not steps or not isinstance(ids, list) or not isinstance(n, int):
             raise InputError("a generation needs token_ids, prompt_length and a non-empty list of steps")
+        if n < 1:
+            raise InputError(f"prompt_length must be at least 1, got {n}")
+        if data.get("generated_by") not in ("greedy", "given"):
+            raise InputError(f"generated_by must be 'greedy' or 'given', got {data.get('generated_by')!r}")
         steps = [Attribution.from_dict(s) for s in steps]
-        if n < 1 or len(ids) != n + len(steps) or data.get("generated_by") not in ("greedy", "given") or any(
-                s.token_ids != ids[:n + j] or s.target.token_id != ids[n + j] for j, s in enumerate(steps)):
-            raise InputError("the steps are not the generation's: step j reads the prompt and j generated tokens "
-                             "and attributes the next one")
-        matrix = torch.zeros(len(steps), len(ids) - 1, dtype=steps[0].token_scores.dtype)
-        for j, s in enumerate(steps):
-            matrix[j, :len(s.token_scores)] = s.token_scores
         tokens, text = data.get("tokens"), data.get("text")
         if not isinstance(tokens, list) or len(tokens) != len(ids) or not all(isinstance(t, str) for t in tokens):
             raise InputError("tokens must be one string per token id")
         if not isinstance(text, list) or len(text) != 2 or not all(isinstance(t, str) for t in text):
             raise InputError("text must be [prompt, generation], two strings")
+        first = steps[0]
+        if len(ids) != n + len(steps) or any(
+                s.token_ids != ids[:n + j] or s.tokens != tokens[:n + j] or s.target.token_id != ids[n + j]
+                or s.target.position != n + j - 1 or s.target.terms is not None for j, s in enumerate(steps)):
+            raise InputError("the steps are not the generation's: step j reads the prompt and j generated tokens "
+                             "(its tokens and ids those of the generation) and attributes the next one, one token")
+        if any(s.target.kind != first.target.kind or s.target.kind not in ("token", "logprob") or s.weights !=
+               first.weights or s.model_name != first.model_name or s.method != first.method for s in steps):
+            raise InputError("the steps of a generation share one kind of target (token or logprob), one set of path "
+                             "weights, one model and one method")
+        matrix = torch.zeros(len(steps), len(ids) - 1, dtype=first.token_scores.dtype)
+        for j, s in enumerate(steps):
+            matrix[j, :len(s.token_scores)] = s.token_scores
         return cls(tokens=tokens, token_ids=ids, prompt_length=n, scores=matrix, steps=steps,
                    generated_by=data["generated_by"], text=tuple(text))
 
@@ -97,16 +107,17 @@ class Generation(JsonRecord):
 
 
 def attribute_generation(model: nn.Module, tokenizer, prompt: Prompt, continuation: str | list[int] | None = None, *,
-                         max_new_tokens: int = 20, stop_at_eos: bool = True,
+                         max_new_tokens: int | None = None, stop_at_eos: bool = True,
                          kind: Literal["logit", "logprob"] = "logit", weights: PathWeights | None = None,
                          memory: Literal["auto", "full", "lean"] = "auto") -> Generation:
     """Generate greedily after ``prompt`` (or take ``continuation``) and attribute every generated token to every
     token before it, prompt and generated, with each step's head and neuron scores.
 
+    prompt: a string or token ids (a tensor of one row and a tokenizer's output of one prompt too).
     continuation: the tokens to attribute instead of generating: a string (tokenised on its own, no special
-        tokens) or token ids. max_new_tokens: how many tokens to generate (greedy: the model's argmax, one at a
-        time). stop_at_eos: stop after the model's end-of-sequence token (it is attributed too). kind, weights,
-        memory: as in ``dpa.attribute``.
+        tokens) or token ids (a list or a 1-D tensor). max_new_tokens: how many tokens to generate (default 20;
+        greedy: the model's argmax, one at a time; refused with a continuation). stop_at_eos: stop after the
+        model's end-of-sequence token (it is attributed too). kind, weights, memory: as in ``dpa.attribute``.
 
     One forward pass over the prompt and the generation, then one linearised backward per generated token
     through that graph. Returns a ``Generation``: ``scores`` [generated x source], ``steps`` (one ``Attribution``
@@ -116,9 +127,12 @@ def attribute_generation(model: nn.Module, tokenizer, prompt: Prompt, continuati
     check_choice("memory", memory, ("auto", "full", "lean"))
     stop_at_eos = check_bool("stop_at_eos", stop_at_eos)
     spec = requests.check_model(model)
-    ids = requests.encode(tokenizer, spec, prompt, batch=False).rows[0]
+    ids = requests.encode(tokenizer, spec, _one_prompt(tokenizer, prompt), batch=False).rows[0]
+    if continuation is not None and max_new_tokens is not None:
+        raise InputError("max_new_tokens is for generating: a continuation given is attributed whole (cut it "
+                         "instead)")
     if continuation is None:
-        max_new_tokens = check_int("max_new_tokens", max_new_tokens, low=1)
+        max_new_tokens = check_int("max_new_tokens", 20 if max_new_tokens is None else max_new_tokens, low=1)
         if len(ids) + max_new_tokens - 1 > spec.max_positions:
             raise InputError(f"the prompt has {len(ids)} tokens: {max_new_tokens} more do not fit the model's context "
                              f"of {spec.max_positions} (the last generated token is a target, not an input)")
@@ -177,16 +191,42 @@ def _eos_ids(model: nn.Module, tokenizer) -> set[int]:
     return found
 
 
+def _one_prompt(tokenizer, prompt):
+    """A batch of one prompt (a tokenizer's output with return_tensors, a [1, pos] tensor) as that prompt."""
+    canonical = requests._canonical(tokenizer, prompt)
+    if requests._is_batch(canonical):
+        rows = list(canonical.unbind(0)) if isinstance(canonical, Tensor) else list(canonical)
+        if len(rows) != 1:
+            raise InputError(f"a generation follows one prompt; got a batch of {len(rows)} (attribute each alone)")
+        return rows[0]
+    return canonical
+
+
 def _continuation(tokenizer, continuation) -> list[int]:
+    """The given continuation as a list of int ids: a string (tokenised alone), a list of ids, a 1-D tensor or
+    array of integers."""
     if isinstance(continuation, str):
         if tokenizer is None:
             raise InputError("a continuation string needs the tokenizer; pass token ids instead")
         if not continuation:
             raise InputError("the continuation is an empty string")
         return list(tokenizer.encode(continuation, add_special_tokens=False))
+    continuation = requests._numpy(continuation, "continuation")
     if isinstance(continuation, Tensor):
-        continuation = continuation.flatten().tolist()
+        if continuation.dim() != 1 or continuation.is_floating_point() or continuation.is_complex() \
+                or continuation.dtype == torch.bool:
+            raise InputError(f"a continuation tensor must be 1-D integer token ids (one continuation), got "
+                             f"{continuation.dtype} of shape {tuple(continuation.shape)}")
+        continuation = continuation.tolist()
     if not isinstance(continuation, (list, tuple)) or not continuation:
         raise InputError(f"the continuation must be a string or a non-empty list of token ids, got "
                          f"{type(continuation).__name__}")
-    return list(continuation)
+    out = []
+    for x in continuation:
+        x = requests._numpy(x, "continuation")
+        if isinstance(x, Tensor) and x.numel() == 1 and not x.is_floating_point() and x.dtype != torch.bool:
+            x = int(x)
+        if not requests._is_id(x):
+            raise InputError(f"the continuation's token ids must be integers, got {x!r} ({type(x).__name__})")
+        out.append(int(x))
+    return out

@@ -92,10 +92,10 @@ def describe_target(res: Attribution) -> str:
     value = f"{res.target_logit:.4f} logit units"
     if getattr(t, "terms", None):  # a target of several tokens, under teacher forcing
         each = ", ".join(f"{term.token!r} after position {term.position} {term.value:+.4f}" for term in t.terms)
-        what = ("log p" if t.kind == "logprob" else "logit") + f"s of {t.token!r}"
+        what = "logit - expected logit (p held fixed)" if t.kind == "logprob" else "logits"
         foil = f" - logit({t.contrast!r}) at the first" if t.kind == "contrast" else ""
         logp = f" (log p = {t.logprob:.4f}, p = {t.probability:.4g})" if t.logprob is not None else ""
-        return f"sum of the {what}, {len(t.terms)} tokens{foil} ({each}){logp} = {value}"
+        return f"sum of the {what} of {t.token!r}, {len(t.terms)} tokens{foil} ({each}){logp} = {value}"
     if t.kind == "logprob":
         logp = f"log p({t.token!r}) = {t.logprob:.4f}{p}" if t.logprob is not None else f"log p({t.token!r})"
         return f"{logp} {where}; attributed: logit({t.token!r}) - expected logit, p held fixed = {value}"

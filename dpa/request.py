@@ -115,7 +115,9 @@ class Request:
 def _as_list(x, n: int, name: str) -> list:
     if isinstance(x, (list, tuple)):
         if len(x) != n:
-            raise InputError(f"{name} has {len(x)} entries for {n} prompts")
+            several = (" (a list gives one per prompt; a target of several tokens is a string, with "
+                       "multi_token='sum')" if name in ("target", "contrast") else "")
+            raise InputError(f"{name} has {len(x)} entries for {n} prompts{several}")
         return list(x)
     return [x] * n
 

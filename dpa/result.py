@@ -33,7 +33,9 @@ class TargetTerm:
     position: int  # where it is predicted: the token before it
     token: str | None
     token_id: int
-    value: float  # its logit (minus the contrast's, for the first term with a contrast) or log-probability
+    value: float  # its share of target_logit: its logit (minus the contrast's, for the first term with a contrast);
+    # for kind="logprob" its logit minus the expected logit at its position, p held fixed (what that kind attributes:
+    # log p linearised; the true log p is in probability)
     probability: float | None = None  # p(token) at its position
 
 

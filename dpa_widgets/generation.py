@@ -43,6 +43,10 @@ class GenerationWidget(UserTraits, anywidget.AnyWidget):
             raise dpa.InputTypeError(f"GenerationWidget shows a dpa.Generation (from dpa.attribute_generation), got "
                                      f"{type(generation).__name__}")
         top = check_int("top", top, low=1)
+        if not all(bool(s.token_scores.isfinite().all()) and bool(s.head_scores.isfinite().all()) and
+                   (s.neuron_scores is None or bool(s.neuron_scores.isfinite().all())) for s in generation.steps):
+            raise dpa.InputError("the generation holds NaN or infinite scores (a file with null scores?): the view "
+                                 "has nothing to colour them by")
         self.generation = generation
         super().__init__(_data=payload(generation, top))
         self.step = step
@@ -51,7 +55,7 @@ class GenerationWidget(UserTraits, anywidget.AnyWidget):
     def _check_step(self, proposal):
         value = proposal["value"]
         n = len(self.generation.steps)
-        if value is not None and not (isinstance(value, int) and 0 <= value < n):
+        if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and 0 <= value < n):
             raise TraitValueError(f"step must be None or a step of the generation, 0 to {n - 1}, got {value!r}")
         return value
 
@@ -86,8 +90,9 @@ def _top_neurons(res: dpa.Attribution, top: int) -> dict[str, list]:
     if res.neuron_scores is not None:
         d = res.neuron_scores.shape[1]
         found = [(i // d, i % d, float(v)) for i, v in enumerate(res.neuron_scores.flatten().tolist())]
-    else:
+    else:  # exact up to the k of each sign each layer kept
         kept = res.neuron_top
+        top = min(top, kept.k)
         found = [(layer, i, v) for layer, (idx, sc) in enumerate(zip(kept.index, kept.score)) for i, v in zip(idx, sc)]
     found.sort(key=lambda x: -x[2])
     return {"positive": [[a, b, rounded(v)] for a, b, v in found[:top] if v > 0],

@@ -161,9 +161,9 @@ class TestAttribute:
         (res,) = dpa.batch.read_results(tmp_path / "runs")
         assert code == 0 and res.target.terms == want.target.terms
         torch.testing.assert_close(res.token_scores, want.token_scores.float(), rtol=1e-6, atol=1e-6)
-        code, out, err = run(capsys, "circuit", PROMPT, "--model", str(tiny_dir), "--target", "paris london",
-                             "--multi-token", "sum")
-        assert code == 2 and "multi_token must be 'error' or 'first' here" in err
+        with pytest.raises(SystemExit):  # a circuit attributes one token: argparse offers 'first' only
+            main(["circuit", PROMPT, "--model", str(tiny_dir), "--target", "paris london", "--multi-token", "sum"])
+        assert "invalid choice: 'sum' (choose from 'first')" in capsys.readouterr().err
 
     def test_empty_prompt(self, capsys, tiny_dir):
         code, _, err = run(capsys, "attribute", "  ", "--model", str(tiny_dir))
@@ -409,3 +409,9 @@ class TestGenerate:
         assert (code, err) == (2, "error: the prompt is empty\n")
         with pytest.raises(SystemExit):
             main(["generate", PROMPT, "--model", str(tiny_dir), "--max-new-tokens", "0"])
+        with pytest.raises(SystemExit):
+            main(["generate", PROMPT, "--model", str(tiny_dir), "--max-new-tokens", "3", "--continuation", "paris"])
+        code, out, _ = run(capsys, "generate", PROMPT, "--model", str(tiny_dir), "--max-new-tokens", "2",
+                           "--json", "-")
+        assert code == 0 and dpa.Generation.from_json(out).token_ids == dpa.attribute_generation(
+            *tiny, PROMPT, max_new_tokens=2).token_ids  # the JSON alone on stdout

@@ -90,8 +90,47 @@ class TestRefused:
             attribute_generation(model, TOK, "a" * (limit - 2), continuation="bcd")
 
     def test_one_prompt(self):
-        with pytest.raises(InputError, match="one prompt"):
-            attribute_generation(tiny_model("llama"), TOK, [PROMPT, PROMPT])
+        model = tiny_model("llama")
+        with pytest.raises(InputError, match="a generation follows one prompt; got a batch of 2"):
+            attribute_generation(model, TOK, [PROMPT, PROMPT])
+        ids = TOK(PROMPT)["input_ids"]  # a batch of one (a tokenizer's return_tensors output) is that prompt
+        one = attribute_generation(model, TOK, torch.tensor([ids]), max_new_tokens=2)
+        assert one.token_ids == attribute_generation(model, TOK, ids, max_new_tokens=2).token_ids
+
+    @pytest.mark.parametrize("continuation, match", [
+        ([True, 5], "must be integers, got True"),
+        (torch.tensor([[5, 6], [7, 8]]), "1-D integer token ids"),
+        ([5.0], "must be integers, got 5.0"),
+        (torch.tensor([1.5]), "1-D integer token ids"),
+    ])
+    def test_bad_continuations(self, continuation, match):
+        with pytest.raises(InputError, match=match):
+            attribute_generation(tiny_model("llama"), TOK, PROMPT, continuation)
+
+    def test_max_new_tokens_with_a_continuation(self):
+        with pytest.raises(InputError, match="max_new_tokens is for generating"):
+            attribute_generation(tiny_model("llama"), TOK, PROMPT, "ab", max_new_tokens=2)
+
+
+def test_continuation_ids_of_any_integer_type_are_saved_as_ints():
+    import numpy as np
+
+    gen = attribute_generation(tiny_model("llama"), TOK, PROMPT, [torch.tensor(5), np.int64(6), 7])
+    assert gen.token_ids[-3:] == [5, 6, 7] and all(type(i) is int for i in gen.token_ids)
+    assert dpa.Generation.from_json(gen.to_json()).token_ids == gen.token_ids
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda d: d["tokens"].__setitem__(1, "HACKED"), "the steps are not the generation's"),
+    (lambda d: d["steps"][1]["target"].update(kind="logprob"), "share one kind of target"),
+    (lambda d: d.update(generated_by="sampled"), "generated_by must be 'greedy' or 'given'"),
+    (lambda d: d.update(prompt_length=0), "prompt_length must be at least 1"),
+])
+def test_a_saved_generation_that_does_not_fit_is_refused(edit, match):
+    data = attribute_generation(tiny_model("llama"), TOK, PROMPT, max_new_tokens=3, stop_at_eos=False).to_dict()
+    edit(data)
+    with pytest.raises(InputError, match=match):
+        dpa.Generation.from_dict(data)
 
 
 def test_saved_and_read_back(tmp_path):

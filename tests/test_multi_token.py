@@ -151,6 +151,14 @@ class TestRefused:
             dpa.circuit(model, TOK, PROMPT, target=TARGET)
         assert "'sum'" not in str(err.value)  # the option is named only where it is accepted
 
+    def test_a_list_of_ids_is_one_target_per_prompt(self):
+        with pytest.raises(InputError, match="a target of several tokens is a string, with multi_token='sum'"):
+            dpa.attribute(tiny_model("llama"), TOK, PROMPT, target=[5, 6], multi_token="sum")
+
+    def test_the_report_names_what_logprob_attributes(self):
+        res = dpa.attribute(tiny_model("llama"), TOK, PROMPT, target=TARGET, multi_token="sum", kind="logprob")
+        assert "sum of the logit - expected logit (p held fixed) of 't on', 4 tokens" in repr(res)
+
     def test_the_baselines_attribute_one_token(self):
         """No baseline sums several target tokens: the error offers nothing the baseline does not take."""
         from dpa import baselines
@@ -160,6 +168,9 @@ class TestRefused:
             with pytest.raises(TargetError, match="not a single token") as err:
                 method(model, TOK, PROMPT, TARGET)
             assert "multi_token" not in str(err.value)
+        # DPA in the baselines' calling convention takes it, as dpa.attribute does
+        got = baselines.dpa_input(model, TOK, PROMPT, TARGET, multi_token="sum")
+        assert got.target.terms == dpa.attribute(model, TOK, PROMPT, TARGET, multi_token="sum").target.terms
 
 
 @pytest.mark.parametrize("edit, match", [

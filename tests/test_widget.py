@@ -900,6 +900,12 @@ class TestGenerationWidget:
             w.step = 4
         with pytest.raises(dpa.InputTypeError, match="GenerationWidget shows a dpa.Generation"):
             GenerationWidget(gen.steps[0])
+        with pytest.raises(dpa.InputError, match="step must be None or a step"):
+            w.step = True
+        data = gen.to_dict()
+        data["steps"][0]["token_scores"][1] = None  # a NaN in the file
+        with pytest.raises(dpa.InputError, match="NaN or infinite scores"):
+            GenerationWidget(dpa.Generation.from_dict(data))
 
     def test_saved_page_and_a_generation_read_back(self, gen, tmp_path):
         from dpa_widgets import GenerationWidget
@@ -910,4 +916,8 @@ class TestGenerationWidget:
         gen.to_json(str(tmp_path / "g.json"), top_neurons=4)  # neurons saved as each layer's top 4
         back = GenerationWidget(dpa.Generation.from_json(tmp_path / "g.json"), top=3)
         assert back._data["steps"][1]["neurons"]["positive"] == GenerationWidget(gen, top=3)._data["steps"][1][
+            "neurons"]["positive"]
+        gen.to_json(str(tmp_path / "g2.json"), top_neurons=2)  # asked for more than were kept: the exact top 2
+        back = GenerationWidget(dpa.Generation.from_json(tmp_path / "g2.json"), top=10)
+        assert back._data["steps"][1]["neurons"]["positive"] == GenerationWidget(gen, top=2)._data["steps"][1][
             "neurons"]["positive"]

@@ -2185,7 +2185,8 @@ export function headerView(ctx) {
     h("span", { class: "dpa-title", text: `Target ${what}` + (terms.length ? ` (${terms.length} tokens, teacher-forced)` : ""),
       title: each }),
     h("span", { text: t.probability === null ? "" : `p = ${t.probability.toFixed(3)}` }),
-    h("span", { title: each, text: `${terms.length ? `sum of ${terms.length} ${kind}s` : kind} ${formatScore(data.target_logit)}` }),
+    h("span", { title: each, text: `${terms.length ? `sum of ${terms.length} ${t.kind === "logprob" ?
+      "(logit − expected logit)s, p held fixed," : "logits"}` : kind} ${formatScore(data.target_logit)}` }),
     h("span", { title: "sum of token scores − target", text: `gap ${formatScore(data.completeness_gap)}` }),
     ...(data.caveats || []).filter((c) => c.startsWith("path weights off")).map((c) =>
       h("span", { class: "dpa-error", title: c, text: "⚠ weights off the paper's constraints" })),
