@@ -11,6 +11,7 @@ Edge scores need alpha itself and come from the explicit path (explicit.py).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from torch import Tensor, nn
 
 from . import request as requests
 from .checks import check_bool, check_choice
-from .errors import NonFiniteError, TargetWarning, UnsupportedModelError
+from .errors import InputError, NonFiniteError, TargetWarning, UnsupportedModelError
 from .explicit import edge_scores
 from .families import ModelSpec, layer_modules, weight_rows
 from .instrument import instrument
@@ -66,8 +67,12 @@ def attribute(model: nn.Module, tokenizer, prompt: Prompt | list[Prompt], target
         attributed quantity is the sum of each token's logit -- with ``kind="logprob"``, of each token's logit minus
         the expected logit at its position, p held fixed -- read at the position before it, in one forward and one
         backward pass; ``target.terms`` has each token's share and probability, ``target.logprob`` the true log p of
-        the whole, and the token scores cover the appended tokens too). Read after the whole prompt (``position`` the last token);
-        a contrast stays one token, subtracted at the first position.
+        the whole, and the token scores cover the appended tokens too). Read after the whole prompt (``position`` the
+        last token). A contrast of one token is subtracted at the first position; a contrast of several tokens is
+        read the same way in a sequence of its own (the prompt and its tokens, a second row of the same forward and
+        backward pass) and its sum subtracted: its forced tokens follow the target's in ``tokens`` and its terms
+        follow the target's in ``target.terms`` (``contrast=True``); edges, position-level neurons and effective
+        targets take a contrast of one token.
     memory: "full" keeps the whole graph of the forward pass, "lean" recomputes one decoder layer at a time in the
         backward, "auto" (default) picks lean when the full graph would not fit in half the free memory. Both give
         the same scores.
@@ -89,6 +94,10 @@ def attribute(model: nn.Module, tokenizer, prompt: Prompt | list[Prompt], target
                          weights=weights, padding_side=padding_side, multi_token=multi_token,
                          multi_options=requests.MULTI_TOKEN)
     spec = req.spec
+    if req.contrast_rows and (edges or neuron_positions or effective_targets or neuron_target == "mid"):
+        raise InputError("a contrast of several tokens is read in a sequence of its own (the prompt and its tokens), "
+                         "so its position-level scores have no place beside the target's: edges, neuron_positions, "
+                         "effective_targets and neuron_target='mid' take a contrast of one token")
     if neuron_target == "mid" and spec.n_experts:
         raise UnsupportedModelError(f"neuron_target='mid' reads each neuron's down projection; {spec.family}'s "
                                     "neurons are inside its experts: use neuron_target='output'")
@@ -102,7 +111,10 @@ def attribute(model: nn.Module, tokenizer, prompt: Prompt | list[Prompt], target
                                                                 for t in req.targets)
     run = _run(model, req, dtype, lean=lean, edges=edges, neuron_positions=neuron_positions or neuron_target == "mid",
                effective_targets=effective_targets, neuron_target=neuron_target, probabilities=probabilities)
-    results = [_result(model, req, run, b, neuron_target, neuron_positions) for b in range(req.batch)]
+    results = [_result(model, req, run, b, neuron_target, neuron_positions) for b in range(req.n_prompts)]
+    for b, row in enumerate(req.contrast_rows):  # a contrast of several tokens: its own row, merged in
+        if row is not None:
+            results[b] = with_contrast(results[b], _result(model, req, run, row, neuron_target, False), req, b)
     for res in results:
         if res.target.hint:
             warnings.warn(res.target.hint, TargetWarning, stacklevel=2)
@@ -214,6 +226,39 @@ def _run(model: nn.Module, req: Request, dtype: torch.dtype, *, lean: bool, edge
                term_capped=term_capped)
 
 
+def with_contrast(target: Attribution, foil: Attribution, req: Request, b: int) -> Attribution:
+    """The attribution of a target minus a contrast of several tokens, from the target's result and the contrast's
+    (its own sequence: the prompt and its tokens but the last, its direction negated): the prompt's token scores
+    and every component score add up; the tokens are the prompt, the target's forced tokens, then the contrast's
+    (each continuation reads only the prompt and its own tokens); ``target.terms`` lists the target's terms, then
+    the contrast's (``contrast=True``, their values negative)."""
+    n = target.target.position + 1  # the prompt's tokens
+    k = len(target.tokens) - n  # the target's forced tokens
+    add = lambda a, b: None if a is None else a + b  # noqa: E731
+    glue = lambda a, b: None if a is None else torch.cat([a[:n] + b[:n], a[n:], b[n:]])  # noqa: E731
+    t, c = target.target, foil.target
+    mine = t.terms or [TargetTerm(position=n - 1, token=t.token, token_id=t.token_id, value=target.target_logit,
+                                  probability=t.probability)]
+    spec, ids = req.targets[b], list(req.targets[req.contrast_rows[b]].tokens)
+    theirs = [TargetTerm(position=n - 1 if i == 0 else n + k + i - 1, token=req.decode([tok])[0], token_id=tok,
+                         value=term.value, probability=term.probability, contrast=True)
+              for i, (tok, term) in enumerate(zip(ids, c.terms))]
+    info = dataclasses.replace(t, kind="contrast", contrast=spec.contrast_text, contrast_id=ids[0],
+                               terms=[*mine, *theirs], hint=None,
+                               capped_logit=None if t.capped_logit is None else t.capped_logit + c.capped_logit)
+    value = target.target_logit + foil.target_logit
+    tokens = glue(target.token_scores, foil.token_scores)
+    positions = glue(target.position_scores, foil.position_scores)
+    bias = target.bias_share + foil.bias_share
+    return dataclasses.replace(
+        target, tokens=target.tokens + foil.tokens[n:], token_ids=target.token_ids + foil.token_ids[n:],
+        special=None if target.special is None else target.special + foil.special[n:], token_scores=tokens,
+        head_scores=target.head_scores + foil.head_scores, neuron_scores=target.neuron_scores + foil.neuron_scores,
+        expert_scores=add(target.expert_scores, foil.expert_scores), position_scores=positions, target_logit=value,
+        target=info, bias_share=bias,
+        completeness_gap=float(tokens.sum()) + bias - value + (0.0 if positions is None else float(positions.sum())))
+
+
 def sum_scores(parts: list[Scores]) -> Scores:
     """One ``Scores`` holding the sums of several settled ones (the terms of one target)."""
     first = parts[0]
@@ -237,7 +282,8 @@ def _after_cap(terms: list, final: Tensor, unembed: Tensor, values: Tensor, cap:
             out.append(values.new_tensor(float("nan")))
         else:
             z = softcap(final[j] @ unembed[t.token_id], cap)
-            out.append(z - softcap(final[j] @ unembed[t.contrast_id], cap) if t.kind == "contrast" else z)
+            z = z - softcap(final[j] @ unembed[t.contrast_id], cap) if t.kind == "contrast" else z
+            out.append(-z if t.negate else z)
     return torch.stack(out)
 
 

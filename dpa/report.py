@@ -78,10 +78,14 @@ def component_label(c: Component) -> str:
     return f"{'head' if c.kind == 'head' else 'neuron'} L{c.layer} {'H' if c.kind == 'head' else 'N'}{c.index}"
 
 
-def teacher_forced(res: Attribution) -> set[int]:
-    """The positions that hold a target's own tokens (a target of several tokens: all but its last are input)."""
+def teacher_forced(res: Attribution) -> dict[int, str]:
+    """The positions that hold a target's own tokens (a target of several tokens: all but its last are input), and
+    a contrast's of several tokens: position -> "target" or "contrast"."""
     terms = getattr(res.target, "terms", None) or []
-    return {term.position for term in terms[1:]}
+    out = {}
+    for side, mine in (("target", [t for t in terms if not t.contrast]), ("contrast", [t for t in terms if t.contrast])):
+        out.update({term.position: side for term in mine[1:]})
+    return out
 
 
 def describe_target(res: Attribution) -> str:
@@ -91,11 +95,15 @@ def describe_target(res: Attribution) -> str:
     p = f" (p = {t.probability:.4f})" if t.token is not None and t.probability is not None else ""
     value = f"{res.target_logit:.4f} logit units"
     if getattr(t, "terms", None):  # a target of several tokens, under teacher forcing
-        each = ", ".join(f"{term.token!r} after position {term.position} {term.value:+.4f}" for term in t.terms)
+        each = ", ".join(f"{'minus ' if term.contrast else ''}{term.token!r} after position {term.position} "
+                         f"{term.value:+.4f}" for term in t.terms)
         what = "logit - expected logit (p held fixed)" if t.kind == "logprob" else "logits"
-        foil = f" - logit({t.contrast!r}) at the first" if t.kind == "contrast" else ""
+        theirs = sum(term.contrast for term in t.terms)
+        foil = ("" if t.kind != "contrast" else f" minus those of {t.contrast!r}, {theirs} tokens" if theirs else
+                f" - logit({t.contrast!r}) at the first")
+        n_mine = len(t.terms) - theirs
         logp = f" (log p = {t.logprob:.4f}, p = {t.probability:.4g})" if t.logprob is not None else ""
-        return f"sum of the {what} of {t.token!r}, {len(t.terms)} tokens{foil} ({each}){logp} = {value}"
+        return f"sum of the {what} of {t.token!r}, {n_mine} tokens{foil} ({each}){logp} = {value}"
     if t.kind == "logprob":
         logp = f"log p({t.token!r}) = {t.logprob:.4f}{p}" if t.logprob is not None else f"log p({t.token!r})"
         return f"{logp} {where}; attributed: logit({t.token!r}) - expected logit, p held fixed = {value}"
@@ -200,7 +208,7 @@ def terminal_report(res: Attribution, *, color: bool, top: int = 10) -> str:
         out.append(f"  {'pos':>4}  {'score':>10}  token")
         for i, (t, s) in enumerate(zip(res.tokens, scores)):
             out.append(f"  {i:>4}  {s:>+10.4f}  {show_token(t)!r}{'  (special)' if special[i] else ''}"
-                       f"{'  (target, teacher-forced)' if i in forced else ''}")
+                       f"{f'  ({forced[i]}, teacher-forced)' if i in forced else ''}")
     out.append("")
     out.extend(completeness_lines(res))
     out.append("")
@@ -287,7 +295,7 @@ def html_report(res: Attribution, *, top: int = 10, prompt: str | None = None) -
     comps, what = ranked(res, top)
     forced = teacher_forced(res)
     table = [f"<tr><td>{i}</td><td><code>{_esc(repr(tok))}</code>{' (special)' if special[i] else ''}"
-             f"{' (target, teacher-forced)' if i in forced else ''}</td>"
+             f"{f' ({forced[i]}, teacher-forced)' if i in forced else ''}</td>"
              f"<td class='num'>{s:+.4f}</td></tr>" for i, (tok, s) in enumerate(zip(res.tokens, res.token_scores.tolist()))]
     gradient = ", ".join(RDBU)
     info = "\n".join(f"<dt>{_esc(label)}</dt><dd>{_esc(text)}</dd>" for label, text in summary_lines(res))

@@ -8,6 +8,7 @@ token ids (or a direction), checked against the model's vocabulary and context l
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 from dataclasses import dataclass, field
 from collections.abc import Mapping
@@ -43,12 +44,19 @@ class Request:
     targets: list[TargetSpec]
     weights: PathWeights
     batched: bool  # a list of prompts was given (one result per prompt)
+    contrast_rows: list[int | None] = field(default_factory=list)  # per prompt: the row of its contrast of several
+    # tokens (after the prompts' rows), or None; empty: one row per prompt
     tokenizer: Any = None
     clean_logits: Tensor | None = field(default=None, repr=False)  # [batch vocab] at the positions, once known
 
     @property
     def batch(self) -> int:
         return self.input_ids.shape[0]
+
+    @property
+    def n_prompts(self) -> int:
+        """How many prompts (results): the rows but those of contrasts of several tokens."""
+        return len(self.contrast_rows) or self.batch
 
     @property
     def n_tokens(self) -> int:
@@ -91,10 +99,9 @@ class Request:
         predicted = logits.argmax(-1).tolist()
         for b, t in enumerate(self.targets):
             if t.kind != "vector" and t.token_id is None:
-                if t.contrast_id is not None and predicted[b] == t.contrast_id:
+                if t.contrast_id is not None and not t.contrast_tokens and predicted[b] == t.contrast_id:
                     raise TargetError(f"prompt {b}: the model's prediction is the contrast token itself")
-                self.targets[b] = TargetSpec(t.kind, token_id=predicted[b], contrast_id=t.contrast_id,
-                                             contrast_text=t.contrast_text)
+                self.targets[b] = dataclasses.replace(t, token_id=predicted[b])
 
     def metric(self, logits: Tensor) -> Tensor:
         """The attributed logit (minus the contrast logit) from logits [rows vocab] of a one-prompt request."""
@@ -377,6 +384,7 @@ class Encoded:
     positions: list[int]  # the target position within each row
     targets: list[TargetSpec]
     batched: bool
+    contrast_rows: list[int | None] = dataclasses.field(default_factory=list)  # as Request's
 
 
 def build(model: nn.Module, tokenizer, prompt: Prompt | list[Prompt], target=None, *, contrast=None,
@@ -407,7 +415,7 @@ def build(model: nn.Module, tokenizer, prompt: Prompt | list[Prompt], target=Non
             mask[b, :len(ids)] = True
         return Request(spec=spec, input_ids=input_ids.to(device), mask=mask.to(device),
                        positions=torch.tensor(enc.positions, device=device), targets=enc.targets, weights=weights,
-                       batched=enc.batched, tokenizer=tokenizer)
+                       batched=enc.batched, tokenizer=tokenizer, contrast_rows=enc.contrast_rows)
 
 
 def encode(tokenizer, sizes, prompt: Prompt | list[Prompt], target=None, *, contrast=None, kind: Kind = "logit",
@@ -453,20 +461,30 @@ def encode(tokenizer, sizes, prompt: Prompt | list[Prompt], target=None, *, cont
                              f"{sizes.vocab_size}), got {list(continuation)[:8]!r}")
         targets = [TargetSpec("logprob" if kind == "logprob" else "token", token_id=ids[0],
                               tokens=tuple(ids) if len(ids) > 1 else ())]
-    for n, (ids, t) in enumerate(zip(rows, targets)):  # a target of several tokens: teacher forcing
-        if len(t.tokens) < 2:
+    contrast_rows: list[int | None] = [None] * len(rows)
+    for n, (ids, t) in enumerate(zip(list(rows), list(targets))):  # several tokens: teacher forcing
+        if len(t.tokens) < 2 and not t.contrast_tokens:
             continue
         which = f"prompt {n}" if batched else "the prompt"
         if positions[n] != len(ids) - 1:
             raise InputError(f"{which}: a target of several tokens is read after the whole prompt (its first token at "
                              f"the last position, {len(ids) - 1}, each next one after it), not at position "
                              f"{positions[n]}: cut the prompt there instead")
-        rows[n] = ids = ids + list(t.tokens[:-1])
-        if len(ids) > sizes.max_positions:
-            raise InputError(f"{which} and its target of {len(t.tokens)} tokens (teacher forcing: the prompt and "
-                             f"every target token but the last) have {len(ids)} tokens, more than the model's "
-                             f"context of {sizes.max_positions}")
-    return Encoded(rows=rows, positions=positions, targets=targets, batched=batched)
+        for what, forced in (("target", t.tokens), ("contrast", t.contrast_tokens)):
+            if len(ids) + len(forced) - 1 > sizes.max_positions:
+                raise InputError(f"{which} and its {what} of {len(forced)} tokens (teacher forcing: the prompt and "
+                                 f"every {what} token but the last) have {len(ids) + len(forced) - 1} tokens, more "
+                                 f"than the model's context of {sizes.max_positions}")
+        if t.contrast_tokens:  # the contrast in a row of its own, its direction negated
+            c = t.contrast_tokens
+            contrast_rows[n] = len(rows)
+            rows.append(ids + list(c[:-1]))
+            positions.append(positions[n])
+            targets.append(TargetSpec("token", token_id=c[0], tokens=c, negate=True))
+        rows[n] = ids + list(t.tokens[:-1])
+    if not any(r is not None for r in contrast_rows):
+        contrast_rows = []
+    return Encoded(rows=rows, positions=positions, targets=targets, batched=batched, contrast_rows=contrast_rows)
 
 
 @dataclass(frozen=True)
@@ -537,10 +555,6 @@ def _targets(tokenizer, spec, n: int, target, contrast, kind: str, multi_token: 
             options=multi_options)
         ys = () if tg is None else resolve(tg, "target")
         foils = () if foil is None else resolve(foil, "contrast")
-        if len(foils) > 1:
-            raise TargetError(f"contrast {foil!r} is several tokens: a contrast is one token (the target's first "
-                              "token's logit minus the contrast's, at the same position); pass one token, or "
-                              "attribute the two continuations one call each and subtract")
         y, foil_id = (ys[0] if ys else None), (foils[0] if foils else None)
         if foil_id is not None and kind == "logprob":
             raise TargetError("the logprob target takes no contrast (it already contrasts with every token)")
@@ -549,7 +563,7 @@ def _targets(tokenizer, spec, n: int, target, contrast, kind: str, multi_token: 
         kind_name = "contrast" if foil_id is not None else ("logprob" if kind == "logprob" else "token")
         out.append(TargetSpec(kind_name, token_id=y, contrast_id=foil_id, text=tg if isinstance(tg, str) else None,
                               contrast_text=foil if isinstance(foil, str) else None,
-                              tokens=ys if len(ys) > 1 else ()))
+                              tokens=ys if len(ys) > 1 else (), contrast_tokens=foils if len(foils) > 1 else ()))
     return out
 
 

@@ -37,6 +37,7 @@ class TargetTerm:
     # for kind="logprob" its logit minus the expected logit at its position, p held fixed (what that kind attributes:
     # log p linearised; the true log p is in probability)
     probability: float | None = None  # p(token) at its position
+    contrast: bool = False  # a token of a contrast of several tokens (its value counts negatively)
 
 
 @dataclass(frozen=True)
@@ -376,14 +377,20 @@ class Attribution(JsonRecord):
         if self.target.position >= n:
             return f"target.position {self.target.position!r} is outside the {n} tokens"
         terms = self.target.terms
-        if terms is not None:  # a target of several tokens: each read after the last, its own token the next input
+        if terms is not None:  # several tokens: each read after the last, its own token the next input
             p = self.target.position
-            if len(terms) < 2 or [t.position for t in terms] != list(range(p, p + len(terms))) \
-                    or p + len(terms) != n or terms[0].token_id != self.target.token_id \
-                    or [t.token_id for t in terms[:-1]] != self.token_ids[p + 1:]:
+            mine = [t for t in terms if not t.contrast]
+            theirs = [t for t in terms if t.contrast]
+            k = len(mine) - 1  # the target's forced tokens; the contrast's follow them
+            want = list(range(p, p + len(mine))) + ([p] + list(range(p + k + 1, p + k + len(theirs))))[:len(theirs)]
+            forced = [t.token_id for t in mine[:-1]] + [t.token_id for t in theirs[:-1]]
+            if len(terms) < 2 or terms[:len(mine)] != mine or [t.position for t in terms] != want \
+                    or p + 1 + len(forced) != n or mine[0].token_id != self.target.token_id \
+                    or forced != self.token_ids[p + 1:] or (theirs and self.target.kind != "contrast"):
                 return (f"target.terms do not fit the tokens: a target of several tokens has one term a token, the "
                         f"first at target.position ({p}), each next one a position later, and every term but the "
-                        "last is the next input token (teacher forcing), up to the end of the tokens")
+                        "last is the next input token (teacher forcing), up to the end of the tokens (a contrast "
+                        "of several tokens: its terms after the target's, its tokens after the target's)")
             total = sum(t.value for t in terms)
             if not math.isclose(total, self.target_logit, rel_tol=1e-4, abs_tol=1e-4):
                 return f"target.terms add up to {total!r}, not to target_logit {self.target_logit!r}"
@@ -478,7 +485,7 @@ def _prediction(name: str, value: Any) -> tuple[str, float]:
 
 TERM_FIELDS = {
     "position": _index, "token": _optional(_text), "token_id": _index, "value": check_float,
-    "probability": _optional(_probability),
+    "probability": _optional(_probability), "contrast": check_bool,
 }
 TARGET_FIELDS = {
     "kind": lambda name, value: check_choice(name, value, ("token", "contrast", "logprob", "vector")),

@@ -34,6 +34,9 @@ class TargetSpec:
     text: str | None = None  # the target as the caller wrote it, when a string (for spelling hints)
     contrast_text: str | None = None
     tokens: tuple[int, ...] = ()  # a target of several tokens (multi_token="sum"): all of them, tokens[0] == token_id
+    contrast_tokens: tuple[int, ...] = ()  # a contrast of several tokens: read in a row of its own (its own tokens
+    # forced), whose target is the contrast negated (``negate``)
+    negate: bool = False  # the direction is minus the token's (the row of a contrast of several tokens)
 
     @property
     def n_terms(self) -> int:
@@ -42,9 +45,11 @@ class TargetSpec:
 
     def term(self, j: int) -> TargetSpec:
         """The one-token target of term j: the j-th token of the target (term 0 keeps the contrast)."""
-        if j == 0:
-            return TargetSpec(self.kind, token_id=self.token_id, contrast_id=self.contrast_id, vector=self.vector)
-        return TargetSpec("logprob" if self.kind == "logprob" else "token", token_id=self.tokens[j])
+        if j == 0 and not self.contrast_tokens:
+            return TargetSpec(self.kind, token_id=self.token_id, contrast_id=self.contrast_id, vector=self.vector,
+                              negate=self.negate)
+        token = self.tokens[j] if self.tokens else self.token_id
+        return TargetSpec("logprob" if self.kind == "logprob" else "token", token_id=token, negate=self.negate)
 
 
 def token_id(tokenizer, token: str | int, vocab_size: int, *, multi_token: str = "error", what: str = "target",
@@ -156,7 +161,7 @@ def target_direction(spec: TargetSpec, unembed: Tensor, probs: Tensor | None = N
             z = z.to(unembed)
             rho = torch.where(z == 0, torch.ones_like(z), torch.tanh(z / c) * c / z)
             u = u * rho[spec.token_id] - (probs.to(unembed) * rho) @ unembed
-    return u
+    return -u if spec.negate else u
 
 
 def single_token_spellings(tokenizer, text: str) -> list[tuple[str, int]]:

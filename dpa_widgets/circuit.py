@@ -178,9 +178,10 @@ class CircuitWidget(UserTraits, anywidget.AnyWidget):
             _live=model is not None, _presets=[p for p in PRESETS if p != "custom" or self._custom is not None],
             **kwargs)
         if model is not None and result.target.kind != "vector" and (
-                result.edge_scores is None or result.neuron_position_scores is None):
+                result.edge_scores is None or result.neuron_position_scores is None) and not any(
+                t.contrast for t in result.target.terms or []):  # (a contrast of several tokens has none)
             result = live.recompute(model, tokenizer, result, target=live.same_target(result.target),
-                                    contrast=result.target.contrast_id, weights=result.weights)
+                                    contrast=live.same_contrast(result.target), weights=result.weights)
         self._show(result)
         self._computed = self._settings()
         if circuit is True:
@@ -422,7 +423,7 @@ class CircuitWidget(UserTraits, anywidget.AnyWidget):
         if token == self.result.target.token:
             return live.same_target(self.result.target)
         if token == self.result.target.contrast:
-            return self.result.target.contrast_id
+            return live.same_contrast(self.result.target)
         if self.tokenizer is None and token.strip().isdigit():  # no tokenizer: tokens are shown as ids
             return int(token)
         return token

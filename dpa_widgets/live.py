@@ -63,7 +63,12 @@ def weights_for(preset: str, p: float) -> PathWeights:
 
 def same_target(target) -> str | int:
     """What attributes ``target`` (a result's ``TargetInfo``) again: its id, or for several tokens its text."""
-    return target.token if target.terms else target.token_id
+    return target.token if target.terms and any(not t.contrast for t in target.terms[1:]) else target.token_id
+
+
+def same_contrast(target) -> str | int | None:
+    """What attributes the contrast of ``target`` again: its id, or for several tokens its text."""
+    return target.contrast if target.terms and any(t.contrast for t in target.terms) else target.contrast_id
 
 
 def recompute(model: nn.Module, tokenizer, result: Attribution, *, target: str | int | None,
@@ -74,10 +79,13 @@ def recompute(model: nn.Module, tokenizer, result: Attribution, *, target: str |
     if result.target.kind == "vector":
         raise dpa.TargetError("a vector target cannot be changed from the widget; recompute it with dpa.attribute")
     position = result.target.position
+    # a contrast of several tokens is read in a sequence of its own: no edges or position-level neurons beside it
+    finer = not (isinstance(contrast, str) and tokenizer is not None
+                 and len(tokenizer.encode(contrast, add_special_tokens=False)) > 1)
     return dpa.attribute(
         model, tokenizer, list(result.token_ids[: position + 1]), target=target, contrast=contrast,
         kind="logprob" if result.target.kind == "logprob" else "logit", multi_token="sum",
-        weights=weights, edges=True, neuron_positions=True, neuron_target=result.neuron_target)
+        weights=weights, edges=finer, neuron_positions=finer, neuron_target=result.neuron_target)
 
 
 @torch.no_grad()

@@ -88,7 +88,8 @@ def view_payload(result: Attribution, *, top_neurons: int = 32, routes: int = 8,
         "target": {f: getattr(target, f) for f in
                    ("kind", "position", "token", "token_id", "contrast", "contrast_id", "probability", "logprob")}
         | {"terms": None if not target.terms else [  # a target of several tokens: each token's share
-            {"position": t.position, "token": t.token, "value": rounded(t.value), "probability": t.probability}
+            {"position": t.position, "token": t.token, "value": rounded(t.value), "probability": t.probability,
+             "contrast": t.contrast}
             for t in target.terms]},
         "target_logit": rounded(result.target_logit),
         "completeness_gap": rounded(result.completeness_gap),

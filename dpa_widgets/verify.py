@@ -52,10 +52,11 @@ def run(model: nn.Module, result: Attribution, *, mode: str, units: str, k: int,
 
 def _product(probs, result: Attribution) -> torch.Tensor:
     """p(target) per row from ``probs(position, token_id)``: for a target of several tokens the probability of the
-    whole of it under teacher forcing, the product of its tokens' (each at its own position)."""
+    whole of it under teacher forcing, the product of its tokens' (each at its own position; a contrast's are not
+    the target)."""
     t = result.target
     out = probs(t.position, t.token_id)
-    for term in (t.terms or [])[1:]:
+    for term in [x for x in t.terms or [] if not x.contrast][1:]:
         out = out * probs(term.position, term.token_id)
     return out
 

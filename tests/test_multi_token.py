@@ -104,6 +104,37 @@ def test_contrast_is_subtracted_at_the_first_position():
     assert res.target.kind == "contrast" and res.target.contrast == "x"
 
 
+@pytest.mark.parametrize("family", ["llama", "gemma2", "gpt2", "qwen2_moe"])
+@pytest.mark.parametrize("target", [TARGET, "t"])
+def test_a_contrast_of_several_tokens_is_subtracted_whole(family, target):
+    """The target's sum minus the contrast's, each under its own teacher forcing (the contrast in a row of its own):
+    the prompt's token scores and every component score are the difference of the two calls; the tokens are the
+    prompt, the target's forced tokens, then the contrast's."""
+    model = tiny_model(family)
+    both = dpa.attribute(model, TOK, [PROMPT, "the m"], target=[target, "a"], contrast=["xyz", None],
+                         multi_token="sum")
+    res = both[0]
+    mine = dpa.attribute(model, TOK, PROMPT, target=target, multi_token="sum")
+    theirs = dpa.attribute(model, TOK, PROMPT, target="xyz", multi_token="sum")
+    n = len(PROMPT) + 1
+    assert res.tokens == mine.tokens + theirs.tokens[n:]
+    assert res.target_logit == pytest.approx(mine.target_logit - theirs.target_logit, abs=1e-12)
+    want = torch.cat([mine.token_scores[:n] - theirs.token_scores[:n], mine.token_scores[n:], -theirs.token_scores[n:]])
+    torch.testing.assert_close(res.token_scores, want, rtol=0, atol=1e-12)
+    for name in ("head_scores", "neuron_scores", "expert_scores"):
+        a, b, got = (getattr(r, name) for r in (mine, theirs, res))
+        if got is not None:
+            torch.testing.assert_close(got, a - b, rtol=0, atol=1e-12)
+    assert res.completeness_gap == pytest.approx(mine.completeness_gap - theirs.completeness_gap, abs=1e-10)
+    contrast = [t for t in res.target.terms if t.contrast]
+    assert [t.token for t in contrast] == list("xyz") and res.target.kind == "contrast"
+    assert [t.value for t in contrast] == pytest.approx([-t.value for t in theirs.target.terms], abs=1e-12)
+    assert dpa.Attribution.from_json(res.to_json(precision="full")).target == res.target
+    alone = dpa.attribute(model, TOK, "the m", target="a")  # the other prompt of the batch is untouched
+    torch.testing.assert_close(both[1].token_scores, alone.token_scores, rtol=0, atol=1e-12)
+    assert "minus those of 'xyz', 3 tokens" in repr(res)
+
+
 def test_a_batch_mixes_lengths_and_one_token_targets():
     model = tiny_model("qwen2")
     both = dpa.attribute(model, TOK, [PROMPT, "the m"], target=[TARGET, "a"], multi_token="sum")
@@ -139,9 +170,11 @@ class TestRefused:
         with pytest.raises(InputError, match="teacher forcing"):  # two more tokens do not fit
             dpa.attribute(model, TOK, "a" * (limit - 1), target="bcd", multi_token="sum")
 
-    def test_a_contrast_of_several_tokens(self):
-        with pytest.raises(TargetError, match="contrast 'xy' is several tokens"):
-            dpa.attribute(tiny_model("llama"), TOK, PROMPT, target=TARGET, contrast="xy", multi_token="sum")
+    def test_position_level_scores_with_a_contrast_of_several_tokens(self):
+        for option in ({"edges": True}, {"neuron_positions": True}, {"effective_targets": True}):
+            with pytest.raises(InputError, match="a contrast of several tokens is read in a sequence of its own"):
+                dpa.attribute(tiny_model("llama"), TOK, PROMPT, target=TARGET, contrast="xy", multi_token="sum",
+                              **option)
 
     def test_where_sums_are_not_attributed(self):
         model = tiny_model("llama")

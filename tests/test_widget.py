@@ -857,6 +857,21 @@ class TestMultiToken:
             want *= _prob_with_hooks(model, list(w.result.token_ids), term.position, term.token_id, zero_tokens=[3])
         assert out["p_after"] == pytest.approx(want, rel=1e-6)
 
+    def test_a_contrast_of_several_tokens(self, model):
+        from tests.test_multi_token import PROMPT as TEXT, TARGET, TOK
+
+        res = dpa.attribute(model, TOK, TEXT, target=TARGET, contrast="xy", multi_token="sum")
+        w = CircuitWidget(res, model, TOK)
+        assert w._error == "" and [t["contrast"] for t in w._data["target"]["terms"]] == [False] * 4 + [True] * 2
+        w.weights_preset = "attention"  # recomputed with the same whole target and contrast
+        want = dpa.attribute(model, TOK, TEXT, target=TARGET, contrast="xy", multi_token="sum",
+                             weights=dpa.PathWeights.preset("attention", w.weights_p))
+        assert w._error == "" and w.result.target.terms == want.target.terms
+        close(w._data["head_scores"], want.head_scores)
+        w.selected_token = 2
+        out = w.verify("disrupt", "selection")
+        assert out["p_before"] == pytest.approx(w.result.target.probability, rel=1e-6)  # the target's, not the foil's
+
     def test_one_token_views_refuse(self, multi, model):
         w, tok, *_ = multi
         with pytest.raises(dpa.InputError, match="circuit graph attributes one target token"):

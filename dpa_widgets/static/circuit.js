@@ -54,7 +54,7 @@
  * @property {boolean[]} special
  * @property {{kind: string, position: number, token: string|null, token_id: number|null,
  *   contrast: string|null, contrast_id: number|null, probability: number|null, logprob: number|null,
- *   terms: {position: number, token: string|null, value: number, probability: number|null}[]|null}} target
+ *   terms: {position: number, token: string|null, value: number, probability: number|null, contrast: boolean}[]|null}} target
  * @property {number} target_logit
  * @property {number} completeness_gap
  * @property {string[]} [caveats]             what dpa cannot vouch for (Attribution.caveats)
@@ -2178,14 +2178,15 @@ export function headerView(ctx) {
   const what = t.kind === "contrast" ? `${JSON.stringify(t.token)} − ${JSON.stringify(t.contrast)}` :
     t.kind === "vector" ? "a vector direction" : JSON.stringify(t.token);
   const terms = t.terms || [];  // a target of several tokens, each read at its own position (teacher forcing)
-  const each = terms.map((x) => `${JSON.stringify(x.token)} after position ${x.position}: ${formatScore(x.value)}`).join("\n");
+  const each = terms.map((x) => `${x.contrast ? "minus " : ""}${JSON.stringify(x.token)} after position ${x.position}: ${formatScore(x.value)}`).join("\n");
+  const mine = terms.filter((x) => !x.contrast).length;
   const kind = t.kind === "contrast" ? "logit difference" : t.kind;
   return h("div", { class: "dpa-header" }, [
     ...viewTabs(ctx),
-    h("span", { class: "dpa-title", text: `Target ${what}` + (terms.length ? ` (${terms.length} tokens, teacher-forced)` : ""),
+    h("span", { class: "dpa-title", text: `Target ${what}` + (terms.length ? ` (${mine}${mine < terms.length ? ` − ${terms.length - mine}` : ""} tokens, teacher-forced)` : ""),
       title: each }),
     h("span", { text: t.probability === null ? "" : `p = ${t.probability.toFixed(3)}` }),
-    h("span", { title: each, text: `${terms.length ? `sum of ${terms.length} ${t.kind === "logprob" ?
+    h("span", { title: each, text: `${terms.length ? t.kind === "contrast" ? "logit sums' difference" : `sum of ${terms.length} ${t.kind === "logprob" ?
       "(logit − expected logit)s, p held fixed," : "logits"}` : kind} ${formatScore(data.target_logit)}` }),
     h("span", { title: "sum of token scores − target", text: `gap ${formatScore(data.completeness_gap)}` }),
     ...(data.caveats || []).filter((c) => c.startsWith("path weights off")).map((c) =>
@@ -2298,14 +2299,19 @@ export function tokensView(ctx) {
   const max = symmetricMax(scores, data.special);
   const s = ctx.sel();
   const strip = h("div", { class: "dpa-tokens", role: "list", "data-scroll": "tokens" });
-  const forced = new Set((data.target.terms || []).slice(1).map((x) => x.position));  // the target's own tokens
+  /** @type {Map<number, string>} the positions holding a target's own tokens (and a contrast's): teacher forcing */
+  const forced = new Map();
+  for (const side of [false, true]) {
+    (data.target.terms || []).filter((x) => !!x.contrast === side).slice(1)
+      .forEach((x) => forced.set(x.position, side ? "contrast" : "target"));
+  }
   data.tokens.forEach((tok, i) => {
     const v = scores[i];
     const chip = h("span", {
       class: "dpa-token" + (data.special[i] ? " dpa-special" : "") + (s.token === i ? " dpa-locked" : "") +
         (i === data.target.position ? " dpa-target-pos" : "") + (forced.has(i) ? " dpa-forced" : ""),
       role: "listitem", "data-pos": i,
-      title: `${i}: ${JSON.stringify(tok)}  ${formatScore(v)}` + (forced.has(i) ? "  (target, teacher-forced)" : ""),
+      title: `${i}: ${JSON.stringify(tok)}  ${formatScore(v)}` + (forced.has(i) ? `  (${forced.get(i)}, teacher-forced)` : ""),
       style: `background:${divergingColor(v, max)};color:${textColor(v, max)}`, text: tokenLabel(tok),
     });
     chip.addEventListener("mouseenter", () => ctx.setHover(`token ${i} ${JSON.stringify(tok)}: ${formatScore(v)}`));

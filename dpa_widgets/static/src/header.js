@@ -35,14 +35,15 @@ export function headerView(ctx) {
   const what = t.kind === "contrast" ? `${JSON.stringify(t.token)} − ${JSON.stringify(t.contrast)}` :
     t.kind === "vector" ? "a vector direction" : JSON.stringify(t.token);
   const terms = t.terms || [];  // a target of several tokens, each read at its own position (teacher forcing)
-  const each = terms.map((x) => `${JSON.stringify(x.token)} after position ${x.position}: ${formatScore(x.value)}`).join("\n");
+  const each = terms.map((x) => `${x.contrast ? "minus " : ""}${JSON.stringify(x.token)} after position ${x.position}: ${formatScore(x.value)}`).join("\n");
+  const mine = terms.filter((x) => !x.contrast).length;
   const kind = t.kind === "contrast" ? "logit difference" : t.kind;
   return h("div", { class: "dpa-header" }, [
     ...viewTabs(ctx),
-    h("span", { class: "dpa-title", text: `Target ${what}` + (terms.length ? ` (${terms.length} tokens, teacher-forced)` : ""),
+    h("span", { class: "dpa-title", text: `Target ${what}` + (terms.length ? ` (${mine}${mine < terms.length ? ` − ${terms.length - mine}` : ""} tokens, teacher-forced)` : ""),
       title: each }),
     h("span", { text: t.probability === null ? "" : `p = ${t.probability.toFixed(3)}` }),
-    h("span", { title: each, text: `${terms.length ? `sum of ${terms.length} ${t.kind === "logprob" ?
+    h("span", { title: each, text: `${terms.length ? t.kind === "contrast" ? "logit sums' difference" : `sum of ${terms.length} ${t.kind === "logprob" ?
       "(logit − expected logit)s, p held fixed," : "logits"}` : kind} ${formatScore(data.target_logit)}` }),
     h("span", { title: "sum of token scores − target", text: `gap ${formatScore(data.completeness_gap)}` }),
     ...(data.caveats || []).filter((c) => c.startsWith("path weights off")).map((c) =>

@@ -49,7 +49,7 @@
  * @property {boolean[]} special
  * @property {{kind: string, position: number, token: string|null, token_id: number|null,
  *   contrast: string|null, contrast_id: number|null, probability: number|null, logprob: number|null,
- *   terms: {position: number, token: string|null, value: number, probability: number|null}[]|null}} target
+ *   terms: {position: number, token: string|null, value: number, probability: number|null, contrast: boolean}[]|null}} target
  * @property {number} target_logit
  * @property {number} completeness_gap
  * @property {string[]} [caveats]             what dpa cannot vouch for (Attribution.caveats)

@@ -32,14 +32,19 @@ export function tokensView(ctx) {
   const max = symmetricMax(scores, data.special);
   const s = ctx.sel();
   const strip = h("div", { class: "dpa-tokens", role: "list", "data-scroll": "tokens" });
-  const forced = new Set((data.target.terms || []).slice(1).map((x) => x.position));  // the target's own tokens
+  /** @type {Map<number, string>} the positions holding a target's own tokens (and a contrast's): teacher forcing */
+  const forced = new Map();
+  for (const side of [false, true]) {
+    (data.target.terms || []).filter((x) => !!x.contrast === side).slice(1)
+      .forEach((x) => forced.set(x.position, side ? "contrast" : "target"));
+  }
   data.tokens.forEach((tok, i) => {
     const v = scores[i];
     const chip = h("span", {
       class: "dpa-token" + (data.special[i] ? " dpa-special" : "") + (s.token === i ? " dpa-locked" : "") +
         (i === data.target.position ? " dpa-target-pos" : "") + (forced.has(i) ? " dpa-forced" : ""),
       role: "listitem", "data-pos": i,
-      title: `${i}: ${JSON.stringify(tok)}  ${formatScore(v)}` + (forced.has(i) ? "  (target, teacher-forced)" : ""),
+      title: `${i}: ${JSON.stringify(tok)}  ${formatScore(v)}` + (forced.has(i) ? `  (${forced.get(i)}, teacher-forced)` : ""),
       style: `background:${divergingColor(v, max)};color:${textColor(v, max)}`, text: tokenLabel(tok),
     });
     chip.addEventListener("mouseenter", () => ctx.setHover(`token ${i} ${JSON.stringify(tok)}: ${formatScore(v)}`));
