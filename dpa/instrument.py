@@ -42,8 +42,8 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from .errors import ModelStateError, UnsupportedModelError
-from .families import check_experts, get, layer_modules, rope_depends_on_length
-from .linearise import Scores, Tap, freeze_norm, keep_input, linearise_layer, temper, wrap
+from .families import ModelSpec, check_experts, get, layer_modules, rope_depends_on_length, spec_for
+from .linearise import BANDED_FROM, Scores, Tap, band, freeze_norm, keep_input, linearise_layer, temper, wrap
 from .request import Request, check_loaded
 from .rotary import each_prompt_alone
 from .weights import PathWeights
@@ -594,14 +594,41 @@ def instrument(model: nn.Module, request: Request, *, weights: PathWeights | Non
 
                 keep = (attn_keep or {}).get(i)
                 override(mods.attention, attention_forward(spec, request, mods, i, keep, recording, temperature))
-            elif temperature != 1:  # GIM's softmax rule on the model's own kernel: the module's config, put back
+            else:
                 undo.append(functools.partial(_put_config, mods.attention, mods.attention.__dict__.get("config")))
-                temper(mods.attention, temperature)
+                if temperature != 1:  # GIM's softmax rule on the model's own kernel: the module's config, put back
+                    temper(mods.attention, temperature)
+                if banded(spec, i, request.n_tokens):  # a long input: a sliding-window layer by bands
+                    band(mods.attention, spec.sliding_windows[i])
             if lean:
                 override(mods.layer, functools.partial(checkpoint, mods.layer.forward, use_reentrant=False))
                 if _release_memory is not None and spec.device(model).type == "cpu":
                     hook(mods.layer, _trim, pre=True)
         yield session
+    finally:
+        run_all(reversed(undo))
+
+
+def banded(spec: ModelSpec, i: int, n_tokens: int) -> bool:
+    """Whether layer i runs its attention by bands over ``n_tokens`` (``linearise.banded_attention``): a sliding
+    window, and an input long enough (``BANDED_FROM``) for the bands to save work."""
+    window = spec.sliding_windows[i]
+    return window is not None and n_tokens >= max(BANDED_FROM, 4 * window)
+
+
+@contextmanager
+def banded_attention(model: nn.Module, n_tokens: int) -> Iterator[None]:
+    """The model's sliding-window layers by bands over an input of ``n_tokens``, as dpa runs them, for a
+    gradient timed beside DPA on the same kernels; their configs put back after."""
+    spec = spec_for(model)
+    undo = []
+    try:
+        for i, mods in enumerate(layer_modules(model, spec)):
+            attention = mods.attention
+            if banded(spec, i, n_tokens):
+                undo.append(functools.partial(_put_config, attention, attention.__dict__.get("config")))
+                band(attention, spec.sliding_windows[i])
+        yield
     finally:
         run_all(reversed(undo))
 
