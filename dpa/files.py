@@ -275,12 +275,20 @@ def _atomic(name: str, target: str, data: bytes, link: str, mode: int | None = N
 
 # --- run folders -------------------------------------------------------------------------------------------------
 
-def run_folder(out: str | os.PathLike, error: type[Exception] = InputError) -> Path:
-    """The output folder of a run (``dpa evaluate``, ``dpa attribute --prompts``), made if missing; a file of that
-    name, or a folder that cannot be made, raises ``error``."""
+def run_folder(out: str | os.PathLike, error: type[Exception] = InputError, marker: str = "config.json") -> Path:
+    """The output folder of a run (``dpa evaluate``, ``dpa attribute --prompts``, ``dpa mib``), made if missing; a
+    file of that name, a folder that cannot be made, or a folder holding files of something else (not a run's: no
+    ``marker``, the file a run writes first) raises ``error``: a run never writes among a user's files."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise error(f"--out {out} is a file; the results go into a folder (give a new folder name)")
+    if out.is_dir() and not (out / marker).exists():
+        other = sorted(e.name for e in out.iterdir() if not e.name.startswith(".")
+                       and not (e.is_dir() and not any(e.iterdir())))  # dpa's lock, or a run stopped at its start
+        if other:
+            raise error(f"--out {out} holds files that are not a dpa run's ({', '.join(other[:3])}"
+                        f"{', ...' if len(other) > 3 else ''}; a run's folder has its {marker}): give a new or "
+                        "empty folder")
     if out.is_symlink() and not out.exists():
         raise error(f"--out {out} is a symbolic link to {os.readlink(out)!r}, which does not exist; make that folder "
                     "first, or give another folder name")

@@ -127,6 +127,7 @@ class DiscoveryWidget(UserTraits, anywidget.AnyWidget):
                                      f"({graph.n_layers} x {graph.n_heads}"
                                      f"{', parallel' if graph.parallel else ''}): pass the model it was made on")
             pairs.check(spec)  # pairs the model cannot read (ids past its vocabulary, prompts past its context)
+            discovery.check_made_on(model, pairs)  # another model or pairs of the same shape: f would not be its
         if name is not None and not isinstance(name, str):
             raise dpa.InputTypeError(f"name must be a string, got {type(name).__name__}")
 

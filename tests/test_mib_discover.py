@@ -534,3 +534,67 @@ def test_the_graph_json_goes_through_dpas_one_writer(tmp_path):
     link.symlink_to(target)
     found.save_json(link, 0.1)
     assert link.is_symlink() and Graph.from_json(json.loads(target.read_text()))[2].sum() > 0
+
+
+def test_a_folder_of_other_files_is_not_written_into(tmp_path):
+    """A folder holding a user's files (a hand-made graph.json, a model's) and no run.json is not a run's: a run
+    would have overwritten them. An empty folder, or one a run stopped in at its start, is taken."""
+    model = tiny_model("llama", 1)
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "graph.json").write_text('{"my": "hand-made graph"}')
+    with pytest.raises(InputError, match=r"holds files that are not a dpa run's \(graph.json; a run's folder has its "
+                                         r"run.json\)"):
+        discover(model, None, _pairs(2), method="dpa", out=precious, progress=False)
+    assert (precious / "graph.json").read_text() == '{"my": "hand-made graph"}'
+    started = tmp_path / "started"
+    (started / "batches").mkdir(parents=True)
+    (started / ".dpa.lock").write_text("")
+    discover(model, None, _pairs(2), method="dpa", evaluate=False, out=started, progress=False)
+    assert (started / "run.json").exists()
+
+
+def test_one_size_has_no_area_and_a_nan_metric_is_refused(monkeypatch):
+    """Over one size CPR and CMD were 0 (a perfect CMD); a model giving NaN gave CPR and CMD NaN with 'random'."""
+    from dpa.errors import NonFiniteError
+    from dpa.mib.evaluate import evaluate
+
+    model = tiny_model("llama", 1)
+    with pytest.raises(InputError, match="give two sizes or more"):
+        discover(model, None, _pairs(2), method="random", sizes=(1.0,), progress=False)
+    scores = discover(model, None, _pairs(2), method="random", evaluate=False, progress=False).scores
+    one = evaluate(model, _pairs(2), scores, sizes=(0.5,))  # one size: its f, but no area
+    assert one.cpr_curve.f.shape == (1,)
+    with pytest.raises(InputError, match="CPR is an area over the sizes; this evaluation has 1"):
+        one.cpr
+    with torch.no_grad():
+        model.model.layers[0].mlp.down_proj.weight[0, 0] = float("nan")
+    with pytest.raises(NonFiniteError, match="the task metric is not finite"):
+        discover(model, None, _pairs(2), method="random", progress=False)
+
+
+def test_evaluate_checks_its_arguments_as_discover_does():
+    from dpa.errors import NonFiniteError
+    from dpa.mib.evaluate import evaluate
+
+    model = tiny_model("llama", 1)
+    scores = discover(model, None, _pairs(2), method="random", evaluate=False, progress=False).scores
+    with pytest.raises(InputError, match="batch_size"):
+        evaluate(model, _pairs(2), scores, batch_size=0)
+    with pytest.raises(InputTypeError, match="scores must be a tensor"):
+        evaluate(model, _pairs(2), scores.tolist())
+    with pytest.raises(InputError, match="this model's graph has"):
+        evaluate(model, _pairs(2), scores[:, :3])
+    bad = scores.clone()
+    bad[Graph.of(check_model(model)).exists.nonzero()[0].tolist()] = float("nan")
+    with pytest.raises(NonFiniteError, match="NaN or infinite"):
+        evaluate(model, _pairs(2), bad)
+    with pytest.raises(InputTypeError, match="pairs must be"):
+        evaluate(model, [[1, 2]], scores)
+
+
+def test_the_tasks_refuse_a_tokenizer_of_another_model(smol_tokenizer):
+    from dpa.mib.tasks import task_pairs
+
+    with pytest.raises(InputError, match="outside the model's vocabulary"):
+        task_pairs(tiny_model("llama", 1), smol_tokenizer, "ioi", n=3)

@@ -14,7 +14,7 @@ import traitlets
 
 import dpa
 from dpa.mib import SIZES, Graph, Pairs, discover, evaluate
-from dpa.mib.discover import Discovery
+from dpa.mib.discover import Discovery, load
 from dpa_widgets import DiscoveryWidget
 from dpa_widgets import discovery as module
 
@@ -289,6 +289,19 @@ class TestArguments:
             DiscoveryWidget(found, model=model, pairs=pairs, batch_size=0)
         with pytest.raises(dpa.InputTypeError, match="name must be a string"):
             DiscoveryWidget(found, name=3)
+
+    def test_another_model_or_pairs_of_the_same_shape_is_refused(self, found, model, pairs, tmp_path):
+        """Same-shaped weights of another seed, or other pairs, were taken: f at sizes typed into the view came from
+        them and was drawn on the discovery's curve. A discovery read back from its folder knows what it was made on."""
+        with pytest.raises(dpa.InputError, match="not the model the discovery was made on"):
+            DiscoveryWidget(found, model=tiny_model("llama", kv_heads=2, seed=5), pairs=pairs)
+        with pytest.raises(dpa.InputError, match="not the pairs the discovery was made on"):
+            DiscoveryWidget(found, model=model, pairs=random_pairs(seed=9))
+        discover(model, None, pairs, method="random", evaluate=False, out=tmp_path / "run", progress=False)
+        loaded = load(tmp_path / "run")
+        DiscoveryWidget(loaded, model=model, pairs=pairs)
+        with pytest.raises(dpa.InputError, match="not the pairs the discovery was made on"):
+            DiscoveryWidget(loaded, model=model, pairs=random_pairs(seed=9))
 
     def test_what_the_model_cannot_run_is_refused_at_once(self, found, model, pairs):
         """Pairs past the model's vocabulary, or a model whose attention has a forward of its own (MIB's graph run

@@ -106,6 +106,19 @@ class Discovery:
     method: str
     faithfulness: Faithfulness | None
     d_model: int = 0
+    made_on: dict | None = None  # the model's fingerprints and the pairs' digest (``made_on``), where known
+
+    def check_made_on(self, model: nn.Module, pairs: Pairs) -> None:
+        """Refuse a model or pairs that are not the ones these scores were made on (where that is known): f
+        evaluated on them would be drawn beside the discovery's own as if it were the same run."""
+        if not self.made_on:
+            return
+        now = made_on(model, pairs)
+        differ = [k for k in self.made_on if k in now and now[k] != self.made_on[k]]
+        if differ:
+            what = "pairs" if differ == ["pairs"] else "model" if "pairs" not in differ else "model and pairs"
+            raise InputError(f"these are not the {what} the discovery was made on ({', '.join(differ)} differ): f at "
+                             "other sizes would not be the discovery's; pass its own model and pairs")
 
     def circuit(self, size: float, absolute: bool = False) -> Tensor:
         """The circuit of the top ``size`` share of edges (pruned, as MIB evaluates it) [writer reader] bool."""
@@ -175,7 +188,7 @@ def discover(model: nn.Module, tokenizer, pairs: Pairs | str | os.PathLike, *, m
     check_graph_run(model, spec)
     batch_size = check_int("batch_size", batch_size, low=1)
     evaluate, progress = check_bool("evaluate", evaluate), check_bool("progress", progress)
-    sizes = check_sizes(sizes)
+    sizes = check_sizes(sizes, areas=evaluate)
     method = check_method(method, weights, temperature)
     if not isinstance(pairs, Pairs):
         if not isinstance(pairs, (str, os.PathLike)):
@@ -191,7 +204,7 @@ def discover(model: nn.Module, tokenizer, pairs: Pairs | str | os.PathLike, *, m
     from .. import locks
     from ..files import run_folder
 
-    folder = run_folder(out)
+    folder = run_folder(out, marker="run.json")
     identity = _identity(model, spec, pairs, method, weights, temperature, sizes, batch_size)
     store = _Store(folder, identity, graph)
     with locks.hold(folder, then=store.open):  # one run writes a folder at a time, and only the run it holds
@@ -241,7 +254,7 @@ def _discover(model, pairs, method, weights, temperature, evaluate, sizes, batch
             result = plan.collect(done, len(pairs))
     finally:
         bar.close()
-    found = Discovery(graph, scores, method, result, spec.d_model)
+    found = Discovery(graph, scores, method, result, spec.d_model, made_on(model, pairs))
     if store:
         found.save_json(store.folder / "graph.json")
         if result is not None:
@@ -278,7 +291,10 @@ def load(folder: str | os.PathLike) -> Discovery:
         except Exception:  # noqa: BLE001 - said by name
             raise InputError(f"{folder / 'per_pair.pt'} is damaged: run the folder again after deleting it") from None
     d_model = data["cfg"].get("d_model", 0)
-    return Discovery(graph, scores, meta["method"], result, d_model if isinstance(d_model, int) else 0)
+    from ..files import CONFIG_KEY, STATE_KEY, WEIGHTS_KEY
+
+    known = {k: meta[k] for k in (WEIGHTS_KEY, CONFIG_KEY, STATE_KEY, "pairs") if isinstance(meta.get(k), str)}
+    return Discovery(graph, scores, meta["method"], result, d_model if isinstance(d_model, int) else 0, known or None)
 
 
 def _named(pairs: Pairs, rows: list[int]) -> str:
@@ -303,11 +319,25 @@ def _faithfulness_json(found: Discovery) -> dict[str, Any]:
             "m_empty": float(f.cpr_curve.empty.mean())}
 
 
+def _digest(pairs: Pairs) -> str:
+    return hashlib.sha256(json.dumps([pairs.clean, pairs.counter, pairs.answers, pairs.wrong, pairs.metric])
+                          .encode()).hexdigest()
+
+
+def made_on(model: nn.Module, pairs: Pairs) -> dict:
+    """What a discovery was made on: the model's fingerprints (weights, config, state) and the pairs' digest."""
+    from ..files import CONFIG_KEY, STATE_KEY, WEIGHTS_KEY, model_identity
+    from ..request import check_model
+
+    spec = check_model(model)
+    ident = model_identity(model, spec.unembed(model).weight.dtype)
+    return {**{k: ident[k] for k in (WEIGHTS_KEY, CONFIG_KEY, STATE_KEY) if k in ident}, "pairs": _digest(pairs)}
+
+
 def _identity(model, spec, pairs: Pairs, method, weights, temperature, sizes, batch_size) -> dict:
     from ..files import model_identity
 
-    digest = hashlib.sha256(json.dumps([pairs.clean, pairs.counter, pairs.answers, pairs.wrong, pairs.metric])
-                            .encode()).hexdigest()
+    digest = _digest(pairs)
     # the model by its weights, config, buffers and dtype too (dpa's run identity): never resumed on another
     return {**model_identity(model, spec.unembed(model).weight.dtype),
             "model": getattr(model.config, "_name_or_path", "") or spec.family, "family": spec.family,

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from ..errors import InputError, InputTypeError
+from ..errors import InputError, InputTypeError, NonFiniteError
 from .forward import batches
 from .graph import Graph
 from .pairs import Pairs
@@ -38,13 +38,16 @@ def check_size(size, empty: bool = False) -> float:
     return p
 
 
-def check_sizes(sizes, empty: bool = False) -> tuple[float, ...]:
-    """MIB's sizes to evaluate at: shares of the edges in (0, 1], increasing (CPR and CMD are areas over them)."""
+def check_sizes(sizes, empty: bool = False, areas: bool = False) -> tuple[float, ...]:
+    """MIB's sizes to evaluate at: shares of the edges in (0, 1], increasing (CPR and CMD are areas over them:
+    ``areas`` asks for two at least)."""
     if isinstance(sizes, (str, bytes)) or not hasattr(sizes, "__iter__"):
         raise InputTypeError(f"sizes must be a sequence of shares of the edges, got {type(sizes).__name__}")
     out = tuple(check_size(p, empty) for p in sizes)
     if not out:
         raise InputError("sizes is empty: give the shares of the edges to evaluate at (default: MIB's ten)")
+    if areas and len(out) < 2:
+        raise InputError(f"CPR and CMD are areas over the sizes: give two sizes or more, got {list(out)}")
     if any(b <= a for a, b in itertools.pairwise(out)):
         raise InputError(f"sizes must increase (CPR and CMD are areas over them), got {list(out)}")
     return out
@@ -124,7 +127,11 @@ def faithfulness(values: Tensor, full: Tensor, empty: Tensor) -> Tensor:
 
 
 def area(f: Tensor, sizes=SIZES, absolute: bool = False) -> float:
-    """The trapezoid area over the sizes on a linear axis: of f (CPR), or of |1 - f| (CMD, ``absolute``)."""
+    """The trapezoid area over the sizes on a linear axis: of f (CPR), or of |1 - f| (CMD, ``absolute``); an area
+    needs two sizes at least (over one it would be 0, a perfect CMD)."""
+    if len(sizes) < 2:
+        raise InputError(f"{'CMD' if absolute else 'CPR'} is an area over the sizes; this evaluation has "
+                         f"{len(sizes)} ({list(sizes)}): evaluate at two sizes or more (MIB's ten by default)")
     y = (1 - f).abs() if absolute else f
     x = torch.tensor(sizes, dtype=y.dtype)
     return float(((x[1:] - x[:-1]) * (y[1:] + y[:-1]) / 2).sum())
@@ -134,9 +141,28 @@ def evaluate(model: nn.Module, pairs: Pairs, scores: Tensor, *, sizes=SIZES, bat
              progress=None) -> Faithfulness:
     """CPR and CMD of edge scores [writer reader] on the pairs (see the module docstring). ``progress(k)``: k more
     pairs evaluated."""
+    from ..checks import check_int
     from ..request import check_model
+    from .forward import check_graph_run
 
-    plan = Plan.of(Graph.of(check_model(model)), scores, check_sizes(sizes, empty=True))
+    spec = check_model(model)
+    check_graph_run(model, spec)
+    batch_size = check_int("batch_size", batch_size, low=1)
+    sizes = check_sizes(sizes, empty=True)
+    if not isinstance(pairs, Pairs):
+        raise InputTypeError(f"pairs must be a dpa.mib.Pairs (mib.read_pairs or mib.task_pairs), got "
+                             f"{type(pairs).__name__}")
+    pairs.check(spec)
+    graph = Graph.of(spec)
+    if not isinstance(scores, Tensor):
+        raise InputTypeError(f"scores must be a tensor [writer reader] (dpa.mib.edge_scores), got "
+                             f"{type(scores).__name__}")
+    if tuple(scores.shape) != tuple(graph.exists.shape):
+        raise InputError(f"scores are {tuple(scores.shape)}; this model's graph has [writers readers] "
+                         f"{tuple(graph.exists.shape)}")
+    if not bool(torch.isfinite(scores[graph.exists]).all()):
+        raise NonFiniteError("the edge scores hold NaN or infinite values: no circuit can be ranked")
+    plan = Plan.of(graph, scores, sizes)
     results = []
     for batch in batches(model, pairs, batch_size):
         results.append((batch.rows, plan.metrics(batch)))
@@ -179,7 +205,12 @@ class Plan:
             empty = batch.run(graph, batch.clean, excluded=graph.exists, other=cf.writes).metric.double().cpu()
             each = [batch.run(graph, batch.clean, excluded=graph.excluded(kept), other=cf.writes).metric.double().cpu()
                     for kept in self.circuits]
-        return {"full": full, "empty": empty, "circuits": torch.stack(each)}
+        out = {"full": full, "empty": empty, "circuits": torch.stack(each)}
+        if not all(bool(torch.isfinite(v).all()) for v in out.values()):
+            raise NonFiniteError(f"the task metric is not finite (NaN or infinite) on the pairs {batch.rows} with "
+                                 "the full model, the empty circuit or a circuit: the model's activations overflow, "
+                                 "or hold NaN, on them; f is undefined")
+        return out
 
     def collect(self, results: list[tuple[list[int], dict[str, Tensor]]], n_pairs: int) -> Faithfulness:
         """Both curves from every batch's metrics (``metrics``), by pair."""

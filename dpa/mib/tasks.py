@@ -128,6 +128,9 @@ def task_pairs(model, tokenizer, task: str, *, n: int = 100, seed: int = 0, data
     _check_count("n", n)
     _check_count("batch_size", batch_size)
     pool = candidates(task, tokenizer, n=max(400, 5 * n), seed=seed, data=data)
+    from ..request import check_model
+
+    pool.check(check_model(model))  # a tokenizer of another model: ids past its vocabulary, said before any run
     device = next(model.parameters()).device
     kept: list[int] = []
     checked = 0
