@@ -333,11 +333,17 @@ def plan_memory(model: nn.Module, spec: ModelSpec, batch: int, pos: int, memory:
 
 
 def graph_bytes(model: nn.Module, spec: ModelSpec, batch: int, pos: int) -> int:
-    """What the full graph keeps per forward pass: per layer about 5 [pos d_model] tensors (attention's
-    inputs and output, the head tap) and 4 [pos d_mlp] (gate, activation, up, the neuron tap), plus the
-    [head pos pos] maps where attention is not fused (eager)."""
+    """What the full graph keeps per forward pass, from the family's shapes (an upper estimate: 1.2x the measured
+    peak on SmolLM2 and on Gemma 3 at 4096 tokens, benchmarks/results/long_context_cpu.json). Per token and layer:
+    the query, key and value projections and their rotated copies, keys and values repeated to every head, the
+    heads' output and o_proj's; each norm's input and output (and the q/k norms'); the MLP's gate, activation, up
+    and their product, and down's output. Plus the [head pos pos] maps where attention is not fused (eager)."""
     size = spec.embed(model).weight.element_size()
-    per_layer = batch * pos * (5 * spec.d_model + 4 * spec.d_mlp) * size
+    q, kv, d = spec.n_heads * spec.d_head, spec.n_kv_heads * spec.d_head, spec.d_model
+    attention = 2 * (q + 2 * kv) + 2 * q + q + d + (q + kv if spec.qk_norm else 0)
+    norms = 2 * d * len(spec.parts.norms)
+    mlp = (4 * spec.d_mlp if spec.parts.gated else 2 * spec.d_mlp) + d
+    per_layer = batch * pos * (attention + norms + mlp) * size
     if getattr(model.config, "_attn_implementation", "sdpa") == "eager":
         per_layer += 2 * batch * spec.n_heads * pos * pos * size
     return spec.n_layers * per_layer

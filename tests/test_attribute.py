@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import dpa
+from dpa.tiny import FAMILIES
 
 from .conftest import random_ids, tiny_model
 from .hand_rules import hand_attribute
@@ -253,6 +254,25 @@ class TestLeanMode:
         assert not plan_memory(model, spec, 1, 16, "auto", budget=2**30)
         assert plan_memory(model, spec, 1, 4096, "auto", budget=graph_bytes(model, spec, 1, 4096))
         assert plan_memory(model, spec, 1, 4, "lean") and not plan_memory(model, spec, 1, 10**6, "full")
+
+    @pytest.mark.parametrize("family", FAMILIES)
+    def test_the_full_graph_estimate_bounds_what_the_graph_keeps(self, family):
+        """``memory='auto'`` decides from ``graph_bytes``: it must not be below what a full-mode call's autograd graph
+        keeps (an estimate below it picked full mode where it did not fit: Gemma 3's sandwich norms and q/k norms
+        doubled the old count), nor far above it (lean, 1.3-1.5x slower, where full fits)."""
+        from dpa.attribute import graph_bytes
+
+        model = tiny_model(family, 2)
+        ids = random_ids(64)
+        kept = {}
+
+        def pack(t):
+            kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            dpa.attribute(model, None, ids, target=TARGET, memory="full")
+        estimate = graph_bytes(model, dpa.spec_for(model), 1, len(ids))
+        assert sum(kept.values()) <= estimate <= 2 * sum(kept.values())
 
 
 class TestProbabilities:
