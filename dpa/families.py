@@ -688,7 +688,14 @@ def module_state(model: nn.Module) -> list:
 
 
 def _spec_for(model: nn.Module, config) -> ModelSpec:
+    from .instrument import checking
+
     family = check_config(config)
+    with checking(model):  # the probes run each module's own forward: not while another call's rules are on it
+        return _checked_spec(model, config, family)
+
+
+def _checked_spec(model: nn.Module, config, family: Family) -> ModelSpec:
     _check_modules(model, family)
     n = len(get(model, family.layers))
     if n != config.num_hidden_layers:  # Llama-like models run the config's first n, GPT-2 runs them all

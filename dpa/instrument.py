@@ -139,6 +139,21 @@ def _hold(model: nn.Module, undo: list) -> None:
     undo.append(release)
 
 
+@contextmanager
+def checking(model: nn.Module) -> Iterator[None]:
+    """Hold ``model``'s modules for the module checks (``families.spec_for`` probes each norm's and activation's own
+    forward): while another thread's call has its rules and taps on them, the probes would read dpa's forward, not
+    the model's, and refuse a sound model. Inside this thread's own call the modules are held already."""
+    me = threading.current_thread()
+    with _CLAIMS_CHANGED:
+        mine = any((c := _CLAIMS.get(m)) is not None and c.thread is me and not c.stale() for m in model.modules())
+    if mine:
+        yield
+        return
+    with exclusive(model):
+        yield
+
+
 def _calling_generator():
     """The generator of the contextmanager whose entry called ``_hold`` (None if called otherwise)."""
     frame = sys._getframe(3)  # _hold <- the generator's frame <- contextlib's __enter__
