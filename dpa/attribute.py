@@ -29,7 +29,7 @@ from .instrument import instrument
 from .linearise import Scores
 from .request import Prompt, Request
 from .result import Attribution, TargetInfo, TargetTerm
-from .targets import spelling_hint, target_direction
+from .targets import continuation_hint, spelling_hint, target_direction
 from .weights import PathWeights
 
 
@@ -370,6 +370,8 @@ def _result(model: nn.Module, req: Request, run: Run, b: int, neuron_target: str
     known = probs is not None and t.token_id is not None
     hints = [] if probs is None else [spelling_hint(req.tokenizer, text, i, probs, what) for text, i, what in
                                       ((None if t.tokens else t.text, t.token_id, "target"), (t.contrast_text, t.contrast_id, "contrast"))]
+    if t.tokens and probs is not None:  # several tokens: judged on the first, at the first position
+        hints.append(continuation_hint(req.tokenizer, t.text, t.tokens[0], probs))
     terms = None
     if t.tokens:  # each token at its own position; the continuation's probability is their product
         p = [float(run.probs[j][i]) if run.probs is not None else None for j, i in zip(mine, t.tokens)]

@@ -178,6 +178,25 @@ def single_token_spellings(tokenizer, text: str) -> list[tuple[str, int]]:
     return out
 
 
+def continuation_hint(tokenizer, text: str | None, first: int, probs: Tensor, what: str = "target") -> str | None:
+    """``spelling_hint`` for a target of several tokens (teacher forcing), judged on its first token: a warning
+    when ``text`` with (or without) its leading space begins with a token the model finds far likelier at the
+    first position, at least 5 % and ten times the first token's probability. ``probs`` [vocab] are there."""
+    if tokenizer is None or not text or not text.strip():
+        return None
+    other = text.lstrip() if text.startswith(" ") else " " + text
+    ids = tokenizer.encode(other, add_special_tokens=False)
+    if not ids or ids[0] == first:
+        return None
+    p, q = float(probs[first]), float(probs[ids[0]])
+    if q < 0.05 or q < 10 * p:
+        return None
+    change = "without the leading space" if text.startswith(" ") else "with a leading space"
+    return (f"{what} {text!r} begins with a token of p = {p:.2g} at this position, while {other!r} ({change}) begins "
+            f"with one of p = {q:.2g}: did you mean {other!r}? (tokenizers treat ' word' and 'word' as different "
+            "tokens)")
+
+
 def spelling_hint(tokenizer, text: str | None, token: int, probs: Tensor, what: str = "target") -> str | None:
     """A warning when another spelling of the string ``text`` (a leading space, another case) is one token
     that the model finds far likelier at the position: at least 5 % and ten times ``token``'s probability.

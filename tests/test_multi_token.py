@@ -217,3 +217,23 @@ def test_a_saved_result_whose_terms_do_not_fit_is_refused(edit, match):
     edit(data)
     with pytest.raises(InputError, match=match):
         dpa.Attribution.from_dict(data)
+
+
+def test_a_target_of_several_tokens_without_its_space_is_hinted():
+    """'New York' after a prompt ending in a word: its first token 'New' is unlikely where ' New' is likely. The
+    single-token hint did not look at targets of several tokens, so the sum was attributed without a word."""
+    from dpa.targets import continuation_hint
+
+    class Words:
+        vocab = {"New": 1, "York": 2, " New": 3, " York": 4}
+
+        def encode(self, text, add_special_tokens=False):
+            return [self.vocab[w if i == 0 and not text.startswith(" ") else " " + w]
+                    for i, w in enumerate(text.split())]
+    probs = torch.zeros(5, dtype=torch.float64)
+    probs[1], probs[3] = 1e-5, 0.2
+    hint = continuation_hint(Words(), "New York", 1, probs)
+    assert "did you mean ' New York'?" in hint and "with a leading space" in hint
+    assert continuation_hint(Words(), " New York", 3, probs) is None  # the likely spelling: nothing to say
+    probs[3] = 0.04
+    assert continuation_hint(Words(), "New York", 1, probs) is None  # under 5 %: no hint
