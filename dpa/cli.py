@@ -227,12 +227,17 @@ def _check_outputs(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
         parser.error(f"--json and --html both write {args.json}: give two file names")
     if args.html is not None and str(args.html) == "-":
         parser.error("--html - : give a file name (the JSON can go to stdout with --json -)")
-    for out in (args.json, args.html):
-        if out is not None and str(out) == "-":
+    _check_files(parser, args.json, args.html)
+
+
+def _check_files(parser: argparse.ArgumentParser, *outs: Path | None) -> None:
+    """Output files ('-': stdout), checked before anything loads: a file name in an existing folder."""
+    for out in outs:
+        if out is None or str(out) == "-":
             continue
-        if out is not None and not out.parent.is_dir():
+        if not out.parent.is_dir():
             parser.error(f"cannot write {out}: no folder {out.parent}")
-        if out is not None and out.is_dir():
+        if out.is_dir():
             parser.error(f"cannot write {out}: it is a folder; give a file name")
 
 
@@ -356,8 +361,7 @@ def run_generate(args: argparse.Namespace, *, parser: argparse.ArgumentParser) -
     if args.max_new_tokens is not None and args.continuation is not None:
         parser.error("--max-new-tokens is for generating: a --continuation is attributed whole")
     to_stdout = args.json is not None and str(args.json) == "-"
-    if args.json is not None and not to_stdout and not args.json.parent.is_dir():
-        parser.error(f"cannot write {args.json}: no folder {args.json.parent}")
+    _check_files(parser, args.json)
     import dpa
     from . import models, request
     from .report import generation_report

@@ -411,6 +411,9 @@ class TestGenerate:
             main(["generate", PROMPT, "--model", str(tiny_dir), "--max-new-tokens", "0"])
         with pytest.raises(SystemExit):
             main(["generate", PROMPT, "--model", str(tiny_dir), "--max-new-tokens", "3", "--continuation", "paris"])
+        with pytest.raises(SystemExit):  # a folder for --json: refused before the generation, not after it
+            main(["generate", PROMPT, "--model", str(tiny_dir), "--json", str(tiny_dir)])
+        assert f"cannot write {tiny_dir}: it is a folder" in capsys.readouterr().err
         code, out, _ = run(capsys, "generate", PROMPT, "--model", str(tiny_dir), "--max-new-tokens", "2",
                            "--json", "-")
         assert code == 0 and dpa.Generation.from_json(out).token_ids == dpa.attribute_generation(
