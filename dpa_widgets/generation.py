@@ -47,6 +47,10 @@ class GenerationWidget(UserTraits, anywidget.AnyWidget):
                    (s.neuron_scores is None or bool(s.neuron_scores.isfinite().all())) for s in generation.steps):
             raise dpa.InputError("the generation holds NaN or infinite scores (a file with null scores?): the view "
                                  "has nothing to colour them by")
+        missing = [j for j, s in enumerate(generation.steps) if s.neuron_scores is None and s.neuron_top is None]
+        if missing:
+            raise dpa.InputError(f"step {missing[0]} of the generation has no neuron scores (null, and no top_neurons "
+                                 "kept): the view has no neurons to show for it")
         self.generation = generation
         super().__init__(_data=payload(generation, top))
         self.step = step

@@ -921,6 +921,10 @@ class TestGenerationWidget:
         data["steps"][0]["token_scores"][1] = None  # a NaN in the file
         with pytest.raises(dpa.InputError, match="NaN or infinite scores"):
             GenerationWidget(dpa.Generation.from_dict(data))
+        data = gen.to_dict()
+        data["steps"][1]["neuron_scores"] = None  # no neurons and no top_neurons: an AttributeError before
+        with pytest.raises(dpa.InputError, match="step 1 of the generation has no neuron scores"):
+            GenerationWidget(dpa.Generation.from_dict(data))
 
     def test_saved_page_and_a_generation_read_back(self, gen, tmp_path):
         from dpa_widgets import GenerationWidget
