@@ -51,9 +51,14 @@ def timed(fn, device, repeats=3) -> float:
 
 
 def forward_backward(model, ids, target):
+    """The gradient of the target logit to the input embeddings; a long input's sliding-window layers by the same
+    bands as DPA's (``dpa.instrument.banded_attention``), so that both run the same attention kernels."""
+    from dpa.instrument import banded_attention
+
     emb = model.model.embed_tokens(ids[None]).detach().float().requires_grad_(True)
-    h = model.model(inputs_embeds=emb.to(model.dtype), use_cache=False).last_hidden_state
-    (h[0, -1].float() @ model.lm_head.weight[target].float()).backward()
+    with banded_attention(model, len(ids)):
+        h = model.model(inputs_embeds=emb.to(model.dtype), use_cache=False).last_hidden_state
+        (h[0, -1].float() @ model.lm_head.weight[target].float()).backward()
 
 
 def patch_units(model, ids, units: list[tuple[str, int, int]], target: int, batch: int = 64) -> None:
@@ -134,12 +139,15 @@ def length_child(args) -> None:
     else:
         fn = lambda: dpa.attribute(model, None, ids, target=target, memory=args.child)  # noqa: E731
     forward_backward(model, ids[:16], target)  # warm-up of kernels and allocator on a short input
-    with peak_memory(device) as peak:  # memory only: a sampling thread runs meanwhile, so this call is not timed
+    with peak_memory(device) as peak:  # a sampling thread runs meanwhile: these seconds serve only long inputs
+        start = time.perf_counter()
         res = fn()
+        sync(device)
+        seconds = time.perf_counter() - start
     if args.scores and res is not None:
         torch.save({k: getattr(res, k) for k in ("token_scores", "head_scores", "neuron_scores")}, args.scores)
     process_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # bytes (Linux reports KiB)
-    print(json.dumps({"peak_mib": peak.mib, "process_peak_mib": process_peak / 2**20}))
+    print(json.dumps({"peak_mib": peak.mib, "process_peak_mib": process_peak / 2**20, "s": seconds}))
 
 
 def length_times(model, tok, n: int, modes: list[str], repeats: int) -> dict:
@@ -172,10 +180,16 @@ def length_times(model, tok, n: int, modes: list[str], repeats: int) -> dict:
 
 
 def length(args, model, tok) -> dict:
+    from dpa.attribute import _free_memory, graph_bytes, plan_memory
+    from dpa.families import spec_for
+
     rows = []
     tmp = tempfile.mkdtemp(prefix="dpa-bench-")
+    spec = spec_for(model)
     for n in args.lengths:
-        row = {"tokens": n}
+        row = {"tokens": n}  # what memory="auto" picks at this length, here and now, and from what
+        row.update(auto_lean=plan_memory(model, spec, 1, n, "auto"), graph_estimate_mib=graph_bytes(
+            model, spec, 1, n) / 2**20, free_mib=_free_memory(model, spec) / 2**20)
         for mode in args.modes:
             argv = [sys.executable, __file__, "length", "--child", mode, "--lengths", str(n),
                     "--scores", os.path.join(tmp, f"{mode}-{n}.pt")]
@@ -187,8 +201,16 @@ def length(args, model, tok) -> dict:
                 continue
             res = json.loads(out.stdout.strip().splitlines()[-1])
             row[f"{mode}_peak_mib"], row[f"{mode}_process_peak_mib"] = res["peak_mib"], res["process_peak_mib"]
+            row[f"{mode}_child_s"] = res["s"]
         ran = [m for m in args.modes if f"{m}_error" not in row]
-        row.update(length_times(model, tok, n, ran, args.repeats if n <= args.long else args.long_repeats))
+        repeats = args.repeats if n <= args.long else args.long_repeats
+        if repeats:
+            row.update(length_times(model, tok, n, ran, repeats))
+        else:  # a call of minutes: the one call each mode made in its fresh process is its time
+            row.update({f"{m}_s": row[f"{m}_child_s"] for m in ran}, repeats=0)
+            if "forward_backward" in ran:
+                row.update({f"{m}_over_fb": row[f"{m}_s"] / row["forward_backward_s"] for m in ran
+                            if m != "forward_backward"})
         files = [os.path.join(tmp, f"{m}-{n}.pt") for m in ("full", "lean")]
         if all(os.path.exists(f) for f in files):  # lean against full: the largest relative difference
             full, lean = (torch.load(f) for f in files)
@@ -212,7 +234,8 @@ def main() -> None:
     p.add_argument("--full", action="store_true", help="measure patching of every set (no extrapolation)")
     p.add_argument("--repeats", type=int, default=5, help="'length': interleaved timing rounds per length")
     p.add_argument("--long", type=int, default=1024, help="'length': lengths above this use --long-repeats")
-    p.add_argument("--long-repeats", type=int, default=3)
+    p.add_argument("--long-repeats", type=int, default=3,
+                   help="0: no rounds in this process; each mode's time is that of its one call in a fresh process")
     p.add_argument("--scores", help=argparse.SUPPRESS)  # a child writes its scores here
     args = p.parse_args()
     if args.child:
