@@ -155,6 +155,9 @@ def run(args) -> None:
         known = before["ratio"]
         threads = before["threads"] if isinstance(before["threads"], dict) else dict.fromkeys(known, before["threads"])
         missing = [m for m in args.methods if m != "random" and m not in known]
+        if args.retime:  # every method run on this task, timed again in this one process, on these threads
+            missing = [m.name for m in sorted(folder.iterdir()) if (m / "faithfulness.json").exists()
+                       and m.name != "random"]
         if missing:
             known.update(costs(model, pairs, missing, args.batch_size))
             threads.update(dict.fromkeys(missing, args.threads))  # each ratio with the threads it was timed on
@@ -254,6 +257,8 @@ def main() -> None:
     p.add_argument("--data", default=os.environ.get("DPA_DATA", str(ROOT.parent.parent / "shared" / "data")))
     p.add_argument("--batch-size", type=int, default=10)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--retime", action="store_true",
+                   help="time every method already run on each task again, in this one process (replaces cost.json)")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--table", action="store_true", help="only write the tables and figures")
     args = p.parse_args()
