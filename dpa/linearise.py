@@ -488,20 +488,28 @@ def _kernel(module: nn.Module, implementation: str | None) -> Callable:
 def temper(module: nn.Module, temperature: float) -> None:
     """Give an attention module GIM's softmax rule: its own config copied, with ``TEMPERED`` as its attention
     implementation (the module's forward looks the kernel up there). The caller puts ``module.config`` back."""
+    if not _proxy_config(module, TEMPERED, tempered_attention, "_dpa_temper", float(temperature)):
+        raise TypeError(f"{type(module).__name__} has no config of its own to set a softmax temperature on")
+
+
+def _proxy_config(module: nn.Module, name: str, kernel: Callable, key: str, setting) -> bool:
+    """Put on ``module`` a copy of its config whose attention implementation is ``name`` (``kernel``, registered
+    once), with ``key`` = (the implementation it had, ``setting``) for the kernel to read. False where the module
+    has no config of its own. The caller puts ``module.config`` back."""
     import copy
 
     from transformers import AttentionInterface
 
-    if TEMPERED not in AttentionInterface._global_mapping:
-        AttentionInterface.register(TEMPERED, tempered_attention)
+    if name not in AttentionInterface._global_mapping:
+        AttentionInterface.register(name, kernel)
     config = module.__dict__.get("config")
     if config is None or not hasattr(config, "_attn_implementation"):
-        raise TypeError(f"{type(module).__name__} has no config of its own to set a softmax temperature on")
+        return False
     proxy = copy.copy(config)
-    proxy._dpa_temper = (config._attn_implementation, float(temperature))
-    proxy._attn_implementation_internal = TEMPERED
+    setattr(proxy, key, (config._attn_implementation, setting))
+    proxy._attn_implementation_internal = name
     module.__dict__["config"] = proxy
-
+    return True
 
 # --- A sliding-window layer over a long input: its own kernel on bands of queries ---
 
@@ -536,17 +544,6 @@ def _hidden(mask: Tensor) -> bool:
 
 def band(module: nn.Module, window: int) -> None:
     """Run a sliding-window attention module by bands (``banded_attention``): its config copied, with ``BANDED``
-    as its attention implementation. The caller puts ``module.config`` back."""
-    import copy
-
-    from transformers import AttentionInterface
-
-    if BANDED not in AttentionInterface._global_mapping:
-        AttentionInterface.register(BANDED, banded_attention)
-    config = module.__dict__.get("config")
-    if config is None or not hasattr(config, "_attn_implementation"):
-        return  # no config of its own: it runs unbanded
-    proxy = copy.copy(config)
-    proxy._dpa_band = (config._attn_implementation, int(window))
-    proxy._attn_implementation_internal = BANDED
-    module.__dict__["config"] = proxy
+    as its attention implementation (a module without a config of its own runs unbanded). The caller puts
+    ``module.config`` back."""
+    _proxy_config(module, BANDED, banded_attention, "_dpa_band", int(window))
