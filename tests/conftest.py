@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import transformers
+
+# The book's exercise checks (dpa.exercises) raise on a wrong answer in this session's notebooks and the kernels
+# nbmake starts from it: a reference solution that stops passing fails its chapter (an unanswered one never raises).
+os.environ.setdefault("DPA_EXERCISES_STRICT", "1")
 
 # Filled by tests/test_book.py's ``built_book`` fixture: {"seconds": build time, "notebooks": {name: seconds},
 # "reused": names of notebooks whose nbmake run the build used}.
