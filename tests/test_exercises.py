@@ -134,6 +134,9 @@ def test_equation_labels_render_as_the_built_book_numbers_them():
     assert numbers["eq-glu-forward"] == ("glu", 1) and numbers["eq-rmsnorm"] == ("rmsnorm", 1)
     assert render("see equation (eq-glu-gate)", "glu") == f"see equation ({numbers['eq-glu-gate'][1]})"
     assert render("x (eq-norm-pullback)", "glu") == f"x (equation {numbers['eq-norm-pullback'][1]} of chapter rmsnorm)"
+    up, gate = numbers["eq-glu-up"][1], numbers["eq-glu-gate"][1]
+    assert render("both (eq-glu-up, eq-glu-gate)", "glu") == f"both (equations {up}, {gate})"
+    assert render("(eq-no-such-label)", "glu") == "(eq-no-such-label)"
 
 
 def test_every_hint_names_equations_that_exist():
@@ -142,7 +145,7 @@ def test_every_hint_names_equations_that_exist():
     numbers = equation_numbers()
     for ex in REGISTRY.values():
         texts = [m.hint for m in ex.mistakes] + [f"({ex.equation})" if ex.equation else ""]
-        labels = {label for text in texts for label in re.findall(r"\((eq-[\w-]+)\)", text)}
+        labels = {label for text in texts for label in re.findall(r"eq-[\w-]*\w", text)}
         assert labels <= set(numbers), (ex.name, labels - set(numbers))
 
 

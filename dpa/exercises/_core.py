@@ -124,7 +124,7 @@ class Exercise:
                 return self._wrong(*problem)
         what = ("your numbers are right" if self.call is None
                 else f"{label} agrees with autograd on {self.n_cases} random float64 cases")
-        return Verdict(self.name, "passed", f"✓ {self.name}: passed -- {what} ({render(self.where, self.chapter)}).")
+        return Verdict(self.name, "passed", f"✓ {self.name}: passed -- {what}: {render(self.where, self.chapter)}.")
 
     def _unanswered(self, why: str) -> Verdict:
         return Verdict(self.name, "unanswered", f"… {self.name}: not answered yet ({why}): write your answer above "
@@ -163,8 +163,8 @@ class Exercise:
         return _generic(name, g, w, self.where, len(parts) > 1 and len(wrong) < len(parts))
 
     def _close(self, a: Tensor, b: Tensor) -> bool:
-        return a.shape == b.shape and torch.allclose(a.to(F64), b.to(F64), rtol=self.rtol,
-                                                     atol=self.atol * max(1.0, float(b.abs().max()) if b.numel() else 1))
+        scale = max(1.0, float(b.abs().max())) if b.numel() else 1.0
+        return a.shape == b.shape and torch.allclose(a.to(F64), b.to(F64), rtol=self.rtol, atol=self.atol * scale)
 
 
 BOOK = Path(__file__).resolve().parents[2] / "book"
@@ -186,8 +186,9 @@ def equation_numbers() -> dict[str, tuple[str, int]]:
 
 
 def render(text: str, chapter: str) -> str:
-    """Equation labels as the book shows them: "(eq-glu-gate)" -> "equation (5)" in its own chapter, "equation (3)
-    of chapter rmsnorm" in another."""
+    """Equation labels as the book shows them: "equation (eq-glu-gate)" -> "equation (5)" in its own chapter,
+    "(eq-norm-pullback)" -> "(equation 3 of chapter rmsnorm)" in another, "(eq-a, eq-b)" -> "(equations 3, 5)".
+    A label the book does not have is left as it is."""
     numbers = equation_numbers()
 
     def number(label: str) -> str | None:
@@ -196,8 +197,16 @@ def render(text: str, chapter: str) -> str:
         where, n = numbers[label]
         return f"{n}" if where == chapter else f"{n} of chapter {where}"
 
-    text = re.sub(r"equation \((eq-[\w-]+)\)", lambda m: f"equation ({number(m[1])})" if number(m[1]) else m[0], text)
-    return _LABEL.sub(lambda m: f"(equation {number(m[1])})" if number(m[1]) else m[0], text)
+    def group(m: re.Match) -> str:
+        labels = re.split(r",\s*", m[1])
+        found = [number(label) for label in labels]
+        if None in found:
+            return m[0]
+        return f"(equation{'s' if len(found) > 1 else ''} {', '.join(found)})"
+
+    text = re.sub(r"equation \((eq-[\w-]+)\)", lambda m: f"equation ({number(m[1])})" if number(m[1]) else m[0],
+                  text)
+    return re.sub(r"\((eq-[\w-]+(?:,\s*eq-[\w-]+)*)\)", group, text)
 
 
 def _generic(name: str, g: Tensor, w: Tensor, where: str, only_this: bool) -> tuple[str, str]:

@@ -12,8 +12,9 @@ CHAPTER = "glu"
 
 # -- 1. by hand: three neurons ------------------------------------------------------------------------------------
 def _hand_case(gen=None) -> dict:
-    return dict(s=torch.tensor([0.0, 2.0, -2.0], dtype=torch.float64), u=torch.tensor([1.0, 1.0, 3.0], dtype=torch.float64),
-                lam=torch.tensor([2.0, -1.0, 1.0], dtype=torch.float64))
+    f64 = {"dtype": torch.float64}
+    return {"s": torch.tensor([0.0, 2.0, -2.0], **f64), "u": torch.tensor([1.0, 1.0, 3.0], **f64),
+            "lam": torch.tensor([2.0, -1.0, 1.0], **f64)}
 
 
 def _silu_prime(s):
@@ -37,7 +38,7 @@ Exercise(
                 "S = a lambda (eq-glu-lambda)", lambda c: (F.silu(c["s"]) * c["u"], None)),
         Mistake("sigma(0) is 1/2, and SiLU(0) = 0: the first neuron scores 0 but passes lambda u / 2 to its gate "
                 "(eq-glu-silu-over-s)",
-                lambda c: (None, c["lam"] * torch.sigmoid(c["s"]) * c["u"] * torch.tensor([0.0, 1, 1], dtype=torch.float64))),
+                lambda c: (None, c["lam"] * torch.sigmoid(c["s"]) * c["u"] * torch.tensor([0.0, 1, 1]).double())),
     ],
 )
 
