@@ -193,6 +193,33 @@ class TestBuild:
         html = (built_book / "book" / "end-to-end.html").read_text()
         assert "cell_output" in html and "<img" in html  # printed numbers and the figure
 
+    def test_the_exercises_cite_equations_by_the_numbers_the_pages_show(self, built_book):
+        """The checkers' messages name equations by number (dpa.exercises._equations.equation_numbers): each is the number
+        the built page shows beside that equation."""
+        from dpa.exercises._equations import equation_numbers
+
+        numbers = equation_numbers()
+        assert len(numbers) > 50
+        for label, (chapter, n) in numbers.items():
+            html = (built_book / "book" / f"{chapter}.html").read_text()
+            shown = re.search(rf'id="equation-{label}">\s*<span class="eqno">\((\d+)\)', html)
+            assert shown and int(shown[1]) == n, (label, n, shown and shown[1])
+
+    def test_exercise_solutions_are_folded_with_their_verdicts_shown(self, built_book):
+        """Each chapter's solutions sit in closed "Show the solution" toggles; the learner's cell shows "not answered
+        yet" and the folded solution's check "passed" (its output stays visible under the toggle)."""
+        for nb in notebooks():
+            cells = json.loads(nb.read_text())["cells"]
+            solutions = [c for c in cells if c["cell_type"] == "code" and "solution" in c["metadata"].get("tags", [])]
+            if not solutions:
+                continue
+            html = (built_book / "book" / f"{nb.stem}.html").read_text()
+            folded = re.findall(r'<details class="[^"]*\bhide\b[^"]*above-input"[^>]*>\s*<summary[^>]*>\s*'
+                                r'<p class="collapsed admonition-title">Show the solution</p>', html)
+            assert len(folded) == len(solutions), (nb.stem, len(folded), len(solutions))
+            text = re.sub(r"<[^>]+>", "", html)
+            assert text.count("passed --") == len(solutions) and "not answered yet" in text, nb.stem
+
 
 def shot_folder() -> Path:
     """Where the book tests' screenshots go: ``$DPA_SCREENSHOTS`` when set (to look at them), else a temporary

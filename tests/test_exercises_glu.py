@@ -79,3 +79,35 @@ def rule(t, s, u, W_G, W_U, W_D, gamma, r, mu_up, mu_gate, gate_coef=torch.sigmo
 def test_propagate_glu_mistakes(fn, hint):
     verdict = check.propagate_glu(fn)
     assert verdict.status == "wrong" and hint in verdict.message, verdict.message
+
+
+def test_glu_by_hand_parts_swapped_are_named_so_not_a_gate_mistake():
+    """(c_gate, S) for (S, c_gate): the second part is S, which the gate mistake "SiLU(s) where sigma(s)" also
+    gives; the answer is two right parts in the wrong places."""
+    verdict = check.glu_by_hand(([1, -0.88, 0.36], [0, -1.76, -0.72]))
+    assert verdict.hint == "order" and "SiLU(s) where" not in verdict.message, verdict.message
+
+
+def test_glu_by_hand_as_two_arguments():
+    assert check.glu_by_hand([0, -1.76, -0.72], [1, -0.88, 0.36])
+
+
+def test_glu_paths_a_wrong_gate_path_cites_the_gate_equation():
+    from dpa.exercises._core import equation_numbers
+
+    def gate_with_tanh(t, s, u, W_G, W_U, W_D):
+        lam = t @ W_D
+        return (lam * F.silu(s)) @ W_U, (lam * torch.tanh(s) * u) @ W_G
+
+    verdict = check.glu_paths(gate_with_tanh)
+    gate = equation_numbers()["eq-glu-gate"][1]
+    assert verdict.status == "wrong" and f"re-read equation ({gate})" in verdict.message, verdict.message
+
+
+def test_glu_paths_a_known_gate_mistake_with_a_wrong_up_path_says_both():
+    def both_wrong(t, s, u, W_G, W_U, W_D):
+        lam = t @ W_D
+        return (lam * torch.relu(s)) @ W_U, (lam * F.silu(s) * u) @ W_G
+
+    verdict = check.glu_paths(both_wrong)
+    assert "SiLU(s) where it needs sigma(s)" in verdict.message and "g_up is wrong too" in verdict.message

@@ -100,3 +100,9 @@ def test_ln_gelu_block_true_layernorm_gradient():
 
     verdict = check.ln_gelu_block(through_layer_norm)
     assert verdict.status == "wrong" and "1/sigma" in verdict.message, verdict.message
+
+
+def test_ln_gelu_block_without_eps_is_named():
+    """eps = 1e-5 left out of sigma(x) moves the answer by about 1e-5 only: the known mistake names it."""
+    verdict = check.ln_gelu_block(lambda *args: block(*args[:-1], 0.0))
+    assert verdict.status == "wrong" and "eps is missing" in verdict.message, verdict.message

@@ -107,3 +107,11 @@ def silu_prime(s):
 def test_moe_experts_path_mistakes(how, hint):
     verdict = check.moe_experts_path(lambda *args: experts_path(*args, **how))
     assert verdict.status == "wrong" and hint in verdict.message, verdict.message
+
+
+def test_moe_paths_a_k_written_in_as_two_fails():
+    """The cases take k = 2 and k = 3 with each router: the learner's function must use its k."""
+    assert check.moe_router_path(lambda lam, E, x, W_r, k, norm: router_path(lam, E, x, W_r, 2, norm)).status == \
+        "wrong"
+    assert check.moe_experts_path(lambda *args: experts_path(*args[:6], 2, *args[7:])).status == "wrong"
+    assert check.moe_router_path(router_path) and check.moe_experts_path(experts_path)

@@ -88,3 +88,14 @@ def test_the_branch_may_sit_after_the_projection():
         return (s * torch.sigmoid(s).detach() * u) @ W_D.T
 
     assert check.linearised_glu(after)
+
+
+def test_linearised_glu_without_eps_is_named():
+    """eps = 1e-6 left out of r moves the answer by about 1e-6 only: the known mistake names it, not "float32"."""
+    def block(x, gamma, eps, W_G, W_U, W_D, mu_gate, mu_up):
+        h = gamma * x * x.detach().pow(2).mean(-1, keepdim=True).rsqrt()
+        s, u = (mu_gate * h + (1 - mu_gate) * h.detach()) @ W_G.T, (mu_up * h + (1 - mu_up) * h.detach()) @ W_U.T
+        return (s * torch.sigmoid(s).detach() * u) @ W_D.T
+
+    verdict = check.linearised_glu(block)
+    assert verdict.status == "wrong" and "eps is missing" in verdict.message, verdict.message

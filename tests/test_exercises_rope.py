@@ -109,3 +109,24 @@ def test_rope_gqa_query_key_mistakes(kw, hint):
 def test_rope_gqa_query_key_one_path_rotated_the_wrong_way():
     verdict = check.rope_gqa_query_key(right_q_wrong_k)
     assert verdict.status == "wrong" and "g_K rotates the wrong way" in verdict.message, verdict.message
+
+
+def grouped_as_g_by_h_kv(delta, q_hat, k_hat, cos, sin, W_Q, W_K):
+    """The KV heads' targets added up over a [G, H_kv] view: right only where G = H_kv."""
+    H, H_kv, D_h = q_hat.shape[0], k_hat.shape[0], q_hat.shape[-1]
+    G = H // H_kv
+    g_k = (delta.transpose(-1, -2) @ q_hat / D_h**0.5).unflatten(0, (G, H_kv)).sum(1)
+    return paths(delta, q_hat, k_hat, cos, sin, W_Q, W_K)[0], join(back(g_k, cos, sin)) @ W_K
+
+
+def scaled_by_the_group(delta, q_hat, k_hat, cos, sin, W_Q, W_K):
+    """1/G in place of 1/sqrt(D_h): right only where G = sqrt(D_h)."""
+    G, D_h = q_hat.shape[0] // k_hat.shape[0], q_hat.shape[-1]
+    g_q, g_k = paths(delta, q_hat, k_hat, cos, sin, W_Q, W_K)
+    return g_q * D_h**0.5 / G, g_k * D_h**0.5 / G
+
+
+@pytest.mark.parametrize("fn", [grouped_as_g_by_h_kv, scaled_by_the_group])
+def test_rope_gqa_query_key_cases_leave_no_coincidence(fn):
+    """The cases have G != H_kv and sqrt(D_h) != G, H_kv: an answer right only when they coincide fails."""
+    assert check.rope_gqa_query_key(fn).status == "wrong"

@@ -16,14 +16,18 @@ from ._core import REGISTRY, VERDICTS, Exercise, ExerciseFailed, Mistake, Verdic
 __all__ = ["Exercise", "ExerciseFailed", "Mistake", "Verdict", "REGISTRY", "VERDICTS", "load_chapters"]
 
 _LOADED = False
+# the chapter modules in the book's order (_toc.yml), so that `list`, check.names() and REGISTRY read as the book does
+_BOOK_ORDER = ("residual_stream", "rmsnorm", "glu", "softmax_taylor", "rope", "modified_backward", "circuits_as_graphs",
+               "layernorm_gelu", "soft_capping", "mixture_of_experts")
 
 
 def load_chapters() -> None:
-    """Import every chapter module of this package once (each registers its exercises)."""
+    """Import every chapter module of this package once (each registers its exercises), in the book's order."""
     global _LOADED
     if _LOADED:
         return
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        if not info.name.startswith("_") and info.name not in ("check", "student"):
-            importlib.import_module(f"{__name__}.{info.name}")
+    names = [m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")
+             and m.name not in ("check", "student")]
+    for name in sorted(names, key=lambda n: (_BOOK_ORDER.index(n) if n in _BOOK_ORDER else len(_BOOK_ORDER), n)):
+        importlib.import_module(f"{__name__}.{name}")
     _LOADED = True

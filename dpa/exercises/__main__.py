@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         counts = student_copy(args.root, args.out)
-    except (FileNotFoundError, FileExistsError, ValueError) as err:
+    except (OSError, ValueError) as err:  # a folder that exists, is not writable, ...: one line, no traceback
         print(f"error: {err}", file=sys.stderr)
         return 2
     total = sum(counts.values())

@@ -6,8 +6,8 @@ Each answers in one line -- passed, not answered yet, or what is wrong in the bo
 
 from __future__ import annotations
 
-from ._core import REGISTRY, Exercise
 from . import load_chapters
+from ._core import REGISTRY, Exercise
 
 
 def names() -> dict[str, list[str]]:

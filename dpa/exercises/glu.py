@@ -25,6 +25,7 @@ def _silu_prime(s):
 Exercise(
     "glu_by_hand", CHAPTER, "eq-glu-gate", cases=_hand_case, n_cases=1, rtol=0, atol=5e-3,
     parts=("the neuron scores S", "the gate coefficients c_gate"),
+    part_equations=("eq-glu-lambda", "eq-glu-gate"),
     oracle=lambda c: (c["lam"] * F.silu(c["s"]) * c["u"], c["lam"] * torch.sigmoid(c["s"]) * c["u"]),
     mistakes=[
         Mistake("c_gate uses the derivative SiLU'(s) -- that is the true gradient's coefficient (eq-glu-grad); "
@@ -74,6 +75,7 @@ def _lam(c):
 Exercise(
     "glu_paths", CHAPTER, "eq-glu-up", cases=_glu_case, oracle=_paths_oracle, call=_paths_call,
     signature="glu_paths(t, s, u, W_G, W_U, W_D) -> (g_up, g_gate)", parts=("g_up", "g_gate"),
+    part_equations=("eq-glu-up", "eq-glu-gate"),
     mistakes=[
         Mistake("your gate path uses the derivative SiLU'(s): that is the true gradient (eq-glu-grad); DPA's "
                 "gate path freezes sigma(s) and u, c_gate = lambda sigma(s) u (eq-glu-gate)",

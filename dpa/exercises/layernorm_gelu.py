@@ -51,6 +51,7 @@ def _hand(c, **how):
 Exercise(
     "ln_by_hand", CHAPTER, "eq-ln-backward", cases=_hand_case, n_cases=1, rtol=0, atol=5e-3,
     parts=("the pulled-back target J^T t", "the input's share x . J^T t", "beta's share beta . t"),
+    part_equations=("eq-ln-backward", "eq-ln-split", "eq-ln-split"),
     oracle=_hand,
     mistakes=[
         Mistake("J^T t is missing the centring: r (gamma * t) is the RMSNorm rule; LayerNorm's pull-back subtracts "
@@ -188,5 +189,7 @@ Exercise(
                 "(mu_gate + mu_up) b_1 . c (eq-gelu-complete)", lambda c: (None, _block(c, mu_b1=False)[1])),
         Mistake("the bias share is missing b_2's part: the output bias carries b_2 . t (eq-pos-complete)",
                 lambda c: (None, _block(c, b_2=0.0)[1])),
+        Mistake("eps is missing from sigma(x): sigma(x) = (1/d |x - mean(x)|^2 + eps)^(1/2) (eq-ln-forward)",
+                lambda c: _block(dict(c, eps=0.0))),
     ],
 )

@@ -46,6 +46,7 @@ def _hand(c, **how):
 Exercise(
     "moe_by_hand", CHAPTER, "eq-moe-delta-topk", cases=_hand_case, n_cases=1, rtol=0, atol=5e-3,
     parts=("delta for the softmax over the top k", "delta for the softmax over all experts"), oracle=_hand,
+    part_equations=("eq-moe-delta-topk", "eq-moe-delta-all"),
     mistakes=[
         Mistake("your top-k delta uses the unnormalised p = softmax(l); over the top k the weights are renormalised, "
                 "w = (3/4, 1/4) (eq-moe-delta-topk)",
@@ -66,11 +67,16 @@ Exercise(
 )
 
 
+def _k(gen: torch.Generator) -> int:
+    """k = 2, 2, 3, 3 on the four cases (each router with each k): a k written in as 2 cannot pass."""
+    return 2 + (gen.initial_seed() // 2) % 2
+
+
 # -- 2. implement: the router's path ---------------------------------------------------------------------------------
 def _router_case(gen: torch.Generator) -> dict:
     pos, d, n = 4, 6, 5
     return dict(lam=randn(gen, pos, d), E=randn(gen, pos, n, d), x=randn(gen, pos, d), W_r=randn(gen, n, d),
-                k=2, norm=gen.initial_seed() % 2 == 0)  # the cases alternate between the two routers
+                k=_k(gen), norm=gen.initial_seed() % 2 == 0)  # the cases alternate between the two routers
 
 
 def _router_oracle(c):
@@ -121,7 +127,7 @@ def _experts_case(gen: torch.Generator) -> dict:
     mu = torch.rand(2, generator=gen, dtype=F64)
     return dict(lam=randn(gen, pos, d), x=randn(gen, pos, d), W_r=randn(gen, n, d),
                 W_g=randn(gen, n, m, d, scale=d**-0.5), W_u=randn(gen, n, m, d, scale=d**-0.5),
-                W_d=randn(gen, n, d, m, scale=m**-0.5), k=2, norm=gen.initial_seed() % 2 == 0,
+                W_d=randn(gen, n, d, m, scale=m**-0.5), k=_k(gen), norm=gen.initial_seed() % 2 == 0,
                 mu_gate=float(mu[0]), mu_up=float(mu[1]))
 
 
@@ -175,6 +181,7 @@ Exercise(
                           c["mu_gate"], c["mu_up"]),
     signature="moe_experts_path(lam, x, W_r, W_g, W_u, W_d, k, norm_topk_prob, mu_gate, mu_up) -> (g, S)",
     parts=("g, the experts' path", "the expert scores S"),
+    part_equations=("eq-moe-complete", "eq-moe-expert-score"),
     mistakes=[
         Mistake("your g includes the router's delta: the experts' path freezes the routing weights, and the "
                 "router's path W_r^T delta is the control path, weighted apart (eq-moe-complete)",

@@ -31,6 +31,7 @@ def _value_and_grad(fn, x: Tensor, w: Tensor, *args):
         return None
     if not isinstance(out, Tensor) or out.shape != w.shape:
         return out, torch.zeros_like(w)  # the checker names the value's type or shape
+    out = out.to(x.device)  # a value computed on a GPU: the gradient still flows back to x
     grad = None
     if out.requires_grad:
         (grad,) = torch.autograd.grad((w * out).sum(), x, allow_unused=True)
@@ -58,6 +59,7 @@ def _pair(a, b):
 Exercise(
     "linearised_by_hand", CHAPTER, "eq-identity-1", cases=_hand_case, oracle=_hand_oracle, n_cases=1, rtol=0,
     atol=5e-3, parts=("the model's (da/ds, da/du)", "the linearised model's (da/ds, da/du)"),
+    part_equations=("eq-glu-grad", "eq-glu-mix"),
     mistakes=[
         Mistake("the model's da/ds treats sigma(s) as a constant; the model differentiates it too: "
                 "da/ds = SiLU'(s) u (eq-glu-grad)",
@@ -108,6 +110,7 @@ def _silu_case(gen: torch.Generator) -> dict:
 
 Exercise(
     "linear_silu", CHAPTER, "eq-glu-gate", cases=_silu_case, parts=("the value", "the gradient"),
+    part_equations=("eq-glu-silu-over-s", "eq-glu-gate"),
     call=lambda fn, c: _value_and_grad(fn, c["s"], c["w"]),
     oracle=lambda c: (F.silu(c["s"]), c["w"] * torch.sigmoid(c["s"])),
     signature="linear_silu(s) -> a tensor with SiLU(s)'s value",
@@ -183,5 +186,7 @@ Exercise(
                 "(eq-glu-mix)", lambda c: _variant(c, swap=True)),
         Mistake("your branches scale the forward value too: the linearised model's forward is the model's, "
                 "mu h + (1 - mu) h.detach() (change 3)", lambda c: _variant(c, branch=lambda h, m: m * h)),
+        Mistake("eps is missing from the norm's scale: r = (1/d sum_k x_k^2 + eps)^(-1/2) (eq-rmsnorm)",
+                lambda c: _variant(dict(c, eps=0.0))),
     ],
 )

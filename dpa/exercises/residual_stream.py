@@ -47,6 +47,7 @@ def _x_L(c):
 Exercise(
     "dla_by_hand", CHAPTER, "eq-dla", cases=_hand_case, oracle=_hand_oracle, n_cases=1, rtol=0, atol=5e-3,
     parts=("the scale r_f", "the initial target t^(L)_p", "the direct contributions (x^(0), attention, GLU)"),
+    part_equations=("eq-rmsnorm", "eq-initial-target", "eq-dla"),
     mistakes=[
         Mistake("t^(L)_p is missing the final norm's weight: t^(L)_p = W_U[y] * gamma_f * r_f (eq-initial-target)",
                 lambda c: (None, *_hand(c, t=c["w"] * _scale(_x_L(c), 0.0).squeeze())[1:])),

@@ -53,6 +53,7 @@ def _hand_oracle(c):
 Exercise(
     "rms_by_hand", CHAPTER, "eq-norm-pullback", cases=_hand_case, oracle=_hand_oracle, n_cases=1, rtol=0, atol=5e-3,
     parts=("the scale r", "norm(x)", "the pulled-back target N_x^T t", "the true gradient"),
+    part_equations=("eq-rmsnorm", "eq-rmsnorm", "eq-norm-pullback", "eq-norm-jacobian"),
     mistakes=[
         Mistake("r uses the sum of squares: r(x) is one over the root *mean* square, (1/d sum_k x_k^2)^(-1/2) "
                 "(eq-rmsnorm)", lambda c: _hand(c, _scale(c["x"], 0.0, reduce="sum").squeeze())),

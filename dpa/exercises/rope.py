@@ -36,7 +36,7 @@ def _hand(c):
 
 Exercise(
     "rope_by_hand", CHAPTER, "eq-rope-matrix", cases=_hand_case, oracle=_hand, n_cases=1, rtol=0, atol=5e-3,
-    parts=("R_m x", "R_m^T a"),
+    parts=("R_m x", "R_m^T a"), part_equations=("eq-rope-matrix", "eq-rope-transpose"),
     mistakes=[
         Mistake("R_m^T a is rotated the wrong way: that is R_m a; the transpose rotates by -m, a cos - "
                 "rotate_half(a) sin (eq-rope-transpose)",
@@ -89,7 +89,9 @@ Exercise(
 
 # -- 3. implement: the query and key paths with rotation and grouped KV heads -------------------------------------
 def _gqa_case(gen: torch.Generator) -> dict:
-    H, H_kv, T, Dh, d = 4, 2, 5, 4, 8
+    # G = 3 differs from H_kv = 2, and sqrt(D_h) from both: grouping heads as [G, H_kv], or a 1/G or 1/H_kv in
+    # place of 1/sqrt(D_h), cannot pass by coincidence
+    H, H_kv, T, Dh, d = 6, 2, 5, 6, 8
     cos, sin = _cos_sin(gen, T, Dh)
     return dict(x=randn(gen, T, d), t=randn(gen, T, d), W_Q=randn(gen, H * Dh, d, scale=d**-0.5),
                 W_K=randn(gen, H_kv * Dh, d, scale=d**-0.5), W_V=randn(gen, H_kv * Dh, d, scale=d**-0.5),

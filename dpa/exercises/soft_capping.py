@@ -34,6 +34,7 @@ def _hand(c, capped=True, slope="hat"):
 Exercise(
     "cap_by_hand", CHAPTER, "eq-cap-delta", cases=_hand_case, n_cases=1, rtol=0, atol=5e-3,
     parts=("the attention weights alpha", "the sensitivity delta on the pre-cap scores"), oracle=_hand,
+    part_equations=("eq-cap-attention", "eq-cap-delta"),
     mistakes=[
         Mistake("alpha is the softmax of the capped scores s_hat = (0, 1, -1), not of s: the cap acts before the "
                 "softmax (eq-cap-attention)", lambda c: (_hand(c, capped=False)[0], None)),

@@ -30,6 +30,7 @@ def _hand_alpha(c):
 Exercise(
     "attn_delta_by_hand", CHAPTER, "eq-attn-delta", cases=_hand_case, oracle=_hand, n_cases=1, rtol=0, atol=5e-3,
     parts=("lambda . z", "delta", "the first-order term sum_j delta_j s_j"),
+    part_equations=("eq-attn-output", "eq-attn-delta", "eq-attn-qk-value"),
     mistakes=[
         Mistake("delta is missing the subtraction of lambda . z: delta_ij = alpha_ij (lambda_i . v_j - lambda_i . "
                 "z_i), and its row adds up to zero (eq-attn-delta)",

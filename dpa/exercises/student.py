@@ -35,7 +35,7 @@ def student_copy(root: str | Path, out: str | Path) -> dict[str, int]:
     """Copy the book under ``root`` (the repository: book/, _toc.yml, _config.yml) to ``out`` with every solution
     emptied. Refuses an ``out`` that exists and is not empty, and a ``root`` without a book. Returns {notebook:
     solutions emptied}."""
-    root, out = Path(root), Path(out)
+    root, out = Path(root).expanduser(), Path(out).expanduser()
     book = root / "book"
     if not book.is_dir() or not any(book.glob("*.ipynb")):
         raise FileNotFoundError(f"{book} holds no notebooks: pass the repository's folder (the one with book/)")
