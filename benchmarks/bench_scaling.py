@@ -180,7 +180,7 @@ def length_times(model, tok, n: int, modes: list[str], repeats: int) -> dict:
 
 
 def length(args, model, tok) -> dict:
-    from dpa.attribute import _free_memory, graph_bytes, plan_memory
+    from dpa.attribute import free_memory, graph_bytes, plan_memory
     from dpa.families import spec_for
 
     rows = []
@@ -189,7 +189,7 @@ def length(args, model, tok) -> dict:
     for n in args.lengths:
         row = {"tokens": n}  # what memory="auto" picks at this length, here and now, and from what
         row.update(auto_lean=plan_memory(model, spec, 1, n, "auto"), graph_estimate_mib=graph_bytes(
-            model, spec, 1, n) / 2**20, free_mib=_free_memory(model, spec) / 2**20)
+            model, spec, 1, n) / 2**20, free_mib=free_memory(model, spec) / 2**20)
         for mode in args.modes:
             argv = [sys.executable, __file__, "length", "--child", mode, "--lengths", str(n),
                     "--scores", os.path.join(tmp, f"{mode}-{n}.pt")]

@@ -17,7 +17,8 @@ import torch
 from .errors import InputError, InputTypeError
 
 
-def _show(value: Any) -> str:
+def show(value: Any) -> str:
+    """A value as an error message quotes it: its repr, cut to 60 characters."""
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -36,7 +37,7 @@ def check_int(name: str, value: Any, *, low: int | None = None, high: int | None
     """An integer in [low, high] (either bound optional)."""
     v = _scalar(value)
     if isinstance(v, bool) or not isinstance(v, numbers.Integral):
-        raise InputTypeError(f"{name} must be an int, got {_show(value)}")
+        raise InputTypeError(f"{name} must be an int, got {show(value)}")
     v = int(v)
     if (low is not None and v < low) or (high is not None and v > high):
         span = f"at least {low}" if high is None else f"at most {high}" if low is None else f"in [{low}, {high}]"
@@ -49,7 +50,7 @@ def check_float(name: str, value: Any, *, low: float | None = None, high: float 
     """A finite real number in [low, high] (or > above); ints are accepted."""
     v = _scalar(value)
     if isinstance(v, bool) or not isinstance(v, numbers.Real):
-        raise InputTypeError(f"{name} must be a number, got {_show(value)}")
+        raise InputTypeError(f"{name} must be a number, got {show(value)}")
     v = float(v)
     if not math.isfinite(v):
         raise InputError(f"{name} must be a finite number, got {v}")
@@ -64,7 +65,7 @@ def check_bool(name: str, value: Any) -> bool:
     """True or False (a numpy or 0-d tensor bool too); not 0, 1, None or a string."""
     v = _scalar(value)
     if not isinstance(v, bool):
-        raise InputTypeError(f"{name} must be True or False, got {_show(value)}")
+        raise InputTypeError(f"{name} must be True or False, got {show(value)}")
     return v
 
 
@@ -72,5 +73,21 @@ def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
     """One of ``choices`` (compared exactly: "Left" is not "left")."""
     choices = tuple(choices)
     if not isinstance(value, str) or value not in choices:
-        raise InputError(f"{name} must be one of {', '.join(map(repr, choices))}, got {_show(value)}")
+        raise InputError(f"{name} must be one of {', '.join(map(repr, choices))}, got {show(value)}")
     return value
+
+
+# Arguments that existed and went: {name: what to do instead}. Passing one is refused by name.
+REMOVED = {
+    "padding_side": "it was never needed: dpa pads a batch on the right itself and the scores never depend on "
+                    "padding; drop the argument",
+}
+
+
+def check_removed(function: str, kwargs: dict) -> None:
+    """Refuse the keyword arguments a function does not take (``InputTypeError``, a ``TypeError`` as Python's own):
+    a removed one by name, with what to do instead."""
+    for name in kwargs:
+        if name in REMOVED:
+            raise InputTypeError(f"{function}() no longer takes {name}: {REMOVED[name]}")
+        raise InputTypeError(f"{function}() got an unexpected keyword argument {name!r}")

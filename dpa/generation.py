@@ -18,7 +18,8 @@ import torch
 from torch import Tensor, nn
 
 from . import request as requests
-from .attribute import Run, _result, _run, plan_memory
+from .attribute import plan_memory
+from .backward import Run, attribution, run
 from .checks import check_bool, check_choice, check_int
 from .errors import InputError
 from .instrument import clean_logits
@@ -140,12 +141,10 @@ def attribute_generation(model: nn.Module, tokenizer, prompt: Prompt, continuati
     else:
         new, how = _continuation(tokenizer, continuation), "given"
     req = requests.build(model, tokenizer, ids, kind=kind, weights=weights, batch=False, continuation=new)
-    dtype = torch.float64 if spec.embed(model).weight.dtype == torch.float64 else torch.float32
     lean = plan_memory(model, spec, 1, req.n_tokens, memory)
-    run = _run(model, req, dtype, lean=lean, edges=False, neuron_positions=False, effective_targets=False,
-               neuron_target="output", probabilities=True, each_term=True)
+    done = run(model, req, lean=lean, each_term=True)
     n = len(ids)
-    steps = [_result(model, *_step(req, run, j, n), 0, "output", False) for j in range(len(new))]
+    steps = [attribution(model, *_step(req, done, j, n), 0) for j in range(len(new))]
     t = len(ids) + len(new) - 1  # the sources: the prompt and every generated token but the last
     matrix = torch.zeros(len(new), t, dtype=steps[0].token_scores.dtype)
     for j, s in enumerate(steps):
@@ -166,8 +165,8 @@ def _step(req: requests.Request, run: Run, j: int, n: int) -> tuple[requests.Req
         targets=[TargetSpec(t.kind if t.kind == "logprob" else "token", token_id=t.term(j).token_id)],
         clean_logits=None)
     one = slice(j, j + 1)
-    return step_req, Run(scores=run.per_term[j], values=run.term_values[one], probs=run.probs[one], edges=None,
-                         effective_targets=None, capped=None if run.term_capped is None else run.term_capped[one],
+    return step_req, Run(scores=run.per_term[j], values=run.term_values[one], probs=run.probs[one],
+                         capped=None if run.term_capped is None else run.term_capped[one],
                          term_rows=[0], term_values=run.term_values[one])
 
 

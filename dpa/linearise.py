@@ -300,22 +300,50 @@ def _common(*mus: float) -> float:
     return max(nonzero, key=nonzero.count) if nonzero else 1.0
 
 
-def _factor(mu: float, common: float) -> float | None:
-    """The factor a branch's own Function applies: None when mu is 0 (the branch is cut)."""
+def _own(mu: float, common: float) -> float | None:
     return None if mu == 0 else mu / common
+
+
+@dataclass(frozen=True)
+class LayerFactors:
+    """How one layer's path weights mu are applied in its backward (``layer_factors``)."""
+
+    attention: float  # the attention block's common factor, on its input norm's backward
+    mlp: float  # the MLP's (or sparse block's) common factor, on its input norm's backward
+    branch: dict  # {query, key, value, gate, up: the factor the projection's own Function applies (None: cut)}
+    activation: float | None  # the gated activation's factor (its backward carries mu_gate); None: cut
+    router: float | None  # a sparse block's router and experts (None: cut, or not a mixture of experts)
+    expert: float | None
+
+
+def layer_factors(mu, gated: bool, moe: bool, block_norms: bool) -> LayerFactors:
+    """The factorisation of the path weights: every branch's mu = its block's common factor x its own factor.
+
+    The common factor (``_common``: the mu most of the block's branches share) rides on the backward of the norm
+    that feeds the block, so most branches need no Function of their own; a branch's own factor is mu / common
+    (None where mu = 0: the branch is cut). Without such norms (``block_norms`` False: OLMo 2's blocks read the
+    residual stream) the common factor is 1 and every branch carries its own mu. In a gated MLP the gate's mu is
+    applied in the activation's backward (the gate projection's factor is 1) and the up branch's at the neuron tap;
+    a non-gated MLP (GPT-2) has one branch, s, which both paths reach: its factor is mu_gate + mu_up. A mixture of
+    experts carries the block's mu on its router and experts. Dense layers and experts read the same value."""
+    total = mu.gate + mu.up
+    attention = _common(mu.query, mu.key, mu.value) if block_norms else 1.0
+    mlp = ((_common(mu.router, mu.expert) if moe else _common(mu.gate, mu.up) if gated else (total or 1.0))
+           if block_norms else 1.0)
+    branch = {name: _own(getattr(mu, name), attention) for name in ("query", "key", "value")}
+    branch["gate"] = 1.0
+    branch["up"] = mu.up / mlp if gated else 1.0  # 0: cut at the neuron tap
+    return LayerFactors(attention=attention, mlp=mlp, branch=branch,
+                        activation=_own(mu.gate, mlp) if gated else _own(total, mlp),
+                        router=_own(mu.router, mlp) if moe else None, expert=_own(mu.expert, mlp) if moe else None)
 
 
 def linearise_layer(session, i: int, mods: LayerModules, hook, override) -> None:
     spec, mu, scores, rec = session.spec, session.weights, session.scores, session.recording
     gated = spec.parts.gated
-    # Each block's common factor rides on the norm that feeds it; without such norms (OLMo 2's blocks read the
-    # residual stream itself) every branch carries its own mu. A non-gated MLP (GPT-2) has one branch, s, which
-    # the gate and up paths both reach: its factor is mu_gate + mu_up.
-    attn_common = _common(mu.query, mu.key, mu.value) if mods.block_inputs else 1.0
-    mlp_total = mu.gate + mu.up
     moe = mods.experts is not None  # a mixture of experts: the router and the experts carry the block's mu
-    mlp_common = ((_common(mu.router, mu.expert) if moe else _common(mu.gate, mu.up) if gated else (mlp_total or 1.0))
-                  if mods.block_inputs else 1.0)
+    f = layer_factors(mu, gated, moe, bool(mods.block_inputs))
+    attn_common, mlp_common = f.attention, f.mlp
     kind = spec.parts.norm_kind
     bias_sink = scores.sink("bias") if scores is not None else None
     for norm in mods.norms:  # a block's common factor rides on its input norm's backward
@@ -332,10 +360,7 @@ def linearise_layer(session, i: int, mods: LayerModules, hook, override) -> None
     projections: dict[nn.Module, list[str]] = {}
     for name in ("query", "key", "value") + (() if moe else ("gate", "up") if gated else ("up",)):
         projections.setdefault(mods.branches[name], []).append(name)
-    factors = {name: _factor(getattr(mu, name), attn_common) for name in ("query", "key", "value")}
-    gate_factor = _factor(mu.gate, mlp_common) if gated else _factor(mlp_total, mlp_common)
-    factors["gate"] = 1.0  # the gate's mu is applied in the activation's backward
-    factors["up"] = mu.up / mlp_common if gated else 1.0  # 0: cut at the neuron tap
+    factors, gate_factor = f.branch, f.activation
     n_heads = spec.n_heads
     if scores is None:
         reduce, neuron_sink = None, None
@@ -362,7 +387,7 @@ def linearise_layer(session, i: int, mods: LayerModules, hook, override) -> None
     if moe:
         from .experts import linearise_experts
 
-        linearise_experts(session, i, mods, override, mlp_common)
+        linearise_experts(session, i, mods, override, f)
         return
     ratio = ACTIVATION_RATIO[spec.activation]
     own = mods.activation.forward  # the module's own forward gives the value

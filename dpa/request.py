@@ -389,8 +389,8 @@ class Encoded:
 
 def build(model: nn.Module, tokenizer, prompt: Prompt | list[Prompt], target=None, *, contrast=None,
           kind: Kind = "logit", position: int | list[int] | None = None, weights: PathWeights | None = None,
-          padding_side: Literal["right", "left"] = "right", multi_token: Literal["error", "first", "sum"] = "error",
-          batch: bool | None = None, multi_options: tuple[str, ...] = MULTI_TOKEN[:2],
+          multi_token: Literal["error", "first", "sum"] = "error", batch: bool | None = None,
+          multi_options: tuple[str, ...] = MULTI_TOKEN[:2],
           continuation: Sequence[int] | None = None) -> Request:
     """Check and encode a request. ``batch=False`` refuses a batch (the baselines take one prompt);
     ``multi_options``: the values of ``multi_token`` the caller offers (``MULTI_TOKEN``: ``dpa.attribute``'s; the
@@ -403,14 +403,14 @@ def build(model: nn.Module, tokenizer, prompt: Prompt | list[Prompt], target=Non
         raise InputError(f"weights must be a dpa.PathWeights, got {type(weights).__name__}")
     weights = weights.for_model(spec.n_experts > 0, spec.family)
     enc = encode(tokenizer, spec, prompt, target, contrast=contrast, kind=kind, position=position,
-                 padding_side=padding_side, multi_token=multi_token, batch=batch, multi_options=multi_options,
+                 multi_token=multi_token, batch=batch, multi_options=multi_options,
                  continuation=continuation)
     device = spec.device(model)
     with torch.inference_mode(False):  # normal tensors even when called inside inference mode (autograd needs them)
         t = max(map(len, enc.rows))
         input_ids = torch.zeros(len(enc.rows), t, dtype=torch.long)
         mask = torch.zeros(len(enc.rows), t, dtype=torch.bool)
-        for b, ids in enumerate(enc.rows):  # right padding whatever padding_side says: see Request
+        for b, ids in enumerate(enc.rows):  # right padding, whatever the tokenizer's padding_side: see Request
             input_ids[b, :len(ids)] = torch.tensor(ids)
             mask[b, :len(ids)] = True
         return Request(spec=spec, input_ids=input_ids.to(device), mask=mask.to(device),
@@ -419,7 +419,7 @@ def build(model: nn.Module, tokenizer, prompt: Prompt | list[Prompt], target=Non
 
 
 def encode(tokenizer, sizes, prompt: Prompt | list[Prompt], target=None, *, contrast=None, kind: Kind = "logit",
-           position: int | list[int] | None = None, padding_side: str = "right", multi_token: str = "error",
+           position: int | list[int] | None = None, multi_token: str = "error",
            batch: bool | None = None, multi_options: tuple[str, ...] = MULTI_TOKEN[:2],
            continuation: Sequence[int] | None = None) -> Encoded:
     """The model-free part of ``build``: prompts, positions and targets checked against ``sizes`` (anything
@@ -428,8 +428,6 @@ def encode(tokenizer, sizes, prompt: Prompt | list[Prompt], target=None, *, cont
     check_tokenizer(tokenizer)
     if kind not in ("logit", "logprob"):
         raise InputError(f"kind must be 'logit' or 'logprob', got {kind!r}")
-    if padding_side not in ("right", "left"):
-        raise InputError(f"padding_side must be 'right' or 'left', got {padding_side!r}")
     if multi_token not in multi_options:
         raise InputError(f"multi_token must be {' or '.join(map(repr, multi_options))}"
                          + (" here: a target of several tokens is attributed as a sum by dpa.attribute (and the "

@@ -11,7 +11,7 @@ from typing import Any, Literal, NamedTuple
 import torch
 from torch import Tensor
 
-from .checks import _show, check_bool, check_choice, check_float, check_int
+from .checks import check_bool, check_choice, check_float, check_int, show
 from .errors import InputError, InputTypeError
 from .files import check_run_config, model_identity, run_folder, write_text  # noqa: F401  (their old home)
 from .files import load_json, read_json
@@ -435,7 +435,7 @@ def _record(name: str, value: Any, cls: type, readers: dict[str, Any] | None) ->
     itself): unknown and missing fields refused by name, each field read by its reader (None: by ``cls``)."""
     where = f"{name}." if name else ""
     if not isinstance(value, dict):
-        raise InputTypeError(f"{name} must be an object (a dict), got {_show(value)}")
+        raise InputTypeError(f"{name} must be an object (a dict), got {show(value)}")
     known = [f.name for f in fields(cls)]
     unknown = [str(k) for k in value if k not in known]
     if unknown:
@@ -454,14 +454,14 @@ def _optional(read):
 def _list_of(read):
     def read_list(name: str, value: Any) -> list:
         if not isinstance(value, (list, tuple)):
-            raise InputTypeError(f"{name} must be a list, got {_show(value)}")
+            raise InputTypeError(f"{name} must be a list, got {show(value)}")
         return [read(f"{name}[{i}]", v) for i, v in enumerate(value)]
     return read_list
 
 
 def _text(name: str, value: Any) -> str:
     if not isinstance(value, str):
-        raise InputTypeError(f"{name} must be a string, got {_show(value)}")
+        raise InputTypeError(f"{name} must be a string, got {show(value)}")
     return value
 
 
@@ -479,7 +479,7 @@ def _probability(name: str, value: Any) -> float:
 
 def _prediction(name: str, value: Any) -> tuple[str, float]:
     if not isinstance(value, (list, tuple)) or len(value) != 2:
-        raise InputTypeError(f"{name} must be a [token, probability] pair, got {_show(value)}")
+        raise InputTypeError(f"{name} must be a [token, probability] pair, got {show(value)}")
     return _text(f"{name}[0]", value[0]), _probability(f"{name}[1]", value[1])
 
 
@@ -511,7 +511,7 @@ def _neuron_top(value: dict, result: Attribution) -> NeuronTop:
     once each, as many scores as indices, finite numbers, no more than k of each sign; none next to
     neuron_scores."""
     if not isinstance(value, dict):
-        raise InputTypeError(f"top_neurons must be an object (a dict), got {_show(value)}")
+        raise InputTypeError(f"top_neurons must be an object (a dict), got {show(value)}")
     if result.neuron_scores is not None:
         raise InputError("a result has neuron_scores or top_neurons, not both")
     if "k" not in value and set(value) <= {"index", "score", "d_mlp"}:
@@ -601,7 +601,7 @@ def _scores(name: str, value: Any, dims: int, dtype: torch.dtype) -> Tensor | No
 def _numbers(name: str, value: Any, dims: int) -> list:
     """``value`` checked to be lists nested ``dims`` deep of numbers or None (NaN): each as a float."""
     if not isinstance(value, (list, tuple)):
-        raise InputTypeError(f"{name} must be a list{' of lists' * (dims - 1)} of numbers, got {_show(value)}")
+        raise InputTypeError(f"{name} must be a list{' of lists' * (dims - 1)} of numbers, got {show(value)}")
     if dims > 1:
         return [_numbers(f"{name}[{i}]", v, dims - 1) for i, v in enumerate(value)]
     return [v if type(v) is float else _number(f"{name}[{i}]", v) for i, v in enumerate(value)]  # float: at once
@@ -611,11 +611,11 @@ def _number(name: str, value: Any) -> float:
     if value is None:  # to_dict writes NaN and infinities as null
         return math.nan
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InputTypeError(f"{name} must be a number or null, got {_show(value)}")
+        raise InputTypeError(f"{name} must be a number or null, got {show(value)}")
     try:
         return float(value)
     except OverflowError:
-        raise InputError(f"{name} is out of the range of a float: {_show(value)}") from None
+        raise InputError(f"{name} is out of the range of a float: {show(value)}") from None
 
 
 def _as_list(t: Tensor, float32: bool) -> list:

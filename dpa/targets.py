@@ -15,10 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-import torch
 from torch import Tensor
 
 from .errors import TargetError
+from .rules.softcap import softcap_ratio
 
 Kind = Literal["token", "contrast", "logprob", "vector"]
 
@@ -159,7 +159,7 @@ def target_direction(spec: TargetSpec, unembed: Tensor, probs: Tensor | None = N
         else:
             z, c = capped
             z = z.to(unembed)
-            rho = torch.where(z == 0, torch.ones_like(z), torch.tanh(z / c) * c / z)
+            rho = softcap_ratio(z, c)
             u = u * rho[spec.token_id] - (probs.to(unembed) * rho) @ unembed
     return -u if spec.negate else u
 

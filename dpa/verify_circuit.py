@@ -52,9 +52,9 @@ def _replace_first(args: tuple, kwargs: dict, value: Tensor) -> tuple[tuple, dic
 
 
 def _upstream(circ, src, dst) -> bool:
-    from .circuit import _read_slot
+    from .circuit_graph import read_slot
 
-    return 2 * src.layer + src.block < _read_slot(circ._spec, dst)
+    return 2 * src.layer + src.block < read_slot(circ._spec, dst)
 
 
 class _ExpertTerm:
@@ -201,7 +201,7 @@ def path_patch(circ, model: nn.Module, tokenizer, edge) -> dict[str, Any]:
 def _first_order(circ, model: nn.Module, req, mods, dst, G: Tensor, write: Tensor) -> float:
     """out_u . g_v with every path of v's block at weight 1: v's block run again on its input (one forward of
     the model records it) in the linearised model with all mu = 1, as ``dpa.circuit`` does for its edges."""
-    from .circuit import _pullback
+    from .circuit_graph import pullback
     from .linearise import Scores
     from .weights import PathWeights
 
@@ -215,7 +215,7 @@ def _first_order(circ, model: nn.Module, req, mods, dst, G: Tensor, write: Tenso
         layer = dst.layer
         resid = {layer: rec.resid[layer][0].detach().to(dtype)}
         mid = {layer: rec.mid[layer][0].detach().to(dtype)}
-        g, _, _ = _pullback(session, mods[layer], layer, dst.block, [dst], [G], resid, mid, dict(rec.calls), dtype)
+        g, _, _ = pullback(session, mods[layer], layer, dst.block, [dst], [G], resid, mid, dict(rec.calls), dtype)
     return float((g[0] * write.to(dtype)).sum())
 
 

@@ -139,3 +139,14 @@ class PathWeights:
         """GLU only: gate = 1-p, up = p; attention at its default."""
         p = check_float("p", p, low=0.0, high=1.0)
         return cls(0.25, 0.25, 0.5, 1 - p, p)
+
+
+def weights_argument(text: str) -> PathWeights:
+    """``PathWeights.parse`` as an argparse ``type``: a bad value is the command's usage error, naming it (every
+    command that takes ``--weights`` parses it here)."""
+    import argparse
+
+    try:
+        return PathWeights.parse(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None

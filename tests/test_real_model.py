@@ -41,7 +41,7 @@ class TestDefaultModel:
     def test_batch_matches_single(self, smollm):
         model, tok = smollm
         prompts = ["The capital of France is", "The Eiffel Tower is located in the city of"]
-        batch = dpa.attribute(model, tok, prompts, target=" Paris", padding_side="left")
+        batch = dpa.attribute(model, tok, prompts, target=" Paris")
         for p, b in zip(prompts, batch):
             single = dpa.attribute(model, tok, p, target=" Paris")
             torch.testing.assert_close(b.token_scores, single.token_scores, rtol=1e-4, atol=1e-4)

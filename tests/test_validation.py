@@ -181,8 +181,7 @@ PADDING_SAME = [
          lambda m, t: A(m, t, "the city", target=3)) for side in ("left", "right")
 ]
 PADDING_BAD = [
-    Bad("2d-tensor-padded-no-mask", lambda m, t: A(m, t, _padded(t, "left")["input_ids"], target=3,
-                                                   padding_side="left"),
+    Bad("2d-tensor-padded-no-mask", lambda m, t: A(m, t, _padded(t, "left")["input_ids"], target=3),
         InputError, "attention_mask"),
 ]
 
@@ -245,9 +244,8 @@ OPTIONS_BAD = [
     Bad("position-list-wrong-length", lambda m, t: A(m, t, [PROMPT, PROMPT], target=3, position=[1]), InputError,
         "position"),
     Bad("position-tensor-2", attr(position=torch.tensor([1, 2])), InputError, "position"),
-    Bad("padding-side-capital", attr(padding_side="Left"), InputError, "padding_side"),
-    Bad("padding-side-middle", attr(padding_side="middle"), InputError, "padding_side"),
-    Bad("padding-side-none", attr(padding_side=None), InputError, "padding_side"),
+    Bad("padding-side-removed", attr(padding_side="left"), InputTypeError, "no longer takes padding_side"),
+    Bad("unknown-keyword", attr(padding="left"), InputTypeError, "unexpected keyword argument 'padding'"),
     Bad("memory-unknown", attr(memory="small"), InputError, "memory"),
     Bad("neuron-target-unknown", attr(neuron_target="input"), InputError, "neuron_target"),
     Bad("probabilities-string", attr(probabilities="yes"), InputError, "probabilities"),
@@ -270,8 +268,6 @@ OPTIONS_SAME = [
     Same("position-negative", attr(position=-1), attr()),
     Same("position-numpy", attr(position=np.int64(-1)), attr()),
     Same("position-0d-tensor", attr(position=torch.tensor(-1)), attr()),
-    Same("padding-left", lambda m, t: A(m, t, [PROMPT, "the city"], target=3, padding_side="left")[1],
-         lambda m, t: A(m, t, "the city", target=3)),
     Same("memory-lean", attr(memory="lean"), attr(memory="full")),
 ]
 

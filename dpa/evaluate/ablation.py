@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import request as requests
-from ..checks import check_int
+from ..checks import check_int, show
 from ..errors import InputError, InputTypeError
 from ..instrument import instrument, unembed
 from ..request import Request
@@ -36,11 +36,6 @@ def _probs(model: nn.Module, req: Request, hidden: Tensor, position: int, target
     return probs, probs if logits.dtype == wide else logits.softmax(-1)[:, target_id].to(wide)
 
 
-def _show(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def _one_prompt(input_ids):
     """``input_ids`` of one prompt as the request step takes it: [pos] (a list of ints, an integer tensor or
     numpy array); a batch of one ([1 pos]) unwrapped; a batch of several, or no token ids at all, refused."""
@@ -48,7 +43,7 @@ def _one_prompt(input_ids):
         input_ids = torch.as_tensor(input_ids)  # a float array stays float: refused by the request step
     if isinstance(input_ids, (str, bytes)):
         raise InputTypeError(f"input_ids must be token ids (a list of ints or an integer tensor [pos]); the "
-                             f"ablation helpers take no tokenizer, got the string {_show(input_ids)}")
+                             f"ablation helpers take no tokenizer, got the string {show(input_ids)}")
     if isinstance(input_ids, Tensor):
         if input_ids.dim() == 2:
             if input_ids.shape[0] != 1:
@@ -77,10 +72,10 @@ def _request(model: nn.Module, input_ids, target_position: int, target_id: int) 
     except InputError as err:  # the request step's message, said of this argument
         raise type(err)(f"input_ids: {err}") from None
     if target_id is None or isinstance(target_id, Mapping):
-        raise InputTypeError(f"target_id must be one token id (an int), got {_show(target_id)}")
+        raise InputTypeError(f"target_id must be one token id (an int), got {show(target_id)}")
     req = requests.build(model, None, ids, target_id, position=target_position, batch=False)
     if req.targets[0].kind != "token" or req.targets[0].token_id is None:  # a vector target
-        raise InputTypeError(f"target_id must be one token id (an int), got {_show(target_id)}")
+        raise InputTypeError(f"target_id must be one token id (an int), got {show(target_id)}")
     return req
 
 
@@ -110,9 +105,9 @@ def _mask(name: str, mask, shape: tuple) -> Tensor:
 def _units(name: str, units) -> list:
     """An iterable of ablated units (positions, or tuples of indices) as a list; refused with its name."""
     if isinstance(units, Tensor) and units.dim() == 0:
-        raise InputTypeError(f"{name} must be a list (an empty one for none), got a 0-d tensor {_show(units)}")
+        raise InputTypeError(f"{name} must be a list (an empty one for none), got a 0-d tensor {show(units)}")
     if isinstance(units, (str, bytes, Mapping)) or not isinstance(units, Iterable):
-        raise InputTypeError(f"{name} must be a list (an empty one for none), got {_show(units)}")
+        raise InputTypeError(f"{name} must be a list (an empty one for none), got {show(units)}")
     return list(units)
 
 

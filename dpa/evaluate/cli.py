@@ -13,18 +13,11 @@ from pathlib import Path
 from .. import distributed
 from ..errors import DPAError, InputError
 from ..models import CHUNKED, DEFAULT_MODEL, ModelLoadError
-from ..weights import FAMILIES, PathWeights
+from ..weights import FAMILIES, PathWeights, weights_argument
 from .datasets import DATASETS, GENERATED, DataError
 from .prompts import PROMPTS
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")
-
-
-def _weights(text: str) -> PathWeights:
-    try:
-        return PathWeights.parse(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _floats(text: str) -> list[float]:
@@ -76,7 +69,7 @@ def add_commands(subparsers) -> None:
     p.add_argument("--methods", default="paper", metavar="A,B,...",
                    help="comma-separated method names, 'paper' (the paper's table) or 'all' (default: paper)")
     group = p.add_mutually_exclusive_group()
-    group.add_argument("--weights", type=_weights, metavar="q,k,v,gate,up", help="DPA path weights")
+    group.add_argument("--weights", type=weights_argument, metavar="q,k,v,gate,up", help="DPA path weights")
     group.add_argument("--preset", choices=FAMILIES, help="DPA weights from a sensitivity family (with --p)")
     p.add_argument("--p", type=float, help="the preset's parameter (default 0.5)")
     p.add_argument("--steps", type=int, default=20, help="integrated gradients steps (default 20)")

@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .softcap import softcap as capped
+
 
 def heads(x: Tensor, n: int) -> Tensor:
     """[batch pos n*d_head] -> [batch n pos d_head]"""
@@ -70,7 +72,7 @@ def attention_probs(q: Tensor, k: Tensor, scaling: float, mask: Tensor, softcap:
     qg = q.reshape(b, kv, h // kv, tq, dh)  # [batch kv_head group query d_head]
     scores = torch.einsum("bkgid,bkjd->bkgij", qg, k).reshape(b, h, tq, k.shape[2]) * scaling
     if softcap is not None:
-        scores = torch.tanh(scores / softcap) * softcap
+        scores = capped(scores, softcap)
     scores = scores.masked_fill(~mask, float("-inf"))
     if sinks is not None:
         sink = sinks.to(scores.device, scores.dtype).view(1, h, 1, 1).expand(b, h, tq, 1)
