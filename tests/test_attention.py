@@ -3,7 +3,7 @@ import torch
 from torch.func import vjp
 from transformers.models.llama.modeling_llama import repeat_kv
 
-from .hand_rules import AttentionWeights, attention_forward, attention_internals, propagate_attention
+from dpa.rules.hand import AttentionWeights, attention_forward, attention_internals, propagate_attention
 from dpa.rules.attention import attention_mask
 from dpa.rules.rope import apply_rope
 

@@ -1,5 +1,5 @@
 """``dpa.attribute`` against the ground truths: autograd through an independently written modified
-model (book: modified-backward, identity 1), the hand rules of the book (``hand_rules.py``), and the
+model (book: modified-backward, identity 1), the hand rules of the book (``dpa/rules/hand.py``), and the
 identities of that chapter, on tiny float64 models of every family and head layout."""
 
 import pytest
@@ -9,7 +9,7 @@ import dpa
 from dpa.tiny import FAMILIES
 
 from .conftest import random_ids, tiny_model
-from .hand_rules import hand_attribute
+from dpa.rules.hand import hand_attribute
 from .reference import reference_forward
 
 PATHS = {  # (query, key, value, gate, up)

@@ -12,7 +12,7 @@ from dpa.rules.attention import attention_mask
 from dpa.rules.norm import apply_norm, rms_scale
 
 from .conftest import random_ids, tiny_model
-from .hand_rules import attention_forward, capture, glu_forward, layer_weights
+from dpa.rules.hand import attention_forward, capture, glu_forward, layer_weights
 
 
 def recompute_logits(model, ids):

@@ -3,7 +3,7 @@ import torch
 from torch.func import vjp
 from torch.nn import functional as F
 
-from .hand_rules import glu_forward, neuron_position_scores, propagate_glu
+from dpa.rules.hand import glu_forward, neuron_position_scores, propagate_glu
 from dpa.rules.norm import rms_scale
 
 D, I = 16, 24

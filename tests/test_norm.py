@@ -4,7 +4,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from dpa.rules.norm import apply_norm, rms_scale
 
-from .hand_rules import pull_back_norm
+from dpa.rules.hand import pull_back_norm
 
 torch.manual_seed(0)
 

@@ -6,7 +6,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply
 
 from dpa.rules.rope import apply_rope, rotate_half
 
-from .hand_rules import apply_rope_transpose
+from dpa.rules.hand import apply_rope_transpose
 
 
 def cos_sin(positions, rope_parameters=None, d_head=16):

@@ -28,7 +28,7 @@ from dpa.instrument import instrument, logits_at
 from dpa.linearise import Scores
 
 from .conftest import ALL_FAMILIES, FAMILIES, random_ids, tiny_config, tiny_model
-from .hand_rules import hand_attribute
+from dpa.rules.hand import hand_attribute
 from .test_families_autograd import PATHS, TARGET, autograd_scores, path_weights, pre_cap_logits
 
 ORIGINAL = 16  # original_max_position_embeddings (and max_position_embeddings for dynamic NTK)

@@ -1,7 +1,9 @@
-"""The readable forward rules dpa recomputes where it needs alpha itself (``explicit.py``).
+"""The book's rules as plain tensor functions, no HF modules.
 
-Plain tensor functions, no HF modules: RMSNorm scale, RoPE rotation, attention probabilities with
-grouped-query heads. The backward rules the book derives (frozen norm, GLU content/control, softmax
-delta, RoPE transpose) are not here: the library runs them as autograd through the linearised model
-(``instrument.py``); the book and ``tests/hand_rules.py`` write them out and prove the two equal.
+The forward rules dpa recomputes where it needs alpha itself (``explicit.py``): RMSNorm scale (``norm``), RoPE
+rotation (``rope``), attention probabilities with grouped-query heads (``attention``), soft-capping
+(``softcap``). And the backward rules the book derives (``hand``: frozen norm, GLU content/control, softmax delta,
+RoPE transpose, GQA grouping, q/k norms, and a top-down sweep chaining them): the library does not call those --
+it runs them as autograd through the linearised model (``instrument.py``) -- they are the proof, and the tests
+check the library against them on every family.
 """

@@ -1,4 +1,4 @@
-"""The hand-derived rules of the book, written out as the proof the library is tested against.
+"""The hand-derived backward rules of the book, written out as the proof the library is tested against.
 
 The library computes DPA as one autograd backward through the linearised model (``dpa.instrument``).
 These are the rules the book derives block by block -- frozen RMSNorm, GLU content/control, the
@@ -16,12 +16,12 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from dpa.families import ModelSpec
-from dpa.rules.attention import attention_mask
-from dpa.rules.attention import heads as _heads
-from dpa.rules.attention import merge as _merge
-from dpa.rules.norm import apply_norm, rms_scale  # noqa: F401  (re-exported for the rule tests)
-from dpa.rules.rope import apply_rope, rotate_half
+from ..families import ModelSpec
+from .attention import attention_mask
+from .attention import heads as _heads
+from .attention import merge as _merge
+from .norm import apply_norm, rms_scale  # noqa: F401  (re-exported for the rule tests)
+from .rope import apply_rope, rotate_half
 
 
 # --- RMSNorm (book: rmsnorm) ---
