@@ -25,13 +25,14 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from .families import LayerModules
+from .functions import ACTIVATION_RATIO, Branch, LinearisedActivation, Tap
 
 
 def linearise_experts(session, i: int, mods: LayerModules, override: Callable, factors) -> None:
     """Install the linearised sparse block of layer ``i``: the experts' forward, and the shared expert's
     taps and factors. ``factors``: the layer's ``linearise.LayerFactors`` (``factors.mlp`` is the common factor
     the MLP's input norm already applies)."""
-    from .linearise import ACTIVATION_RATIO, Branch, LinearisedActivation, Tap, wrap
+    from .linearise import wrap
 
     spec, mu, scores, rec = session.spec, session.weights, session.scores, session.recording
     anchor = session.anchor
@@ -192,7 +193,6 @@ def _safe_ratio(value: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]
 def _shared_expert(session, i, mods, override, router_factor, expert_factor, glu, expert_buffer, wrap) -> None:
     """Qwen2-MoE's shared expert, sigmoid(x . g) S(x): S is content (a GLU, its neurons after the routed
     experts'), its gate a control path like the router. Its expert score is S(x) . dL/dS, the last slot."""
-    from .linearise import Branch, Tap
 
     spec, anchor = session.spec, session.anchor
     shared, d_s = mods.shared, spec.d_shared

@@ -228,7 +228,7 @@ class ModelSpec:
     qk_norm: bool
     sliding_windows: tuple[int | None, ...]  # per layer
     rotary_layers: tuple[bool, ...] = ()  # per layer: whether the layer rotates q and k (empty: every layer)
-    activation: str = "silu"  # the kind of the MLP's activation (linearise.ACTIVATION_RATIO)
+    activation: str = "silu"  # the kind of the MLP's activation (functions.ACTIVATION_RATIO)
     attn_softcap: float | None = None  # c in c * tanh(score / c) on the attention scores (Gemma 2)
     final_softcap: float | None = None  # c on the final logits: dpa attributes the pre-cap logit
     parallel: bool = False  # attention and MLP read the same residual stream (GPT-NeoX's parallel residual)
@@ -378,9 +378,9 @@ def activation_kind(config, family: Family) -> str:
 
 
 def _computes(module: nn.Module, kind: str) -> bool:
-    """Whether an activation module computes the activation ``kind`` (s * ratio(s), linearise.ACTIVATION_RATIO):
+    """Whether an activation module computes the activation ``kind`` (s * ratio(s), functions.ACTIVATION_RATIO):
     its own forward on a probe over [-8, 8] in float64, against the formula."""
-    from .linearise import ACTIVATION_RATIO
+    from .functions import ACTIVATION_RATIO
 
     s = torch.linspace(-8, 8, 161, dtype=torch.float64)
     try:
@@ -397,7 +397,7 @@ def check_activations(model: nn.Module, family: Family, kind: str) -> None:
     """Every activation module dpa linearises must compute the kind the config names (``activation_kind``):
     the gate rule's frozen factor is that kind's, while the value is the module's own. A module computing
     another function (``mlp.act_fn = nn.GELU()`` in a SiLU model) is refused by name, never linearised wrongly."""
-    from .linearise import ACTIVATION_RATIO
+    from .functions import ACTIVATION_RATIO
 
     paths = [p for p in (family.activation, family.moe and family.moe.shared and family.moe.shared + ".act_fn") if p]
     key, _ = family.activation_config

@@ -1,6 +1,7 @@
-"""The linearised model's three changes and the score taps, as autograd Functions (book: modified-backward).
+"""The linearised model's three changes and the score taps, installed on each layer (book: modified-backward).
 
-Each Function's forward gives the model's own value; only its backward differs:
+The autograd Functions live in ``functions.py``; each one's forward gives the model's own value, only its backward
+differs:
 
 (a) ``FrozenNorm``: a norm with its scale frozen, ``g * gamma * r`` with r = 1/rms(x) at its forward value;
 (b) ``LinearisedActivation``: SiLU(s) -> s * sigmoid(s) with sigmoid(s) frozen, ``g * sigmoid(s)``;
@@ -17,8 +18,6 @@ read the gradient unscaled.
 
 from __future__ import annotations
 
-import math
-
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -26,125 +25,8 @@ import torch
 from torch import Tensor, nn
 
 from .families import LayerModules, ModelSpec, norm_eps, weight_rows
+from .functions import ACTIVATION_RATIO, Branch, FrozenNorm, LinearisedActivation, Tap, is_one
 from .rules.norm import GAIN, rms_scale
-
-def _gelu_tanh_ratio(s: Tensor) -> Tensor:
-    """GELU with the tanh approximation is s * 0.5 * (1 + tanh(sqrt(2/pi) * (s + 0.044715 s^3)))."""
-    return 0.5 * (1 + torch.tanh(math.sqrt(2 / math.pi) * (s + 0.044715 * s.pow(3))))
-
-
-def _gelu_ratio(s: Tensor) -> Tensor:
-    """The exact GELU is s * Phi(s), Phi the standard normal CDF."""
-    return 0.5 * (1 + torch.erf(s * math.sqrt(0.5)))
-
-
-# act(s) = s * ratio(s): the linearisation keeps the value and freezes ratio(s) (the control factor).
-ACTIVATION_RATIO: dict[str, Callable[[Tensor], Tensor]] = {
-    "silu": torch.sigmoid,  # SiLU(s) = s * sigmoid(s)
-    "gelu_tanh": _gelu_tanh_ratio,  # Gemma's GeGLU, GPT-2's gelu_new
-    "gelu": _gelu_ratio,  # GPT-NeoX
-}
-
-
-# --- the three changes and the taps, as autograd Functions (forward: identity on the model's value) ---
-
-class FrozenNorm(torch.autograd.Function):
-    """Value: the norm's output. Backward: the frozen linear map, g * gamma * r (times a block's mu:
-    ``pull``, free here), and for a LayerNorm the mean-centring after it (a linear map too). It replaces
-    the norm's forward: one Function, no hook, no graph of the norm.
-
-    ``value(x) -> (out, r)`` is the kind's arithmetic (``NORM_KINDS``), used where it gives the module's
-    own output bit for bit (``replicates``), so r comes for free; otherwise ``own``, the module's own
-    forward, gives the value and r is computed beside it. Either way r is in float32, or float64 for a
-    float64 model (HF's RMSNorm rounds to float32 there; the backward keeps float64). A LayerNorm's
-    bias beta is an input no token owns: ``sink`` receives beta . (the gradient at the output, times the
-    block's mu)."""
-
-    @staticmethod
-    def forward(ctx, x, pull, value, own, eps, centre, bias, sink):
-        out, r = value(x) if own is None else (own(x), None)
-        wide = torch.promote_types(x.dtype, torch.float32)
-        if r is None or r.dtype != wide:
-            r = rms_scale(x - x.mean(-1, keepdim=True) if centre else x, eps)  # in float32 or wider
-        ctx.save_for_backward(pull, r, bias)
-        ctx.centre, ctx.sink = centre, sink
-        return out
-
-    @staticmethod
-    def backward(ctx, g):
-        pull, r, bias = ctx.saved_tensors
-        if bias is not None and ctx.sink is not None:
-            ctx.sink(g.flatten(1, -2).sum(1) @ bias.to(g.dtype))  # bias: beta times the block's mu
-        out = (g * pull).mul_(r.to(g.dtype))
-        if ctx.centre:
-            out = out - out.mean(-1, keepdim=True)
-        return out, None, None, None, None, None, None, None
-
-
-class LinearisedActivation(torch.autograd.Function):
-    """Value: the activation module's own forward, act(s) (run inside the Function, so it records no
-    graph). Backward: g * ratio(s) * factor, the gate path with ratio(s) = act(s)/s frozen."""
-
-    @staticmethod
-    def forward(ctx, s, act, ratio, factor):
-        ctx.save_for_backward(s)
-        ctx.ratio, ctx.factor = ratio, factor
-        return act(s)
-
-    @staticmethod
-    def backward(ctx, g):
-        (s,) = ctx.saved_tensors
-        c = ctx.ratio(s).mul_(g)
-        return (c if ctx.factor == 1 else c.mul_(ctx.factor)), None, None, None
-
-
-class Branch(torch.autograd.Function):
-    """Value: x. Backward: g * factor (a float, or one per output feature where a fused projection holds
-    several branches); with a bias, writes bias . (gradient entering the branch)."""
-
-    @staticmethod
-    def forward(ctx, x, factor, bias, sink):
-        ctx.factor, ctx.sink = factor, sink
-        ctx.save_for_backward(bias)
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        g = g if _is_one(ctx.factor) else g * ctx.factor
-        (bias,) = ctx.saved_tensors
-        if bias is not None:
-            ctx.sink(g.flatten(1, -2).sum(1) @ bias.to(g.dtype))
-        return g, None, None, None
-
-
-class Tap(torch.autograd.Function):
-    """Value: x. Backward: writes reduce(x, g) (x . g per token, head or neuron) through ``sink``, passes
-    g * factor on.
-
-    ``anchor`` is one scalar leaf shared by every tap: it keeps each tap in the graph even where its
-    input needs no gradient (a block whose branches all have mu = 0)."""
-
-    @staticmethod
-    def forward(ctx, x, anchor, reduce, sink, factor):
-        ctx.save_for_backward(x)
-        ctx.reduce, ctx.sink, ctx.factor = reduce, sink, factor
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        if ctx.sink is not None:
-            wide = torch.promote_types(x.dtype, torch.float32)
-            ctx.sink(ctx.reduce(x.to(wide), g.to(wide)))
-        if not isinstance(ctx.factor, Tensor) and ctx.factor == 0:
-            return None, None, None, None, None
-        return (g if _is_one(ctx.factor) else g * ctx.factor), None, None, None, None
-
-
-def _is_one(factor) -> bool:
-    """A factor of one (a float), not a per-feature factor (a tensor: the branches of a fused projection)."""
-    return not isinstance(factor, Tensor) and factor == 1
-
 
 @dataclass
 class Scores:
@@ -442,7 +324,7 @@ def _projection(mods: LayerModules, names: list[str], factors: dict, share: Call
             return out.detach()
         if up:  # the tap reads the unscaled gradient, then passes it on times mu_up / common (per feature
             return Tap.apply(out, anchor, reduce, neuron_sink, factor)  # where fused); no bias here (checked)
-        if _is_one(factor) and bias is None:
+        if is_one(factor) and bias is None:
             return out
         return Branch.apply(out, factor, bias, share)
     return post

@@ -11,11 +11,8 @@ from torch import nn
 
 import dpa
 from dpa import Attribution, PathWeights, request
-from dpa.checks import check_int
-from dpa.families import layer_modules, neuron_direction
-from dpa.rules.norm import GAIN
+from dpa.lens import neuron_logit_effect, next_token_probabilities
 from dpa.targets import token_text
-from dpa.instrument import clean_logits
 
 from .payload import spearman
 
@@ -30,8 +27,7 @@ class Prediction:
 @torch.no_grad()
 def predictions(model: nn.Module, tokenizer, token_ids: list[int], position: int, k: int = 10) -> list[Prediction]:
     """The model's top-k next tokens after ``token_ids[: position + 1]``, with probabilities."""
-    req = request.build(model, tokenizer, list(token_ids[: position + 1]), batch=False)
-    probs = clean_logits(model, req)[0].float().softmax(-1)  # one position only
+    probs = next_token_probabilities(model, tokenizer, token_ids[: position + 1])
     top = probs.topk(min(k, probs.numel()))
     return [Prediction(token_text(tokenizer, int(i)) if tokenizer is not None else str(int(i)), float(p), int(i))
             for p, i in zip(top.values, top.indices)]
@@ -96,13 +92,7 @@ def neuron_vocab(model: nn.Module, tokenizer, layer: int, neuron: int,
     The direction is its down-projection column, scaled by the final norm's gamma and read
     through the unembedding (a logit-lens view; the final norm's 1/rms is left out).
     """
-    spec = dpa.spec_for(model)
-    check_int("layer", layer, low=0, high=spec.n_layers - 1)
-    check_int("neuron", neuron, low=0, high=spec.d_mlp - 1)
-    down = neuron_direction(layer_modules(model, spec)[layer], spec, neuron)  # [d_model]
-    gamma = GAIN[spec.parts.norm_kind](spec.final_norm(model).weight)  # the final norm's diagonal
-    unembed = spec.unembed(model).weight
-    effect = (unembed.float() @ (down.float() * gamma.float()).to(unembed.device))  # [vocab]
+    effect = neuron_logit_effect(model, layer, neuron)  # [vocab]
     name = (lambda i: token_text(tokenizer, i)) if tokenizer is not None else str
     up, down_ = effect.topk(k), (-effect).topk(k)
     return ([(name(int(i)), float(v)) for v, i in zip(up.values, up.indices)],

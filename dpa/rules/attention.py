@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..functions import TemperedSoftmax
 from .softcap import softcap as capped
 
 
@@ -36,23 +37,6 @@ def attention_mask(mask: Tensor, window: int | None) -> Tensor:
     if window is not None:
         allowed = allowed & (i[None, :] > i[:, None] - window)
     return allowed[None, None] & mask[:, None, None, :] & mask[:, None, :, None]
-
-
-class TemperedSoftmax(torch.autograd.Function):
-    """GIM's softmax rule (book: circuit-discovery). Value: softmax(x) over the last dimension. Backward: the exact
-    Jacobian with s_T = softmax(x / T) in place of s, grad_x = s_T * (grad_s - sum(grad_s * s_T)), no 1/T factor
-    (T = 1: the exact backward)."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, temperature: float) -> Tensor:
-        ctx.save_for_backward(torch.softmax(x / temperature, -1).nan_to_num(0.0))
-        return torch.softmax(x, -1)
-
-    @staticmethod
-    def backward(ctx, g: Tensor):
-        (s_t,) = ctx.saved_tensors
-        g = g.nan_to_num(0.0)
-        return s_t * (g - (g * s_t).sum(-1, keepdim=True)), None
 
 
 def softmax(x: Tensor, temperature: float = 1.0) -> Tensor:
