@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .errors import DPAError, InputError
 from .models import CHUNKED, DEFAULT_MODEL, ModelLoadError
-from .weights import FAMILIES, PathWeights, weights_argument
+from .weights import PRESETS, PathWeights, weights_argument
 
 try:
     from .evaluate.cli import add_commands as add_evaluate_commands
@@ -141,7 +141,7 @@ def _model_options(p: argparse.ArgumentParser) -> None:
     group = p.add_mutually_exclusive_group()
     group.add_argument("--weights", metavar="q,k,v,gate,up", type=weights_argument,
                        help="path weights, e.g. 0.25,0.25,0.5,0.5,0.5 (the default)")
-    group.add_argument("--preset", choices=FAMILIES, help="one of the paper's sensitivity families (with --p)")
+    group.add_argument("--preset", choices=PRESETS, help="one of the paper's sensitivity families (with --p)")
     p.add_argument("--p", type=float, metavar="P", help="the preset's parameter in [0, 1] (default 0.5)")
     p.add_argument("--logprob", action="store_true", help="attribute log p(target) instead of its logit")
 

@@ -12,8 +12,10 @@ from .errors import InputError, InputTypeError
 # A decimal number as people write it (no '_' separators, no 'nan' or 'inf': those are refused as weights).
 NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
-Family = Literal["control_content", "attention", "query_key", "mlp"]
-FAMILIES: tuple[Family, ...] = ("control_content", "attention", "query_key", "mlp")
+# The paper's four sensitivity families of path weights (PathWeights.preset), named PRESETS here so that "family"
+# means a model family everywhere else (dpa.families).
+Preset = Literal["control_content", "attention", "query_key", "mlp"]
+PRESETS: tuple[Preset, ...] = ("control_content", "attention", "query_key", "mlp")
 
 
 @dataclass(frozen=True)
@@ -113,7 +115,7 @@ class PathWeights:
     def preset(cls, family: str, p: float) -> PathWeights:
         """One of the paper's sensitivity families at p in [0, 1] (book: path-weights)."""
         p = check_float("p", p, low=0.0, high=1.0)
-        check_choice("family", family, FAMILIES)
+        check_choice("family", family, PRESETS)
         return getattr(cls, family)(p)
 
     @classmethod

@@ -13,7 +13,7 @@ from pathlib import Path
 from .. import distributed
 from ..errors import DPAError, InputError
 from ..models import CHUNKED, DEFAULT_MODEL, ModelLoadError
-from ..weights import FAMILIES, PathWeights, weights_argument
+from ..weights import PRESETS, PathWeights, weights_argument
 from .datasets import DATASETS, GENERATED, DataError
 from .prompts import PROMPTS
 
@@ -70,7 +70,7 @@ def add_commands(subparsers) -> None:
                    help="comma-separated method names, 'paper' (the paper's table) or 'all' (default: paper)")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--weights", type=weights_argument, metavar="q,k,v,gate,up", help="DPA path weights")
-    group.add_argument("--preset", choices=FAMILIES, help="DPA weights from a sensitivity family (with --p)")
+    group.add_argument("--preset", choices=PRESETS, help="DPA weights from a sensitivity family (with --p)")
     p.add_argument("--p", type=float, help="the preset's parameter (default 0.5)")
     p.add_argument("--steps", type=int, default=20, help="integrated gradients steps (default 20)")
     p.set_defaults(func=run_evaluate)
@@ -79,7 +79,7 @@ def add_commands(subparsers) -> None:
         description="Total AUC of DPA for each path-weight family (control_content, attention, query_key, mlp) "
                     "over p.")
     _common(s)
-    s.add_argument("--families", default=",".join(FAMILIES), metavar="F,...", help="families (default: all four)")
+    s.add_argument("--families", default=",".join(PRESETS), metavar="F,...", help="families (default: all four)")
     s.add_argument("--ps", type=_floats, default=[0.0, 0.25, 0.5, 0.75, 1.0], metavar="P,...",
                    help="values of p (default 0,0.25,0.5,0.75,1)")
     s.set_defaults(func=run_sweep)
@@ -167,12 +167,12 @@ def run_sweep(args) -> int:
     from .runner import sweep
 
     families = [f.strip() for f in args.families.split(",") if f.strip()]
-    unknown = [f for f in families if f not in FAMILIES]
+    unknown = [f for f in families if f not in PRESETS]
     if unknown:
         raise InputError(f"unknown famil{'ies' if len(unknown) > 1 else 'y'} {', '.join(unknown)}; "
-                         f"choose from {', '.join(FAMILIES)}")
+                         f"choose from {', '.join(PRESETS)}")
     if not families:
-        raise InputError(f"--families names no family ({args.families!r}); choose from {', '.join(FAMILIES)}")
+        raise InputError(f"--families names no family ({args.families!r}); choose from {', '.join(PRESETS)}")
     bad = [p for p in args.ps if not 0 <= p <= 1]
     if not args.ps or bad:
         raise InputError("--ps must be values in [0, 1]" + (f", got {', '.join(map(str, bad))}" if bad else ""))

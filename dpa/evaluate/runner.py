@@ -34,7 +34,7 @@ from ..families import spec_for
 from ..baselines import COMPONENT_METHODS, INPUT_METHODS
 from ..checks import check_bool, check_choice, check_float, check_int
 from ..errors import InputError, InputTypeError, UnsupportedModelError
-from ..weights import FAMILIES, PathWeights
+from ..weights import PRESETS, PathWeights
 from .auc import auc_summary
 from .curves import (GRANULARITIES, ONE_KIND, ComponentUnits, Unit, component_curves, component_units,
                      fraction_grid, input_curves)
@@ -559,10 +559,10 @@ def sweep_methods(settings: Settings, families, ps) -> tuple[dict[str, Callable]
     from ..baselines import dpa_component, dpa_input
 
     if isinstance(families, str) or not isinstance(families, (tuple, list)):
-        raise InputTypeError(f"families must be a list of family names ({', '.join(FAMILIES)}), got {families!r}")
-    unknown = [f for f in families if f not in FAMILIES]
+        raise InputTypeError(f"families must be a list of family names ({', '.join(PRESETS)}), got {families!r}")
+    unknown = [f for f in families if f not in PRESETS]
     if unknown or not families:
-        raise InputError(f"families must name one or more of {', '.join(FAMILIES)}, got {list(families)!r}")
+        raise InputError(f"families must name one or more of {', '.join(PRESETS)}, got {list(families)!r}")
     if isinstance(ps, (str, bytes)) or not isinstance(ps, (tuple, list)) or not ps:
         raise InputTypeError(f"ps must be a non-empty list of numbers in [0, 1], got {ps!r}")
     ps = [check_float(f"ps[{i}]", p, low=0, high=1) for i, p in enumerate(ps)]
