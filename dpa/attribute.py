@@ -73,6 +73,7 @@ def attribute(model: nn.Module, tokenizer, prompt: Prompt | list[Prompt], target
     probabilities: also compute the next-token distribution at the target position (``target.probability``,
         ``top_predictions``): one product with the whole unembedding per prompt, a few percent of the call on a
         small model and a short prompt; always computed when the target is the prediction or a log-probability.
+    **removed: an argument dpa no longer takes (``padding_side``: dpa pads a batch itself) is refused by name.
 
     Returns an ``Attribution`` (a list of them for a batch). Raises a ``dpa.DPAError`` naming the argument for
     every input it cannot attribute; the model is left exactly as it was, even when a call fails.
