@@ -252,6 +252,22 @@ class Options:
     top: int = 10
 
 
+def _plan(tokenizer, spec, records: list, opts: Options, errors: list) -> list[list]:
+    """The batches of the good records, shortest first (grouped by length); each record the request step refuses
+    (without the model) goes to ``errors`` instead, never attributed."""
+    lengths: dict[int, int] = {}
+    for r in records:
+        try:
+            enc = request.encode(tokenizer, spec, r.prompt, _or(r.target, opts.target),
+                                 contrast=_or(r.contrast, opts.contrast), kind=opts.kind, position=r.position,
+                                 multi_token=opts.multi_token, batch=False, multi_options=request.MULTI_TOKEN)
+            lengths[r.line] = len(enc.rows[0])
+        except DPAError as err:
+            errors.append({"line": r.line, "id": r.id, "error": f"{type(err).__name__}: {err}"})
+    good = sorted((r for r in records if r.line in lengths), key=lambda r: (lengths[r.line], r.line))
+    return [good[i:i + opts.batch_size] for i in range(0, len(good), opts.batch_size)]
+
+
 def attribute_file(model: nn.Module, tokenizer, prompts: str | os.PathLike, out: str | os.PathLike, *,
                    target: str | int | None = None, contrast: str | int | None = None, kind: str = "logit",
                    weights: PathWeights | None = None, multi_token: str = "error", batch_size: int = 8,
@@ -298,18 +314,7 @@ def attribute_file(model: nn.Module, tokenizer, prompts: str | os.PathLike, out:
             for stale in (out / "scores").glob(".batch-*.tmp"):  # left by a killed run; no rank writes yet
                 stale.unlink()
         group.barrier()
-        lengths: dict[int, int] = {}
-        for r in records:  # the request step, without the model: a bad record is reported, never attributed
-            try:
-                enc = request.encode(tokenizer, spec, r.prompt, _or(r.target, opts.target),
-                                     contrast=_or(r.contrast, opts.contrast), kind=opts.kind, position=r.position,
-                                     multi_token=opts.multi_token, batch=False,
-                                     multi_options=request.MULTI_TOKEN)
-                lengths[r.line] = len(enc.rows[0])
-            except DPAError as err:
-                errors.append({"line": r.line, "id": r.id, "error": f"{type(err).__name__}: {err}"})
-        good = sorted((r for r in records if r.line in lengths), key=lambda r: (lengths[r.line], r.line))
-        plan = [good[i:i + opts.batch_size] for i in range(0, len(good), opts.batch_size)]
+        plan = _plan(tokenizer, spec, records, opts, errors)
         done = _check_shards(out, plan, run)  # every rank alike (read-only), so that a refusal stops them all
         mine = [(b, batch) for b, batch in enumerate(plan) if group.mine(b) and b not in done]
         from tqdm.auto import tqdm

@@ -26,6 +26,18 @@ USER_ERRORS = (DPAError, ModelLoadError, ValueError, *((DataError,) if DataError
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dpa", description="Dual Path Attribution for open decoder language models.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for add in (_add_attribute, _add_circuit, _add_generate, _add_selftest):
+        add(commands)
+    if add_evaluate_commands is not None:
+        add_evaluate_commands(commands)
+    from .mib.cli import add_command as add_mib_command
+
+    add_mib_command(commands)
+    return parser
+
+
+def _add_attribute(commands) -> None:
+    """``dpa attribute``: one prompt, or every prompt of a file."""
     p = commands.add_parser(
         "attribute", help="attribute the next-token prediction of a prompt (or of every prompt of a file)",
         description="Attribute a target at the end of PROMPT to its tokens, attention heads and MLP neurons; or, "
@@ -62,6 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="colour the tokens (auto: when stdout is a terminal and NO_COLOR is unset)")
     p.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
     p.set_defaults(func=functools.partial(run_attribute, parser=p))
+
+
+def _add_circuit(commands) -> None:
+    """``dpa circuit``: the circuit graph of one prediction."""
     c = commands.add_parser(
         "circuit", help="the circuit graph of a prediction: direct effects between tokens, heads, neurons",
         description="The circuit graph of a target at the end of PROMPT: the NODES heads and neurons (at a position) "
@@ -79,6 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--html", type=Path, metavar="FILE", help="write the graph as a standalone offline HTML page")
     c.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
     c.set_defaults(func=functools.partial(run_circuit, parser=c))
+
+
+def _add_generate(commands) -> None:
+    """``dpa generate``: a generation attributed step by step."""
     g = commands.add_parser(
         "generate", help="generate greedily and attribute every generated token to every token before it",
         description="Generate greedily after PROMPT (or take --continuation) and attribute every generated token to "
@@ -95,6 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "instead of the report")
     g.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
     g.set_defaults(func=functools.partial(run_generate, parser=g))
+
+
+def _add_selftest(commands) -> None:
+    """``dpa selftest``: the identities and one real model on this machine's devices."""
     t = commands.add_parser(
         "selftest", help="check dpa on this machine's devices (CPU, CUDA, MPS): identities and one real model",
         description="On each device: the identities of the book's chapter DPA is a modified backward pass, on a tiny "
@@ -107,12 +131,6 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--families", metavar="A,B,...", help="families to check (default: every family)")
     t.add_argument("--no-model", action="store_true", help="skip the default model (tiny models only)")
     t.set_defaults(func=run_selftest)
-    if add_evaluate_commands is not None:
-        add_evaluate_commands(commands)
-    from .mib.cli import add_command as add_mib_command
-
-    add_mib_command(commands)
-    return parser
 
 
 def _request_options(p: argparse.ArgumentParser, *, sums: bool = True) -> None:

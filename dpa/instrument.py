@@ -576,52 +576,63 @@ def instrument(model: nn.Module, request: Request, *, weights: PathWeights | Non
         if "resid" in record:
             hook(spec.final_norm(model), keep_input(recording.resid, spec.n_layers), pre=True)
         for i, mods in enumerate(layers):
-            if "rope" in record or explicit or attn_keep is not None:
-                handles.append(mods.attention.register_forward_pre_hook(_keep_rope(recording.rope, i),
-                                                                        with_kwargs=True))
-            if "calls" in record:
-                handles.append(mods.attention.register_forward_pre_hook(_keep_call(recording.calls, i),
-                                                                        with_kwargs=True))
-            if "resid" in record:
-                handles.append(mods.layer.register_forward_pre_hook(_keep_layer_input(recording.resid, i),
-                                                                    with_kwargs=True))
-            if "mid" in record:
-                hook(mods.mid, keep_input(recording.mid, i), pre=True)
-            if weights is not None:
-                linearise_layer(session, i, mods, hook, override)
-            else:
-                if "branches" in record:  # each branch's part of its (possibly fused) projection's output
-                    for name, module in mods.branches.items():
-                        hook(module, _keep_output(recording.branches, (name, i), functools.partial(mods.output, name)))
-                if "neuron_inputs" in record:
-                    hook(_neurons(mods, spec, "recording neuron inputs"), keep_input(recording.neuron_inputs, i),
-                         pre=True)
-            if neuron_keep and neuron_keep.get(i) is not None:
-                if mods.experts is not None and weights is None:  # the experts' neurons, inside dpa's loop
-                    from .experts import mask_experts
-
-                    mask_experts(spec, mods, override, neuron_keep[i])
-                else:
-                    hook(_neurons(mods, spec, "ablating neurons"), _mask_input(neuron_keep[i]), pre=True)
-            temperature = 1.0 if weights is None else weights.temperature
-            if explicit or attn_keep is not None:
-                from .explicit import attention_forward
-
-                keep = (attn_keep or {}).get(i)
-                override(mods.attention, attention_forward(spec, request, mods, i, keep, recording, temperature))
-            else:
-                undo.append(functools.partial(_put_config, mods.attention, mods.attention.__dict__.get("config")))
-                if temperature != 1:  # GIM's softmax rule on the model's own kernel: the module's config, put back
-                    temper(mods.attention, temperature)
-                if banded(spec, i, request.n_tokens):  # a long input: a sliding-window layer by bands
-                    band(mods.attention, spec.sliding_windows[i])
-            if lean:
-                override(mods.layer, functools.partial(checkpoint, mods.layer.forward, use_reentrant=False))
-                if _release_memory is not None and spec.device(model).type == "cpu":
-                    hook(mods.layer, _trim, pre=True)
+            _instrument_layer(session, i, mods, hook, handles, override, undo, explicit=explicit, attn_keep=attn_keep,
+                              neuron_keep=neuron_keep, lean=lean)
         yield session
     finally:
         run_all(reversed(undo))
+
+
+def _instrument_layer(session: Session, i: int, mods, hook: Callable, handles: list, override: Callable,
+                      undo: list, *, explicit: bool, attn_keep: dict | None, neuron_keep: dict | None,
+                      lean: bool) -> None:
+    """Layer ``i`` of ``instrument``: its recordings, its linearisation (or the plain forward's recordings), the
+    ablation masks, the attention path (explicit, tempered or banded) and lean mode's checkpoint."""
+    model, request, spec = session.model, session.request, session.request.spec
+    weights, recording, record = session.weights, session.recording, session.record
+    if "rope" in record or explicit or attn_keep is not None:
+        handles.append(mods.attention.register_forward_pre_hook(_keep_rope(recording.rope, i),
+                                                                with_kwargs=True))
+    if "calls" in record:
+        handles.append(mods.attention.register_forward_pre_hook(_keep_call(recording.calls, i),
+                                                                with_kwargs=True))
+    if "resid" in record:
+        handles.append(mods.layer.register_forward_pre_hook(_keep_layer_input(recording.resid, i),
+                                                            with_kwargs=True))
+    if "mid" in record:
+        hook(mods.mid, keep_input(recording.mid, i), pre=True)
+    if weights is not None:
+        linearise_layer(session, i, mods, hook, override)
+    else:
+        if "branches" in record:  # each branch's part of its (possibly fused) projection's output
+            for name, module in mods.branches.items():
+                hook(module, _keep_output(recording.branches, (name, i), functools.partial(mods.output, name)))
+        if "neuron_inputs" in record:
+            hook(_neurons(mods, spec, "recording neuron inputs"), keep_input(recording.neuron_inputs, i),
+                 pre=True)
+    if neuron_keep and neuron_keep.get(i) is not None:
+        if mods.experts is not None and weights is None:  # the experts' neurons, inside dpa's loop
+            from .experts import mask_experts
+
+            mask_experts(spec, mods, override, neuron_keep[i])
+        else:
+            hook(_neurons(mods, spec, "ablating neurons"), _mask_input(neuron_keep[i]), pre=True)
+    temperature = 1.0 if weights is None else weights.temperature
+    if explicit or attn_keep is not None:
+        from .explicit import attention_forward
+
+        keep = (attn_keep or {}).get(i)
+        override(mods.attention, attention_forward(spec, request, mods, i, keep, recording, temperature))
+    else:
+        undo.append(functools.partial(_put_config, mods.attention, mods.attention.__dict__.get("config")))
+        if temperature != 1:  # GIM's softmax rule on the model's own kernel: the module's config, put back
+            temper(mods.attention, temperature)
+        if banded(spec, i, request.n_tokens):  # a long input: a sliding-window layer by bands
+            band(mods.attention, spec.sliding_windows[i])
+    if lean:
+        override(mods.layer, functools.partial(checkpoint, mods.layer.forward, use_reentrant=False))
+        if _release_memory is not None and spec.device(model).type == "cpu":
+            hook(mods.layer, _trim, pre=True)
 
 
 def banded(spec: ModelSpec, i: int, n_tokens: int) -> bool:

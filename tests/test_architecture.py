@@ -14,8 +14,7 @@ PACKAGE = ROOT / "dpa"
 LONG_FUNCTION, BIG_MODULE = 80, 500
 
 # Still over the limits: each entry is work left; a test fails when one is fixed, so that it leaves the list.
-LONG_FUNCTIONS = {"dpa.instrument.instrument", "dpa.experts.linearise_experts", "dpa.cli.build_parser",
-                  "dpa.evaluate.runner._running", "dpa.batch.attribute_file"}
+LONG_FUNCTIONS = {"dpa.experts.linearise_experts", "dpa.evaluate.runner._running"}
 BIG_MODULES = {"dpa.families", "dpa.instrument", "dpa.result", "dpa.evaluate.runner", "dpa.request", "dpa.batch"}
 CYCLES = [{"dpa.experts", "dpa.explicit", "dpa.families", "dpa.instrument", "dpa.linearise", "dpa.request"},
           {"dpa.figures", "dpa.report", "dpa.result"}]
