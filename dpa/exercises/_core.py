@@ -433,6 +433,14 @@ def _first_line(err: BaseException) -> str:
     return text[0][:200] if text else "(no message)"
 
 
+def norm_scale(x, eps, *, reduce="mean", root=True):
+    """r(x) per position (eq-rmsnorm), or one of the learners' variants of it (a sum for the mean, no square root,
+    one mean over the whole sequence): the chapters rmsnorm and residual-stream-and-targets (its final norm)."""
+    sq = x.pow(2)
+    ms = sq.mean(-1, keepdim=True) if reduce == "mean" else sq.sum(-1, keepdim=True) if reduce == "sum" else sq.mean()
+    return (ms + eps).rsqrt() if root else 1 / (ms + eps)
+
+
 def randn(gen: torch.Generator, *shape: int, scale: float = 1.0) -> Tensor:
     """A float64 standard normal tensor from the case's generator."""
     return torch.randn(*shape, generator=gen, dtype=F64) * scale

@@ -7,10 +7,9 @@ import math
 
 import torch
 
-from ._core import Exercise, Mistake, randn, vjp
+from ._core import F64, Exercise, Mistake, randn, vjp
 
 CHAPTER = "layernorm-gelu"
-F64 = torch.float64
 
 
 def _Phi(s):  # the standard normal CDF: GELU(s) = s * Phi(s)

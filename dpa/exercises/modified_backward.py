@@ -8,10 +8,9 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from ._core import Exercise, Mistake, randn
+from ._core import F64, Exercise, Mistake, randn
 
 CHAPTER = "modified-backward"
-F64 = torch.float64
 
 
 def _scale_grad(x, mu):

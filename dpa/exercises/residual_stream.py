@@ -5,17 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from ._core import Exercise, Mistake, randn, vjp
+from ._core import F64, Exercise, Mistake, norm_scale, randn, vjp
 
 CHAPTER = "residual-stream-and-targets"
-F64 = torch.float64
-
-
-def _scale(x, eps, *, reduce="mean", root=True):
-    """The final norm's scale r_f per position (eq-rmsnorm), or one of the learners' variants of it."""
-    sq = x.pow(2)
-    ms = sq.mean(-1, keepdim=True) if reduce == "mean" else sq.sum(-1, keepdim=True) if reduce == "sum" else sq.mean()
-    return (ms + eps).rsqrt() if root else 1 / (ms + eps)
 
 
 # -- 1. by hand: a logit split into direct contributions ------------------------------------------------------------
@@ -28,14 +20,14 @@ def _hand_case(gen=None) -> dict:
 def _hand(c, r=None, t=None):
     """(r_f, t^(L)_p, the direct contributions) for a scale r_f (or a target t) of the learner's."""
     x_L = c["x0"] + c["attn"] + c["mlp"]  # (eq-resid-blocks)
-    r = _scale(x_L, 0.0).squeeze() if r is None else r
+    r = norm_scale(x_L, 0.0).squeeze() if r is None else r
     t = c["w"] * c["gamma"] * r if t is None else t
     return r, t, torch.stack([t @ c["x0"], t @ c["attn"], t @ c["mlp"]])
 
 
 def _hand_oracle(c):
     x_L = c["x0"] + c["attn"] + c["mlp"]
-    r = _scale(x_L, 0.0)
+    r = norm_scale(x_L, 0.0)
     t = vjp(lambda x: c["gamma"] * x * r, x_L, c["w"])  # W_U[y] pulled back through the frozen final norm
     return r.squeeze(), t, torch.stack([t @ c["x0"], t @ c["attn"], t @ c["mlp"]])
 
@@ -50,14 +42,14 @@ Exercise(
     part_equations=("eq-rmsnorm", "eq-initial-target", "eq-dla"),
     mistakes=[
         Mistake("t^(L)_p is missing the final norm's weight: t^(L)_p = W_U[y] * gamma_f * r_f (eq-initial-target)",
-                lambda c: (None, *_hand(c, t=c["w"] * _scale(_x_L(c), 0.0).squeeze())[1:])),
+                lambda c: (None, *_hand(c, t=c["w"] * norm_scale(_x_L(c), 0.0).squeeze())[1:])),
         Mistake("t^(L)_p is missing the final norm's scale r_f: the norm multiplies by r_f, and so does the "
                 "target, t^(L)_p = W_U[y] * gamma_f * r_f (eq-initial-target)",
                 lambda c: (None, *_hand(c, t=c["w"] * c["gamma"])[1:])),
         Mistake("r_f uses the sum of squares: it is one over the root *mean* square of x^(L)_p (eq-rmsnorm)",
-                lambda c: _hand(c, r=_scale(_x_L(c), 0.0, reduce="sum").squeeze())),
+                lambda c: _hand(c, r=norm_scale(_x_L(c), 0.0, reduce="sum").squeeze())),
         Mistake("r_f is the root mean square itself; the norm divides by it, r_f = 1/sigma(x^(L)_p) (eq-rmsnorm)",
-                lambda c: _hand(c, r=1 / _scale(_x_L(c), 0.0).squeeze())),
+                lambda c: _hand(c, r=1 / norm_scale(_x_L(c), 0.0).squeeze())),
         Mistake("the contributions are dotted with W_U[y]; each component is read by the target t^(L), which "
                 "carries gamma_f r_f (eq-dla)",
                 lambda c: (None, None, torch.stack([c["w"] @ c[k] for k in ("x0", "attn", "mlp")]))),
@@ -85,7 +77,7 @@ def _target_oracle(c):
     """autograd: the gradient of logit_y at the last position, through the final norm with r_f frozen."""
     pick = torch.zeros(c["x_L"].shape[0], c["W_U"].shape[0], dtype=F64)
     pick[-1, c["y"]] = 1
-    return vjp(lambda x: _logits(c, x, _scale(c["x_L"], c["eps"])), c["x_L"], pick)
+    return vjp(lambda x: _logits(c, x, norm_scale(c["x_L"], c["eps"])), c["x_L"], pick)
 
 
 def _at(c, row, p=-1):
@@ -97,7 +89,7 @@ def _at(c, row, p=-1):
 def _true_target(c):
     pick = torch.zeros(c["x_L"].shape[0], c["W_U"].shape[0], dtype=F64)
     pick[-1, c["y"]] = 1
-    return vjp(lambda x: _logits(c, x, _scale(x, c["eps"])), c["x_L"], pick)
+    return vjp(lambda x: _logits(c, x, norm_scale(x, c["eps"])), c["x_L"], pick)
 
 
 Exercise(
@@ -105,25 +97,25 @@ Exercise(
     signature="initial_target(x_L, W_U, y, gamma_f, eps) -> t^(L)",
     mistakes=[
         Mistake("the final norm's weight is missing: t^(L)_p = W_U[y] * gamma_f * r_f (eq-initial-target)",
-                lambda c: _at(c, c["W_U"][c["y"]] * _scale(c["x_L"], c["eps"]))),
+                lambda c: _at(c, c["W_U"][c["y"]] * norm_scale(c["x_L"], c["eps"]))),
         Mistake("the final norm's scale r_f is missing: t^(L)_p = W_U[y] * gamma_f * r_f (eq-initial-target)",
                 lambda c: _at(c, c["W_U"][c["y"]] * c["gamma_f"])),
         Mistake("your target is at every position; the logit is read at the last position p only, and t^(L)_i = 0 "
                 "for i != p (eq-initial-target)",
-                lambda c: c["W_U"][c["y"]] * c["gamma_f"] * _scale(c["x_L"], c["eps"])),
+                lambda c: c["W_U"][c["y"]] * c["gamma_f"] * norm_scale(c["x_L"], c["eps"])),
         Mistake("your target is at every position; the logit is read at the last position p only, and t^(L)_i = 0 "
                 "for i != p (eq-initial-target)",
-                lambda c: (c["W_U"][c["y"]] * c["gamma_f"] * _scale(c["x_L"], c["eps"])[-1]).expand_as(c["x_L"])),
+                lambda c: (c["W_U"][c["y"]] * c["gamma_f"] * norm_scale(c["x_L"], c["eps"])[-1]).expand_as(c["x_L"])),
         Mistake("your target sits at position 0; the logit is read at the last position, p = T - 1 "
                 "(eq-initial-target)", lambda c: _at(c, c["W_U"][c["y"]] * c["gamma_f"]
-                                                       * _scale(c["x_L"], c["eps"])[0], p=0)),
+                                                       * norm_scale(c["x_L"], c["eps"])[0], p=0)),
         Mistake("r_f is taken over the whole sequence: the final norm has one scale per position, that of "
                 "x^(L)_p (eq-initial-target)",
-                lambda c: _at(c, c["W_U"][c["y"]] * c["gamma_f"] * _scale(c["x_L"], c["eps"], reduce="all"))),
+                lambda c: _at(c, c["W_U"][c["y"]] * c["gamma_f"] * norm_scale(c["x_L"], c["eps"], reduce="all"))),
         Mistake("your target differentiates r_f: DPA freezes the final norm's scale too (eq-norm-pullback), "
                 "which is what makes the logit t^(L) . x^(L) exactly (eq-initial-target)", _true_target),
         Mistake("eps is missing from r_f (eq-rmsnorm)",
-                lambda c: _at(c, c["W_U"][c["y"]] * c["gamma_f"] * _scale(c["x_L"], 0.0))),
+                lambda c: _at(c, c["W_U"][c["y"]] * c["gamma_f"] * norm_scale(c["x_L"], 0.0))),
     ],
 )
 

@@ -4,17 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from ._core import Exercise, Mistake, randn, vjp
+from ._core import F64, Exercise, Mistake, norm_scale, randn, vjp
 
 CHAPTER = "rmsnorm"
-F64 = torch.float64
-
-
-def _scale(x, eps, *, reduce="mean", root=True):
-    """r(x) per position (eq-rmsnorm), or one of the learners' variants of it."""
-    sq = x.pow(2)
-    ms = sq.mean(-1, keepdim=True) if reduce == "mean" else sq.sum(-1, keepdim=True) if reduce == "sum" else sq.mean()
-    return (ms + eps).rsqrt() if root else 1 / (ms + eps)
 
 
 def _jacobian(t, x, gamma, r, *, d=None, dot_with="g", power=3, sign=-1):
@@ -35,7 +27,7 @@ def _hand_case(gen=None) -> dict:
 
 
 def _r0(c):
-    return _scale(c["x"], 0.0).squeeze()  # eps = 0 in the hand example
+    return norm_scale(c["x"], 0.0).squeeze()  # eps = 0 in the hand example
 
 
 def _hand(c, r):
@@ -45,9 +37,9 @@ def _hand(c, r):
 
 def _hand_oracle(c):
     x = c["x"]
-    return (_scale(x, 0.0).squeeze(), c["gamma"] * x * _scale(x, 0.0),
-            vjp(lambda y: c["gamma"] * y * _scale(x, 0.0), x, c["t"]),  # the frozen map (eq-norm-frozen)
-            vjp(lambda y: c["gamma"] * y * _scale(y, 0.0), x, c["t"]))  # the norm itself
+    return (norm_scale(x, 0.0).squeeze(), c["gamma"] * x * norm_scale(x, 0.0),
+            vjp(lambda y: c["gamma"] * y * norm_scale(x, 0.0), x, c["t"]),  # the frozen map (eq-norm-frozen)
+            vjp(lambda y: c["gamma"] * y * norm_scale(y, 0.0), x, c["t"]))  # the norm itself
 
 
 Exercise(
@@ -56,9 +48,9 @@ Exercise(
     part_equations=("eq-rmsnorm", "eq-rmsnorm", "eq-norm-pullback", "eq-norm-jacobian"),
     mistakes=[
         Mistake("r uses the sum of squares: r(x) is one over the root *mean* square, (1/d sum_k x_k^2)^(-1/2) "
-                "(eq-rmsnorm)", lambda c: _hand(c, _scale(c["x"], 0.0, reduce="sum").squeeze())),
+                "(eq-rmsnorm)", lambda c: _hand(c, norm_scale(c["x"], 0.0, reduce="sum").squeeze())),
         Mistake("r is missing its square root: r(x) = (1/d sum_k x_k^2 + eps)^(-1/2) (eq-rmsnorm)",
-                lambda c: _hand(c, _scale(c["x"], 0.0, root=False).squeeze())),
+                lambda c: _hand(c, norm_scale(c["x"], 0.0, root=False).squeeze())),
         Mistake("r is the root mean square itself; the norm *divides* by it, r = 1/sigma(x) (eq-rmsnorm)",
                 lambda c: _hand(c, 1 / _r0(c))),
         Mistake("N_x^T t is missing gamma: the frozen map is diag(gamma r), so N_x^T t = gamma * r * t "
@@ -89,16 +81,16 @@ def _call(fn, c):
 
 def _pullback_oracle(c):
     """autograd through the frozen map N_x (eq-norm-frozen): r held at its forward value."""
-    r = _scale(c["x"], c["eps"])
+    r = norm_scale(c["x"], c["eps"])
     return vjp(lambda y: c["gamma"] * y * r, c["x"], c["t"])
 
 
 def _frozen(c, **kw):
-    return c["t"] * c["gamma"] * _scale(c["x"], c["eps"], **kw)
+    return c["t"] * c["gamma"] * norm_scale(c["x"], c["eps"], **kw)
 
 
 def _true_gradient(c):
-    return vjp(lambda y: c["gamma"] * y * _scale(y, c["eps"]), c["x"], c["t"])
+    return vjp(lambda y: c["gamma"] * y * norm_scale(y, c["eps"]), c["x"], c["t"])
 
 
 Exercise(
@@ -108,24 +100,24 @@ Exercise(
         Mistake("your pull-back differentiates r(x): that is the true gradient (eq-norm-jacobian); DPA holds the "
                 "scale at its forward value, N_x^T t = gamma * r * t (eq-norm-pullback)", _true_gradient),
         Mistake("gamma is missing: the frozen map is diag(gamma r(x)) (eq-norm-frozen)",
-                lambda c: c["t"] * _scale(c["x"], c["eps"])),
+                lambda c: c["t"] * norm_scale(c["x"], c["eps"])),
         Mistake("r uses the sum of squares; it is the root *mean* square's inverse (eq-rmsnorm)",
                 lambda c: _frozen(c, reduce="sum")),
         Mistake("r is missing its square root: r(x) = (1/d sum_k x_k^2 + eps)^(-1/2) (eq-rmsnorm)",
                 lambda c: _frozen(c, root=False)),
         Mistake("eps is missing from r: r(x) = (1/d sum_k x_k^2 + eps)^(-1/2) (eq-rmsnorm)",
-                lambda c: c["t"] * c["gamma"] * _scale(c["x"], 0.0)),
+                lambda c: c["t"] * c["gamma"] * norm_scale(c["x"], 0.0)),
         Mistake("your r is one number for the whole sequence: each position has its own scale, a mean over the "
                 "last dimension only, r of shape [pos, 1] (eq-norm-frozen)", lambda c: _frozen(c, reduce="all")),
         Mistake("you divide by r: the norm multiplies by r = 1/sigma(x), and so does its pull-back "
-                "(eq-norm-pullback)", lambda c: c["t"] * c["gamma"] / _scale(c["x"], c["eps"])),
+                "(eq-norm-pullback)", lambda c: c["t"] * c["gamma"] / norm_scale(c["x"], c["eps"])),
     ],
 )
 
 
 # -- 3. implement: the true gradient, which DPA does not use ---------------------------------------------------------
 def _jac(c, **kw):
-    return _jacobian(c["t"], c["x"], c["gamma"], _scale(c["x"], c["eps"]), **kw)
+    return _jacobian(c["t"], c["x"], c["gamma"], norm_scale(c["x"], c["eps"]), **kw)
 
 
 Exercise(

@@ -7,10 +7,9 @@ import math
 
 import torch
 
-from ._core import Exercise, Mistake, randn
+from ._core import F64, Exercise, Mistake, randn
 
 CHAPTER = "soft-capping"
-F64 = torch.float64
 
 
 # -- 1. by hand: one query, three keys ------------------------------------------------------------------------------
