@@ -29,6 +29,7 @@ from .request import Request
 from .result import Attribution, TargetInfo, TargetTerm
 from .rules.softcap import softcap
 from .targets import continuation_hint, spelling_hint, target_direction
+from .weights import PathWeights
 
 
 @dataclass
@@ -216,9 +217,12 @@ def _values(model: nn.Module, req: Request, final: Tensor, probs, logits, rows: 
 
 
 def attribution(model: nn.Module, req: Request, run: Run, b: int, neuron_target: str = "output",
-                neuron_positions: bool = False) -> Attribution:
+                neuron_positions: bool = False, method: str = "dpa", weights: PathWeights | None = None
+                ) -> Attribution:
     """Row ``b`` of a run as an ``Attribution``: its tokens, scores, target and read-outs (edges, effective targets),
-    cut to the row's real tokens."""
+    cut to the row's real tokens. The one result builder: DPA's runs and the baselines' (``baselines.common``, whose
+    ``Run`` holds the scores a method computed, the model's own probabilities and the metric) come out here.
+    ``weights``: the path weights to report (default: the request's)."""
     real = req.real(b)
     ids = req.token_ids(b)
     info = _target_info(req, run, b)
@@ -233,7 +237,7 @@ def attribution(model: nn.Module, req: Request, run: Run, b: int, neuron_target:
     return Attribution(
         tokens=req.decode(ids), token_ids=ids, token_scores=token_scores,
         head_scores=s.heads[b].cpu(), neuron_scores=s.neurons[b].cpu(),
-        target_logit=value, target=info, weights=req.weights,
+        target_logit=value, target=info, weights=req.weights if weights is None else weights, method=method,
         completeness_gap=(float(token_scores.sum()) + float(s.bias[b]) - value
                           + (0.0 if positions is None else float(positions.sum()))),
         bias_share=float(s.bias[b]), position_scores=positions, expert_scores=pick(s.experts),

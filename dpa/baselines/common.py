@@ -15,9 +15,12 @@ import torch
 from torch import Tensor, nn
 
 from .. import request as requests
+from ..backward import Run, attribution
 from ..instrument import clean_logits, logits_at
 from ..request import Prompt, Request
-from ..result import Attribution, TargetInfo
+from ..linearise import Scores
+from ..result import Attribution
+from ..weights import PathWeights
 
 __all__ = ["Prompt", "Request", "causal", "logits_at", "prepare", "result", "seed_for"]
 
@@ -43,8 +46,9 @@ def seed_for(req: Request, seed: int) -> int:
 def result(model: nn.Module, req: Request, method: str, *, token_scores: Tensor | None = None,
            edge_scores: Tensor | None = None, neuron_position_scores: Tensor | None = None,
            head_scores: Tensor | None = None, neuron_scores: Tensor | None = None) -> Attribution:
-    """An ``Attribution`` for a baseline. Missing scores are zeros of the right shape; head and
-    neuron scores default to the sums of the edge and position-level scores."""
+    """An ``Attribution`` for a baseline, built by DPA's one result builder (``backward.attribution``) from the
+    method's scores, the model's own next-token distribution and the target metric. Missing scores are zeros of
+    the right shape; head and neuron scores default to the sums of the edge and position-level scores."""
     spec = req.spec
     t = req.n_tokens
     as_cpu = lambda x: None if x is None else x.detach().float().cpu()  # noqa: E731
@@ -54,28 +58,19 @@ def result(model: nn.Module, req: Request, method: str, *, token_scores: Tensor 
     if neuron_scores is None:
         neuron_scores = (neuron_position_scores.sum(1) if neuron_position_scores is not None
                          else torch.zeros(spec.n_layers, spec.d_mlp))
-    token_scores = torch.zeros(t) if token_scores is None else as_cpu(token_scores)
     if req.clean_logits is None:
         req.clean_logits = clean_logits(model, req)
     clean = req.clean_logits[0]
-    probs = clean.float().softmax(-1)
-    logit = float(req.metric(clean[None])[0])
-    top = probs.topk(5)
-    target = req.targets[0]
-    name = lambda i: None if i is None else req.decode([i])[0]  # noqa: E731
-    ids = req.token_ids(0)
-    info = TargetInfo(kind=target.kind, position=req.position(0), token=name(target.token_id),
-                      token_id=target.token_id, contrast=name(target.contrast_id), contrast_id=target.contrast_id,
-                      probability=float(probs[target.token_id]),
-                      logprob=float(probs[target.token_id].clamp_min(1e-45).log()))
-    return Attribution(
-        tokens=req.decode(ids), token_ids=ids, token_scores=token_scores,
-        head_scores=as_cpu(head_scores), neuron_scores=as_cpu(neuron_scores), target_logit=logit, target=info,
-        completeness_gap=float(token_scores.sum()) - logit, n_kv_heads=spec.n_kv_heads, special=req.special(ids),
-        top_predictions=[(name(int(i)), float(p)) for p, i in zip(top.values, top.indices)], method=method,
-        model_name=getattr(model.config, "_name_or_path", "") or spec.family,
-        edge_scores=edge_scores, neuron_position_scores=neuron_position_scores,
-    )
+    value = torch.tensor([float(req.metric(clean[None])[0])])
+    positions = neuron_position_scores is not None
+    scores = Scores.empty(spec, 1, t, torch.float32, "cpu", positions)
+    scores.tokens = (torch.zeros(t) if token_scores is None else as_cpu(token_scores))[None]
+    scores.heads, scores.neurons = as_cpu(head_scores)[None], as_cpu(neuron_scores)[None]
+    scores.bias = torch.zeros(1)
+    scores.neuron_positions = neuron_position_scores[None] if positions else None
+    run = Run(scores=scores, values=value, probs=clean.float().softmax(-1)[None], term_rows=[0], term_values=value,
+              out={} if edge_scores is None else {"edges": edge_scores[None]})
+    return attribution(model, req, run, 0, neuron_positions=positions, method=method, weights=PathWeights())
 
 
 def causal(t: int, device=None) -> Tensor:
