@@ -26,13 +26,13 @@ from torch.nn import functional as F
 
 from .families import LayerModules
 from .functions import ACTIVATION_RATIO, Branch, LinearisedActivation, Tap
+from .guard import wrap
 
 
 def linearise_experts(session, i: int, mods: LayerModules, override: Callable, factors) -> None:
     """Install the linearised sparse block of layer ``i``: the experts' forward, and the shared expert's
     taps and factors. ``factors``: the layer's ``linearise.LayerFactors`` (``factors.mlp`` is the common factor
     the MLP's input norm already applies)."""
-    from .linearise import wrap
 
     spec, mu, scores, rec = session.spec, session.weights, session.scores, session.recording
     anchor = session.anchor

@@ -23,6 +23,7 @@ from torch import nn
 
 from .errors import UnsupportedModelError
 from .files import plain_settings
+from .rules.norm import NORM_KINDS
 
 BRANCHES = ("query", "key", "value", "gate", "up")
 # How a fused projection lays out the branches it holds, along its output features:
@@ -68,7 +69,7 @@ class Family:
     norms          every norm inside a layer; its scale is frozen
     norm_kind      their arithmetic (``rms``: weight * x / rms(x), HF's Llama RMSNorm; ``rms_1p``: (1 + weight) * x /
                    rms(x) in float32, Gemma's; ``layer``: LayerNorm, weight * (x - mean) / std + bias;
-                   linearise.NORM_KINDS), also the final norm's and the head norms'
+                   rules.norm.NORM_KINDS), also the final norm's and the head norms'
     activation_config  the config key that names the activation and the value this description linearises
     fixed          config settings that must keep these values (soft-capping off, causal attention)
     block_inputs   the norm whose output feeds the attention block and nothing else, and the MLP's: the
@@ -415,12 +416,10 @@ def check_activations(model: nn.Module, family: Family, kind: str) -> None:
 
 
 def check_norms(model: nn.Module, family: Family) -> None:
-    """Every norm dpa freezes must compute its kind's arithmetic (``linearise.NORM_KINDS``) with its own weight
+    """Every norm dpa freezes must compute its kind's arithmetic (``rules.norm.NORM_KINDS``) with its own weight
     (and bias) and epsilon: the frozen backward is built from them, the value is the module's own. A norm computing
     something else (a subclass with another forward, an adapter) is refused by name. Checked on a probe [4, width]
     in the norm's dtype and device against the arithmetic in float64, to the dtype's rounding."""
-    from .linearise import NORM_KINDS
-
     arithmetic = NORM_KINDS[family.norm_kind]
     layers = get(model, family.layers)
     where = [(f"layers[{i}].{path}", get(layer, path)) for i, layer in enumerate(layers)
@@ -688,7 +687,7 @@ def module_state(model: nn.Module) -> list:
 
 
 def _spec_for(model: nn.Module, config) -> ModelSpec:
-    from .instrument import checking
+    from .guard import checking
 
     family = check_config(config)
     with checking(model):  # the probes run each module's own forward: not while another call's rules are on it

@@ -26,7 +26,8 @@ from torch import Tensor, nn
 
 from .families import LayerModules, ModelSpec, norm_eps, weight_rows
 from .functions import ACTIVATION_RATIO, Branch, FrozenNorm, LinearisedActivation, Tap, is_one
-from .rules.norm import GAIN, rms_scale
+from .guard import wrap
+from .rules.norm import GAIN, NORM_KINDS
 
 @dataclass
 class Scores:
@@ -111,30 +112,6 @@ class Scores:
             self.experts = self.expert_positions.sum(2)
 
 
-def rms(x: Tensor, gamma: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-    """HF's Llama RMSNorm arithmetic, step for step: (weight * (x32 * r).to(dtype), r) with r in float32."""
-    x32 = x.to(torch.float32)
-    r = rms_scale(x32, eps)
-    return gamma * (x32 * r).to(x.dtype), r
-
-
-def rms_1p(x: Tensor, gamma: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-    """HF's Gemma RMSNorm arithmetic: ((x32 * r) * (1 + weight32)).to(dtype), with r in float32."""
-    x32 = x.float()
-    r = rms_scale(x32, eps)
-    return ((x32 * r) * (1.0 + gamma.float())).type_as(x), r
-
-
-def layer(x: Tensor, gamma: Tensor, eps: float, beta: Tensor | None = None) -> tuple[Tensor, None]:
-    """LayerNorm, torch's own kernel (what nn.LayerNorm runs); r = 1/std is computed beside it."""
-    return torch.nn.functional.layer_norm(x, gamma.shape, gamma, beta, eps), None
-
-
-NORM_KINDS: dict[str, Callable[..., tuple[Tensor, Tensor | None]]] = {
-    "rms": rms,  # Llama, Mistral, Qwen2, Qwen3 (and Qwen3's q/k norms)
-    "rms_1p": rms_1p,  # Gemma 2 and 3 (every norm, q/k norms too)
-    "layer": layer,  # GPT-2, GPT-NeoX: mean-centring (linear), 1/std frozen, the bias beta in the bias share
-}
 _REPLICATES: dict[tuple, bool] = {}
 
 
@@ -328,19 +305,6 @@ def _projection(mods: LayerModules, names: list[str], factors: dict, share: Call
             return out
         return Branch.apply(out, factor, bias, share)
     return post
-
-
-def wrap(override: Callable, module: nn.Module, *, pre: Callable | None = None, post: Callable | None = None) -> None:
-    """Replace ``module``'s forward (through ``override``, which restores it) by its own forward with
-    ``pre`` applied to its first input and ``post`` to its output: cheaper than forward hooks, which
-    cost a registration and a slow module call each."""
-    own = module.forward
-    if pre is not None and post is not None:
-        override(module, lambda x, *a, **k: post(own(pre(x), *a, **k)))
-    elif pre is not None:
-        override(module, lambda x, *a, **k: own(pre(x), *a, **k))
-    else:
-        override(module, lambda *a, **k: post(own(*a, **k)))
 
 
 # --- GIM's softmax rule on the model's own attention kernel (eager or fused) ---

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from .checks import check_int
 from .errors import InputError, InputTypeError, ModelStateError, TargetError, UnsupportedModelError
 from .families import ModelSpec, context_length, spec_for
+from .guard import check_loaded
 from .targets import TargetSpec, token_ids, token_text
 from .weights import PathWeights
 
@@ -290,71 +291,6 @@ def check_model(model: nn.Module) -> ModelSpec:
         raise ModelStateError("the model's weights are on the meta device (not loaded); load them before attributing")
     check_attention(model, spec)
     return spec
-
-
-def _accelerate_hooks(module: nn.Module) -> list:
-    """The accelerate hooks on ``module`` (``module._hf_hook``, a ``SequentialHook`` opened into its parts)."""
-    hook = getattr(module, "_hf_hook", None)
-    if hook is None:
-        return []
-    from accelerate.hooks import SequentialHook
-
-    out, todo = [], [hook]
-    while todo:
-        h = todo.pop(0)
-        if type(h) is SequentialHook:
-            todo[:0] = h.hooks
-        else:
-            out.append(h)
-    return out
-
-
-def _align_devices_hook() -> type:
-    from accelerate.hooks import AlignDevicesHook
-
-    return AlignDevicesHook
-
-
-def check_loaded(model: nn.Module) -> None:
-    """Every weight where dpa reads it: no module offloaded by accelerate (its weights kept on the meta device,
-    loaded into the module for each forward and dropped after), no parameter or buffer on the meta device. dpa
-    reads weights directly (norms' gains, projections, the unembedding, a circuit's writes) and runs blocks of the
-    model on their own, so an offloaded module would give meta-tensor errors or wrong numbers; refused by name,
-    before anything runs (so nothing offloaded is ever loaded into memory by dpa)."""
-    for name, m in model.named_modules():
-        hooks = _accelerate_hooks(m)
-        # AlignDevicesHook(offload=True): cpu_offload, disk_offload, "cpu"/"disk" in a device_map beside an accelerator
-        if any(getattr(h, "offload", False) for h in hooks):
-            raise ModelStateError(
-                f"{name or 'the model'} is offloaded (weights on the meta device, loaded by accelerate at forward "
-                "time); dpa reads weights directly and does not read offloaded weights: load the model without "
-                "offload (no \"cpu\" or \"disk\" in device_map beside an accelerator, no accelerate.cpu_offload or "
-                "disk_offload), or with a device_map on devices that hold all the weights")
-        # only accelerate's own device hook, exactly (a subclass, a user's ModelHook, CpuOffload moving the whole model
-        # at forward time could change what dpa attributes)
-        foreign = next((h for h in hooks if type(h) is not _align_devices_hook()), None)
-        if foreign is not None:
-            raise ModelStateError(
-                f"{name or 'the model'} carries an accelerate hook dpa does not know ({type(foreign).__qualname__}; "
-                "accelerate's device hooks, AlignDevicesHook, are the ones that pass): it could change what the module "
-                "returns or move the model during the call; remove it (accelerate.hooks.remove_hook_from_module) "
-                "before attributing")
-        params = getattr(m, "parametrizations", None)
-        if isinstance(params, nn.ModuleDict) and any(p.training and any(True for _ in p.buffers(recurse=False))
-                                                     for p in params.modules()):
-            raise ModelStateError(  # spectral_norm's power iteration: each read of the weight changes its buffers
-                f"{name or 'the model'} has a parametrization ({', '.join(params)}) with state (buffers) in train "
-                "mode, where reading the weight may update that state (spectral_norm's power iteration), and dpa "
-                "reads weights before it switches the model to eval: call model.eval() before attributing")
-        for kind, tensors in (("parameter", m._parameters), ("buffer", m._buffers)):
-            for key, t in tensors.items():
-                if t is not None and t.device.type == "meta":
-                    raise ModelStateError(f"{name + '.' if name else ''}{key} (a {kind}) is on the meta device (not "
-                                          "loaded); load the model's weights before attributing")
-                if t is not None and t.is_inference():  # autograd cannot save them for the backward
-                    raise ModelStateError(f"{name + '.' if name else ''}{key} (a {kind}) is an inference tensor (the "
-                                          "model was built or loaded inside torch.inference_mode()); dpa runs a "
-                                          "backward through the model: load it outside inference_mode")
 
 
 # Where dpa's backward (and the plain forward) run through the model's own attention kernel: the implementations

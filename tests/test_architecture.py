@@ -15,9 +15,8 @@ LONG_FUNCTION, BIG_MODULE = 80, 500
 
 # Still over the limits: each entry is work left; a test fails when one is fixed, so that it leaves the list.
 LONG_FUNCTIONS = {"dpa.experts.linearise_experts", "dpa.evaluate.runner._running"}
-BIG_MODULES = {"dpa.families", "dpa.instrument", "dpa.result", "dpa.evaluate.runner", "dpa.request", "dpa.batch"}
-CYCLES = [{"dpa.experts", "dpa.explicit", "dpa.families", "dpa.instrument", "dpa.linearise", "dpa.request"},
-          {"dpa.figures", "dpa.report", "dpa.result"}]
+BIG_MODULES = {"dpa.families", "dpa.result", "dpa.evaluate.runner", "dpa.request", "dpa.batch"}
+CYCLES = [{"dpa.figures", "dpa.report", "dpa.result"}]
 
 
 def modules() -> dict[str, Path]:
@@ -134,6 +133,7 @@ def test_import_cycles():
         assert any(c == known_cycle for c in cycles), (sorted(known_cycle), [sorted(c) for c in cycles])
 
 
-@pytest.mark.parametrize("name", ["dpa.backward", "dpa.circuit_graph", "dpa.rules.hand", "dpa.functions", "dpa.linearise"])
+@pytest.mark.parametrize("name", ["dpa.backward", "dpa.circuit_graph", "dpa.rules.hand", "dpa.functions", "dpa.linearise",
+                                  "dpa.guard", "dpa.instrument"])
 def test_the_new_homes_stay_small(name):
     assert len(modules()[name].read_text().splitlines()) <= BIG_MODULE

@@ -257,9 +257,9 @@ class TestInterruptInsideTheRestore:
     def test_a_call_inside_a_running_call_is_still_refused(self):
         """The running call's generator is live: the same thread entering again is refused, as before."""
         model = tiny_model("llama", 2)
-        from dpa import instrument
+        from dpa import guard
 
-        with instrument.exclusive(model):
+        with guard.exclusive(model):
             with pytest.raises(ModelStateError, match="already running on this model in this thread"):
                 dpa.attribute(model, None, random_ids(8), target=3)
         dpa.attribute(model, None, random_ids(8), target=3)

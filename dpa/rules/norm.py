@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import Tensor
 
@@ -24,4 +26,30 @@ GAIN = {
     "rms": lambda gamma: gamma,
     "rms_1p": lambda gamma: 1 + gamma,
     "layer": lambda gamma: gamma,  # LayerNorm: gamma after the mean-centring
+}
+
+
+def rms(x: Tensor, gamma: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """HF's Llama RMSNorm arithmetic, step for step: (weight * (x32 * r).to(dtype), r) with r in float32."""
+    x32 = x.to(torch.float32)
+    r = rms_scale(x32, eps)
+    return gamma * (x32 * r).to(x.dtype), r
+
+
+def rms_1p(x: Tensor, gamma: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """HF's Gemma RMSNorm arithmetic: ((x32 * r) * (1 + weight32)).to(dtype), with r in float32."""
+    x32 = x.float()
+    r = rms_scale(x32, eps)
+    return ((x32 * r) * (1.0 + gamma.float())).type_as(x), r
+
+
+def layer(x: Tensor, gamma: Tensor, eps: float, beta: Tensor | None = None) -> tuple[Tensor, None]:
+    """LayerNorm, torch's own kernel (what nn.LayerNorm runs); r = 1/std is computed beside it."""
+    return torch.nn.functional.layer_norm(x, gamma.shape, gamma, beta, eps), None
+
+
+NORM_KINDS: dict[str, Callable[..., tuple[Tensor, Tensor | None]]] = {  # the forward arithmetic of each norm kind
+    "rms": rms,  # Llama, Mistral, Qwen2, Qwen3 (and Qwen3's q/k norms)
+    "rms_1p": rms_1p,  # Gemma 2 and 3 (every norm, q/k norms too)
+    "layer": layer,  # GPT-2, GPT-NeoX: mean-centring (linear), 1/std frozen, the bias beta in the bias share
 }
