@@ -1,0 +1,248 @@
+"""The family table: every model family dpa supports, as data. This is the one place a contributor edits.
+
+A ``Family`` is a handful of facts, not code (HF's ``modular_*`` files show how little differs): module paths
+inside a decoder layer, relative to it, and a few flags. Next to each fact, ``Family``'s docstring says who reads it;
+``tests/test_architecture.py`` checks those names against the code. Adding a family means adding a description
+here (and its derivation in the book), not a code path; the lists of families in README.md, pyproject.toml and
+the package docstring are checked against ``FAMILIES`` (``tests/test_docs.py``).
+
+How a model is checked against its description: ``families.py``; the checked model as dpa reads it (sizes,
+modules by layer): ``spec.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+
+BRANCHES = ("query", "key", "value", "gate", "up")
+# How a fused projection lays out the branches it holds, along its output features:
+# "blocks": one after the other ([q | k | v], Phi-3 and GPT-2; [gate | up], Phi-3);
+# "per_head": per head, each head's [q | k | v] in turn (GPT-NeoX).
+LAYOUTS = ("blocks", "per_head")
+ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope")  # tests/test_rope_scaling.py
+# RoPE types whose frequencies transformers recomputes from the sequence length (``dynamic_rope_update``): from
+# the longest prompt of a padded batch. LongRoPE picks its short or long factors by it (longer than
+# ``original_max_position_embeddings``: long); dynamic NTK rescales its base beyond ``max_position_embeddings``.
+LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
+# Keys that carry no semantics for the forward pass, beyond those known by what they are (``_is_bookkeeping``:
+# private keys, token ids and strings, a GGUF's quantization_config): names, flags of the output, training.
+METADATA_KEYS = frozenset({
+    "architectures", "dtype", "torch_dtype", "transformers_version", "use_cache", "output_attentions",
+    "output_hidden_states", "return_dict", "id2label", "label2id", "problem_type", "initializer_range",
+    "chunk_size_feed_forward", "is_encoder_decoder", "tie_word_embeddings", "attention_dropout",
+    "max_position_embeddings", "model_type", "tokenizer_class", "use_bfloat16", "rope_scaling", "rope_theta",
+    "max_window_layers", "prefix", "task_specific_params", "finetuning_task",
+    "head_dim",  # not metadata, but dpa reads each head's size from the projections' shapes (ModelSpec.d_head)
+})
+
+
+@dataclass(frozen=True)
+class Experts:
+    """A mixture-of-experts block, relative to a decoder layer: the router (whose forward returns logits,
+    top-k weights and top-k indices), the experts module (3-D weights, transformers' fused layout), and a
+    shared expert with its sigmoid gate where the model has one (Qwen2-MoE)."""
+
+    router: str = "mlp.gate"
+    #   read by: spec (LayerModules.router), experts
+    experts: str = "mlp.experts"
+    #   read by: spec (LayerModules.experts), experts
+    shared: str | None = None
+    #   read by: spec (LayerModules.shared), experts, families (checks its activation)
+    shared_gate: str | None = None
+    #   read by: spec (LayerModules.shared_gate), experts
+    glu: str = "act"  # act(gate) * up with the experts' act_fn; "clamped": GPT-OSS's (see experts.py)
+    #   read by: experts, families (checks)
+    biases: bool = False  # the experts' projections carry biases (in the bias share)
+    #   read by: families (checks the experts' layout)
+    router_bias: bool = False  # the router's logits carry a bias (a control input: see experts.py)
+    #   read by: families (checks the router)
+
+
+@dataclass(frozen=True)
+class Family:
+    """One ``model_type``: module paths (relative to the model, or to a decoder layer) and facts. Under each fact,
+    ``read by`` names the modules that read it (``spec (LayerModules.x: ...)``: looked up by ``spec.layer_modules``
+    and read as that field by the modules named); ``tests/test_architecture.py`` checks every name.
+
+    norms          every norm inside a layer; its scale is frozen
+    norm_kind      their arithmetic (``rms``: weight * x / rms(x), HF's Llama RMSNorm; ``rms_1p``: (1 + weight) * x /
+                   rms(x) in float32, Gemma's; ``layer``: LayerNorm, weight * (x - mean) / std + bias;
+                   rules.norm.NORM_KINDS), also the final norm's and the head norms'
+    activation_config  the config key that names the activation and the value this description linearises
+    fixed          config settings that must keep these values (soft-capping off, causal attention)
+    block_inputs   the norm whose output feeds the attention block and nothing else, and the MLP's: the
+                   block's common mu is applied in that norm's backward, where it costs nothing
+    branches       the module whose *output* is each branch: mu scales the gradient entering it
+    activation     the activation module; its kind (``silu``: SiLU(s) -> s * sigmoid(s)) is read from the config
+                   through ``activation_config``
+    heads          tap: the input of this module (o_proj), split per head, dotted with its gradient
+    neurons        the down projection, whose input a = act(s) * u is what a neuron writes; its score
+                   a . grad_a is read on the up branch as u . grad_u (equal: grad_u = grad_a * act(s)),
+                   where u is already kept for the backward, so the tap costs no memory
+    mid            a module whose input is the residual stream after attention (t_mid): the norm before the
+                   MLP, or the MLP itself where there is none
+    """
+
+    model_type: str
+    #   read by: families (the table's key, in every refusal), spec (ModelSpec.family)
+    config_class: str  # transformers class whose defaults the allow-list diffs against
+    #   read by: families (the config allow-list), request (checks a config before loading), tiny
+    layers: str = "model.layers"
+    #   read by: spec (ModelSpec.layers), families, mib.forward
+    embed: str = "model.embed_tokens"
+    #   read by: spec (ModelSpec.embed: instrument, backward, circuit_graph, mib.forward, baselines.gradient)
+    final_norm: str = "model.norm"
+    #   read by: spec (ModelSpec.final_norm: instrument freezes it, lens), families
+    unembed: str = "lm_head"
+    #   read by: spec (ModelSpec.unembed: backward's target direction, lens, instrument, batch), families
+    attention: str = "self_attn"
+    #   read by: spec (LayerModules.attention: instrument, explicit, circuit_graph, mib.forward, verify_circuit)
+    mlp: str = "mlp"
+    #   read by: spec (LayerModules.mlp: circuit_graph, mib.forward, verify_circuit), baselines.internals
+    norms: tuple[str, ...] = ("input_layernorm", "post_attention_layernorm")
+    #   read by: spec (LayerModules.norms: linearise freezes each), families, attribute, baselines.internals
+    norm_kind: str = "rms"
+    #   read by: linearise, instrument, explicit, lens, circuit_graph, mib.forward, baselines.depass,
+    #            baselines.internals, families
+    block_inputs: tuple[str, ...] = ("input_layernorm", "post_attention_layernorm")  # () without pre-norms (OLMo 2)
+    #   read by: spec (LayerModules.block_inputs: linearise, circuit_graph, mib.forward, verify_circuit),
+    #            baselines.internals
+    head_norms: tuple[str, str] | None = None  # (query, key) RMSNorm over d_head before RoPE
+    #   read by: spec (LayerModules.head_norms: linearise, explicit), families
+    head_norms_over: str = "head"  # what the q/k norms normalise: each head ("head") or the whole projection
+    #   read by: explicit, mib.forward
+    branches: dict[str, str] = field(default_factory=lambda: {
+        "query": "self_attn.q_proj", "key": "self_attn.k_proj", "value": "self_attn.v_proj",
+        "gate": "mlp.gate_proj", "up": "mlp.up_proj"})
+    #   read by: spec (LayerModules.branches: linearise, instrument, explicit, mib.forward, baselines.internals),
+    #            families
+    activation: str | None = "mlp.act_fn"
+    #   read by: spec (LayerModules.activation: linearise, baselines.internals), families (checks it computes its kind)
+    heads: str = "self_attn.o_proj"
+    #   read by: spec (LayerModules.heads: linearise's head tap, explicit, circuit_graph, mib.forward, verify_circuit),
+    #            families
+    neurons: str | None = "mlp.down_proj"
+    #   read by: spec (LayerModules.neurons: linearise's neuron tap, backward, circuit_graph, verify_circuit), families
+    mid: str = "post_attention_layernorm"
+    #   read by: spec (LayerModules.mid: instrument records t_mid), baselines.internals
+    biased_branches: tuple[str, ...] = ()  # branches whose projection may carry a bias
+    #   read by: families (checks each projection's bias)
+    biases: bool = False  # every projection and norm may carry a bias (GPT-2, GPT-NeoX): each is in the bias share
+    #   read by: families, baselines.internals
+    slides_every_layer: bool = False  # a set ``sliding_window`` applies to all layers (Mistral)
+    #   read by: families (ModelSpec.sliding_windows)
+    activation_config: tuple[str, tuple[tuple[str, str], ...]] = ("hidden_act", (("silu", "silu"),))
+    # ^ the config key naming the activation, and each value this description linearises -> its kind
+    #   read by: families (ModelSpec.activation)
+    fixed: tuple[tuple[str, object], ...] = ()  # config settings the description needs at these values
+    #   read by: families (checks the config)
+    rope_layers: str | None = None  # config key listing, per layer, 1 where RoPE is applied (SmolLM3's NoPE layers)
+    #   read by: families (ModelSpec.rotary_layers)
+    fused: tuple[tuple[str, str], ...] = ()  # (module path, layout): projections holding several branches
+    #   read by: spec (ModelSpec.columns), families, baselines.internals
+    gated: bool = True  # False: the MLP is act(W1 x) (GPT-2), one branch s; gate and up are the same path on it
+    #   read by: linearise, attribute, baselines.internals
+    positions: str | None = None  # learned position embeddings (GPT-2's wpe): their share is reported apart
+    #   read by: spec (ModelSpec.positions: linearise's position tap, request, circuit, circuit_graph), families,
+    #            baselines.internals
+    softcap: tuple[str, str] | None = None  # config keys of the attention scores' and the final logits' soft-caps
+    #   read by: families (ModelSpec.attn_softcap, final_softcap)
+    parallel: str | None = None  # config key: attention and MLP both read the layer's input (GPT-NeoX)
+    #   read by: families (ModelSpec.parallel), mib.graph
+    rotary: str | None = "model.rotary_emb"
+    #   read by: spec (ModelSpec.rotates), instrument, rotary
+    partial_rotary: bool = False  # the model's attention rotates only part of each head (partial_rotary_factor)
+    #   read by: families (checks the config)
+    moe: Experts | None = None  # a mixture of experts in place of the MLP (then no gate/up branches, no neurons path)
+    #   read by: experts, spec, weights, families
+    sinks: str | None = None  # per-head attention sink logits (GPT-OSS): a column in the softmax that no key owns
+    #   read by: spec (LayerModules.sinks: explicit, linearise)
+    rope_pairs: bool = False  # the rotary module's cos/sin hold one value per rotated pair (GPT-OSS), not per feature
+    #   read by: explicit
+
+    def with_(self, **changes) -> Family:
+        return replace(self, **changes)
+
+
+LLAMA = Family("llama", "LlamaConfig")
+MISTRAL = LLAMA.with_(model_type="mistral", config_class="MistralConfig",
+                      slides_every_layer=True)  # diff with Llama: a sliding window on every layer
+QWEN2 = LLAMA.with_(model_type="qwen2", config_class="Qwen2Config",
+                    biased_branches=("query", "key", "value"))  # diff with Llama: q/k/v biases
+QWEN3 = LLAMA.with_(model_type="qwen3", config_class="Qwen3Config",
+                    head_norms=("self_attn.q_norm", "self_attn.k_norm"))  # diff with Llama: q/k RMSNorm
+
+GEMMA3 = LLAMA.with_(  # diff with Llama: GeGLU (tanh GELU), (1 + gamma) norms, a norm before and after each
+    model_type="gemma3_text", config_class="Gemma3TextConfig",  # block, q/k norms, scaled embeddings, local
+    norms=("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",  # and global layers
+           "post_feedforward_layernorm"),
+    norm_kind="rms_1p", block_inputs=("input_layernorm", "pre_feedforward_layernorm"),
+    head_norms=("self_attn.q_norm", "self_attn.k_norm"),
+    activation_config=("hidden_activation", (("gelu_pytorch_tanh", "gelu_tanh"), ("gelu", "gelu"))),
+    mid="pre_feedforward_layernorm", softcap=("attn_logit_softcapping", "final_logit_softcapping"),
+    fixed=(("use_bidirectional_attention", False),))
+
+GEMMA2 = GEMMA3.with_(model_type="gemma2", config_class="Gemma2Config",  # diff with Gemma 3: no q/k norms;
+                      head_norms=None)  # its soft-caps are on by default (attention 50, final logits 30)
+
+OLMO2 = LLAMA.with_(  # diff with Llama: norms after each block instead of before (the blocks read the residual
+    model_type="olmo2", config_class="Olmo2Config",  # stream itself), and q/k norms over the whole projection
+    norms=("post_attention_layernorm", "post_feedforward_layernorm"), block_inputs=(),
+    head_norms=("self_attn.q_norm", "self_attn.k_norm"), head_norms_over="projection", mid="mlp")
+
+SMOLLM3 = LLAMA.with_(model_type="smollm3", config_class="SmolLM3Config",
+                      rope_layers="no_rope_layers")  # diff with Llama: some layers without RoPE (NoPE)
+
+PHI3 = LLAMA.with_(  # diff with Llama: q/k/v in one projection and gate/up in another (sliced by the model)
+    model_type="phi3", config_class="Phi3Config",
+    branches={"query": "self_attn.qkv_proj", "key": "self_attn.qkv_proj", "value": "self_attn.qkv_proj",
+              "gate": "mlp.gate_up_proj", "up": "mlp.gate_up_proj"},
+    fused=(("self_attn.qkv_proj", "blocks"), ("mlp.gate_up_proj", "blocks")), activation="mlp.activation_fn",
+    partial_rotary=True)
+
+_GELU = (("gelu", "gelu"), ("gelu_new", "gelu_tanh"), ("gelu_pytorch_tanh", "gelu_tanh"))
+
+GPT2 = Family(  # LayerNorm with biases, learned positions, one fused q/k/v projection (Conv1D), a GELU MLP
+    model_type="gpt2", config_class="GPT2Config", layers="transformer.h", embed="transformer.wte",
+    final_norm="transformer.ln_f", rotary=None, attention="attn", norms=("ln_1", "ln_2"), norm_kind="layer",
+    block_inputs=("ln_1", "ln_2"),
+    branches={"query": "attn.c_attn", "key": "attn.c_attn", "value": "attn.c_attn", "gate": "mlp.c_fc",
+              "up": "mlp.c_fc"},
+    fused=(("attn.c_attn", "blocks"),), activation="mlp.act", heads="attn.c_proj", neurons="mlp.c_proj",
+    mid="ln_2", biases=True, gated=False, positions="transformer.wpe",
+    activation_config=("activation_function", _GELU), fixed=(("add_cross_attention", False),))
+
+GPT_NEOX = Family(  # Pythia: LayerNorm with biases, q/k/v fused per head, partial RoPE, parallel residuals
+    model_type="gpt_neox", config_class="GPTNeoXConfig", layers="gpt_neox.layers", embed="gpt_neox.embed_in",
+    final_norm="gpt_neox.final_layer_norm", rotary="gpt_neox.rotary_emb",
+    attention="attention", norm_kind="layer",
+    branches={"query": "attention.query_key_value", "key": "attention.query_key_value",
+              "value": "attention.query_key_value", "gate": "mlp.dense_h_to_4h", "up": "mlp.dense_h_to_4h"},
+    fused=(("attention.query_key_value", "per_head"),), activation="mlp.act", heads="attention.dense",
+    neurons="mlp.dense_4h_to_h", biases=True, gated=False, parallel="use_parallel_residual", partial_rotary=True,
+    activation_config=("hidden_act", _GELU))
+
+_MOE_BRANCHES = {"query": "self_attn.q_proj", "key": "self_attn.k_proj", "value": "self_attn.v_proj"}
+MIXTRAL = MISTRAL.with_(  # diff with Mistral: a mixture of experts in place of the MLP
+    model_type="mixtral", config_class="MixtralConfig", branches=_MOE_BRANCHES, activation="mlp.experts.act_fn",
+    neurons=None, moe=Experts())
+QWEN3_MOE = QWEN3.with_(model_type="qwen3_moe", config_class="Qwen3MoeConfig", branches=_MOE_BRANCHES,
+                        activation="mlp.experts.act_fn", neurons=None, moe=Experts(),
+                        fixed=(("mlp_only_layers", []), ("decoder_sparse_step", 1)))  # every layer sparse
+QWEN2_MOE = QWEN3_MOE.with_(model_type="qwen2_moe", config_class="Qwen2MoeConfig", head_norms=None,
+                            biased_branches=("query", "key", "value"),
+                            moe=Experts(shared="mlp.shared_expert", shared_gate="mlp.shared_expert_gate"))
+OLMOE = OLMO2.with_(  # pre-norms as Llama (not OLMo 2's post-norms), q/k norms over the projection, experts
+    model_type="olmoe", config_class="OlmoeConfig", norms=LLAMA.norms, block_inputs=LLAMA.block_inputs,
+    mid=LLAMA.mid, branches=_MOE_BRANCHES, activation="mlp.experts.act_fn", neurons=None, moe=Experts(),
+    fixed=(("clip_qkv", None),))
+
+GPT_OSS = Family(  # experts with biases and a clamped swish GLU, a router with a bias, attention sinks, q/k/v/o
+    model_type="gpt_oss", config_class="GptOssConfig", branches=_MOE_BRANCHES, activation=None,  # biases, local
+    neurons=None, biases=True, sinks="self_attn.sinks", rope_pairs=True,  # and global layers, YaRN RoPE
+    moe=Experts(router="mlp.router", glu="clamped", biases=True, router_bias=True))
+
+FAMILIES: dict[str, Family] = {f.model_type: f for f in (LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA2, GEMMA3, OLMO2, PHI3,
+                                                          SMOLLM3, GPT2, GPT_NEOX, MIXTRAL, QWEN2_MOE,
+                                                          QWEN3_MOE, OLMOE, GPT_OSS)}

@@ -1,0 +1,262 @@
+"""A checked model as dpa reads it: its sizes (``ModelSpec``) and each layer's modules (``LayerModules``), looked up
+by the family table's paths (``registry.py``); how to read a projection's weight, a norm's epsilon, a config's RoPE.
+The checks that make a model a ``ModelSpec`` are in ``families.py`` (``spec_for``)."""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from .errors import UnsupportedModelError
+from .registry import LENGTH_DEPENDENT_ROPE, Family
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A checked model's family description and sizes, read once from the config and modules."""
+
+    family: str
+    parts: Family
+    n_layers: int
+    d_model: int
+    d_mlp: int
+    n_heads: int
+    n_kv_heads: int
+    d_head: int
+    rms_eps: float
+    vocab_size: int
+    max_positions: int
+    qkv_bias: bool
+    qk_norm: bool
+    sliding_windows: tuple[int | None, ...]  # per layer
+    rotary_layers: tuple[bool, ...] = ()  # per layer: whether the layer rotates q and k (empty: every layer)
+    activation: str = "silu"  # the kind of the MLP's activation (functions.ACTIVATION_RATIO)
+    attn_softcap: float | None = None  # c in c * tanh(score / c) on the attention scores (Gemma 2)
+    final_softcap: float | None = None  # c on the final logits: dpa attributes the pre-cap logit
+    parallel: bool = False  # attention and MLP read the same residual stream (GPT-NeoX's parallel residual)
+    n_experts: int = 0  # routed experts per layer (0: a dense MLP)
+    d_expert: int = 0  # neurons per routed expert
+    d_shared: int = 0  # neurons of the shared expert (Qwen2-MoE), 0 without one
+
+    @property
+    def expert_slots(self) -> int:
+        """Expert scores per layer: the routed experts, then the shared expert where there is one."""
+        return self.n_experts + (1 if self.d_shared else 0)
+
+    def rotates(self, index: int) -> bool:
+        return self.parts.rotary is not None and (not self.rotary_layers or self.rotary_layers[index])
+
+    def columns(self, name: str) -> slice | torch.Tensor | None:
+        """Which output features of its projection a branch is: None where the projection is the branch's
+        alone, else a slice (``blocks``) or an index (``per_head``) into the fused projection's output."""
+        path = self.parts.branches[name]
+        layout = dict(self.parts.fused).get(path)
+        if layout is None:
+            return None
+        if name in ("gate", "up"):
+            return slice(0, self.d_mlp) if name == "gate" else slice(self.d_mlp, 2 * self.d_mlp)
+        q, kv = self.n_heads * self.d_head, self.n_kv_heads * self.d_head
+        if layout == "blocks":
+            return {"query": slice(0, q), "key": slice(q, q + kv), "value": slice(q + kv, q + 2 * kv)}[name]
+        offset = ("query", "key", "value").index(name) * self.d_head  # per_head: [q k v] of head 0, head 1, ...
+        return (torch.arange(self.n_heads)[:, None] * 3 * self.d_head + offset + torch.arange(self.d_head)).flatten()
+
+    # Module access by the description's paths: the only place module names are read.
+    def layers(self, model: nn.Module) -> nn.ModuleList:
+        return get(model, self.parts.layers)
+
+    def embed(self, model: nn.Module) -> nn.Module:
+        return get(model, self.parts.embed)
+
+    def final_norm(self, model: nn.Module) -> nn.Module:
+        return get(model, self.parts.final_norm)
+
+    def unembed(self, model: nn.Module) -> nn.Module:
+        return get(model, self.parts.unembed)
+
+    def positions(self, model: nn.Module) -> nn.Module | None:
+        """The learned position embeddings, where the model has them (GPT-2)."""
+        return get(model, self.parts.positions) if self.parts.positions else None
+
+    def base(self, model: nn.Module) -> nn.Module:
+        """The decoder stack (``model.model``): called with ids or embeddings, returns hidden states."""
+        return get(model, self.parts.layers.rsplit(".", 1)[0])
+
+    def device(self, model: nn.Module) -> torch.device:
+        return self.embed(model).weight.device
+
+
+def get(root: nn.Module, path: str) -> nn.Module:
+    """The submodule at a dotted path (``"self_attn.q_proj"``)."""
+    for name in path.split("."):
+        root = getattr(root, name)
+    return root
+
+
+def rope_settings(config) -> list[dict]:
+    """The RoPE parameters of each layer type: one dict for most models, one per layer type for Gemma 3
+    (``rope_parameters`` keyed by ``full_attention`` / ``sliding_attention``)."""
+    rope = dict(getattr(config, "rope_parameters", None) or {})
+    return [dict(r) for r in rope.values()] if rope and all(isinstance(v, dict) for v in rope.values()) else [rope]
+
+
+def rope_depends_on_length(config) -> bool:
+    """Whether the model's rotary frequencies depend on the sequence length (``LENGTH_DEPENDENT_ROPE``):
+    transformers then takes them from the longest prompt of a padded batch, so dpa computes each prompt's
+    rotary as for that prompt alone (``rotary.each_prompt_alone``)."""
+    return any(r.get("rope_type", "default") in LENGTH_DEPENDENT_ROPE for r in rope_settings(config))
+
+
+def context_length(config, max_position_embeddings: int | None = None) -> int:
+    """The longest prompt dpa attributes: ``max_position_embeddings``, or, where every layer's RoPE is
+    dynamic NTK scaling, ``factor`` times it: transformers rescales the rotary base for a sequence longer than
+    ``max_position_embeddings`` (the scaling's purpose), up to the ``factor``-fold context it is configured for."""
+    n = config.max_position_embeddings if max_position_embeddings is None else max_position_embeddings
+    ropes = rope_settings(config)
+    if all(r.get("rope_type", "default") == "dynamic" for r in ropes):
+        return int(n * min(float(r.get("factor", 1.0)) for r in ropes))
+    return n
+
+
+def _projection_classes() -> tuple[type, ...]:
+    from transformers.pytorch_utils import Conv1D
+
+    return (nn.Linear, Conv1D)
+
+
+def is_projection(module: nn.Module) -> bool:
+    """nn.Linear, or GPT-2's Conv1D (the same map with its weight stored [in, out]), or a subclass of either
+    that keeps its forward (a parametrization, a marker class): a module that computes exactly what its
+    ``weight`` and ``bias`` say, which dpa may read instead of running it. A subclass with a forward of its
+    own (a LoRA written as a Linear) computes something else: not a projection (``why_not_projection``)."""
+    return any(isinstance(module, base) and type(module).forward is base.forward for base in _projection_classes())
+
+
+def why_not_projection(module: nn.Module) -> str:
+    """What a module that is not a projection is, for the refusal that names it."""
+    name = type(module).__name__
+    if isinstance(module, _projection_classes()):
+        return (f"a {name}, a subclass of {type(module).__mro__[1].__name__} with a forward of its own (an "
+                "adapter such as LoRA?), so its weight is not what it computes")
+    return f"a {name}, not a Linear (an adapter wrapping one, such as LoRA?)"
+
+
+def weight_rows(module: nn.Module) -> torch.Tensor:
+    """A projection's weight as [out, in] (nn.Linear's layout) whatever its class: what ``is_projection``
+    vouches the module computes."""
+    if not is_projection(module):
+        raise UnsupportedModelError(f"unsupported module: {why_not_projection(module)}; dpa reads its weight")
+    return module.weight if isinstance(module, nn.Linear) else module.weight.T
+
+
+def in_features(module: nn.Module) -> int:
+    return weight_rows(module).shape[1]
+
+
+def norm_eps(norm: nn.Module) -> float:
+    """An RMSNorm module's epsilon (``variance_epsilon`` in Llama-like code, ``eps`` elsewhere)."""
+    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+    if eps is None:
+        raise UnsupportedModelError(f"unsupported norm module {type(norm).__name__}: no epsilon attribute")
+    return float(eps)
+
+
+@dataclass(frozen=True)
+class LayerModules:
+    """One decoder layer's modules, looked up once from the description's paths."""
+
+    layer: nn.Module
+    attention: nn.Module
+    norms: tuple[nn.Module, ...]
+    block_inputs: tuple[nn.Module, ...]
+    head_norms: tuple[nn.Module, ...]
+    branches: dict[str, nn.Module]
+    activation: nn.Module | None  # None where the experts' GLU is written inline (GPT-OSS)
+    heads: nn.Module
+    neurons: nn.Module | None  # None for a mixture of experts (its neurons are inside ``experts``)
+    mid: nn.Module
+    mlp: nn.Module | None = None  # the MLP (or sparse) block, called on its normalised input by the circuit graphs
+    post_norms: tuple[nn.Module | None, nn.Module | None] = (None, None)  # after the attention's and the MLP's
+    # output projections (Gemma, OLMo 2): a unit's write passes them, frozen
+    columns: dict[str, slice | torch.Tensor | None] = field(default_factory=dict)  # ModelSpec.columns
+    router: nn.Module | None = None
+    experts: nn.Module | None = None
+    shared: nn.Module | None = None  # the shared expert (a GLU MLP) and its gate
+    shared_gate: nn.Module | None = None
+    sinks: torch.Tensor | None = None  # attention sink logits [head] (GPT-OSS)
+
+    def output(self, name: str, out: torch.Tensor) -> torch.Tensor:
+        """Branch ``name``'s part of its projection's output ``out`` (all of it unless fused)."""
+        cols = self.columns.get(name)
+        if cols is None:
+            return out
+        return out[..., cols] if isinstance(cols, slice) else out.index_select(-1, cols.to(out.device))
+
+    def project(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        """Branch ``name`` of the input ``x``: its projection's own forward, sliced where fused."""
+        return self.output(name, self.branches[name](x))
+
+    def weight(self, name: str) -> torch.Tensor:
+        """Branch ``name``'s weight [out, in] (its rows of a fused projection)."""
+        w = weight_rows(self.branches[name])
+        cols = self.columns.get(name)
+        return w if cols is None else w[cols] if isinstance(cols, slice) else w.index_select(0, cols.to(w.device))
+
+    def bias(self, name: str) -> torch.Tensor | None:
+        b = getattr(self.branches[name], "bias", None)
+        cols = self.columns.get(name)
+        return b if b is None or cols is None else b[cols] if isinstance(cols, slice) else b[cols.to(b.device)]
+
+
+def neuron_direction(mods: LayerModules, spec: ModelSpec, neuron: int) -> torch.Tensor:
+    """What one MLP neuron writes per unit of activation [d_model]: its down-projection column. On a mixture of
+    experts neuron e * d_expert + j is neuron j of routed expert e, then the shared expert's follow."""
+    if mods.experts is None:
+        return weight_rows(mods.neurons)[:, neuron]
+    expert, j = divmod(neuron, spec.d_expert)
+    if expert < spec.n_experts:
+        down = mods.experts.down_proj[expert]  # [d_model d_expert], or [d_expert d_model] transposed
+        return down[j] if getattr(mods.experts, "is_transposed", False) else down[:, j]
+    return weight_rows(mods.shared.down_proj)[:, neuron - spec.n_experts * spec.d_expert]
+
+
+def post_norms(layer: nn.Module, family: Family) -> tuple[nn.Module | None, nn.Module | None]:
+    """The norms after each block's output projection, (attention's, MLP's): the norms that feed no block
+    (Gemma's post-attention and post-feedforward norms, OLMo 2's), in the order the layer runs them."""
+    after = [n for n in family.norms if n not in family.block_inputs]
+    if not after:
+        return (None, None)
+    if len(after) != 2:
+        raise UnsupportedModelError(f"{family.model_type}: expected a norm after each block, found {after}")
+    return (get(layer, after[0]), get(layer, after[1]))
+
+
+_MODULES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def layer_modules(model: nn.Module, spec: ModelSpec) -> list[LayerModules]:
+    """Every layer's ``LayerModules`` (cached per model and spec)."""
+    cached = _MODULES.get(model)
+    if cached is not None and cached[0] is spec:
+        return cached[1]
+    p = spec.parts
+    out = [LayerModules(
+        layer=layer, attention=get(layer, p.attention), norms=tuple(get(layer, n) for n in p.norms),
+        block_inputs=tuple(get(layer, n) for n in p.block_inputs),
+        head_norms=tuple(get(layer, n) for n in (p.head_norms or ())),
+        branches={name: get(layer, path) for name, path in p.branches.items()},
+        activation=get(layer, p.activation) if p.activation else None, heads=get(layer, p.heads),
+        neurons=get(layer, p.neurons) if p.neurons else None, mid=get(layer, p.mid), mlp=get(layer, p.mlp),
+        post_norms=post_norms(layer, p),
+        columns={name: spec.columns(name) for name in p.branches},
+        sinks=get(layer, p.sinks.rsplit(".", 1)[0]).get_parameter(p.sinks.rsplit(".", 1)[1]) if p.sinks else None,
+        **({} if p.moe is None else dict(
+            router=get(layer, p.moe.router), experts=get(layer, p.moe.experts),
+            shared=get(layer, p.moe.shared) if p.moe.shared else None,
+            shared_gate=get(layer, p.moe.shared_gate) if p.moe.shared_gate else None)))
+        for layer in spec.layers(model)]
+    _MODULES[model] = (spec, out)
+    return out
