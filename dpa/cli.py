@@ -284,11 +284,12 @@ def run_circuit(args: argparse.Namespace, *, parser: argparse.ArgumentParser) ->
     if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
         raise InputError("dpa circuit runs one prompt in one process; torchrun is for dpa attribute --prompts")
     _check_outputs(args, parser)
+    circuit_html = _view("circuit_html") if args.html is not None else None  # before the model loads
     import json
     import warnings
 
     import dpa
-    from .report import circuit_html, circuit_report
+    from .report import circuit_report
     from .result import write_text
 
     model, tokenizer, kind, multi_token = _load(args, parser)
@@ -313,6 +314,26 @@ def run_circuit(args: argparse.Namespace, *, parser: argparse.ArgumentParser) ->
         write_text(args.html, circuit_html(circ, prompt=args.prompt))
         print(f"wrote {args.html}")
     return 0
+
+
+VIEWS = "dpa.views"  # the entry-point group of the pages drawn with JavaScript (dpa_widgets.page; pyproject.toml)
+
+
+def _view(name: str):
+    """The page builder ``name`` of the ``dpa.views`` entry points: the core holds no JavaScript, so pages such as
+    ``dpa circuit --html`` come from the widget package (declared in pyproject.toml, never imported by name)."""
+    from importlib.metadata import entry_points
+
+    install = 'install the widget extra: pip install "dpa[widget]" (in a checkout: pip install -e ".[widget]")'
+    found = entry_points(group=VIEWS, name=name)
+    if not found:
+        raise InputError(f"--html draws its page with dpa's widget package, whose {VIEWS} entry point {name!r} is "
+                         f"not installed: {install}")
+    try:
+        return next(iter(found)).load()
+    except (ImportError, AttributeError) as err:
+        raise InputError(f"--html draws its page with dpa's widget package, which does not import ({err}): "
+                         f"{install}") from None
 
 
 def _run_file(args: argparse.Namespace, parser: argparse.ArgumentParser, weights: PathWeights) -> int:

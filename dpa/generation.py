@@ -17,6 +17,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from . import prompts
 from . import request as requests
 from .attribute import plan_memory
 from .backward import Run, attribution, run
@@ -192,8 +193,8 @@ def _eos_ids(model: nn.Module, tokenizer) -> set[int]:
 
 def _one_prompt(tokenizer, prompt):
     """A batch of one prompt (a tokenizer's output with return_tensors, a [1, pos] tensor) as that prompt."""
-    canonical = requests._canonical(tokenizer, prompt)
-    if requests._is_batch(canonical):
+    canonical = prompts.canonical(tokenizer, prompt)
+    if prompts.is_batch(canonical):
         rows = list(canonical.unbind(0)) if isinstance(canonical, Tensor) else list(canonical)
         if len(rows) != 1:
             raise InputError(f"a generation follows one prompt; got a batch of {len(rows)} (attribute each alone)")
@@ -210,7 +211,7 @@ def _continuation(tokenizer, continuation) -> list[int]:
         if not continuation:
             raise InputError("the continuation is an empty string")
         return list(tokenizer.encode(continuation, add_special_tokens=False))
-    continuation = requests._numpy(continuation, "continuation")
+    continuation = prompts.numpy_tensor(continuation, "continuation")
     if isinstance(continuation, Tensor):
         if continuation.dim() != 1 or continuation.is_floating_point() or continuation.is_complex() \
                 or continuation.dtype == torch.bool:
@@ -222,10 +223,10 @@ def _continuation(tokenizer, continuation) -> list[int]:
                          f"{type(continuation).__name__}")
     out = []
     for x in continuation:
-        x = requests._numpy(x, "continuation")
+        x = prompts.numpy_tensor(x, "continuation")
         if isinstance(x, Tensor) and x.numel() == 1 and not x.is_floating_point() and x.dtype != torch.bool:
             x = int(x)
-        if not requests._is_id(x):
+        if not prompts.is_id(x):
             raise InputError(f"the continuation's token ids must be integers, got {x!r} ({type(x).__name__})")
         out.append(int(x))
     return out

@@ -12,7 +12,6 @@ import json
 import math
 import os
 from itertools import zip_longest
-from pathlib import Path
 from typing import TextIO
 
 import torch
@@ -258,8 +257,9 @@ def _component_rows(comps: dict[str, list[Component]]) -> str:
     return "\n".join(rows)
 
 
-def _head(title: str, css: str = "") -> str:
-    """A standalone page's opening, up to its body: inline CSS, no network."""
+def page_head(title: str, css: str = "") -> str:
+    """A standalone page's opening, up to its body: inline CSS, no network (this report's page, and
+    ``dpa circuit --html``'s: dpa_widgets.page)."""
     return ('<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
             '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
             f"<title>{_esc(title[:120])}</title>\n<style>{_CSS}{chr(10) + css if css else ''}</style>\n</head>")
@@ -304,7 +304,7 @@ def html_report(res: Attribution, *, top: int = 10, prompt: str | None = None) -
                       for t, p in res.top_predictions)
     title = f"DPA: {prompt if prompt is not None else ''.join(res.tokens)}"
     clipped = " Special tokens (dashed outline) are clipped to the scale." if any(special) else ""
-    return f"""{_head(title)}
+    return f"""{page_head(title)}
 <body>
 <h1>Dual Path Attribution</h1>
 <dl class="info">
@@ -393,40 +393,6 @@ def script_json(data) -> str:
     re-open the script early."""
     return (json.dumps(data, allow_nan=False).replace("<", "\\u003c").replace(">", "\\u003e")
             .replace("&", "\\u0026"))
-
-
-def circuit_html(circ, *, prompt: str | None = None, top: int = 20) -> str:
-    """A standalone page with the graph drawn by ``static/graph.js`` (inlined: no network) and a table of
-    the top edges, which reads without scripts too."""
-    script = (Path(__file__).parent / "static" / "graph.js").read_text(encoding="utf-8")
-    data = script_json(circ.to_json())
-    info = "\n".join(f"<dt>{_esc(label)}</dt><dd>{_esc(text)}</dd>" for label, text in circuit_lines(circ))
-    rows = "\n".join(f"<tr><td class='num'>{e:+.4f}</td><td>{_esc(node_text(circ, s))}</td>"
-                     f"<td>{_esc(node_text(circ, d))}</td></tr>" for s, d, e in top_edges(circ, top))
-    title = f"DPA circuit: {prompt if prompt is not None else ''.join(circ.tokens)}"
-    body = script.replace("</script", "<\\/script")
-    return f"""{_head(title, "body { max-width: 100rem; } #graph { margin: 1em 0; overflow: auto; }")}
-<body>
-<h1>Circuit graph</h1>
-<dl class="info">
-{info}
-</dl>
-<p class="note">Nodes: tokens (bottom), heads and neurons by layer (rows) and position (columns), the target (top).
-Edges: direct effects in logit units, red raises the destination's score, blue lowers it. Hover a node for its
-inputs and outputs, click it for its flows; the slider prunes by influence on the target.</p>
-<div id="graph"></div>
-<h2>Top direct effects</h2>
-<table><tr><th>effect</th><th>from</th><th>to</th></tr>
-{rows}
-</table>
-<p class="note">written by dpa: direct effects in the linearised model (the dpa book, chapter <em>Circuits as graphs</em>).</p>
-<script type="module">
-{body}
-renderGraph(document.getElementById("graph"), {data}, {{}});
-</script>
-</body>
-</html>
-"""
 
 
 # ---------------------------------------------------------------------------------------------- in Python

@@ -1,7 +1,7 @@
 """``CircuitWidget``: a two-way JupyterLab view of one attribution (heads, neurons, experts, tokens), and of its
 circuit graph (a ``dpa.Circuit``: direct effects between tokens, heads, neurons and the target).
 
-Traits are snake_case on both sides (static/circuit.js has the matching ``@typedef Model``).
+Traits are snake_case on both sides (static/src/model.js has the matching ``@typedef Model``).
 Underscored traits carry data only the view reads; the plain ones are the user-facing,
 two-way state: set them from Python to drive the view, read them to see what was clicked.
 With ``model`` and ``tokenizer`` the controls recompute in the kernel, once the view's
@@ -24,6 +24,7 @@ from dpa import Attribution, request
 from dpa.checks import check_int
 
 from . import graph, live, payload, verify
+from .bundle import bundle
 
 STATIC = Path(__file__).parent / "static"
 PRESETS = ("default", "custom", "control_content", "attention", "query_key", "mlp")  # custom: the result's own
@@ -74,7 +75,7 @@ class CircuitWidget(UserTraits, anywidget.AnyWidget):
     Any trait below may also be given as a keyword argument.
     """
 
-    _esm = STATIC / "circuit.js"
+    _esm = bundle()  # static/src/*.js as one module (dpa_widgets/bundle.py)
     _css = STATIC / "circuit.css"
 
     _user_traits = USER_TRAITS

@@ -1,6 +1,7 @@
 """The circuit graph in the widget: a ``dpa.Circuit`` checked against the attribution on view (or computed
 from it), sent to the view as ``Circuit.to_json()``, and its edges verified by path patching in the kernel.
-The view draws it with ``dpa/static/graph.js`` (the same file as ``dpa circuit --html``)."""
+The view draws it with ``static/src/graph.js`` (the same file as ``dpa circuit --html``'s page,
+``page.py``)."""
 
 from __future__ import annotations
 

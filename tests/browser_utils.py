@@ -163,7 +163,7 @@ def run_cell(page, index: int, timeout_ms: int = 300_000) -> str:
 
 GRAPH_WIDTHS = (700, 1000, 1400)  # the page widths the graph must read at (issue 31)
 
-# Measures a drawn ``.dpa-graph`` (dpa/static/graph.js) from its elements' boxes: every node wholly in the
+# Measures a drawn ``.dpa-graph`` (dpa_widgets/static/src/graph.js) from its elements' boxes: every node wholly in the
 # viewport, no two nodes overlapping, each node's text inside its box, the verified-edge marks and the "⋯" of
 # compressed positions in view and clear of the nodes and of each other, the slanted token labels not cut off,
 # the row labels in their strip and apart, the graph no wider than its container, the panel beside or below it.

@@ -52,6 +52,31 @@ def test_no_module_imports_another_modules_private_names():
     assert not private, private
 
 
+def test_no_module_reads_another_modules_private_names_through_its_module():
+    """``from . import request`` then ``request._canonical(...)``: the same reach into another module's privates."""
+    known = modules()
+    found = []
+    for name, path in known.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        tree = ast.parse(path.read_text())
+        aliases = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                parts = package.split(".")
+                base = (".".join(parts[:len(parts) - node.level + 1] + ([node.module] if node.module else []))
+                        if node.level else node.module or "")
+                aliases.update({a.asname or a.name: f"{base}.{a.name}" for a in node.names
+                                if f"{base}.{a.name}" in known})
+            elif isinstance(node, ast.Import):
+                aliases.update({a.asname: a.name for a in node.names if a.asname and a.name in known})
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
+                    and node.attr.startswith("_") and not node.attr.startswith("__")
+                    and aliases[node.value.id] != name):
+                found.append(f"{name} reads {aliases[node.value.id]}.{node.attr}")
+    assert not found, found
+
+
 def test_the_core_never_imports_the_widget():
     known = modules()
     assert not [(name, base) for name, path in known.items() for base, _ in imports(name, path, known)
@@ -139,6 +164,11 @@ def test_import_cycles():
 def test_the_new_homes_stay_small(name):
     assert len(modules()[name].read_text().splitlines()) <= BIG_MODULE
 
+
+def test_the_core_holds_no_javascript():
+    """The views' JavaScript lives in dpa_widgets (the CLI's --html page comes through the dpa.views entry point)."""
+    assert not (PACKAGE / "static").exists()
+    assert not sorted(str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*") if p.suffix in (".js", ".mjs", ".cjs"))
 
 
 def _read_by(cls) -> dict[str, str]:

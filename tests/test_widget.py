@@ -561,14 +561,12 @@ class TestSaveHtml:
 
 
 def test_one_colour_scale_for_the_widget_and_the_reports():
-    """The view (circuit.js), the terminal and HTML reports and save_html colour a score the same way:
-    the same RdBu stops, the same interpolation and rounding, the same ink threshold."""
-    from pathlib import Path
-
-    import dpa_widgets
+    """The view (its bundle, the widget's _esm), the terminal and HTML reports and save_html colour a score the
+    same way: the same RdBu stops, the same interpolation and rounding, the same ink threshold."""
     from dpa import report
+    from dpa_widgets.bundle import bundle
 
-    js = (Path(dpa_widgets.__file__).parent / "static" / "circuit.js").read_text()
+    js = bundle()
     block = re.search(r"export const DIVERGING = \[(.*?)\];", js, re.S).group(1)
     stops = [tuple(int(v) for v in m) for m in re.findall(r"\[(\d+), (\d+), (\d+)\]", block)]
     assert stops == list(report.RGB)
@@ -707,7 +705,7 @@ class TestGraph:
         assert w._graph == {**circ.to_json(), "verifiable": True}
         state = json.loads(json.dumps(w.get_state(), allow_nan=False))
         assert state["_graph"]["nodes"][0]["label"] == "tok0"
-        assert "export function renderGraph" in state["_esm"], "the bundle carries dpa/static/graph.js"
+        assert "export function renderGraph" in state["_esm"], "the bundle carries static/src/graph.js"
         assert CircuitWidget(scored, model, None)._graph == {}, "no circuit, no graph"
 
     def test_circuit_true_computes_the_results_graph(self, model, scored):
@@ -792,17 +790,27 @@ class TestGraph:
         assert model_state["view"] == "graph" and model_state["selected_node"] == "target"
         assert len(model_state["_graph"]["nodes"]) == len(circ.nodes)
 
-    def test_graph_js_ships_with_dpa(self):
+    def test_graph_js_ships_with_dpa_widgets(self):
+        """The view's sources ship with the widget package (the bundle is assembled from them at import), the
+        core ships no JavaScript, and the CLI's --html page is found through its entry point."""
+        import dpa_widgets
+
         pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text()  # (no tomllib on Python 3.10)
-        assert re.search(r'^\[tool\.setuptools\.package-data\]\ndpa = \["static/\*"\]$', pyproject, re.M)
-        assert (Path(dpa.__file__).parent / "static" / "graph.js").read_text().count("export function renderGraph") == 1
+        data = re.search(r'^\[tool\.setuptools\.package-data\]\n((?:\S+ = .*\n)+)', pyproject, re.M).group(1)
+        assert data.startswith('dpa_widgets = ["static/*"]\n"dpa_widgets.static.src" = ["*.js"]')
+        assert "dpa = " not in data, "the core ships no static files"
+        assert re.search(r'^\[project\.entry-points\."dpa\.views"\]\ncircuit_html = "dpa_widgets\.page:circuit_html"$',
+                         pyproject, re.M)
+        src = Path(dpa_widgets.__file__).parent / "static" / "src"
+        assert (src / "graph.js").read_text().count("export function renderGraph") == 1
 
 
 def test_pages_embed_token_text_that_looks_like_html(result, tmp_path):
     """Token text such as "<!--" and "<script>" would make the HTML parser end (or re-open) a page's script early
     and leave it blank: every "<" of the embedded JSON is an escape (dpa.report.script_json), in both the CLI's
     circuit page and save_html's page, and the data reads back unchanged."""
-    from dpa.report import circuit_html, script_json
+    from dpa.report import script_json
+    from dpa_widgets.page import circuit_html
 
     data = {"tokens": ["<!--", "<script>", "</script>", "a & b", "-->"]}
     text = script_json(data)

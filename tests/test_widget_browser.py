@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 import dpa
-from dpa.report import circuit_html
 from dpa_widgets import CircuitWidget, export, save_html
+from dpa_widgets.page import circuit_html
 
 from .browser_utils import (GRAPH_WIDTHS, assert_graph_reads, browser, lab, open_notebook, run_cell,  # noqa: F401
                             write_notebook)
@@ -522,7 +522,7 @@ def test_graph_save_html_offline_and_render_time(browser, tmp_path, long_circuit
 
 def graph_page(kind: str, long_circuit, tmp_path: Path) -> Path:
     """The long circuit's graph as a page: the widget's save_html (opened on its graph view) or the CLI's
-    ``dpa circuit --html`` page (dpa.report.circuit_html)."""
+    ``dpa circuit --html`` page (dpa_widgets.page.circuit_html)."""
     result, circ = long_circuit
     if kind == "widget":
         return save_html(CircuitWidget(result, circuit=circ, view="graph"), tmp_path / "widget.html")

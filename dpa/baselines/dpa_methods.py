@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from torch import nn
 
-from .. import request
+from .. import prompts, request
 from ..attribute import attribute as _attribute
 from ..result import Attribution
 from ..weights import PathWeights
@@ -15,7 +15,7 @@ from .common import Prompt
 
 def attribute(model: nn.Module, tokenizer, prompt: Prompt, target=None, **kwargs) -> Attribution:
     """``dpa.attribute`` for one prompt, as every baseline takes (a batch is refused, not returned as a list)."""
-    if request._is_batch(request._canonical(tokenizer, prompt)):
+    if prompts.is_batch(prompts.canonical(tokenizer, prompt)):
         raise request.InputError("this method takes one prompt, not a batch (dpa.attribute takes batches)")
     return _attribute(model, tokenizer, prompt, target, **kwargs)
 

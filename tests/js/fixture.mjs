@@ -1,6 +1,6 @@
 // A small payload in the shape dpa_widgets/payload.py sends (2 layers, 4 heads in 2 KV groups).
 
-/** @returns {import("../../dpa_widgets/static/circuit.js").Payload} */
+/** @returns {import("../../dpa_widgets/static/src/model.js").Payload} */
 export function payload() {
   return {
     tokens: ["<s>", " Mary", " and", " John"],
@@ -33,7 +33,7 @@ export function payload() {
 /**
  * The same prompt on a mixture-of-experts model (Qwen2-MoE-like): 2 layers, 3 routed experts of 4 neurons
  * each, then a shared expert of 6 (d_mlp 18; neuron 13 of a layer is neuron 1 of the shared expert).
- * @returns {import("../../dpa_widgets/static/circuit.js").Payload}
+ * @returns {import("../../dpa_widgets/static/src/model.js").Payload}
  */
 export function moePayload() {
   const data = payload();

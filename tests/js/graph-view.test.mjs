@@ -17,10 +17,9 @@ before(async () => {
   window = new Window();
   globalThis.document = window.document;
   globalThis.window = window;
-  ({ renderGraph, STATIC_VERIFY_REASON } = await import("../../dpa/static/graph.js"));
-  const bundle = await import("../../dpa_widgets/static/circuit.js");
-  widget = bundle.default;
-  timing = bundle.timing;
+  ({ renderGraph, STATIC_VERIFY_REASON } = await import("../../dpa_widgets/static/src/graph.js"));
+  widget = (await import("../../dpa_widgets/static/src/main.js")).default;
+  ({ timing } = await import("../../dpa_widgets/static/src/helpers.js"));
 });
 
 after(async () => {

@@ -1,4 +1,4 @@
-// Pure parts of dpa/static/graph.js: influence and pruning (against dpa.Circuit.prune, prune-fixture.json),
+// Pure parts of dpa_widgets/static/src/graph.js: influence and pruning (against dpa.Circuit.prune, prune-fixture.json),
 // layout, edge geometry and colour.
 import { test, describe } from "node:test";
 import assert from "node:assert/strict";
@@ -7,7 +7,7 @@ import {
   influence, pruneUnits, pruneGraph, nodeFlows, graphLayout, edgePath, edgeMidpoint, edgeWidth, drawnEdges, rowOf,
   unitText, targetText, nodeName, isUnit, edgeKey, divergingColor, symmetricMax, GRAPH, shownPositions, edgeLabelBox,
   edgePoint, overlaps, verifyVerdict, scoreName,
-} from "../../dpa/static/graph.js";
+} from "../../dpa_widgets/static/src/graph.js";
 
 const FIXTURE = JSON.parse(readFileSync(new URL("./prune-fixture.json", import.meta.url), "utf8"));
 const close = (a, b, what, tol = 1e-9) =>

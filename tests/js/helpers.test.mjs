@@ -1,12 +1,13 @@
-// Pure helpers of circuit.js: colour scale, ranking, layout, selection and SVG export.
+// Pure helpers of the widget's view (dpa_widgets/static/src/): colour scale, ranking, layout, selection and SVG
+// export.
 import { test, describe } from "node:test";
 import assert from "node:assert/strict";
 import {
   DIVERGING, symmetricMax, divergingRgb, divergingColor, textColor, formatScore, topIndices, topHeads,
-  topNeurons, headLayout, wrapRows, tokenLabel, selectionPayload, escapeXml, viewSvg, axisTicks, shortLabel,
-  weightsText, offlineReason, hasExperts, expertName, expertLabel, neuronInExpert, neuronLabel, topExperts,
-  expertNeurons, expertLayout,
-} from "../../dpa_widgets/static/circuit.js";
+  topNeurons, headLayout, wrapRows, tokenLabel, axisTicks, shortLabel, weightsText, offlineReason, hasExperts,
+  expertName, expertLabel, neuronInExpert, neuronLabel, topExperts, expertNeurons, expertLayout,
+} from "../../dpa_widgets/static/src/helpers.js";
+import { selectionPayload, escapeXml, viewSvg } from "../../dpa_widgets/static/src/export.js";
 import { payload, moePayload } from "./fixture.mjs";
 
 describe("colour scale", () => {

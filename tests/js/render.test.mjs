@@ -12,9 +12,8 @@ before(async () => {
   window = new Window();
   globalThis.document = window.document;
   globalThis.window = window;
-  const module = await import("../../dpa_widgets/static/circuit.js");
-  widget = module.default;
-  timing = module.timing;
+  widget = (await import("../../dpa_widgets/static/src/main.js")).default;
+  ({ timing } = await import("../../dpa_widgets/static/src/helpers.js"));
 });
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));

@@ -1,7 +1,7 @@
 // @ts-check
-// The circuit graph view: dpa/static/graph.js's renderGraph, wired to the traits. Its element and drawing are
+// The circuit graph view: graph.js's renderGraph, wired to the traits. Its element and drawing are
 // kept across redraws of the rest of the view (a selection or a slider move updates it in place).
-import { renderGraph } from "../../../dpa/static/graph.js";
+import { renderGraph } from "./graph.js";
 import { h } from "./dom.js";
 import { graphVerifyReason } from "./helpers.js";
 /** @typedef {import("./context.js").Ctx} Ctx */

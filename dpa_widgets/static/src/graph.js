@@ -5,10 +5,10 @@
  * signed direct effect. A threshold slider prunes live (the rule of ``Circuit.prune``), hovering a node lights
  * its inputs and outputs, clicking selects a node or an edge and the side panel shows its in- and out-flows.
  *
- * One plain ES module with no imports: the widget's bundle includes it (dpa_widgets/static/build.mjs), and
- * ``dpa circuit --html`` pastes it into a page's inline ``<script type="module">`` followed by
- * ``renderGraph(document.getElementById("graph"), DATA, {})``. The pure parts (colour scale, influence and
- * pruning, layout, edge geometry) are exported for Node's test runner.
+ * One plain ES module with no imports: the widget's bundle includes it (dpa_widgets/bundle.py), and
+ * ``dpa circuit --html`` (dpa_widgets/page.py) pastes it into a page's inline ``<script type="module">``
+ * followed by ``renderGraph(document.getElementById("graph"), DATA, {})``. The pure parts (colour scale,
+ * influence and pruning, layout, edge geometry) are exported for Node's test runner.
  *
  * @typedef GraphNode  one entry of Circuit.to_json()["nodes"]
  * @property {number} id

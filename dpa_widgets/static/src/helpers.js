@@ -1,9 +1,9 @@
 // @ts-check
 // Pure helpers of the view: ranking, mixture-of-experts names, layouts, labels, why controls are off. The
-// colour scale and the token labels live in dpa/static/graph.js (the graph view and the CLI's page use them
+// colour scale and the token labels live in graph.js (the graph view and the CLI's page use them
 // too) and are re-exported here.
 export { DIVERGING, symmetricMax, divergingRgb, divergingColor, textColor, formatScore, tokenLabel, shortLabel }
-  from "../../../dpa/static/graph.js";
+  from "./graph.js";
 
 // ---------------------------------------------------------------- ranking
 

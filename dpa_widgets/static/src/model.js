@@ -1,8 +1,9 @@
 // @ts-check
 /**
  * Circuit inspector for a Dual Path Attribution result: no framework, no network. The sources are the modules
- * of dpa_widgets/static/src/ and dpa/static/graph.js (the circuit graph view, shared with the CLI's page),
- * concatenated by dpa_widgets/static/build.mjs into the one ES module the widget loads (static/circuit.js).
+ * of dpa_widgets/static/src/ (graph.js, the circuit graph view, is shared with the CLI's page), assembled when
+ * the widget is first imported by dpa_widgets/bundle.py into the one ES module the widget loads (its ``_esm``):
+ * in the order of their imports, with the import lines taken out.
  * The pure helpers (colour scale, ranking, layout, export, graph pruning) are exported so that Node's test
  * runner can test them without a DOM.
  *
@@ -30,9 +31,9 @@
  * @property {number} weights_p               p of the family, in [0, 1]
  * @property {string} method                  "dpa" or a baseline name
  * @property {number} top_k                   k for "top-k" ablation and top lists
- * @property {import("../../../dpa/static/graph.js").GraphData | {}} _graph  the circuit graph (Circuit.to_json(),
+ * @property {import("./graph.js").GraphData | {}} _graph  the circuit graph (Circuit.to_json(),
  *   plus "verifiable": the kernel holds its tensors), {} without one
- * @property {Record<string, import("../../../dpa/static/graph.js").Verified>} _graph_verify  path-patching results
+ * @property {Record<string, import("./graph.js").Verified>} _graph_verify  path-patching results
  *   by "source->destination"
  * @property {"scores" | "graph"} view         which view is shown (the graph only with a circuit)
  * @property {string} selected_node            the graph's selected node label ("" = none)
