@@ -12,11 +12,13 @@ import json
 import math
 import os
 from itertools import zip_longest
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import torch
 
-from .result import Attribution, Component
+if TYPE_CHECKING:  # annotations only: result imports this module (Attribution's reports)
+    from .result import Attribution, Component
+
 
 # RdBu anchors from -1 to +1 in equal steps; the middle one is pure white (zero).
 RDBU = ("#2166ac", "#4393c3", "#92c5de", "#d1e5f0", "#ffffff", "#fddbc7", "#f4a582", "#d6604d", "#b2182b")
