@@ -33,95 +33,112 @@ def linearise_experts(session, i: int, mods: LayerModules, override: Callable, f
     """Install the linearised sparse block of layer ``i``: the experts' forward, and the shared expert's
     taps and factors. ``factors``: the layer's ``linearise.LayerFactors`` (``factors.mlp`` is the common factor
     the MLP's input norm already applies)."""
+    block = LinearisedExperts(session, i, mods, factors)
+    override(mods.experts, block.forward)
+    if mods.shared is not None:
+        _shared_expert(session, i, mods, override, factors.router, factors.expert, block.glu, block.expert_buffer,
+                       wrap)
 
-    spec, mu, scores, rec = session.spec, session.weights, session.scores, session.recording
-    anchor = session.anchor
-    common = factors.mlp
-    router_factor, expert_factor = factors.router, factors.expert
-    experts = mods.experts
-    clamped = spec.parts.moe.glu == "clamped"
-    if clamped:  # GPT-OSS: act(g) = c(g) sigmoid(alpha c(g)) with c(g) = min(g, limit), linearised as g * ratio
-        alpha, limit = float(experts.alpha), float(experts.limit)
-        act_value = lambda g: g.clamp(max=limit) * torch.sigmoid(g.clamp(max=limit) * alpha)  # noqa: E731
-    ratio = _safe_ratio(act_value) if clamped else ACTIVATION_RATIO[spec.activation]
-    # A bias inside an expert is an input no token owns, inside the expert branch: its share carries mu_expert.
-    inner = 0.0 if expert_factor is None else expert_factor * common
-    bias_sink = scores.sink("bias") if scores is not None else None
-    n, d_e = spec.n_experts, spec.d_expert
-    store = rec.branches if "branches" in session.record else None
-    expert_buffer = neuron_buffer = None
-    if scores is not None:
-        b, t = scores.shape
-        expert_buffer = scores.buffer("expert_positions", i, (b, t, spec.expert_slots))
-        neuron_buffer = scores.buffer("neuron_positions" if scores.positions else "neurons", i,
-                                      (b, t, spec.d_mlp) if scores.positions else (b, spec.d_mlp))
 
-    def add_neurons(rows: Tensor, columns: slice, values: Tensor, t: int) -> None:
+class LinearisedExperts:
+    """Layer ``i``'s routed experts, linearised: each expert's GLU (gate: control, up: content, with the neuron
+    tap), the routing weights as a control input (mu_router, with the expert tap), the experts' input scaled by
+    mu_expert, and each bias an input no token owns (its share in the bias, carrying mu_expert)."""
+
+    def __init__(self, session, i: int, mods: LayerModules, factors):
+        spec, scores = session.spec, session.scores
+        self.session, self.i, self.spec, self.mu, self.scores = session, i, spec, session.weights, scores
+        self.anchor = session.anchor
+        self.router_factor, self.expert_factor = factors.router, factors.expert
+        self.experts = experts = mods.experts
+        self.clamped = spec.parts.moe.glu == "clamped"
+        if self.clamped:  # GPT-OSS: act(g) = c(g) sigmoid(alpha c(g)), c(g) = min(g, limit), linearised as g * ratio
+            alpha, self.limit = float(experts.alpha), float(experts.limit)
+            limit = self.limit
+            self.act_value = lambda g: g.clamp(max=limit) * torch.sigmoid(g.clamp(max=limit) * alpha)
+        self.ratio = _safe_ratio(self.act_value) if self.clamped else ACTIVATION_RATIO[spec.activation]
+        # A bias inside an expert is an input no token owns, inside the expert branch: its share carries mu_expert.
+        self.inner = 0.0 if self.expert_factor is None else self.expert_factor * factors.mlp
+        self.bias_sink = scores.sink("bias") if scores is not None else None
+        self.store = session.recording.branches if "branches" in session.record else None
+        self.expert_buffer = self.neuron_buffer = None
+        if scores is not None:
+            b, t = scores.shape
+            self.expert_buffer = scores.buffer("expert_positions", i, (b, t, spec.expert_slots))
+            self.neuron_buffer = scores.buffer("neuron_positions" if scores.positions else "neurons", i,
+                                               (b, t, spec.d_mlp) if scores.positions else (b, spec.d_mlp))
+
+    def add_neurons(self, rows: Tensor, columns: slice, values: Tensor, t: int) -> None:
         """values [rows d] at token rows (flattened batch * pos) into the neuron buffer's columns."""
-        if neuron_buffer.dim() == 3:
-            neuron_buffer.view(-1, neuron_buffer.shape[-1])[:, columns].index_add_(0, rows, values)
+        buffer = self.neuron_buffer
+        if buffer.dim() == 3:
+            buffer.view(-1, buffer.shape[-1])[:, columns].index_add_(0, rows, values)
         else:
-            neuron_buffer[:, columns].index_add_(0, rows // t, values)
+            buffer[:, columns].index_add_(0, rows // t, values)
 
-    def constant(c: Tensor, rows: Tensor, t: int, share: float) -> Tensor:
+    def constant(self, c: Tensor, rows: Tensor, t: int, share: float) -> Tensor:
         """A bias (or GPT-OSS's + 1) added at token rows: the value, and its share b . grad * share in the bias."""
-        if bias_sink is None or share == 0:
+        if self.bias_sink is None or share == 0:
             return c
+        session, scores = self.session, self.scores
         n = session.only[1] if session.only is not None else scores.shape[0]  # prompts (or rows run again)
+
         def reduce(x, g):  # per prompt of the batch
             out = torch.zeros(n, dtype=scores.dtype, device=x.device)
             return out.index_add_(0, rows // t, (x * g).sum(-1).to(out.dtype))
-        return Tap.apply(c, anchor, reduce, lambda v: bias_sink(v * share), 0.0)
+        return Tap.apply(c, self.anchor, reduce, lambda v: self.bias_sink(v * share), 0.0)
 
-    def glu(gate: Tensor, up: Tensor, rows: Tensor, columns: slice, t: int, act: nn.Module | None = None) -> Tensor:
+    def glu(self, gate: Tensor, up: Tensor, rows: Tensor, columns: slice, t: int,
+            act: nn.Module | None = None) -> Tensor:
         """act(gate) * up, linearised: the gate path with its ratio frozen (mu_gate), the up path (mu_up) with
         the neuron tap u . grad_u. GPT-OSS's clamped GLU: act as above, and up' = min(max(u, -limit), limit) + 1,
         linearised as u * rho(u) (rho frozen) plus the constant 1, an input no token owns (bias share)."""
-        own = act_value if clamped else (act or experts.act_fn).forward
+        mu = self.mu
+        own = self.act_value if self.clamped else (act or self.experts.act_fn).forward
         if mu.gate == 0:
             with torch.no_grad():
                 a = own(gate)
         else:
-            a = LinearisedActivation.apply(gate, own, ratio, mu.gate)
-        if clamped:
+            a = LinearisedActivation.apply(gate, own, self.ratio, mu.gate)
+        if self.clamped:
+            limit = self.limit
             clip = lambda u: u.clamp(min=-limit, max=limit)  # noqa: E731
             up = LinearisedActivation.apply(up, clip, _safe_ratio(clip), 1.0)
-            up = up + constant(torch.ones_like(up), rows, t, inner)  # its gradient carries mu_up (the tap below)
-        if neuron_buffer is not None and session.only is None:
-            sink = lambda v: add_neurons(rows, columns, v.to(neuron_buffer.dtype), t)  # noqa: E731
-            up = Tap.apply(up, anchor, torch.mul, sink, mu.up)
+            up = up + self.constant(torch.ones_like(up), rows, t, self.inner)  # its gradient carries mu_up (below)
+        if self.neuron_buffer is not None and self.session.only is None:
+            sink = lambda v: self.add_neurons(rows, columns, v.to(self.neuron_buffer.dtype), t)  # noqa: E731
+            up = Tap.apply(up, self.anchor, torch.mul, sink, mu.up)
         elif mu.up != 1:
             up = Branch.apply(up, mu.up, None, None)
         return a * up
 
-    def forward(hidden_states: Tensor, top_k_index: Tensor, top_k_weights: Tensor) -> Tensor:
+    def forward(self, hidden_states: Tensor, top_k_index: Tensor, top_k_weights: Tensor) -> Tensor:
+        """The experts module's forward: the model's own arithmetic (``run_experts``) with the rules above."""
+        scores, expert_factor, router_factor = self.scores, self.expert_factor, self.router_factor
         rows_total = hidden_states.shape[0]
         t = scores.shape[1] if scores is not None else rows_total
-        only = session.only  # circuit graphs run the block again, each row keeping one expert's term (circuit.py)
+        only = self.session.only  # circuit graphs run the block again, each row keeping one expert's term (circuit.py)
         if only is not None:
             t = rows_total // only[1]
             top_k_weights = top_k_weights * (top_k_index == only[0][:, None]).to(top_k_weights.dtype)
-        if store is not None:
-            store[("router", i)] = (top_k_index.detach(), top_k_weights.detach())
+        if self.store is not None:
+            self.store[("router", self.i)] = (top_k_index.detach(), top_k_weights.detach())
         x = (hidden_states.detach() if expert_factor is None else hidden_states if expert_factor == 1
              else Branch.apply(hidden_states, expert_factor, None, None))
+        expert_buffer = self.expert_buffer
         if expert_buffer is not None and only is None:
             def reduce(w, g):  # w . dL/dw per (token, slot), summed into [token expert]
                 out = torch.zeros(rows_total, expert_buffer.shape[-1], dtype=expert_buffer.dtype, device=w.device)
                 return out.scatter_add_(1, top_k_index, (w * g).to(out.dtype))
             sink = lambda v: expert_buffer.view(-1, expert_buffer.shape[-1]).add_(v)  # noqa: E731
-            weights = Tap.apply(top_k_weights, anchor, reduce, sink, router_factor or 0.0)
+            weights = Tap.apply(top_k_weights, self.anchor, reduce, sink, router_factor or 0.0)
         elif router_factor is None:
             weights = top_k_weights.detach()
         else:
             weights = top_k_weights if router_factor == 1 else Branch.apply(top_k_weights, router_factor, None, None)
-        bias = lambda b, rows: constant(b, rows, t, inner)  # noqa: E731
-        return run_experts(experts, n, d_e, x, top_k_index, weights,
-                           lambda gate, up, rows, cols: glu(gate, up, rows, cols, t), bias)
-
-    override(experts, forward)
-    if mods.shared is not None:
-        _shared_expert(session, i, mods, override, router_factor, expert_factor, glu, expert_buffer, wrap)
+        bias = lambda b, rows: self.constant(b, rows, t, self.inner)  # noqa: E731
+        return run_experts(self.experts, self.spec.n_experts, self.spec.d_expert, x, top_k_index, weights,
+                           lambda gate, up, rows, cols: self.glu(gate, up, rows, cols, t), bias)
 
 
 def run_experts(experts: nn.Module, n: int, d_e: int, x: Tensor, index: Tensor, weights: Tensor,

@@ -16,7 +16,7 @@ PACKAGE = ROOT / "dpa"
 LONG_FUNCTION, BIG_MODULE = 80, 500
 
 # Still over the limits: each entry is work left; a test fails when one is fixed, so that it leaves the list.
-LONG_FUNCTIONS = {"dpa.experts.linearise_experts", "dpa.evaluate.runner._running"}
+LONG_FUNCTIONS = {"dpa.evaluate.runner._running"}
 BIG_MODULES = {"dpa.evaluate.runner", "dpa.batch"}
 CYCLES: list[set[str]] = []
 
