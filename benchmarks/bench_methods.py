@@ -33,8 +33,7 @@ from dpa.evaluate.prompts import encode_example
 from dpa.evaluate.runner import Settings, resolve_methods
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine_label  # noqa: E402
-from squad_diagnosis import run_config  # noqa: E402  (a run's units, prompt form and model)
+from common import machine_label, run_config  # noqa: E402  (run_config: a run's units, prompt form and model)
 
 
 def main(argv: list[str] | None = None) -> int:

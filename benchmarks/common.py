@@ -1,13 +1,15 @@
-"""Shared helpers of the benchmark scripts: command line, model loading, peak memory of a block, machine
-label, prompts."""
+"""Shared helpers of the benchmark scripts (and of the studies in ``studies/``): command line, model loading, peak
+memory of a block, machine label, prompts, a finished run's configuration."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 import threading
 import time
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator
 
 import psutil
@@ -98,3 +100,13 @@ def load(args: argparse.Namespace):
     machine = machine_label(device)
     print(f"model {args.model or 'SmolLM2-135M-Instruct'} ({model.dtype}) on {machine}", flush=True)
     return model, tok, device, machine
+
+
+def run_config(results: Path) -> tuple[bool, str, str | None]:
+    """A ``dpa evaluate`` run's units (the paragraph, recorded in its identity since the fix, or the user turn), its
+    prompt form and its model (None: the default)."""
+    from dpa.models import DEFAULT_MODEL
+
+    config = json.loads((Path(results) / "config.json").read_text(encoding="utf-8"))
+    model = None if config.get("model", DEFAULT_MODEL) == DEFAULT_MODEL else config["model"]
+    return config.get("context_units") == "paragraph", config.get("prompt", "chat"), model

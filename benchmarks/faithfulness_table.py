@@ -83,6 +83,9 @@ def table(results: dict[str, dict], value, fmt: str, best=max) -> str:
 
 
 def main() -> None:
+    if sys.argv[1:2] in (["-h"], ["--help"]):
+        print(__doc__)
+        return
     root = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent / "results"
     results = load(root)
     if not results:

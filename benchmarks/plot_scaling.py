@@ -67,6 +67,9 @@ def plot_length(datas: list[dict], out: str) -> None:
 
 
 def main() -> None:
+    if sys.argv[1:2] in (["-h"], ["--help"]):
+        print(__doc__)
+        return
     if len(sys.argv) < 4 or sys.argv[1] not in ("components", "length"):
         sys.exit(__doc__)
     what, files, out = sys.argv[1], sys.argv[2:-1], sys.argv[-1]

@@ -171,7 +171,7 @@ class Run:
             for point in json.loads(sweep.read_text(encoding="utf-8"))["points"]:
                 fns, _ = sweep_methods(self.settings, [point["family"]], [point["p"]])
                 out.update(fns)
-        for m in self.methods:  # benchmarks/bfloat16_ranking.py: a method's scores rounded to bfloat16
+        for m in self.methods:  # benchmarks/studies/bfloat16_ranking.py: a method's scores rounded to bfloat16
             match = re.fullmatch(r"(\w+) \(bfloat16 ranking\)", m)
             if match and self.settings.unit == "input":
                 out[m] = _bfloat16_ranking()(INPUT_METHODS[match[1]])
@@ -184,11 +184,13 @@ class Run:
 
 @functools.cache
 def _bfloat16_ranking():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    folders = [str(ROOT / "benchmarks" / "studies"), str(ROOT / "benchmarks")]  # the study, the common.py it imports
+    sys.path[:0] = folders
     try:
         from bfloat16_ranking import rounded
     finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+        for folder in folders:
+            sys.path.remove(folder)
     return rounded
 
 

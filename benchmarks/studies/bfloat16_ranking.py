@@ -1,7 +1,8 @@
 """Rank as the reference code does: scores rounded to bfloat16 before ranking (issue 20).
 
-    python benchmarks/bfloat16_ranking.py [--run benchmarks/results/squad_v2.0-input] [--methods dpa,mean_attention]
-                                          [--out benchmarks/results/squad-diagnosis/bfloat16-ranking]
+    python benchmarks/studies/bfloat16_ranking.py [--run benchmarks/results/squad_v2.0-input]
+                                                  [--methods dpa,mean_attention]
+                                                  [--out benchmarks/results/squad-diagnosis/bfloat16-ranking]
 
 The authors' evaluation code rounds every method's scores to bfloat16 before it ranks them, which turns near-equal
 scores into ties (broken here by the benchmark's seeded permutation); dpa ranks the float32 scores. This runs the
@@ -17,6 +18,7 @@ import argparse
 import functools
 import json
 import shutil
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -26,7 +28,11 @@ import dpa
 from dpa.baselines import INPUT_METHODS
 from dpa.evaluate import evaluate
 from dpa.evaluate.runner import Settings
-from squad_diagnosis import run_config  # a run's prompt form and model (None: the default)
+
+BENCHMARKS = Path(__file__).resolve().parents[1]  # benchmarks/: common.py
+if str(BENCHMARKS) not in sys.path:
+    sys.path.insert(0, str(BENCHMARKS))
+from common import run_config  # noqa: E402  (a run's prompt form and model; None: the default)
 
 
 def rounded(fn, attribution_dtype=torch.bfloat16):

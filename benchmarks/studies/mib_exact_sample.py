@@ -1,6 +1,6 @@
 """Exact patching on a sample of a real model's edges, against every method's edge scores on the same pairs.
 
-    python benchmarks/mib_exact_sample.py --model smollm2 --task ioi --pairs 20 --edges 200
+    python benchmarks/studies/mib_exact_sample.py --model smollm2 --task ioi --pairs 20 --edges 200
 
 Each edge's exact effect is m(full) - m(full with that edge alone patched), summed over the first ``--pairs`` pairs of
 the task (``dpa.mib.edge_scores(method="exact", edges=...)``: one patched run per edge and batch). The methods'
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT.parent))
+ROOT = Path(__file__).resolve().parents[2]  # the repository: benchmarks.bench_mib
+sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_mib import MODELS, RESULTS, _pairs_file  # noqa: E402
 

@@ -4,7 +4,7 @@ This runs ``dpa-cf`` and ``eap-ig`` on the same 100 pairs (``benchmarks/results/
 with the metric made linear in the logits: the mean logit of the years after YY minus the mean logit of the years
 up to YY. If DPA's gap closes there, the probability metric is what EAP-IG's five points see and DPA's one does not.
 
-    python benchmarks/mib_metric_experiment.py --model gemma-3-270m
+    python benchmarks/studies/mib_metric_experiment.py --model gemma-3-270m
 
 Writes ``benchmarks/results/mib/MODEL/greater-than@mean-logit/METHOD`` (run folders, as bench_mib's) and prints
 CPR / CMD with the paired interval of dpa-cf minus eap-ig.
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT.parent))
+ROOT = Path(__file__).resolve().parents[2]  # the repository: benchmarks.bench_mib
+sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_mib import MODELS, RESULTS  # noqa: E402
 from dpa.mib.discover import discover  # noqa: E402

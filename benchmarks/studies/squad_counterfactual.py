@@ -1,7 +1,7 @@
 """What DPA's SQuAD recovery loses, and to which tokens (issue 20): its curves under two diagnostic rankings.
 
-    python benchmarks/squad_counterfactual.py [--diagnosis benchmarks/results/squad-diagnosis/user-turn]
-                                              [--data-dir ../shared/data]
+    python benchmarks/studies/squad_counterfactual.py [--diagnosis benchmarks/results/squad-diagnosis/user-turn]
+                                                      [--data-dir ../shared/data]
 
 Runs on the samples of the first run's diagnosis, with its units: the whole user turn, the question included.
 Not a variant of the method and not the benchmark's protocol: the benchmark ranks by signed score. Here DPA's

@@ -1,9 +1,10 @@
 """DPA against mean attention on SQuAD v2.0 input attribution, sample by sample (issue 20).
 
-    python benchmarks/squad_diagnosis.py [--results benchmarks/results/squad_v2.0-input] [--data-dir ../shared/data]
-                                         [--out benchmarks/results/squad-diagnosis/paragraph]
-    python benchmarks/squad_diagnosis.py --results benchmarks/results/squad_v2.0-input-user-turn \
-                                         --out benchmarks/results/squad-diagnosis/user-turn
+    python benchmarks/studies/squad_diagnosis.py [--results benchmarks/results/squad_v2.0-input]
+                                                 [--data-dir ../shared/data]
+                                                 [--out benchmarks/results/squad-diagnosis/paragraph]
+    python benchmarks/studies/squad_diagnosis.py --results benchmarks/results/squad_v2.0-input-user-turn \
+                                                 --out benchmarks/results/squad-diagnosis/user-turn
 
 Reads the per-sample curves of a SQuAD run (``samples.jsonl``, 100 samples) and, for each sample, attributes it again
 with DPA and mean attention on the same prompt, target and units. The units are the run's own: the paragraph (runs
@@ -30,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -42,6 +44,11 @@ from dpa.evaluate.curves import fraction_grid, rank
 from dpa.evaluate.datasets import load_examples, load_records
 from dpa.evaluate.prompts import encode_example, prompt_text
 from dpa.models import DEFAULT_MODEL
+
+BENCHMARKS = Path(__file__).resolve().parents[1]  # benchmarks/: common.py
+if str(BENCHMARKS) not in sys.path:
+    sys.path.insert(0, str(BENCHMARKS))
+from common import run_config  # noqa: E402  (a run's units, prompt form and model)
 
 WEIGHTS = {"default": dpa.PathWeights(), "value only": dpa.PathWeights(0, 0, 1, 0.5, 0.5),
            "query+key only": dpa.PathWeights(0.5, 0.5, 0, 0.5, 0.5), "key only": dpa.PathWeights(0, 1, 0, 0.5, 0.5)}
@@ -57,14 +64,6 @@ def totals(row: dict, fractions) -> dict[str, float]:
 def encode(tokenizer, example, paragraph: bool, prompt: str = "chat"):
     """The sample as the run encoded it: paragraph units, or (the first run) the whole user turn."""
     return encode_example(tokenizer, example if paragraph else replace(example, units=None), prompt)
-
-
-def run_config(results: Path) -> tuple[bool, str, str | None]:
-    """A run's units (the paragraph, recorded in its identity since the fix, or the user turn), its prompt form
-    and its model (None: the default)."""
-    config = json.loads((results / "config.json").read_text(encoding="utf-8"))
-    model = None if config.get("model", DEFAULT_MODEL) == DEFAULT_MODEL else config["model"]
-    return config.get("context_units") == "paragraph", config.get("prompt", "chat"), model
 
 
 def spans(tokenizer, example, record, prompt: str = "chat") -> dict[str, list[int]]:
