@@ -35,14 +35,15 @@ from .weights import PathWeights
 @dataclass
 class Context:
     """What a read-out may use inside the session, once the backward has run: the session (its recording, its
-    model), the request, the scores the taps wrote (settled only in ``read``), the target directions [term d_model]
-    and values [batch], and the dtype of the scores."""
+    model), the request, the scores the taps wrote (settled only in ``read``; None where the session has no taps),
+    the target directions [term d_model] (None for a value of another kind) and values [batch], and the dtype of
+    the scores."""
 
     model: nn.Module
     req: Request
     session: Any
-    scores: Scores
-    directions: Tensor
+    scores: Scores | None
+    directions: Tensor | None
     values: Tensor
     dtype: torch.dtype
 
@@ -143,26 +144,16 @@ def run(model: nn.Module, req: Request, readouts: dict[str, Readout] | None = No
         hidden = session.forward()  # [batch pos d_model], the model's own values
         final, probs, logits, rows = _final(session, req, hidden, dtype, probabilities)
         terms, u, term_values, values, term_capped, after_cap = _values(model, req, final, probs, logits, rows, dtype)
-        wanted = {name: r.tensors(session.recording, spec) for name, r in readouts.items()}
-        per_term = None
+        per_term, out = None, {}
         if each_term:  # one backward per term, the graph kept between them: each term's own scores
             per_term = []
             for j in range(len(terms)):
                 session.backward(term_values[j], again=j < len(terms) - 1)
                 per_term.append(scores.take())
             scores = sum_scores(per_term)
-            grads = {}
         else:
-            flat = session.backward(values.sum(), [t for ts in wanted.values() for t in ts])
-            grads, k = {}, 0
-            for name, ts in wanted.items():
-                grads[name], k = flat[k:k + len(ts)], k + len(ts)
-        ctx = Context(model, req, session, scores, u.detach(), values.detach(), dtype)
-        for name, r in readouts.items():
-            r.adjust(ctx, grads[name])
-        if not each_term:
-            scores.settle()
-        out = {name: r.read(ctx, grads[name]) for name, r in readouts.items()}
+            out = read_out(Context(model, req, session, scores, u.detach(), values.detach(), dtype), values.sum(),
+                           readouts)
     names = ("tokens", "heads", "neurons", "bias")  # "the token scores", ...
     bad = [n for s in [scores, *(per_term or [])] for n in names if not finite(getattr(s, n))]
     if bad:
@@ -170,6 +161,23 @@ def run(model: nn.Module, req: Request, readouts: dict[str, Readout] | None = No
                              f"{req.weights.as_tuple()} or the target overflow in {dtype}")
     return Run(scores=scores, values=values.detach(), probs=probs, capped=after_cap, term_rows=rows,
                term_values=term_values.detach(), per_term=per_term, term_capped=term_capped, out=out)
+
+
+def read_out(ctx: Context, value: Tensor, readouts: dict[str, Readout]) -> dict:
+    """One backward from the scalar ``value`` through the session's model (``ctx.session``), each read-out given the
+    gradients of the tensors it declares (``tensors``), then ``adjust``, the taps' scores settled (where the session
+    has them), ``read``: {name: result}. ``run`` calls it for the target's value; a caller with a forward and value
+    of its own calls it in its own session (MIB's graph, run reader by reader: ``mib.methods``)."""
+    wanted = {name: r.tensors(ctx.session.recording, ctx.spec) for name, r in readouts.items()}
+    flat = ctx.session.backward(value, [t for ts in wanted.values() for t in ts])
+    grads, k = {}, 0
+    for name, ts in wanted.items():
+        grads[name], k = flat[k:k + len(ts)], k + len(ts)
+    for name, r in readouts.items():
+        r.adjust(ctx, grads[name])
+    if ctx.scores is not None:
+        ctx.scores.settle()
+    return {name: r.read(ctx, grads[name]) for name, r in readouts.items()}
 
 
 def _final(session, req: Request, hidden: Tensor, dtype, probabilities: bool):

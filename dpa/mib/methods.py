@@ -18,6 +18,7 @@ from typing import Callable, Literal
 import torch
 from torch import Tensor, nn
 
+from ..backward import Context, Readout, read_out
 from ..errors import InputError, InputTypeError
 from ..weights import PathWeights
 from .forward import Batch, batch_of, batches
@@ -112,13 +113,30 @@ def scores_in(batch: Batch, graph: Graph, method: str, steps: int = 5) -> Tensor
         if alpha != 1.0:  # the input writer between the counterfactual's (0) and the clean one (1)
             embeds = (clean.writes[0] - moved[0] * (1 - alpha)).detach()
         out = batch.run(graph, batch.clean, embeds=embeds, leaves=True)
-        grads = torch.autograd.grad(out.metric.sum(), out.reads)
-        scores += _read(graph, moved, grads) / len(points)
+        ctx = Context(batch.session.model, batch.session.request, batch.session, None, None, out.metric.detach(),
+                      torch.float64)
+        scores += read_out(ctx, out.metric.sum(), {"edges": GraphEdges(graph, moved, out.reads)})["edges"] / len(points)
     return scores
 
 
+class GraphEdges(Readout):
+    """MIB's edge scores as a read-out of one backward (``backward.read_out``): the gradients it reads are those at
+    each reader's input in the graph's reader-by-reader run (``reads``: per layer the attention readers' [3 head
+    batch pos d_model] and the MLP's, then the logits'), and it reads a_u . g_r summed over the batch and positions,
+    for each reader's writers below it (``moved``: a_u [writer batch pos d_model])."""
+
+    def __init__(self, graph: Graph, moved: Tensor, reads: list[Tensor]):
+        self.graph, self.moved, self.reads = graph, moved, reads
+
+    def tensors(self, rec, spec) -> list[Tensor]:
+        return self.reads
+
+    def read(self, ctx, grads: list[Tensor]) -> Tensor:
+        return _read(self.graph, self.moved, grads)
+
+
 def _read(graph: Graph, moved: Tensor, grads: list[Tensor]) -> Tensor:
-    """a_u . g_r summed over the batch and positions, for each reader's writers below it."""
+    """[writer reader]: a_u . g_r summed over the batch and positions, for each reader's writers below it."""
     out = torch.zeros(graph.exists.shape, dtype=torch.float64)
     wide = torch.promote_types(moved.dtype, torch.float32)
     for i in range(graph.n_layers):
