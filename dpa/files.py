@@ -306,8 +306,6 @@ def weights_fingerprint(model, samples: int = 256) -> str:
     fine-tuned, another seed: values that differ nearly everywhere), another architecture, a renamed, reshaped or
     recast parameter give another one. It does not see an edit confined to values between the sampled positions.
     A parameter offloaded to the ``meta`` device counts by its name, shape and dtype alone."""
-    import torch
-
     h = hashlib.sha256()
     for name, p in model.named_parameters():
         h.update(f"{name}\0{tuple(p.shape)}\0{p.dtype}\0".encode())

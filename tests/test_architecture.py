@@ -16,8 +16,8 @@ PACKAGE = ROOT / "dpa"
 LONG_FUNCTION, BIG_MODULE = 80, 500
 
 # Still over the limits: each entry is work left; a test fails when one is fixed, so that it leaves the list.
-LONG_FUNCTIONS = {"dpa.evaluate.runner._running"}
-BIG_MODULES = {"dpa.evaluate.runner", "dpa.batch"}
+LONG_FUNCTIONS: set[str] = set()
+BIG_MODULES: set[str] = set()
 CYCLES: list[set[str]] = []
 
 

@@ -7,7 +7,8 @@ from .curves import COMPONENT_GRID, KNOWN_GRID, SIGMOID_GRID, fraction_grid
 from .datasets import DATASETS, DataError, Example, find_data_dir, load_examples, load_records
 from .ioi import generate_ioi
 from .prompts import Sample, encode_example
-from .runner import Settings, evaluate, sweep
+from .runner import evaluate, sweep
+from .settings import Settings
 
 __all__ = [
     "COMPONENT_GRID", "DATASETS", "DataError", "Example", "KNOWN_GRID", "SIGMOID_GRID", "Sample", "Settings", "auc",

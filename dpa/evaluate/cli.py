@@ -35,14 +35,16 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="output folder; an interrupted run resumes when started again with the same folder")
     p.add_argument("--data-dir", metavar="DIR", help="folder with the data files (default: ../shared/data)")
     p.add_argument("--limit", type=int, metavar="N", help="evaluate the first N valid samples (default: all)")
-    p.add_argument("--model", metavar="NAME_OR_PATH", help=f"a built-in model ({', '.join(CHUNKED)}), an HF id or a local folder (default: {DEFAULT_MODEL})")
+    p.add_argument("--model", metavar="NAME_OR_PATH",
+                   help=f"a built-in model ({', '.join(CHUNKED)}), an HF id or a local folder "
+                        f"(default: {DEFAULT_MODEL})")
     p.add_argument("--device", help="torch device, e.g. cpu, cuda, cuda:1 (default: cuda if available)")
     p.add_argument("--dtype", choices=DTYPES, default="float32", help="model dtype (default float32)")
     p.add_argument("--threads", type=int, metavar="N",
                    help="CPU threads for torch (default: torch's choice; 1 is often fastest on a busy machine)")
     p.add_argument("--component-units", choices=("fine", "coarse", "edges", "neurons"), default="fine",
-                   help="fine: edges and position-level neurons, ranked jointly (the paper's units; in paper mode counted as "
-                        "the reference code counts them, results README); coarse: heads and "
+                   help="fine: edges and position-level neurons, ranked jointly (the paper's units; in paper mode "
+                        "counted as the reference code counts them, results README); coarse: heads and "
                         "neurons; edges / neurons: the fine units of one kind only, the other left intact")
     p.add_argument("--contrast", action=argparse.BooleanOptionalAction, default=False,
                    help="IOI: attribute logit(IO) - logit(S), a variant; the default, --no-contrast, attributes the "
@@ -86,7 +88,7 @@ def add_commands(subparsers) -> None:
 
 
 def _settings(args, **extra):
-    from .runner import Settings
+    from .settings import Settings
 
     if args.limit is not None and args.limit < 1:
         raise InputError("--limit must be at least 1")
@@ -100,7 +102,8 @@ def _settings(args, **extra):
         raise InputError("--n-generated must be at least 1")
     return Settings(dataset=args.dataset, unit=args.unit, limit=args.limit, component_units=args.component_units,
                     contrast=args.contrast, seed=args.seed, batch_size=args.batch_size,
-                    data_dir=args.data_dir, n_generated=args.n_generated, filter=args.filter, prompt=args.prompt, **extra)
+                    data_dir=args.data_dir, n_generated=args.n_generated, filter=args.filter, prompt=args.prompt,
+                    **extra)
 
 
 def _load(args, group):
@@ -120,7 +123,7 @@ def _wrote(path: Path, names: list[str]) -> str:
 
 
 def _report(path: Path, results: dict, figures: bool) -> None:
-    from .runner import figure_files
+    from .results import figure_files
 
     print((path / "results.md").read_text(), end="")
     print(_wrote(path, ["results.json", "results.csv", "results.md", *figure_files(results, figures)]))
@@ -141,7 +144,8 @@ def _user_errors(run):
 
 @_user_errors
 def run_evaluate(args) -> int:
-    from .runner import evaluate, resolve_methods
+    from .runner import evaluate
+    from .settings import resolve_methods
 
     if args.preset is not None:
         weights = PathWeights.preset(args.preset, 0.5 if args.p is None else args.p)
