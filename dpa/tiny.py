@@ -80,7 +80,8 @@ def tiny_config(family: str, kv_heads: int = 2, **overrides):
 def tiny_model(family: str, kv_heads: int = 2, seed: int = 0, dtype: torch.dtype = torch.float64, **overrides):
     """A model with every parameter random (norm gammas and biases too, so that they are exercised), in eval
     mode with ``requires_grad`` off. Mixtures of experts run transformers' eager experts (its default kernel
-    has no float64 path)."""
+    has no float64 path). A norm's gamma is found by its module (every LayerNorm and RMSNorm, whatever its name:
+    GPT-2's ``ln_1``), never drawn near zero like a projection's weight."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
@@ -88,9 +89,11 @@ def tiny_model(family: str, kv_heads: int = 2, seed: int = 0, dtype: torch.dtype
     if family in MOE_FAMILIES:
         config._experts_implementation = "eager"
     model = AutoModelForCausalLM.from_config(config).to(dtype).eval()
+    gains = {f"{name}.weight" for name, m in model.named_modules()
+             if isinstance(m, torch.nn.LayerNorm) or type(m).__name__.endswith("RMSNorm")}
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
+            if name in gains:
                 p.copy_(1 + 0.3 * torch.randn_like(p))
             elif name.endswith("bias"):
                 p.copy_(0.5 * torch.randn_like(p))
