@@ -195,10 +195,11 @@ def run_attribute(args: argparse.Namespace, *, parser: argparse.ArgumentParser) 
     if args.json is None and given:
         parser.error(f"{' and '.join(given)} go{'es' if len(given) == 1 else ''} with --json FILE")
     neurons = None if args.json_neurons == "all" else args.json_neurons or 16
+    html_report = _view("html_report") if args.html is not None else None  # before the model loads
     import warnings
 
     import dpa
-    from .report import html_report, terminal_report, wants_color
+    from .report import terminal_report, wants_color
     from .result import write_text
 
     model, tokenizer, kind, multi_token = _load(args, parser, multi_options=("error", "first", "sum"))
@@ -316,12 +317,13 @@ def run_circuit(args: argparse.Namespace, *, parser: argparse.ArgumentParser) ->
     return 0
 
 
-VIEWS = "dpa.views"  # the entry-point group of the pages drawn with JavaScript (dpa_widgets.page; pyproject.toml)
+VIEWS = "dpa.views"  # the entry-point group of the standalone HTML pages (dpa_widgets.page; pyproject.toml)
 
 
 def _view(name: str):
-    """The page builder ``name`` of the ``dpa.views`` entry points: the core holds no JavaScript, so pages such as
-    ``dpa circuit --html`` come from the widget package (declared in pyproject.toml, never imported by name)."""
+    """The page builder ``name`` of the ``dpa.views`` entry points: the core builds no HTML page and holds no
+    JavaScript, so ``dpa attribute --html`` and ``dpa circuit --html`` come from the widget package (declared in
+    pyproject.toml, never imported by name)."""
     from importlib.metadata import entry_points
 
     install = 'install the widget extra: pip install "dpa[widget]" (in a checkout: pip install -e ".[widget]")'

@@ -225,46 +225,9 @@ def terminal_report(res: Attribution, *, color: bool, top: int = 10) -> str:
 
 # ---------------------------------------------------------------------------------------------- HTML
 
-_CSS = """
-body { font: 15px/1.5 system-ui, -apple-system, "Segoe UI", sans-serif; color: #222; margin: 2rem auto;
-       max-width: 60rem; padding: 0 1rem; }
-h1 { font-size: 1.4rem; } h2 { font-size: 1.1rem; margin-top: 2rem; }
-dl.info { display: grid; grid-template-columns: max-content 1fr; gap: .2rem 1rem; }
-dl.info dt { font-weight: 600; } dl.info dd { margin: 0; font-family: ui-monospace, monospace; }
-.tokens { font-family: ui-monospace, monospace; font-size: 1.05rem; line-height: 2.2; }
-.tok { white-space: pre; padding: .15rem 0; margin-right: 1px; border-radius: 2px; }
-.tok.special { outline: 1px dashed #888; }
-.tok.target { box-shadow: inset 0 -3px 0 #222; }
-.legend { display: flex; align-items: center; gap: .5rem; margin-top: .8rem; font-family: ui-monospace, monospace; }
-.legend .bar { width: 16rem; height: .9rem; border: 1px solid #aaa; }
-table { border-collapse: collapse; margin-top: .5rem; }
-th, td { padding: .15rem .7rem; text-align: left; } td.num { text-align: right; font-family: ui-monospace, monospace; }
-tr:nth-child(even) td { background: #f6f6f6; }
-p.note { color: #555; font-size: .9rem; }
-"""
-
-
-def _esc(text: object) -> str:
+def esc(text: object) -> str:
+    """``text`` escaped for HTML (attribute values too)."""
     return html.escape(str(text), quote=True)
-
-
-def _component_rows(comps: dict[str, list[Component]]) -> str:
-    rows = []
-    for rank, (p, n) in enumerate(zip_longest(comps["positive"], comps["negative"]), start=1):
-        cells = [f"<td>{rank}</td>"]
-        for c in (p, n):
-            cells.append(f"<td>{_esc(component_label(c))}</td><td class='num'>{c.score:+.4f}</td>" if c
-                         else "<td></td><td></td>")
-        rows.append("<tr>" + "".join(cells) + "</tr>")
-    return "\n".join(rows)
-
-
-def page_head(title: str, css: str = "") -> str:
-    """A standalone page's opening, up to its body: inline CSS, no network (this report's page, and
-    ``dpa circuit --html``'s: dpa_widgets.page)."""
-    return ('<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
-            '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
-            f"<title>{_esc(title[:120])}</title>\n<style>{_CSS}{chr(10) + css if css else ''}</style>\n</head>")
 
 
 def token_spans(res: Attribution, inline: bool = False) -> list[str]:
@@ -284,58 +247,9 @@ def token_spans(res: Attribution, inline: bool = False) -> list[str]:
         else:
             classes = " class='tok" + (" special" if special[i] else "") + (" target" if i == res.target.position
                                                                                else "") + "'"
-        spans.append(f"<span{classes} style='{style}' title='{i}: {_esc(repr(tok))} {s:+.4f}'>"
-                     f"{_esc(show_token(tok))}</span>")
+        spans.append(f"<span{classes} style='{style}' title='{i}: {esc(repr(tok))} {s:+.4f}'>"
+                     f"{esc(show_token(tok))}</span>")
     return spans
-
-
-def html_report(res: Attribution, *, top: int = 10, prompt: str | None = None) -> str:
-    """A standalone page: inline CSS, no scripts, no network."""
-    scale = color_scale(res)
-    special = res.special or [False] * len(res.tokens)
-    spans = token_spans(res)
-    comps, what = ranked(res, top)
-    forced = teacher_forced(res)
-    table = [f"<tr><td>{i}</td><td><code>{_esc(repr(tok))}</code>{' (special)' if special[i] else ''}"
-             f"{f' ({forced[i]}, teacher-forced)' if i in forced else ''}</td>"
-             f"<td class='num'>{s:+.4f}</td></tr>" for i, (tok, s) in enumerate(zip(res.tokens, res.token_scores.tolist()))]
-    gradient = ", ".join(RDBU)
-    info = "\n".join(f"<dt>{_esc(label)}</dt><dd>{_esc(text)}</dd>" for label, text in summary_lines(res))
-    completeness = "<br>".join(_esc(line.strip()) for line in completeness_lines(res))
-    preds = "\n".join(f"<tr><td><code>{_esc(repr(t))}</code></td><td class='num'>{p:.4f}</td></tr>"
-                      for t, p in res.top_predictions)
-    title = f"DPA: {prompt if prompt is not None else ''.join(res.tokens)}"
-    clipped = " Special tokens (dashed outline) are clipped to the scale." if any(special) else ""
-    return f"""{page_head(title)}
-<body>
-<h1>Dual Path Attribution</h1>
-<dl class="info">
-{info}
-</dl>
-<h2>Input attribution</h2>
-<p class="note">Each token's share of the target: red raises it, blue lowers it, white is zero.
-The underlined token is the target position.{clipped} Hover a token for its score.</p>
-<div class="tokens">{''.join(spans)}</div>
-<div class="legend"><span>{-scale:+.4f}</span><span class="bar" style="background:linear-gradient(to right, {gradient})">
-</span><span>{scale:+.4f}</span></div>
-<p>{completeness}</p>
-<details><summary>token scores</summary>
-<table><tr><th>pos</th><th>token</th><th>score</th></tr>
-{''.join(table)}
-</table></details>
-<h2>Top components</h2>
-<p class="note">{_esc(what[0].upper() + what[1:])} ([layer, head], [layer, neuron]), by score.</p>
-<table><tr><th>#</th><th>positive</th><th>score</th><th>negative</th><th>score</th></tr>
-{_component_rows(comps)}
-</table>
-<h2>Top predictions</h2>
-<table><tr><th>token</th><th>p</th></tr>
-{preds}
-</table>
-<p class="note">method {_esc(res.method)}; neuron target {_esc(res.neuron_target)}; written by dpa.</p>
-</body>
-</html>
-"""
 
 
 # ---------------------------------------------------------------------------------------------- circuit graphs
@@ -427,17 +341,17 @@ def attribution_html(res: Attribution, top: int = 5) -> str:
     styles, no scripts)."""
     comps, what = ranked(res, top)
     rows = "".join(
-        f"<tr><td style='text-align:left'>{_esc(component_label(p)) if p else ''}</td>"
+        f"<tr><td style='text-align:left'>{esc(component_label(p)) if p else ''}</td>"
         f"<td style='text-align:right'>{f'{p.score:+.4f}' if p else ''}</td>"
-        f"<td style='text-align:left'>{_esc(component_label(n)) if n else ''}</td>"
+        f"<td style='text-align:left'>{esc(component_label(n)) if n else ''}</td>"
         f"<td style='text-align:right'>{f'{n.score:+.4f}' if n else ''}</td></tr>"
         for p, n in zip_longest(comps["positive"], comps["negative"]))
-    return (f"<div class='dpa-attribution'><div><b>dpa</b> {_esc(res.method)} of {_esc(describe_target(res))}</div>"
-            f"<div style='color:#666'>{_esc(res.model_name)}; weights {_esc(describe_weights(res))}; red raises "
+    return (f"<div class='dpa-attribution'><div><b>dpa</b> {esc(res.method)} of {esc(describe_target(res))}</div>"
+            f"<div style='color:#666'>{esc(res.model_name)}; weights {esc(describe_weights(res))}; red raises "
             f"the target, blue lowers it</div><div style='margin:6px 0;line-height:1.9'>{''.join(token_spans(res, inline=True))}</div>"
             f"<table><tr><th colspan=2 style='text-align:left'>raises the target</th>"
             f"<th colspan=2 style='text-align:left'>lowers it</th></tr>{rows}</table>"
-            f"<div style='color:#666'>top {top} {_esc(what)}; res.summary() for the full report</div></div>")
+            f"<div style='color:#666'>top {top} {esc(what)}; res.summary() for the full report</div></div>")
 
 
 def circuit_repr(circ) -> str:
@@ -453,10 +367,10 @@ def circuit_repr(circ) -> str:
 def circuit_html_fragment(circ, top: int = 10) -> str:
     """A notebook's rich view of a circuit graph: what it is and its strongest edges (the graph itself: the widget
     or ``dpa circuit --html``)."""
-    info = "".join(f"<tr><td style='text-align:left'><b>{_esc(label)}</b></td><td style='text-align:left'>"
-                   f"{_esc(text)}</td></tr>" for label, text in circuit_lines(circ))
+    info = "".join(f"<tr><td style='text-align:left'><b>{esc(label)}</b></td><td style='text-align:left'>"
+                   f"{esc(text)}</td></tr>" for label, text in circuit_lines(circ))
     rows = "".join(f"<tr><td style='text-align:right'>{e:+.4f}</td><td style='text-align:left'>"
-                   f"{_esc(node_text(circ, s))}</td><td style='text-align:left'>{_esc(node_text(circ, d))}</td></tr>"
+                   f"{esc(node_text(circ, s))}</td><td style='text-align:left'>{esc(node_text(circ, d))}</td></tr>"
                    for s, d, e in top_edges(circ, top))
     return (f"<div class='dpa-circuit'><table>{info}</table><table><tr><th>effect</th><th style='text-align:left'>"
             f"from</th><th style='text-align:left'>to</th></tr>{rows}</table><div style='color:#666'>the {top} "

@@ -862,7 +862,9 @@ def test_reports_of_a_result_saved_with_top_neurons(tiny):
         "neurons per layer)", "neurons per layer; the top 5 neurons of each sign saved)")
     text = report.terminal_report(back, color=False, top=6)  # more than were saved: heads alone, and it says why
     assert "only the top 5 neurons of each sign per layer were saved" in text and "neuron L" not in text
-    assert "the top 5 neurons of each sign saved" in report.html_report(back)
+    from dpa_widgets.page import html_report
+
+    assert "the top 5 neurons of each sign saved" in html_report(back)
     assert dpa.Attribution.from_json(back.to_json()).neuron_top == back.neuron_top, "the neurons it has, written again"
     assert dpa.Attribution.from_json(back.to_json(top_neurons=3)).neuron_top.k == 3, "or fewer of them"
     bare = back.to_dict()
