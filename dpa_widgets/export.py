@@ -10,7 +10,6 @@ and neurons, and whatever was selected) and the exports still work.
 from __future__ import annotations
 
 import html
-import json
 from pathlib import Path
 
 from dpa import Attribution, Generation, InputTypeError
