@@ -14,16 +14,17 @@ a new read-out is a class here (or beside its caller), not a new flag through th
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from .errors import NonFiniteError
+from .errors import InputError, InputTypeError, NonFiniteError
 from .explicit import edge_scores
 from .families import ModelSpec, layer_modules, weight_rows
-from .instrument import instrument
+from .instrument import RECORDABLE, instrument
 from .linearise import Scores
 from .request import Request
 from .result import Attribution, TargetInfo, TargetTerm
@@ -53,7 +54,9 @@ class Context:
 
 
 class Readout:
-    """What one read-out records and reads. The default reads nothing."""
+    """What one read-out records and reads. The default reads nothing. ``run`` checks what a read-out declares
+    (``record``: a set of ``instrument.RECORDABLE`` keys; ``tensors``: recorded tensors of the forward's graph) and
+    refuses anything else by name."""
 
     record: frozenset = frozenset()  # recording keys the forward must fill (instrument's ``record``)
 
@@ -133,7 +136,7 @@ def run(model: nn.Module, req: Request, readouts: dict[str, Readout] | None = No
     in the backward; ``positions`` keeps neuron scores per position; ``probabilities`` computes the next-token
     distribution at each target position; ``each_term`` runs one backward per target term (a target of several
     tokens; token, head and neuron scores only) and keeps each term's scores."""
-    readouts = dict(readouts or {})
+    readouts = check_readouts(readouts)
     if each_term and readouts:
         raise ValueError("each_term gives token, head and neuron scores only")
     spec = req.spec
@@ -163,12 +166,47 @@ def run(model: nn.Module, req: Request, readouts: dict[str, Readout] | None = No
                term_values=term_values.detach(), per_term=per_term, term_capped=term_capped, out=out)
 
 
+def check_readouts(readouts) -> dict[str, Readout]:
+    """``{name: Readout}``, each asking to record only what a session can record; anything else refused by name."""
+    if readouts is None:
+        return {}
+    if not isinstance(readouts, Mapping):
+        raise InputTypeError(f"readouts must be a dict of name -> dpa.backward.Readout, got {type(readouts).__name__}")
+    for name, r in readouts.items():
+        if not isinstance(r, Readout):
+            raise InputTypeError(f"read-out {name!r} is a {type(r).__name__}, not a dpa.backward.Readout")
+        record = r.record
+        if not isinstance(record, (set, frozenset)) or not all(isinstance(k, str) for k in record):
+            raise InputTypeError(f"read-out {name!r}: record must be a set of recording keys "
+                                 f"(frozenset({{'resid'}})), got {record!r}")
+        unknown = sorted(record - RECORDABLE)
+        if unknown:
+            raise InputError(f"read-out {name!r} asks to record {', '.join(map(repr, unknown))}; a session records "
+                             f"{', '.join(sorted(RECORDABLE))}")
+    return dict(readouts)
+
+
+def _tensors(name: str, r: Readout, ctx: Context) -> list[Tensor]:
+    """The tensors read-out ``name`` wants the gradients of, checked: each recorded, each in the backward's graph."""
+    try:
+        tensors = list(r.tensors(ctx.session.recording, ctx.spec))
+    except KeyError as err:
+        raise InputError(f"read-out {name!r}: its tensors() read {err} of a recording it did not ask for; add the "
+                         f"recording's key to its record (it asks for {sorted(r.record) or 'nothing'})") from None
+    for t in tensors:
+        if not isinstance(t, Tensor) or not t.requires_grad:
+            got = "a tensor outside the graph" if isinstance(t, Tensor) else type(t).__name__
+            raise InputError(f"read-out {name!r}: tensors() must give tensors of the forward's graph (recorded "
+                             f"ones), got {got}")
+    return tensors
+
+
 def read_out(ctx: Context, value: Tensor, readouts: dict[str, Readout]) -> dict:
     """One backward from the scalar ``value`` through the session's model (``ctx.session``), each read-out given the
     gradients of the tensors it declares (``tensors``), then ``adjust``, the taps' scores settled (where the session
     has them), ``read``: {name: result}. ``run`` calls it for the target's value; a caller with a forward and value
     of its own calls it in its own session (MIB's graph, run reader by reader: ``mib.methods``)."""
-    wanted = {name: r.tensors(ctx.session.recording, ctx.spec) for name, r in readouts.items()}
+    wanted = {name: _tensors(name, r, ctx) for name, r in readouts.items()}
     flat = ctx.session.backward(value, [t for ts in wanted.values() for t in ts])
     grads, k = {}, 0
     for name, ts in wanted.items():

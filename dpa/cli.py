@@ -336,6 +336,9 @@ def _view(name: str):
     except (ImportError, AttributeError) as err:
         raise InputError(f"--html draws its page with dpa's widget package, which does not import ({err}): "
                          f"{install}") from None
+    except Exception as err:  # noqa: BLE001 -- a damaged install (a source of the widget's script missing): said
+        raise InputError(f"--html draws its page with dpa's widget package, which fails as it loads "
+                         f"({type(err).__name__}: {err}); reinstall it: {install}") from None
 
 
 def _run_file(args: argparse.Namespace, parser: argparse.ArgumentParser, weights: PathWeights) -> int:

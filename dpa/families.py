@@ -244,6 +244,9 @@ def own_forward(module: nn.Module) -> bool:
 
 
 def _check_modules(model: nn.Module, family: Family) -> None:
+    from .state_checks import check_not_compiled
+
+    check_not_compiled("", model)
     forward = type(model).forward
     if own_forward(model):
         raise UnsupportedModelError(
@@ -265,6 +268,14 @@ def _check_modules(model: nn.Module, family: Family) -> None:
                                     "reads the unembedding's weight for the target direction")
     if getattr(unembed, "bias", None) is not None:
         raise UnsupportedModelError(f"unsupported module: {family.unembed} has a bias")
+    vocab, rows = getattr(model.config, "vocab_size", None), weight_rows(unembed).shape[0]
+    embed = getattr(get(model, family.embed), "weight", None)
+    if rows != vocab or not isinstance(embed, torch.Tensor) or embed.shape[0] != vocab:
+        raise UnsupportedModelError(
+            f"unsupported model: {family.unembed} has {rows} outputs and {family.embed} "
+            f"{embed.shape[0] if isinstance(embed, torch.Tensor) else 'no'} rows, while the config's vocab_size is "
+            f"{vocab}; dpa checks token ids and targets against the config, so the three must agree (a module "
+            "replaced or a config edited after loading? model.resize_token_embeddings keeps them together)")
     for name, p in model.named_parameters():
         if not p.is_floating_point():
             raise UnsupportedModelError(f"unsupported module: {name} is quantized ({p.dtype}); load the model in a "

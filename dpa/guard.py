@@ -1,10 +1,10 @@
 """The model kept safe around every dpa call: one call at a time on any module, and the model put back exactly as it
 was, whatever interrupts the call.
 
-``instrument`` holds the model's modules (``hold``), checks what it finds (foreign hooks, a patched forward,
-offloaded weights, autocast: ``model_state``), overrides forwards through one ``override`` that remembers which
-ran (``check_all_ran``), and puts everything back with ``run_all``, whose steps are idempotent and run even when a
-signal or an exception lands among them. ``checking`` holds a model while ``families.spec_for`` probes its modules.
+``instrument`` holds the model's modules (``hold``), checks what it finds (``model_state``, with ``state_checks``:
+foreign hooks, a patched forward, offloaded weights, autocast), overrides forwards through one ``override`` that
+remembers which ran (``check_all_ran``), and puts everything back with ``run_all``, whose steps are idempotent and
+run even when a signal or an exception lands among them. ``checking`` holds a model while ``families.spec_for`` probes its modules.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from .errors import ModelStateError, UnsupportedModelError
+from .state_checks import check_autocast, check_global_hooks, check_loaded, check_module_hooks, harmless
 
 # --- one call at a time on any module, and the model's state to restore ---
 
@@ -255,7 +256,7 @@ def _put_back(m: nn.Module, training: bool, forward, hooks: dict) -> None:
     elif m.__dict__.get("forward", _MISSING) is not forward:
         m.__dict__["forward"] = forward
     added = {k for k, fn in getattr(m, "_forward_hooks", {}).items()  # transformers' output-capturing hooks, put
-             if k not in hooks.get("_forward_hooks", {}) and _harmless(fn)}  # there by the model's own forward: kept
+             if k not in hooks.get("_forward_hooks", {}) and harmless(fn)}  # there by the model's own forward: kept
     for name in _HOOK_DICTS:
         d, want = getattr(m, name, None), hooks.get(name, {})
         if d is None:
@@ -333,66 +334,6 @@ def check_all_ran(model: nn.Module, override) -> None:
             "left out: restore the model's own forward before attributing")
 
 
-# Hooks that never change a value: transformers' output capturing (records outputs) and the hook
-# gradient checkpointing puts on the embeddings (marks their output as requiring grad). accelerate's
-# device hooks (``_hf_hook``) move tensors between devices and are not module hooks.
-_HARMLESS_HOOK_MODULES = ("transformers.utils.output_capturing",)
-_HARMLESS_HOOKS = ("PreTrainedModel.enable_input_require_grads.<locals>.make_inputs_require_grads",)
-_HINT = "; remove it (handle.remove()) before attributing, or attribute a copy of the model"
-
-
-def check_global_hooks() -> None:
-    """Refuse global module hooks (torch.nn.modules.module.register_module_*_hook): they run on every
-    module and could change activations or gradients behind dpa's back."""
-    from torch.nn.modules import module as torch_module
-
-    for kind in ("forward", "forward_pre", "backward", "backward_pre"):
-        if getattr(torch_module, f"_global_{kind}_hooks"):
-            raise ModelStateError(f"a global module {kind.replace('_', '-')} hook is registered "
-                                  f"(torch.nn.modules.module.register_module_{kind}_hook): it could change what dpa "
-                                  f"attributes{_HINT}")
-
-
-def check_autocast(model: nn.Module) -> None:
-    """Refuse a call under ``torch.autocast`` on the model's device: the forward would run in another precision than
-    the model's weights, while dpa's rules, taps and scores assume the model's own arithmetic (and the completeness
-    and batch identities would only hold to the autocast precision)."""
-    for kind in sorted({p.device.type for p in model.parameters()} - {"meta"}):
-        try:
-            on = torch.is_autocast_enabled(kind)
-        except (RuntimeError, ValueError):  # a device type without autocast
-            continue
-        if on:
-            raise ModelStateError(f"dpa was called under torch.autocast ({kind}): the model would run in "
-                                  f"{torch.get_autocast_dtype(kind)} while its weights are "
-                                  f"{next(model.parameters()).dtype}; call dpa outside the autocast region, or cast "
-                                  "the model itself (model.to(torch.bfloat16))")
-
-
-def _harmless(fn) -> bool:
-    return (getattr(fn, "__module__", "").startswith(_HARMLESS_HOOK_MODULES)
-            or getattr(fn, "__qualname__", "") in _HARMLESS_HOOKS)
-
-
-def check_module_hooks(name: str, module: nn.Module) -> None:
-    """Refuse a module carrying hooks from outside dpa, or a forward patched on the instance: a silently
-    wrong attribution otherwise. transformers' output-capturing hooks and accelerate's device hooks pass."""
-    for kind in ("forward", "forward_pre", "backward", "backward_pre"):
-        for fn in getattr(module, f"_{kind}_hooks").values():
-            if not _harmless(fn):
-                raise ModelStateError(
-                    f"the model has a {kind.replace('_', '-')} hook on {name or 'the model itself'} "
-                    f"({getattr(fn, '__qualname__', type(fn).__name__)}): it could change what dpa attributes{_HINT}")
-    if type(module).__name__ == "OptimizedModule" and hasattr(module, "_orig_mod"):
-        raise ModelStateError(f"{name or 'the model'} is a torch.compile'd module: dpa runs the model's own modules "
-                              f"eagerly, with its rules on them; put the original back ({name or 'model'}._orig_mod) "
-                              "before attributing")
-    if "forward" in module.__dict__ and not hasattr(module, "_hf_hook"):
-        raise ModelStateError(f"{name or 'the model'}.forward is replaced on the instance "
-                              f"({getattr(module.forward, '__qualname__', module.forward)!r}): dpa cannot vouch "
-                              "for what it computes; restore the module's own forward before attributing")
-
-
 def _malloc_trim():
     """glibc's malloc_trim, or None elsewhere. Lean mode calls it as each decoder layer starts (in the
     forward and again when the backward recomputes the layer): glibc otherwise keeps the memory that
@@ -428,70 +369,3 @@ def wrap(override: Callable, module: nn.Module, *, pre: Callable | None = None, 
         override(module, lambda x, *a, **k: own(pre(x), *a, **k))
     else:
         override(module, lambda *a, **k: post(own(*a, **k)))
-
-
-# --- weights where dpa reads them ---
-
-def _accelerate_hooks(module: nn.Module) -> list:
-    """The accelerate hooks on ``module`` (``module._hf_hook``, a ``SequentialHook`` opened into its parts)."""
-    hook = getattr(module, "_hf_hook", None)
-    if hook is None:
-        return []
-    from accelerate.hooks import SequentialHook
-
-    out, todo = [], [hook]
-    while todo:
-        h = todo.pop(0)
-        if type(h) is SequentialHook:
-            todo[:0] = h.hooks
-        else:
-            out.append(h)
-    return out
-
-
-def _align_devices_hook() -> type:
-    from accelerate.hooks import AlignDevicesHook
-
-    return AlignDevicesHook
-
-
-def check_loaded(model: nn.Module) -> None:
-    """Every weight where dpa reads it: no module offloaded by accelerate (its weights kept on the meta device,
-    loaded into the module for each forward and dropped after), no parameter or buffer on the meta device. dpa
-    reads weights directly (norms' gains, projections, the unembedding, a circuit's writes) and runs blocks of the
-    model on their own, so an offloaded module would give meta-tensor errors or wrong numbers; refused by name,
-    before anything runs (so nothing offloaded is ever loaded into memory by dpa)."""
-    for name, m in model.named_modules():
-        hooks = _accelerate_hooks(m)
-        # AlignDevicesHook(offload=True): cpu_offload, disk_offload, "cpu"/"disk" in a device_map beside an accelerator
-        if any(getattr(h, "offload", False) for h in hooks):
-            raise ModelStateError(
-                f"{name or 'the model'} is offloaded (weights on the meta device, loaded by accelerate at forward "
-                "time); dpa reads weights directly and does not read offloaded weights: load the model without "
-                "offload (no \"cpu\" or \"disk\" in device_map beside an accelerator, no accelerate.cpu_offload or "
-                "disk_offload), or with a device_map on devices that hold all the weights")
-        # only accelerate's own device hook, exactly (a subclass, a user's ModelHook, CpuOffload moving the whole model
-        # at forward time could change what dpa attributes)
-        foreign = next((h for h in hooks if type(h) is not _align_devices_hook()), None)
-        if foreign is not None:
-            raise ModelStateError(
-                f"{name or 'the model'} carries an accelerate hook dpa does not know ({type(foreign).__qualname__}; "
-                "accelerate's device hooks, AlignDevicesHook, are the ones that pass): it could change what the module "
-                "returns or move the model during the call; remove it (accelerate.hooks.remove_hook_from_module) "
-                "before attributing")
-        params = getattr(m, "parametrizations", None)
-        if isinstance(params, nn.ModuleDict) and any(p.training and any(True for _ in p.buffers(recurse=False))
-                                                     for p in params.modules()):
-            raise ModelStateError(  # spectral_norm's power iteration: each read of the weight changes its buffers
-                f"{name or 'the model'} has a parametrization ({', '.join(params)}) with state (buffers) in train "
-                "mode, where reading the weight may update that state (spectral_norm's power iteration), and dpa "
-                "reads weights before it switches the model to eval: call model.eval() before attributing")
-        for kind, tensors in (("parameter", m._parameters), ("buffer", m._buffers)):
-            for key, t in tensors.items():
-                if t is not None and t.device.type == "meta":
-                    raise ModelStateError(f"{name + '.' if name else ''}{key} (a {kind}) is on the meta device (not "
-                                          "loaded); load the model's weights before attributing")
-                if t is not None and t.is_inference():  # autograd cannot save them for the backward
-                    raise ModelStateError(f"{name + '.' if name else ''}{key} (a {kind}) is an inference tensor (the "
-                                          "model was built or loaded inside torch.inference_mode()); dpa runs a "
-                                          "backward through the model: load it outside inference_mode")

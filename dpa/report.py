@@ -123,7 +123,15 @@ def describe_weights(res: Attribution) -> str:
             + (" (the paper's default)" if w == type(w)() else ""))
 
 
+def by_path_weights(res: Attribution) -> bool:
+    """Whether ``res`` was attributed with path weights (DPA, the reference code's mid-layer neurons), not by a
+    baseline, whose reports say nothing of weights or of a gap they predict."""
+    return res.method in ("dpa", "dpa_mid")
+
+
 def completeness_lines(res: Attribution) -> list[str]:
+    if not by_path_weights(res) and not bool(res.token_scores.any()):
+        return [f"no token scores: {res.method} scores components; target {res.target_logit:.4f} (logit units)"]
     total = float(res.token_scores.sum())
     shares = " + position and bias shares" if res.position_scores is not None else " + bias share" if res.bias_share else ""
     lines = [f"sum of token scores {total:.4f}{shares} = target {res.target_logit:.4f} + gap "
@@ -132,6 +140,8 @@ def completeness_lines(res: Attribution) -> list[str]:
         lines.append(f"position share (learned position embeddings) {res.position_share:+.4f}")
     if res.bias_share:
         lines.append(f"bias share (biases no token owns) {res.bias_share:+.4f}")
+    if not by_path_weights(res):  # a baseline explains the model's own logit: after its cap, where it has one
+        return lines
     if res.target.capped_logit is not None:
         lines.append(f"the model soft-caps its logits: target {res.target_logit:.4f} before the cap, "
                      f"{res.target.capped_logit:.4f} after (dpa attributes the pre-cap value, linear in the residual)")
@@ -153,7 +163,8 @@ def summary_lines(res: Attribution) -> list[tuple[str, str]]:
         (tok, p), rest = res.top_predictions[0], res.top_predictions[1:]
         rows.append(("predicted", f"{tok!r} p={p:.3f}   next: " + ", ".join(f"{t!r} {q:.3f}" for t, q in rest)))
     rows.append(("target", describe_target(res)))
-    rows.append(("weights μ", describe_weights(res)))
+    if by_path_weights(res):
+        rows.append(("weights μ", describe_weights(res)))
     return rows
 
 
@@ -328,7 +339,8 @@ def attribution_repr(res: Attribution) -> str:
     tokens = ", ".join(f"{show_token(res.tokens[i])!r} {s:+.3f}" for i, s in _top_tokens(res, 3))
     units = ", ".join(f"{component_label(c)} {c.score:+.3f}" for c in comps["positive"])
     lines = [f"<dpa.Attribution {res.method} of {describe_target(res)}",
-             f"  model {res.model_name or '?'}, {len(res.tokens)} tokens, weights {describe_weights(res)}",
+             f"  model {res.model_name or '?'}, {len(res.tokens)} tokens"
+             + (f", weights {describe_weights(res)}" if by_path_weights(res) else ""),
              f"  top tokens: {tokens}", f"  top components: {units or 'none'}",
              "  (res.summary() prints the full report; res.token_scores, head_scores, "
              + ("neuron_scores hold the scores)>" if res.neuron_top is None or res.neuron_scores is not None else
@@ -347,7 +359,8 @@ def attribution_html(res: Attribution, top: int = 5) -> str:
         f"<td style='text-align:right'>{f'{n.score:+.4f}' if n else ''}</td></tr>"
         for p, n in zip_longest(comps["positive"], comps["negative"]))
     return (f"<div class='dpa-attribution'><div><b>dpa</b> {esc(res.method)} of {esc(describe_target(res))}</div>"
-            f"<div style='color:#666'>{esc(res.model_name)}; weights {esc(describe_weights(res))}; red raises "
+            f"<div style='color:#666'>{esc(res.model_name)}"
+            f"{f'; weights {esc(describe_weights(res))}' if by_path_weights(res) else ''}; red raises "
             f"the target, blue lowers it</div><div style='margin:6px 0;line-height:1.9'>{''.join(token_spans(res, inline=True))}</div>"
             f"<table><tr><th colspan=2 style='text-align:left'>raises the target</th>"
             f"<th colspan=2 style='text-align:left'>lowers it</th></tr>{rows}</table>"

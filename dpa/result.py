@@ -277,8 +277,9 @@ class Attribution(JsonRecord):
         layers, heads = self.head_scores.shape
         d_mlp = None
         if self.neuron_scores is not None:
-            if self.neuron_scores.shape[0] != layers:
-                return f"neuron_scores must be [{layers} layers, d_mlp], got {tuple(self.neuron_scores.shape)}"
+            if self.neuron_scores.shape[0] != layers:  # which of the two is wrong is not known: both named
+                return (f"head_scores has {layers} layers and neuron_scores {self.neuron_scores.shape[0]} (shapes "
+                        f"{tuple(self.head_scores.shape)} and {tuple(self.neuron_scores.shape)}): they must agree")
             d_mlp = self.neuron_scores.shape[1]
         expect = {"edge_scores": (layers, heads, n, n), "neuron_position_scores": (layers, n, d_mlp),
                   "effective_targets": (layers + 1, n, None), "position_scores": (n,),

@@ -318,3 +318,20 @@ class TestRandom:
         assert torch.equal(a, INPUT_METHODS["random"](llama, None, random_ids(T), seed=3).token_scores)
         assert not torch.equal(a, INPUT_METHODS["random"](llama, None, random_ids(T), seed=4).token_scores)
         assert not torch.equal(a, INPUT_METHODS["random"](llama, None, random_ids(T, seed=2), seed=3).token_scores)
+
+
+def test_a_baselines_target_is_the_models_own_logit_in_float64():
+    """The one result builder keeps a baseline's target in full precision; under a final soft-cap (Gemma 2) a
+    baseline explains the model's own logit, after the cap: target_logit and capped_logit are that value."""
+    from dpa.instrument import clean_logits
+    from dpa.request import build
+
+    from .conftest import random_ids, tiny_model
+
+    ids = random_ids(8)
+    for family in ("llama", "gemma2"):
+        model = tiny_model(family, 2)
+        res = INPUT_METHODS["gradient"](model, None, ids, 3)
+        want = float(clean_logits(model, build(model, None, ids, 3))[0, 3])
+        assert res.target_logit == want
+        assert res.target.capped_logit == (want if family == "gemma2" else None)

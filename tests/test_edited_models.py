@@ -610,3 +610,40 @@ def test_a_wrapped_block_is_refused_by_name(path):
     setattr(layer, path, _Wrap(getattr(layer, path)))
     with pytest.raises(UnsupportedModelError, match="does not have the modules of a llama layer"):
         attribute(model)
+
+
+def test_an_attention_class_whose_forward_is_patched_is_refused_where_alpha_is_recomputed(monkeypatch):
+    """The explicit attention path (edge ablations, the gradient baselines, activation patching) recomputes alpha
+    from the module's weights in place of its forward: a class whose forward was patched (here: doubling the
+    output) would be missed, so it is refused by name; dpa.attribute runs that forward and is right."""
+    from transformers.models.llama import modeling_llama
+
+    from dpa import baselines
+
+    own = modeling_llama.LlamaAttention.forward
+    monkeypatch.setattr(modeling_llama.LlamaAttention, "forward",
+                        lambda self, *a, **k: (lambda out: (out[0] * 2, *out[1:]))(own(self, *a, **k)))
+    model = tiny_model("llama", 2)
+    for method in (baselines.activation_patching, baselines.atp):
+        with pytest.raises(UnsupportedModelError, match=r"layers\[0\]'s attention is a LlamaAttention whose forward "
+                                                         "is its own"):
+            method(model, None, IDS, TARGET)
+    attribute(model)  # runs the patched forward itself
+
+
+@pytest.mark.parametrize("part", ["lm_head", "embed_tokens"])
+def test_an_unembedding_or_embedding_of_another_size_than_the_config_is_refused(part):
+    model = tiny_model("llama", 2)
+    attribute(model)
+    if part == "lm_head":
+        model.lm_head = nn.Linear(32, 50, bias=False, dtype=torch.float64)
+    else:
+        model.model.embed_tokens = nn.Embedding(50, 32, dtype=torch.float64)
+    with pytest.raises(UnsupportedModelError, match="while the config's vocab_size is 96"):
+        attribute(model)
+
+
+def test_a_compiled_model_is_refused_as_compiled():
+    model = torch.compile(tiny_model("llama", 2))
+    with pytest.raises(ModelStateError, match="is a torch.compile'd module"):
+        attribute(model)

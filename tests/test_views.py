@@ -29,6 +29,15 @@ def test_the_page_inlines_graph_js_and_the_data():
     assert page.count("</script>") == 1 and "<tr><td class='num'>" in page
 
 
+class Damaged:
+    """An entry point whose package fails as it is imported (a source of the widget's script missing)."""
+
+    def load(self):
+        from dpa_widgets.bundle import BundleError
+
+        raise BundleError("dom.js is missing")
+
+
 def _no_model(*args, **kwargs):
     raise AssertionError("the model loaded before --html was checked")
 
@@ -40,6 +49,7 @@ def _no_model(*args, **kwargs):
      "which does not import (No module named 'dpa_no_such_package')"),
     ([importlib.metadata.EntryPoint("circuit_html", "dpa_widgets.page:no_such_name", cli.VIEWS)],
      "which does not import"),
+    ([Damaged()], "which fails as it loads (BundleError: dom.js is missing); reinstall it"),
 ])
 def test_without_the_widget_package_html_is_a_clear_error(capsys, monkeypatch, tmp_path, found, message, command):
     real = importlib.metadata.entry_points

@@ -48,7 +48,9 @@ def result(model: nn.Module, req: Request, method: str, *, token_scores: Tensor 
            head_scores: Tensor | None = None, neuron_scores: Tensor | None = None) -> Attribution:
     """An ``Attribution`` for a baseline, built by DPA's one result builder (``backward.attribution``) from the
     method's scores, the model's own next-token distribution and the target metric. Missing scores are zeros of
-    the right shape; head and neuron scores default to the sums of the edge and position-level scores."""
+    the right shape; head and neuron scores default to the sums of the edge and position-level scores. A baseline
+    explains the model's own logit (difference): under a final soft-cap (Gemma 2) that is the logit after the cap,
+    so ``target_logit`` and ``capped_logit`` are the same value (DPA attributes the logit before the cap)."""
     spec = req.spec
     t = req.n_tokens
     as_cpu = lambda x: None if x is None else x.detach().float().cpu()  # noqa: E731
@@ -61,7 +63,7 @@ def result(model: nn.Module, req: Request, method: str, *, token_scores: Tensor 
     if req.clean_logits is None:
         req.clean_logits = clean_logits(model, req)
     clean = req.clean_logits[0]
-    value = torch.tensor([float(req.metric(clean[None])[0])])
+    value = torch.tensor([float(req.metric(clean[None])[0])], dtype=torch.float64)
     positions = neuron_position_scores is not None
     scores = Scores.empty(spec, 1, t, torch.float32, "cpu", positions)
     scores.tokens = (torch.zeros(t) if token_scores is None else as_cpu(token_scores))[None]
@@ -69,7 +71,8 @@ def result(model: nn.Module, req: Request, method: str, *, token_scores: Tensor 
     scores.bias = torch.zeros(1)
     scores.neuron_positions = neuron_position_scores[None] if positions else None
     run = Run(scores=scores, values=value, probs=clean.float().softmax(-1)[None], term_rows=[0], term_values=value,
-              out={} if edge_scores is None else {"edges": edge_scores[None]})
+              out={} if edge_scores is None else {"edges": edge_scores[None]},
+              capped=value if spec.final_softcap is not None else None)  # the model's own logits are after its cap
     return attribution(model, req, run, 0, neuron_positions=positions, method=method, weights=PathWeights())
 
 

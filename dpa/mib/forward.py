@@ -35,6 +35,7 @@ from torch import Tensor, nn
 
 from ..errors import UnsupportedModelError
 from ..families import LayerModules, layer_modules, norm_eps, own_forward, weight_rows
+from ..state_checks import check_not_compiled
 from ..instrument import Session, unembed
 from ..rules.norm import GAIN, rms_scale
 from .graph import Graph
@@ -390,6 +391,7 @@ def check_graph_run(model: nn.Module, spec) -> None:
     for i, m in enumerate(layer_modules(model, spec)):
         modules += [(f"layers[{i}]", m.layer), (f"layers[{i}]'s attention", m.attention)]
     for name, module in modules:
+        check_not_compiled(name, module)
         forward = type(module).forward
         if own_forward(module):
             raise UnsupportedModelError(
