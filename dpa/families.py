@@ -20,12 +20,14 @@ from torch import nn
 
 from .errors import UnsupportedModelError
 from .files import plain_settings
+from .guard import checking
 from .registry import (BRANCHES, FAMILIES, LAYOUTS, LENGTH_DEPENDENT_ROPE, METADATA_KEYS, ROPE_TYPES, Experts,
                        Family)
 from .rules.norm import NORM_KINDS
 from .spec import (LayerModules, ModelSpec, context_length, get, in_features, is_projection, layer_modules,
                    neuron_direction, norm_eps, post_norms, rope_depends_on_length, rope_settings, weight_rows,
                    why_not_projection)
+from .state_checks import check_not_compiled
 
 __all__ = ["BRANCHES", "FAMILIES", "LAYOUTS", "LENGTH_DEPENDENT_ROPE", "METADATA_KEYS", "ROPE_TYPES", "Experts",
            "Family", "LayerModules", "ModelSpec", "activation_kind", "check_activations", "check_config",
@@ -244,8 +246,6 @@ def own_forward(module: nn.Module) -> bool:
 
 
 def _check_modules(model: nn.Module, family: Family) -> None:
-    from .state_checks import check_not_compiled
-
     check_not_compiled("", model)
     forward = type(model).forward
     if own_forward(model):
@@ -378,8 +378,6 @@ def module_state(model: nn.Module) -> list:
 
 
 def _spec_for(model: nn.Module, config) -> ModelSpec:
-    from .guard import checking
-
     family = check_config(config)
     with checking(model):  # the probes run each module's own forward: not while another call's rules are on it
         return _checked_spec(model, config, family)
