@@ -16,7 +16,9 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
+from .errors import UnsupportedModelError
 from .families import LayerModules, ModelSpec, get
+from .mixers import mixer_edges
 from .request import Request
 from .rules.attention import attention_mask, attention_output, attention_probs, heads
 from .rules.norm import GAIN, rms_scale
@@ -95,6 +97,9 @@ def _row_mask(request: Request, b: int, t: int, device) -> Tensor:
 def probs_from_recording(spec: ModelSpec, model: nn.Module, request: Request, recording, index: int) -> Tensor:
     """alpha of layer ``index`` [batch head query key] from the recorded q/k projection outputs (pure
     tensor arithmetic: no module is called)."""
+    if spec.kind(index) != "attention":
+        raise UnsupportedModelError(f"layers[{index}] is a {spec.kind(index)} layer ({spec.family}): it has no "
+                                    "attention probabilities to recompute")
     parts = spec.parts
     layer = spec.layers(model)[index]
     device = request.device
@@ -127,6 +132,9 @@ def edge_scores(spec: ModelSpec, model: nn.Module, request: Request, recording, 
     head's output, W_O^h^T t_mid)."""
     out = []
     for i in range(spec.n_layers):
+        if spec.kind(i) != "attention":  # a mixer layer (LFM2's convolution): its own token-to-token terms
+            out.append(mixer_edges(spec, spec.layers(model)[i], recording, i, lam[i].to(request.device, dtype)))
+            continue
         probs = probs_from_recording(spec, model, request, recording, i).to(dtype)  # [b h q k]
         v = heads(recording.branches[("value", i)].to(request.device, dtype), spec.n_kv_heads)  # [b kv k d]
         b, h, t, _ = probs.shape

@@ -21,11 +21,12 @@ from torch import nn
 from .errors import UnsupportedModelError
 from .files import plain_settings
 from .guard import checking
+from .mixers import check_inline_mlp, check_mixer, check_mixer_config, layer_kinds, mixer_layer_types
 from .registry import (BRANCHES, FAMILIES, LAYOUTS, LENGTH_DEPENDENT_ROPE, METADATA_KEYS, ROPE_TYPES, Experts,
                        Family)
 from .rules.norm import NORM_KINDS
 from .spec import (LayerModules, ModelSpec, context_length, get, in_features, is_projection, layer_modules,
-                   neuron_direction, norm_eps, post_norms, rope_depends_on_length, rope_settings, weight_rows,
+                   neuron_direction, norm_eps, own_forward, post_norms, rope_depends_on_length, rope_settings, weight_rows,
                    why_not_projection)
 from .state_checks import check_not_compiled
 
@@ -79,9 +80,12 @@ def check_config(config) -> Family:
         if factor not in (None, 1, 1.0) and not family.partial_rotary:
             raise _config_error("partial_rotary_factor", factor, f"the {model_type} description rotates whole "
                                 "heads (partial rotary embeddings are known for phi3 and gpt_neox)")
+    mixers = mixer_layer_types(family)
     for i, kind in enumerate(getattr(config, "layer_types", None) or []):
-        if kind not in ("full_attention", "sliding_attention"):
-            raise _config_error(f"layer_types[{i}]", kind, "only full and sliding attention are supported")
+        if kind not in ("full_attention", "sliding_attention", *mixers):
+            raise _config_error(f"layer_types[{i}]", kind, "only full and sliding attention are supported" + (
+                f", and {', '.join(mixers)} layers" if mixers else ""))
+    check_mixer_config(config, family)
     return family
 
 
@@ -89,7 +93,7 @@ def activation_kind(config, family: Family) -> str:
     """The kind of the MLP's activation (``silu``, ``gelu``, ``gelu_tanh``) named by the config, or
     ``UnsupportedModelError``: the gate rule depends on it."""
     key, known = family.activation_config
-    value = getattr(config, key, None)
+    value = getattr(config, key, None) if key is not None else None  # None: the modelling code names it
     kinds = dict(known)
     if value not in kinds:
         raise _config_error(key, value, f"the {family.model_type} description linearises "
@@ -122,6 +126,8 @@ def check_activations(model: nn.Module, family: Family, kind: str) -> None:
     paths = [p for p in (family.activation, family.moe and family.moe.shared and family.moe.shared + ".act_fn") if p]
     key, _ = family.activation_config
     for i, layer in enumerate(get(model, family.layers)):
+        if family.activation is None and family.moe is None:  # the activation called as a function (LFM2)
+            check_inline_mlp(layer, family, kind, i)
         for path in paths:
             module = get(layer, path)
             if not _computes(module, kind):
@@ -141,8 +147,10 @@ def check_norms(model: nn.Module, family: Family) -> None:
     in the norm's dtype and device against the arithmetic in float64, to the dtype's rounding."""
     arithmetic = NORM_KINDS[family.norm_kind]
     layers = get(model, family.layers)
+    kinds = layer_kinds(model.config, family) or ("attention",) * len(layers)
     where = [(f"layers[{i}].{path}", get(layer, path)) for i, layer in enumerate(layers)
-             for path in (*family.norms, *(family.head_norms or ()))] + [(family.final_norm, get(model, family.final_norm))]
+             for path in (*family.norms, *(family.on_layer(kinds[i]).head_norms or ()))] + [
+        (family.final_norm, get(model, family.final_norm))]
     probes: dict = {}
     for name, norm in where:
         w = getattr(norm, "weight", None)
@@ -240,11 +248,6 @@ def check_experts(layer: nn.Module, family: Family, i: int) -> None:
                                     f"{family.model_type} description knows {'weight, bias' if moe.router_bias else 'weight'})")
 
 
-def own_forward(module: nn.Module) -> bool:
-    """Whether ``module``'s class has a forward of its own (a subclass's), not transformers'."""
-    return not getattr(type(module).forward, "__module__", "").startswith("transformers")
-
-
 def _check_modules(model: nn.Module, family: Family) -> None:
     check_not_compiled("", model)
     forward = type(model).forward
@@ -281,7 +284,7 @@ def _check_modules(model: nn.Module, family: Family) -> None:
             raise UnsupportedModelError(f"unsupported module: {name} is quantized ({p.dtype}); load the model in a "
                                         "float dtype")
     try:
-        _check_layers(layers, family)
+        _check_layers(layers, family, layer_kinds(model.config, family) or ("attention",) * len(layers))
     except AttributeError as err:  # a block wrapped or replaced by a module without the family's parts
         raise UnsupportedModelError(f"unsupported module: a decoder layer does not have the modules of a "
                                     f"{family.model_type} layer ({err}); dpa reads and linearises them by name") from None
@@ -297,9 +300,10 @@ def _check_modules(model: nn.Module, family: Family) -> None:
                                             "(copy.deepcopy) before attributing")
 
 
-def _check_layers(layers, family: Family) -> None:
-    layer_norm = family.norm_kind == "layer"
+def _check_layers(layers, model_family: Family, kinds: tuple[str, ...]) -> None:
+    layer_norm = model_family.norm_kind == "layer"
     for i, layer in enumerate(layers):
+        family = model_family.on_layer(kinds[i])  # a mixer layer: its block's paths in the attention's places
         for branch, path in family.branches.items():
             proj = get(layer, path)
             if not is_projection(proj):
@@ -392,9 +396,15 @@ def _checked_spec(model: nn.Module, config, family: Family) -> ModelSpec:
                                     "model runs, so the two must agree (set num_hidden_layers when removing layers)")
     check_activations(model, family, activation_kind(config, family))
     check_norms(model, family)
-    first = get(model, family.layers)[0]
+    kinds = layer_kinds(config, family)
+    layers = get(model, family.layers)
+    first = next((layer for layer, kind in zip(layers, kinds or ("attention",) * n) if kind == "attention"), None)
     n_heads = config.num_attention_heads
-    d_head = in_features(get(first, family.heads)) // n_heads  # the output projection reads every head
+    if first is None:  # no attention layer: the mixers' units are n_heads groups of d_model / n_heads channels
+        first = layers[0]
+        d_head = config.hidden_size // n_heads
+    else:
+        d_head = in_features(get(first, family.heads)) // n_heads  # the output projection reads every head
     n_kv_heads = getattr(config, "num_key_value_heads", None) or n_heads
     n_experts = d_expert = d_shared = 0
     if family.moe is not None:
@@ -411,13 +421,14 @@ def _checked_spec(model: nn.Module, config, family: Family) -> ModelSpec:
         n_layers=config.num_hidden_layers, d_model=config.hidden_size, d_mlp=d_mlp,
         n_heads=n_heads, n_kv_heads=n_kv_heads, d_head=d_head, rms_eps=norm_eps(get(model, family.final_norm)),
         vocab_size=config.vocab_size, max_positions=context_length(config),
-        qkv_bias=get(first, family.branches["query"]).bias is not None, qk_norm=family.head_norms is not None,
+        qkv_bias=get(first, family.on_layer(kinds[0] if first is layers[0] and kinds else "attention")
+                     .branches["query"]).bias is not None, qk_norm=family.head_norms is not None,
         sliding_windows=_sliding_windows(config, family),
         rotary_layers=_rotary_layers(config, family), activation=activation_kind(config, family),
         attn_softcap=getattr(config, family.softcap[0], None) if family.softcap else None,
         final_softcap=getattr(config, family.softcap[1], None) if family.softcap else None,
         parallel=bool(getattr(config, family.parallel, False)) if family.parallel else False,
-        n_experts=n_experts, d_expert=d_expert, d_shared=d_shared,
+        n_experts=n_experts, d_expert=d_expert, d_shared=d_shared, layer_kinds=kinds,
     )
     _check_attention(get(model, family.layers), family, spec)
     for path, layout in family.fused:  # the fused projection holds exactly its branches' features
@@ -448,6 +459,14 @@ def _check_attention(layers, family: Family, spec: ModelSpec) -> None:
     rows = {"query": spec.n_heads * spec.d_head, "key": spec.n_kv_heads * spec.d_head,
             "value": spec.n_kv_heads * spec.d_head}
     for i, layer in enumerate(layers):
+        if spec.kind(i) != "attention":  # a mixer block (LFM2's convolution): its own checks
+            mixer = next(m for m in family.mixers if m.kind == spec.kind(i))
+            check_mixer(layer, mixer, spec.d_model, i)
+            if spec.d_model % spec.n_heads:
+                raise UnsupportedModelError(
+                    f"unsupported model: hidden_size={spec.d_model} is not a multiple of num_attention_heads="
+                    f"{spec.n_heads}; dpa scores a {mixer.kind} layer's channels in n_heads groups")
+            continue
         attn = get(layer, family.attention)
         for name, value in settings.items():
             have = getattr(attn, name, _ABSENT)

@@ -222,7 +222,14 @@ def _instrument_layer(session: Session, i: int, mods, hook: Callable, handles: l
         else:
             hook(_neurons(mods, spec, "ablating neurons"), _mask_input(neuron_keep[i]), pre=True)
     temperature = 1.0 if weights is None else weights.temperature
-    if explicit or attn_keep is not None:
+    if mods.kind != "attention":  # a mixer block (LFM2's convolution) runs its own forward: no softmax to temper
+        keep = (attn_keep or {}).get(i)  # a mask that keeps every edge leaves the block as it is
+        if explicit or (keep is not None and not bool((keep != 0).all())):  # alpha asked for, or an edge removed
+            raise UnsupportedModelError(
+                f"layers[{i}] is a {mods.kind} layer ({spec.family}): this computation (edge scores, attention "
+                "ablations, the gradient baselines, circuit verification) reads attention probabilities, which a "
+                f"{mods.kind} block does not have; dpa.attribute's token, unit and neuron scores cover it")
+    elif explicit or attn_keep is not None:
         from .explicit import attention_forward
 
         if own_forward(mods.attention):  # dpa's recomputation stands in for that forward: it would be missed

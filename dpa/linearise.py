@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from .families import LayerModules, ModelSpec, norm_eps, weight_rows
 from .functions import ACTIVATION_RATIO, Branch, FrozenNorm, LinearisedActivation, Tap, is_one
 from .guard import wrap
+from .mixers import ACTIVATIONS, glu
 from .rules.norm import GAIN, NORM_KINDS
 
 @dataclass
@@ -249,7 +250,9 @@ def linearise_layer(session, i: int, mods: LayerModules, hook, override) -> None
         linearise_experts(session, i, mods, override, f)
         return
     ratio = ACTIVATION_RATIO[spec.activation]
-    own = mods.activation.forward  # the module's own forward gives the value
+    # the module's own forward gives the value; an MLP calling its activation as a function (LFM2) is run as
+    # down(act(gate x) * up x) through its own projections, checked to be its value bit for bit (mixers.glu)
+    own = mods.activation.forward if mods.activation is not None else ACTIVATIONS[spec.activation]
 
     def act(s):
         if store is not None:
@@ -263,7 +266,11 @@ def linearise_layer(session, i: int, mods: LayerModules, hook, override) -> None
             a = Tap.apply(a, session.anchor, reduce, neuron_sink, 1)
         return a
 
-    override(mods.activation, act)
+    if mods.activation is not None:
+        override(mods.activation, act)
+    else:
+        mlp = glu(act)
+        override(mods.mlp, lambda x: mlp(mods.branches["gate"], mods.branches["up"], mods.neurons, x))
     if mods.neurons.bias is not None:
         wrap(override, mods.neurons, post=out_bias(mods.neurons))
     if "neuron_inputs" in session.record:

@@ -60,6 +60,35 @@ class Experts:
 
 
 @dataclass(frozen=True)
+class Mixer:
+    """A token mixer in place of attention, on the layers the config's ``layer_types`` marks ``layer_type`` (LFM2's
+    gated short convolution, book: gated-short-convolution). Its paths, relative to a decoder layer, take the
+    attention's places in the layer's description (``Family.on_layer``): ``module`` the block, ``in_proj`` the fused
+    projection of its factors (one block of ``d_model`` features per factor, in order), ``heads`` the output
+    projection whose input the unit tap reads. Each factor carries the path weight of the attention branch whose
+    part it plays (``factors``, in ``in_proj``'s order): in y = C * conv(B * x), as in a state-space model read as
+    attention, C reads the mixed state like a query, B writes into it like a key and x is the content, like the
+    value; so mu_query + mu_key + mu_value = 1 conserves the target on these blocks too (book: Euler's identity)."""
+
+    kind: str  # the unit's kind in results and views ("conv")
+    #   read by: spec (ModelSpec.layer_kinds: result, report, circuit_graph)
+    layer_type: str  # the config's layer_types value of its layers
+    #   read by: families (ModelSpec.layer_kinds)
+    module: str
+    #   read by: registry (Family.on_layer), families (checks)
+    in_proj: str
+    #   read by: registry (Family.on_layer), families (checks its size)
+    factors: tuple[str, ...]
+    #   read by: spec (LayerModules.columns: linearise), families (checks)
+    heads: str
+    #   read by: registry (Family.on_layer), families (checks)
+    biases: tuple[str, ...] = ()  # config keys that must be off: a bias inside the product is not multilinear
+    #   read by: families (checks the config)
+    letter: str = "C"  # the unit's letter in labels (L0.C3, beside attention's L1.H2)
+    #   read by: report, circuit_graph
+
+
+@dataclass(frozen=True)
 class Family:
     """One ``model_type``: module paths (relative to the model, or to a decoder layer) and facts. Under each fact,
     ``read by`` names the modules that read it (``spec (LayerModules.x: ...)``: looked up by ``spec.layer_modules``
@@ -117,7 +146,7 @@ class Family:
         "gate": "mlp.gate_proj", "up": "mlp.up_proj"})
     #   read by: spec (LayerModules.branches: linearise, instrument, explicit, mib.forward, baselines.internals),
     #            families
-    activation: str | None = "mlp.act_fn"
+    activation: str | None = "mlp.act_fn"  # None on a dense MLP: its forward calls the activation as a function
     #   read by: spec (LayerModules.activation: linearise, baselines.internals), families (checks it computes its kind)
     heads: str = "self_attn.o_proj"
     #   read by: spec (LayerModules.heads: linearise's head tap, explicit, circuit_graph, mib.forward, verify_circuit),
@@ -132,8 +161,9 @@ class Family:
     #   read by: families, baselines.internals
     slides_every_layer: bool = False  # a set ``sliding_window`` applies to all layers (Mistral)
     #   read by: families (ModelSpec.sliding_windows)
-    activation_config: tuple[str, tuple[tuple[str, str], ...]] = ("hidden_act", (("silu", "silu"),))
-    # ^ the config key naming the activation, and each value this description linearises -> its kind
+    activation_config: tuple[str | None, tuple[tuple[str | None, str], ...]] = ("hidden_act", (("silu", "silu"),))
+    # ^ the config key naming the activation, and each value this description linearises -> its kind (key None: the
+    #   modelling code calls one activation whatever the config says, LFM2's F.silu: ((None, kind),))
     #   read by: families (ModelSpec.activation)
     fixed: tuple[tuple[str, object], ...] = ()  # config settings the description needs at these values
     #   read by: families (checks the config)
@@ -160,6 +190,20 @@ class Family:
     #   read by: spec (LayerModules.sinks: explicit, linearise)
     rope_pairs: bool = False  # the rotary module's cos/sin hold one value per rotated pair (GPT-OSS), not per feature
     #   read by: explicit
+    mixers: tuple[Mixer, ...] = ()  # token mixers other than attention, on the layers the config's layer_types marks
+    #   read by: families (ModelSpec.layer_kinds), spec (layer_modules)
+
+    def on_layer(self, kind: str) -> Family:
+        """The description of a layer whose token mixer is ``kind``: this one for attention; for a ``Mixer``'s, its
+        paths in the attention's places (the module, the query/key/value branches on its fused ``in_proj``, the
+        unit tap), no head norms, sinks or rotary."""
+        if kind == "attention":
+            return self
+        mixer = next(m for m in self.mixers if m.kind == kind)
+        branches = {**self.branches, **{name: mixer.in_proj for name in ("query", "key", "value")}}
+        return replace(self, attention=mixer.module, heads=mixer.heads, branches=branches, head_norms=None,
+                       sinks=None, fused=self.fused + ((mixer.in_proj, "blocks"),), biased_branches=(),
+                       softcap=None)
 
     def with_(self, **changes) -> Family:
         return replace(self, **changes)
@@ -243,6 +287,16 @@ GPT_OSS = Family(  # experts with biases and a clamped swish GLU, a router with 
     neurons=None, biases=True, sinks="self_attn.sinks", rope_pairs=True,  # and global layers, YaRN RoPE
     moe=Experts(router="mlp.router", glu="clamped", biases=True, router_bias=True))
 
+LFM2 = QWEN3.with_(  # diff with Qwen 3: gated short convolutions in place of attention on the layers marked "conv",
+    model_type="lfm2", config_class="Lfm2Config", final_norm="model.embedding_norm",  # the MLP's SiLU a function
+    norms=("operator_norm", "ffn_norm"), block_inputs=("operator_norm", "ffn_norm"), mid="ffn_norm",
+    head_norms=("self_attn.q_layernorm", "self_attn.k_layernorm"), heads="self_attn.out_proj", mlp="feed_forward",
+    branches={"query": "self_attn.q_proj", "key": "self_attn.k_proj", "value": "self_attn.v_proj",
+              "gate": "feed_forward.w1", "up": "feed_forward.w3"}, activation=None, neurons="feed_forward.w2",
+    activation_config=(None, ((None, "silu"),)),
+    mixers=(Mixer("conv", "conv", module="conv", in_proj="conv.in_proj", factors=("key", "query", "value"),
+                  heads="conv.out_proj", biases=("conv_bias",)),))
+
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA2, GEMMA3, OLMO2, PHI3,
                                                           SMOLLM3, GPT2, GPT_NEOX, MIXTRAL, QWEN2_MOE,
-                                                          QWEN3_MOE, OLMOE, GPT_OSS)}
+                                                          QWEN3_MOE, OLMOE, GPT_OSS, LFM2)}

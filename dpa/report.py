@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, TextIO
 
 import torch
 
+from .registry import FAMILIES
+
 if TYPE_CHECKING:  # annotations only: result imports this module (Attribution's reports)
     from .result import Attribution, Component
 
@@ -71,12 +73,28 @@ def ranked(res: Attribution, top: int) -> tuple[dict[str, list[Component]], str]
     if res.neuron_scores is None and (res.neuron_top is None or top > res.neuron_top.k):
         why = ("neuron scores not saved" if res.neuron_top is None else
                f"only the top {res.neuron_top.k} neurons of each sign per layer were saved")
-        return res.top_components(top, kinds=("head",)), f"attention heads; {why}"
-    return res.top_components(top), "attention heads and MLP neurons ranked together"
+        return res.top_components(top, kinds=res.unit_kinds), f"{_listed(_units(res))}; {why}"
+    return res.top_components(top), f"{_listed(_units(res) + ['MLP neurons'])} ranked together"
+
+
+def _units(res: Attribution) -> list[str]:
+    """What the head scores hold: attention heads, and on a hybrid its mixers' units (``conv units``)."""
+    return ["attention heads" if k == "head" else f"{k} units" for k in res.unit_kinds]
+
+
+def _listed(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
 def component_label(c: Component) -> str:
-    return f"{'head' if c.kind == 'head' else 'neuron'} L{c.layer} {'H' if c.kind == 'head' else 'N'}{c.index}"
+    """``head L3 H2``, ``neuron L5 N812``, ``expert L1 E3``, a hybrid's convolution unit ``conv L0 C3``."""
+    return f"{c.kind} L{c.layer} {unit_letter(c.kind)}{c.index}"
+
+
+def unit_letter(kind: str) -> str:
+    """The letter of a unit kind in labels: H(ead), N(euron), E(xpert), or a mixer's (LFM2's C(onvolution))."""
+    mixers = {m.kind: m.letter for f in FAMILIES.values() for m in f.mixers}
+    return {"head": "H", "neuron": "N", "expert": "E", **mixers}[kind]
 
 
 def teacher_forced(res: Attribution) -> dict[int, str]:

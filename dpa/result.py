@@ -14,6 +14,7 @@ from torch import Tensor
 
 from .checks import check_choice, check_int
 from .errors import InputError, InputTypeError
+from .registry import FAMILIES
 from .files import check_run_config, model_identity, run_folder, write_text  # noqa: F401  (their old home)
 from .records import Component, NeuronTop, TargetInfo, TargetTerm  # noqa: F401  (importable from here)
 from .result_json import (FIELDS, SCORE_DTYPES, SCORE_DTYPES_NAMES, SCORES, as_lists, encode_json, json_source,
@@ -89,6 +90,8 @@ class Attribution(JsonRecord):
     expert_position_scores: Tensor | None = None  # [layer, pos, expert] (with neuron_positions=True)
     d_expert: int | None = None  # neurons per routed expert: neuron n of a layer is neuron n % d_expert of expert
     # n // d_expert (the shared expert's after the routed experts'); None for a dense model
+    layer_kinds: list[str] | None = None  # per layer, what its head_scores row scores: "head" (attention heads) or a
+    # mixer's unit kind (LFM2's "conv": channel groups of a convolution layer); None: every layer attention
     neuron_top: NeuronTop | None = None  # a result read from a file saved with top_neurons=k: the neurons kept
     # (neuron_scores is then None)
 
@@ -152,17 +155,25 @@ class Attribution(JsonRecord):
     def n_layers(self) -> int:
         return self.head_scores.shape[0]
 
+    @property
+    def unit_kinds(self) -> tuple[str, ...]:
+        """The kinds of unit ``head_scores`` holds, in layer order: ("head",), or on a hybrid also its mixers'
+        ("head", "conv")."""
+        return tuple(dict.fromkeys(self.layer_kinds or ["head"]))
+
     def top_components(self, k: int = 10, kinds: tuple[str, ...] | None = None) -> dict[str, list[Component]]:
         """The k most positive and k most negative heads, neurons (and experts, on a mixture-of-experts model),
         ranked jointly. ``kinds``: which of "head", "neuron", "expert" (default: all the result has)."""
         k = check_int("k", k, low=0)
+        units = self.unit_kinds
         if kinds is None:
-            kinds = ("head", "neuron") + (("expert",) if self.expert_scores is not None else ())
+            kinds = (*units, "neuron") + (("expert",) if self.expert_scores is not None else ())
+        known = (*dict.fromkeys(("head", *units)), "neuron", "expert")
         if isinstance(kinds, str) or not isinstance(kinds, (tuple, list, set, frozenset)):
-            raise InputTypeError(f"kinds must be a tuple of 'head', 'neuron' and/or 'expert', got {kinds!r}")
-        unknown = [x for x in kinds if x not in ("head", "neuron", "expert")]
+            raise InputTypeError(f"kinds must be a tuple of {', '.join(map(repr, known))}, got {kinds!r}")
+        unknown = [x for x in kinds if x not in known]
         if unknown:
-            raise InputError(f"kinds must hold 'head', 'neuron' and/or 'expert', got {unknown[0]!r}")
+            raise InputError(f"kinds must hold {', '.join(map(repr, known))}, got {unknown[0]!r}")
         if "expert" in kinds and self.expert_scores is None:
             raise InputError("this result has no expert scores (the model has no mixture of experts)")
         if "neuron" in kinds and self.neuron_scores is None:
@@ -174,8 +185,11 @@ class Attribution(JsonRecord):
                                  f"overall are not known: ask for k <= {self.neuron_top.k}, use kinds=('head',), or "
                                  "save every neuron (top_neurons=None; dpa attribute --json-neurons all)")
         parts = []
-        if "head" in kinds:
-            parts.append(("head", self.head_scores))
+        for unit in units:  # the head_scores rows of each kind (attention heads, a hybrid's convolution units)
+            if unit in kinds:
+                rows = self.layer_kinds or ["head"] * self.head_scores.shape[0]
+                keep = torch.tensor([r == unit for r in rows])
+                parts.append((unit, torch.where(keep[:, None], self.head_scores, torch.nan)))
         if "neuron" in kinds and self.neuron_scores is not None:
             parts.append(("neuron", self.neuron_scores))
         if "expert" in kinds:
@@ -186,8 +200,10 @@ class Attribution(JsonRecord):
         for kind, scores in parts:
             flat = scores.detach().double().flatten()
             width = scores.shape[1]
-            take = min(k, flat.numel())
-            for idx in torch.cat([flat.topk(take).indices, (-flat).topk(take).indices]).tolist():
+            valid = ~flat.isnan()  # rows of another kind are NaN here (never picked)
+            take = min(k, int(valid.sum()))
+            high, low = flat.masked_fill(~valid, -math.inf), (-flat).masked_fill(~valid, -math.inf)
+            for idx in torch.cat([high.topk(take).indices, low.topk(take).indices]).tolist():
                 items.append(Component(kind, idx // width, idx % width, float(flat[idx])))
         pos = sorted({c for c in items if c.score > 0}, key=lambda c: -c.score)[:k]
         neg = sorted({c for c in items if c.score < 0}, key=lambda c: c.score)[:k]
@@ -289,6 +305,11 @@ class Attribution(JsonRecord):
             t = getattr(self, name)
             if t is not None and any(w is not None and w != g for w, g in zip(shape, t.shape)):
                 return f"{name} has shape {tuple(t.shape)}, expected {tuple('?' if w is None else w for w in shape)}"
+        if self.layer_kinds is not None:
+            known = ("head", *(m.kind for f in FAMILIES.values() for m in f.mixers))
+            if len(self.layer_kinds) != layers or not set(self.layer_kinds) <= set(known):
+                return (f"layer_kinds must be {layers} entries, one per layer, each one of {', '.join(known)}; got "
+                        f"{self.layer_kinds!r}")
         if self.d_expert is not None and (self.expert_scores is None or d_mlp is None or self.d_expert > d_mlp):
             return f"d_expert {self.d_expert!r} does not fit the expert and neuron scores"
         if self.target.position >= n:

@@ -126,7 +126,7 @@ FIELDS = {  # every field of Attribution but the scores (SCORES), whose reader d
     "completeness_gap": check_float, "bias_share": check_float, "n_kv_heads": _optional(_count),
     "special": _optional(_list_of(check_bool)), "top_predictions": _list_of(_prediction), "method": _text,
     "model_name": _text, "neuron_target": lambda name, value: check_choice(name, value, ("output", "mid")),
-    "d_expert": _optional(_count),
+    "d_expert": _optional(_count), "layer_kinds": _optional(_list_of(_text)),
 }
 
 

@@ -40,6 +40,23 @@ class ModelSpec:
     n_experts: int = 0  # routed experts per layer (0: a dense MLP)
     d_expert: int = 0  # neurons per routed expert
     d_shared: int = 0  # neurons of the shared expert (Qwen2-MoE), 0 without one
+    layer_kinds: tuple[str, ...] = ()  # per layer: "attention", or the kind of its Mixer (LFM2's "conv"); empty: all
+    # attention. A mixer layer's units are scored in the heads' place: n_heads groups of d_model / n_heads channels
+
+    def kind(self, index: int) -> str:
+        """Layer ``index``'s token mixer: "attention" or a ``Mixer``'s kind."""
+        return self.layer_kinds[index] if self.layer_kinds else "attention"
+
+    @property
+    def unit_kinds(self) -> list[str] | None:
+        """Per layer, the kind of unit its row of head scores holds ("head", or a mixer's kind); None where every
+        layer is attention (``Attribution.layer_kinds``)."""
+        return ["head" if k == "attention" else k for k in self.layer_kinds] if self.mixed else None
+
+    @property
+    def mixed(self) -> bool:
+        """Whether some layer's token mixer is not attention (a hybrid model)."""
+        return any(k != "attention" for k in self.layer_kinds)
 
     @property
     def expert_slots(self) -> int:
@@ -49,9 +66,14 @@ class ModelSpec:
     def rotates(self, index: int) -> bool:
         return self.parts.rotary is not None and (not self.rotary_layers or self.rotary_layers[index])
 
-    def columns(self, name: str) -> slice | torch.Tensor | None:
-        """Which output features of its projection a branch is: None where the projection is the branch's
-        alone, else a slice (``blocks``) or an index (``per_head``) into the fused projection's output."""
+    def columns(self, name: str, kind: str = "attention") -> slice | torch.Tensor | None:
+        """Which output features of its projection a branch is, on a layer whose token mixer is ``kind``: None where
+        the projection is the branch's alone, else a slice (``blocks``) or an index (``per_head``) into the fused
+        projection's output. A mixer's factors are blocks of d_model features in its ``factors``' order."""
+        if kind != "attention" and name in ("query", "key", "value"):
+            mixer = next(m for m in self.parts.mixers if m.kind == kind)
+            k = mixer.factors.index(name)
+            return slice(k * self.d_model, (k + 1) * self.d_model)
         path = self.parts.branches[name]
         layout = dict(self.parts.fused).get(path)
         if layout is None:
@@ -135,6 +157,11 @@ def is_projection(module: nn.Module) -> bool:
     return any(isinstance(module, base) and type(module).forward is base.forward for base in _projection_classes())
 
 
+def own_forward(module: nn.Module) -> bool:
+    """Whether ``module``'s class has a forward of its own (a subclass's), not transformers'."""
+    return not getattr(type(module).forward, "__module__", "").startswith("transformers")
+
+
 def why_not_projection(module: nn.Module) -> str:
     """What a module that is not a projection is, for the refusal that names it."""
     name = type(module).__name__
@@ -187,6 +214,8 @@ class LayerModules:
     shared: nn.Module | None = None  # the shared expert (a GLU MLP) and its gate
     shared_gate: nn.Module | None = None
     sinks: torch.Tensor | None = None  # attention sink logits [head] (GPT-OSS)
+    kind: str = "attention"  # the layer's token mixer: "attention", or a Mixer's kind (then ``attention`` is that
+    # block, its query/key/value branches its factors' columns of one projection, ``heads`` its output projection)
 
     def output(self, name: str, out: torch.Tensor) -> torch.Tensor:
         """Branch ``name``'s part of its projection's output ``out`` (all of it unless fused)."""
@@ -242,8 +271,14 @@ def layer_modules(model: nn.Module, spec: ModelSpec) -> list[LayerModules]:
     cached = _MODULES.get(model)
     if cached is not None and cached[0] is spec:
         return cached[1]
-    p = spec.parts
-    out = [LayerModules(
+    out = [_layer_modules(layer, spec, spec.kind(i)) for i, layer in enumerate(spec.layers(model))]
+    _MODULES[model] = (spec, out)
+    return out
+
+
+def _layer_modules(layer: nn.Module, spec: ModelSpec, kind: str) -> LayerModules:
+    p = spec.parts.on_layer(kind)
+    return LayerModules(
         layer=layer, attention=get(layer, p.attention), norms=tuple(get(layer, n) for n in p.norms),
         block_inputs=tuple(get(layer, n) for n in p.block_inputs),
         head_norms=tuple(get(layer, n) for n in (p.head_norms or ())),
@@ -251,12 +286,10 @@ def layer_modules(model: nn.Module, spec: ModelSpec) -> list[LayerModules]:
         activation=get(layer, p.activation) if p.activation else None, heads=get(layer, p.heads),
         neurons=get(layer, p.neurons) if p.neurons else None, mid=get(layer, p.mid), mlp=get(layer, p.mlp),
         post_norms=post_norms(layer, p),
-        columns={name: spec.columns(name) for name in p.branches},
+        columns={name: spec.columns(name, kind) for name in p.branches},
         sinks=get(layer, p.sinks.rsplit(".", 1)[0]).get_parameter(p.sinks.rsplit(".", 1)[1]) if p.sinks else None,
+        kind=kind,
         **({} if p.moe is None else dict(
             router=get(layer, p.moe.router), experts=get(layer, p.moe.experts),
             shared=get(layer, p.moe.shared) if p.moe.shared else None,
             shared_gate=get(layer, p.moe.shared_gate) if p.moe.shared_gate else None)))
-        for layer in spec.layers(model)]
-    _MODULES[model] = (spec, out)
-    return out

@@ -14,6 +14,9 @@ FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "smol
             "gpt_neox", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss")
 MHA_ONLY = ("gpt2", "gpt_neox")  # families whose configs have no KV-head setting
 MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss")
+# Hybrid families: token mixers other than attention on some layers (book: Beyond attention). dpa.attribute covers
+# them; what reads attention probabilities (edges, ablations, circuits, MIB) refuses their mixer layers by name.
+HYBRID_FAMILIES = ("lfm2",)
 LAYOUTS = {"mha": 4, "gqa": 2, "mqa": 1}  # KV heads for 4 query heads
 
 
@@ -66,6 +69,10 @@ def tiny_config(family: str, kv_heads: int = 2, **overrides):
             kwargs.update(num_local_experts=4, intermediate_size=12, swiglu_limit=0.3, sliding_window=5,
                           layer_types=["sliding_attention", "full_attention", "sliding_attention"],
                           rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    if family == "lfm2":  # convolution layers around an attention layer; the MLP's width as given (no auto-adjust)
+        kwargs.pop("head_dim"), kwargs.pop("rms_norm_eps")
+        kwargs.update(norm_eps=1e-2, layer_types=["conv", "full_attention", "conv"], conv_L_cache=3,
+                      block_auto_adjust_ff_dim=False, pad_token_id=0, bos_token_id=1, eos_token_id=2)
     if family == "gpt2":
         kwargs = dict(vocab_size=96, n_embd=32, n_inner=48, n_layer=3, n_head=4, n_positions=64,
                       bos_token_id=1, eos_token_id=2, layer_norm_epsilon=1e-2)

@@ -100,6 +100,7 @@ def view_payload(result: Attribution, *, top_neurons: int = 32, routes: int = 8,
         "n_layers": n_layers,
         "n_heads": n_heads,
         "n_kv_heads": result.n_kv_heads or n_heads,
+        **unit_layout(result),
         "d_mlp": neurons.shape[1],
         "head_scores": rounded(result.head_scores),
         "mlp_totals": rounded(neurons.sum(1)),
@@ -117,6 +118,19 @@ def view_payload(result: Attribution, *, top_neurons: int = 32, routes: int = 8,
             "expert_scores": rounded(result.expert_scores),
         })
     return data
+
+
+def unit_layout(result: Attribution) -> dict[str, Any]:
+    """On a hybrid (``layer_kinds``): each layer's unit kind, each kind's letter in labels and how many channels a
+    mixer's unit holds (``d_model / n_heads``, where the result's effective targets give d_model), for the heatmap
+    to say what each row is."""
+    if result.layer_kinds is None:
+        return {}
+    from dpa.report import unit_letter
+
+    return {"layer_kinds": list(result.layer_kinds), "unit_letters": {k: unit_letter(k) for k in result.unit_kinds},
+            "unit_width": None if result.effective_targets is None else
+            result.effective_targets.shape[-1] // result.head_scores.shape[1]}
 
 
 def token_routes(result: Attribution, k: int = 8) -> list[dict[str, list]] | None:

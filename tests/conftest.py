@@ -20,7 +20,8 @@ BOOK_BUILD = pytest.StashKey[dict]()
 EXECUTED_NOTEBOOKS: dict = {}
 
 from dpa.tiny import FAMILIES as ALL_FAMILIES  # every family dpa supports: the autograd suite
-from dpa.tiny import LAYOUTS, MHA_ONLY, MOE_FAMILIES, random_ids, tiny_config, tiny_model  # noqa: F401 (re-exported)
+from dpa.tiny import (HYBRID_FAMILIES, LAYOUTS, MHA_ONLY, MOE_FAMILIES, random_ids, tiny_config,  # noqa: F401
+                      tiny_model)
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")  # the SwiGLU families the book's hand rules are written for
 
@@ -61,7 +62,9 @@ def float64_norms():
     from transformers.models.gemma2 import modeling_gemma2
     from transformers.models.phi3 import modeling_phi3
 
-    classes.append(modeling_phi3.Phi3RMSNorm)
+    from transformers.models.lfm2 import modeling_lfm2
+
+    classes += [modeling_phi3.Phi3RMSNorm, modeling_lfm2.Lfm2RMSNorm]
 
     originals = [c.forward for c in classes]
     for c, f in zip(classes, originals):

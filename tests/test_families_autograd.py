@@ -22,7 +22,7 @@ from dpa.families import layer_modules
 from dpa.instrument import instrument
 from dpa.linearise import Scores
 
-from .conftest import ALL_FAMILIES, LAYOUTS, MHA_ONLY, MOE_FAMILIES, random_ids, tiny_model
+from .conftest import ALL_FAMILIES, HYBRID_FAMILIES, LAYOUTS, MHA_ONLY, MOE_FAMILIES, random_ids, tiny_model
 
 TARGET = 5
 PATHS = {"query": (1, 0, 0, 0, 0), "key": (0, 1, 0, 0, 0), "value": (0, 0, 1, 0, 0), "gate": (0, 0, 0, 1, 0),
@@ -47,7 +47,7 @@ GAIN = {"rms": lambda w: w, "rms_1p": lambda w: 1 + w, "layer": lambda w: w}
 CLAMPED = {"alpha": 1.0}  # times the experts' own alpha in the reference's clamped GLU (GPT-OSS)
 
 
-@pytest.fixture(scope="module", params=[(f, lay) for f in ALL_FAMILIES for lay in LAYOUTS
+@pytest.fixture(scope="module", params=[(f, lay) for f in ALL_FAMILIES + HYBRID_FAMILIES for lay in LAYOUTS
                                         if lay == "mha" or f not in MHA_ONLY], ids=lambda p: f"{p[0]}-{p[1]}")
 def model(request):
     family, layout = request.param
@@ -101,6 +101,8 @@ def linearised(model, mu, moe=None):
             if mods.shared is not None:
                 set_forward(mods.shared, _shared(mods.shared, weight, ratio, moe[len(moe) - 1]))
                 set_forward(mods.shared_gate, scaled(mods.shared_gate, weight["router"]))
+        elif mods.activation is None:  # an MLP calling its activation as a function: down(act(gate x) * up x)
+            set_forward(mods.mlp, _inline_glu(mods, ratio))
         else:
             set_forward(mods.activation, lambda s: s * ratio(s).detach())
         for module in {id(m): m for m in mods.branches.values()}.values():
@@ -110,13 +112,20 @@ def linearised(model, mu, moe=None):
                 continue
             m = torch.zeros(sum(mods.weight(n).shape[0] for n in held), dtype=torch.float64)
             for n in held:  # written here from the layout, not with dpa's column index
-                m[_columns(spec, n)] = weight[n]
+                m[_columns(spec, n, mods.kind)] = weight[n]
             set_forward(module, scaled(module, m))
     try:
         yield
     finally:
         for module in changed:
             del module.forward
+
+
+def _inline_glu(mods, ratio):
+    """LFM2's MLP, w2(F.silu(w1(x)) * w3(x)), written here with SiLU linearised (its projections' forwards are
+    the reference's own, scaled by mu)."""
+    gate, up, down = mods.branches["gate"], mods.branches["up"], mods.neurons
+    return lambda x: (lambda s: down(s * ratio(s).detach() * up(x)))(gate(x))
 
 
 def _scale(x, m):
@@ -185,9 +194,13 @@ def _moe_scores(spec, keep, n_tokens):
     return experts, neurons
 
 
-def _columns(spec, name):
+def _columns(spec, name, kind="attention"):
     """The output features of a fused projection that are branch ``name``, from HF's modeling code: Phi-3
-    and GPT-2 concatenate [q | k | v] and [gate | up]; GPT-NeoX interleaves [q k v] per head."""
+    and GPT-2 concatenate [q | k | v] and [gate | up]; GPT-NeoX interleaves [q k v] per head. LFM2's convolution
+    chunks its in_proj into B, C, x (``B, C, x = BCx.chunk(3)``), which carry mu_key, mu_query, mu_value."""
+    if kind == "conv":
+        d = spec.d_model
+        return {"key": slice(0, d), "query": slice(d, 2 * d), "value": slice(2 * d, 3 * d)}[name]
     dh, h, kv = spec.d_head, spec.n_heads, spec.n_kv_heads
     if name in ("gate", "up"):
         return slice(0, spec.d_mlp) if name == "gate" else slice(spec.d_mlp, 2 * spec.d_mlp)
@@ -339,6 +352,12 @@ def test_the_explicit_attention_path_reproduces_the_model(model):
 
     prompts = [random_ids(11, seed=1), random_ids(7, seed=2)]
     req = request.build(model, None, prompts)
+    if req.spec.mixed:  # a hybrid's mixer layers have no attention probabilities: refused by name, model untouched
+        with pytest.raises(dpa.UnsupportedModelError, match=r"layers\[0\] is a conv layer"):
+            with instrument(model, req, explicit=True) as session:
+                session.forward()
+        assert "forward" not in vars(layer_modules(model, req.spec)[1].attention)
+        return
     with torch.no_grad(), instrument(model, req, explicit=True) as session:
         ours = logits_at(model, req, session.forward())
     for b, p in enumerate(prompts):

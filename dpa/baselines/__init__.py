@@ -48,6 +48,10 @@ COMPONENT_METHODS = {
 # and/or after each block; internals.Layout). They refuse, by name, a family whose layers they do not read
 # (internals.layout_problem: LayerNorm, fused or biased projections, a non-gated MLP, parallel blocks).
 RECOMPUTE_LAYERS = frozenset({depass, ifr, component_ifr, mlp_only, norm_only})
+# Methods that read every layer's attention probabilities (alpha, through dpa's explicit attention path): a hybrid's
+# mixer layers (LFM2's convolutions) have none, so they refuse such a model by name (explicit.py, instrument.py).
+READ_ATTENTION = frozenset({last_layer_attention, mean_attention, attention_rollout, attn_only, component_gradient,
+                            atp, activation_patching}) | RECOMPUTE_LAYERS
 
 
 def supports(method, spec) -> bool:
@@ -57,13 +61,15 @@ def supports(method, spec) -> bool:
     from .internals import recomputes
 
     fn = getattr(method, "func", method)
+    if spec.mixed and fn in READ_ATTENTION:
+        return False
     if fn is dpa_mid:
         return not spec.parallel and not spec.n_experts
     return fn not in RECOMPUTE_LAYERS or recomputes(spec)
 
 
 __all__ = [
-    "COMPONENT_METHODS", "INPUT_METHODS", "RECOMPUTE_LAYERS", "activation_patching", "atp", "attention_rollout", "attn_only",
+    "COMPONENT_METHODS", "INPUT_METHODS", "READ_ATTENTION", "RECOMPUTE_LAYERS", "activation_patching", "atp", "attention_rollout", "attn_only",
     "component_gradient", "component_ifr", "depass", "dpa_component", "dpa_input", "dpa_mid", "gradient", "ifr",
     "input_x_gradient", "integrated_gradients", "last_layer_attention", "mean_attention", "mlp_only", "norm_only",
     "supports",

@@ -53,6 +53,8 @@ def layout_problem(spec) -> str | None:
     they can). They read separate q/k/v and gate/up projections, a gated MLP after attention, and norms that
     are a gain times r, before and/or after each block."""
     parts: Family = spec.parts
+    if spec.mixed:
+        return f"token mixers other than attention ({', '.join(sorted(set(spec.layer_kinds) - {'attention'}))} layers)"
     if getattr(parts, "moe", None) is not None:
         return "a mixture of experts in place of the MLP"
     if parts.norm_kind not in DIAGONAL_NORMS:

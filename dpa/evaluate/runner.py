@@ -29,7 +29,7 @@ from torch import nn
 
 from .. import distributed, locks
 from ..checks import check_bool
-from ..errors import InputTypeError
+from ..errors import InputTypeError, UnsupportedModelError
 from ..families import ModelSpec, spec_for
 from ..files import model_identity, run_folder, run_id
 from .curves import fraction_grid
@@ -111,7 +111,20 @@ def _methods(model: nn.Module, settings: Settings, methods) -> tuple[dict[str, C
     check_kinds(settings, methods)
     spec = spec_for(model)
     check_supported(methods, spec)
+    check_ablation(settings, spec)
     return methods, spec
+
+
+def check_ablation(settings: Settings, spec: ModelSpec) -> None:
+    """The component benchmark ablates attention edges and heads through dpa's explicit attention path; a hybrid's
+    mixer layers (LFM2's convolutions) have no attention probabilities to ablate: refused before any work is done
+    (its neurons alone are ablated as on any model)."""
+    if settings.unit == "component" and settings.component_units != "neurons" and spec.mixed:
+        kinds = ", ".join(sorted(set(spec.layer_kinds) - {"attention"}))
+        raise UnsupportedModelError(
+            f"the component benchmark ablates attention edges and heads, and {spec.family} has {kinds} layers without "
+            "attention probabilities; the input benchmark (unit='input') and the neurons alone "
+            "(component_units='neurons') run on it")
 
 
 def _identity(settings: Settings, model: nn.Module, tokenizer) -> dict:

@@ -216,7 +216,8 @@ def _attention(m: LayerModules, spec, call: tuple[tuple, dict], ins: Tensor, whi
     triples = [tuple(tr) for tr in which.view(3, n_heads).T.tolist()]  # per head: its q, k and v input
     own = (spec.parts.head_norms_over == "head"  # OLMo 2's q/k norms read every head's columns at once
            and not any("forward" in module.__dict__ for module in (*(m.branches[n] for n in BRANCHES), m.heads)))
-    copy_of = _copies(triples, n_heads // spec.n_kv_heads, own)
+    # heads sharing a key/value head read one k/v input; a mixer's units (LFM2's channel groups) share nothing
+    copy_of = _copies(triples, n_heads // spec.n_kv_heads if m.kind == "attention" else 1, own)
     c = max(copy_of) + 1
     args, kwargs = call
     seen: dict[str, Tensor] = {}
@@ -271,7 +272,8 @@ def _sliced(m: LayerModules, spec, normed: Tensor, triples: list[tuple], copy_of
     model's own, no rules on them) compute in each copy only the columns of the heads that run there, each from
     its own input (``normed`` [input b t d]); the other columns are zeros, which nothing reads. o_proj is not run:
     ``seen["z"]`` gets its input, all that is read of it."""
-    per_kv, width, device = spec.n_heads // spec.n_kv_heads, spec.d_head, normed.device
+    per_kv = spec.n_heads // spec.n_kv_heads if m.kind == "attention" else 1
+    width, device = spec.d_head, normed.device
     c = max(copy_of) + 1
     units = {name: {} for name in BRANCHES}  # name -> (copy, input) -> the heads (q) or key/value heads it computes
     for h, tr in enumerate(triples):

@@ -239,6 +239,7 @@ describe("layout", () => {
     assert.equal(unitText(g.nodes[2]), "H0");
     assert.equal(unitText(g.nodes[4]), "N7");
     assert.equal(unitText({ ...g.nodes[4], kind: "expert", index: 2 }), "E2");
+    assert.equal(unitText({ ...g.nodes[2], label: "L0.C3@1", index: 3 }), "C3");  // a hybrid's convolution unit
     assert.equal(targetText(g), "·c");
     assert.equal(targetText({ ...g, target: { ...g.target, contrast: " d" } }), "·c − ·d");
     assert.equal(nodeName(g, g.nodes[2]), "L0.H0@1 ·b");

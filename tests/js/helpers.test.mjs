@@ -5,7 +5,7 @@ import assert from "node:assert/strict";
 import {
   DIVERGING, symmetricMax, divergingRgb, divergingColor, textColor, formatScore, topIndices, topHeads,
   topNeurons, headLayout, wrapRows, tokenLabel, axisTicks, shortLabel, weightsText, offlineReason, hasExperts,
-  expertName, expertLabel, neuronInExpert, neuronLabel, topExperts, expertNeurons, expertLayout,
+  expertName, expertLabel, neuronInExpert, neuronLabel, topExperts, expertNeurons, expertLayout, headLabel, unitKind,
 } from "../../dpa_widgets/static/src/helpers.js";
 import { selectionPayload, escapeXml, viewSvg } from "../../dpa_widgets/static/src/export.js";
 import { payload, moePayload } from "./fixture.mjs";
@@ -161,6 +161,18 @@ describe("labels", () => {
     assert.match(offlineReason("live", false, "token"), /no model attached/);
     assert.match(offlineReason("live", true, "vector"), /vector/);
     assert.equal(offlineReason("live", true, "token"), "");
+  });
+});
+
+describe("a hybrid's units", () => {
+  test("each row says its kind: attention heads H, convolution units C; a model without layer kinds is all heads", () => {
+    const data = { ...payload, layer_kinds: ["conv", "head", "conv"], unit_letters: { conv: "C", head: "H" } };
+    assert.equal(unitKind(data, 0), "conv");
+    assert.equal(unitKind(data, 1), "head");
+    assert.equal(headLabel(data, 0, 3), "L0.C3");
+    assert.equal(headLabel(data, 1, 2), "L1.H2");
+    assert.equal(headLabel(payload, 0, 3), "L0.H3");
+    assert.equal(unitKind(payload, 0), "head");
   });
 });
 

@@ -2,7 +2,7 @@
 // The selection panel: a head's edge grid, a neuron's tokens, an expert's positions, a token's routes.
 import { h, legend } from "./dom.js";
 import { symmetricMax, divergingColor, formatScore, tokenLabel, shortLabel, axisTicks, topIndices, topHeads, topExperts,
-  hasExperts, expertName, expertLabel, expertNeurons, neuronLabel, neuronInExpert } from "./helpers.js";
+  hasExperts, expertName, expertLabel, expertNeurons, neuronLabel, neuronInExpert, headLabel, unitKind } from "./helpers.js";
 /** @typedef {import("./context.js").Ctx} Ctx */
 
 /**
@@ -82,7 +82,7 @@ function chips(label, chips, cls = "dpa-vocab") {
 function headDetail(ctx, [l, hd]) {
   const data = ctx.get("_data");
   const d = ctx.detail(`head:${l}:${hd}`);
-  const title = h("div", { class: "dpa-detail-title", text: `head L${l}.H${hd} · ${formatScore(data.head_scores[l][hd])} summed over positions` });
+  const title = h("div", { class: "dpa-detail-title", text: `${unitKind(data, l)} ${headLabel(data, l, hd)} · ${formatScore(data.head_scores[l][hd])} summed over positions` });
   if (!d) return [title, missing(ctx, "head")];
   if (d.edges) return [title, edgeCanvas(ctx, d.edges, data.tokens, `edges:${l}:${hd}`, data.target.position)];
   return [title, h("div", { class: "dpa-muted", text: "edge scores need the model (or a result with edges=True)" })];
@@ -131,7 +131,7 @@ function tokenDetail(ctx, p) {
   const parts = [h("div", { class: "dpa-detail-title", text: `token ${p} ${JSON.stringify(data.tokens[p])} · ${formatScore(data.token_scores[p])}` })];
   const r = data.token_routes ? data.token_routes[p] : null;
   if (!r) return [...parts, h("div", { class: "dpa-muted", text: "routes need edge and neuron-position scores" })];
-  parts.push(chips("heads reading it: ", r.heads.map(([l, hd, v]) => h("code", { text: `L${l}.H${hd} ${formatScore(v)}` }))));
+  parts.push(chips("heads reading it: ", r.heads.map(([l, hd, v]) => h("code", { text: `${headLabel(data, l, hd)} ${formatScore(v)}` }))));
   parts.push(chips("neurons at it: ", r.neurons.map(([l, n, v]) => h("code", { text: `${neuronLabel(data, l, n)} ${formatScore(v)}` }))));
   if (r.experts) {
     parts.push(chips("experts at it: ", r.experts.map(([l, e, v]) => h("code", { text: `${expertLabel(data, l, e)} ${formatScore(v)}` }))));
@@ -144,7 +144,7 @@ function emptyDetail(ctx) {
   const data = ctx.get("_data");
   const parts = [h("div", { class: "dpa-muted", text: `hover to preview · click a head, neuron${hasExperts(data) ? ", expert" : ""} or token to lock it` }),
     chips("top heads: ", topHeads(data.head_scores, 8).map((c) =>
-      pick(ctx, `L${c.layer}.H${c.head} ${formatScore(c.score)}`, "selected_head", [c.layer, c.head])))];
+      pick(ctx, `${headLabel(data, c.layer, c.head)} ${formatScore(c.score)}`, "selected_head", [c.layer, c.head])))];
   if (hasExperts(data) && data.expert_scores) {
     parts.push(chips("top experts: ", topExperts(data.expert_scores, 8).map((c) =>
       pick(ctx, `${expertLabel(data, c.layer, c.slot)} ${formatScore(c.score)}`, "selected_expert", [c.layer, c.slot]))));

@@ -308,9 +308,11 @@ export function rowOf(/** @type {GraphNode} */ node) {
   return node.kind === "token" ? -1 : Infinity;
 }
 
-/** The text in a unit's box: "H3", "N1066", "E2" (its layer is the row, its position the column). */
+/** The text in a unit's box: "H3", "N1066", "E2", a hybrid's convolution unit "C3" (its layer is the row, its
+ * position the column): a unit in a head's place takes the letter its label gives ("L0.C3@8"). */
 export function unitText(/** @type {GraphNode} */ node) {
-  return `${UNIT_LETTER[/** @type {keyof UNIT_LETTER} */ (node.kind)]}${node.index}`;
+  const named = node.kind === "head" ? /^L\d+\.([A-Z])\d+/.exec(node.label ?? "") : null;
+  return `${named ? named[1] : UNIT_LETTER[/** @type {keyof UNIT_LETTER} */ (node.kind)]}${node.index}`;
 }
 
 /** What the target node says: "·Mary", "·Mary − ·John", "vector". @param {GraphData} data */

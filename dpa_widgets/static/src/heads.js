@@ -1,7 +1,7 @@
 // @ts-check
 // The layer x head heatmap.
 import { arrowCursor, h, legend } from "./dom.js";
-import { symmetricMax, divergingColor, formatScore, headLayout, axisTicks } from "./helpers.js";
+import { symmetricMax, divergingColor, formatScore, headLayout, axisTicks, headLabel, unitKind } from "./helpers.js";
 /** @typedef {import("./context.js").Ctx} Ctx */
 
 /** Cell size and top margin of the head heatmap (the MLP bars share them, row for row). @param {Payload} data */
@@ -31,7 +31,7 @@ function headKeys(ctx, svg, data, lay, locked) {
   const mark = () => {
     svg.querySelectorAll(".dpa-cursor").forEach((n) => n.classList.remove("dpa-cursor"));
     svg.querySelector(`rect.dpa-head[data-layer="${cur[0]}"][data-head="${cur[1]}"]`)?.classList.add("dpa-cursor");
-    ctx.setHover(`head L${cur[0]}.H${cur[1]}: ${formatScore(data.head_scores[cur[0]][cur[1]])} summed over positions` +
+    ctx.setHover(`${unitKind(data, cur[0])} ${headLabel(data, cur[0], cur[1])}: ${formatScore(data.head_scores[cur[0]][cur[1]])} summed over positions` +
       " · Enter selects");
   };
   /** @type {Record<string, number[]>} */
@@ -54,6 +54,14 @@ function headKeys(ctx, svg, data, lay, locked) {
   if (ctx.ui.headCursor) mark();
 }
 
+/** A cell's name in titles: "L1.H2 (KV group 0)", or a hybrid's convolution unit "L0.C3 (channels 24-31)".
+ * @param {any} data @param {ReturnType<typeof headLayout>} lay @param {{layer: number, head: number}} c */
+function cellName(data, lay, c) {
+  if (unitKind(data, c.layer) === "head") return `${headLabel(data, c.layer, c.head)} (KV group ${lay.group(c.head)})`;
+  const width = data.unit_width;  // known where the result keeps its effective targets (d_model)
+  return headLabel(data, c.layer, c.head) + (width ? ` (channels ${c.head * width}–${(c.head + 1) * width - 1})` : "");
+}
+
 /** @param {Ctx} ctx */
 export function headsView(ctx) {
   const data = ctx.get("_data");
@@ -61,7 +69,8 @@ export function headsView(ctx) {
   const scores = cmp.level === "component" && cmp.head_scores ? cmp.head_scores : data.head_scores;
   const max = symmetricMax(scores.flat());
   const { cell, top } = gridSize(data);
-  const lay = headLayout(data.n_layers, data.n_heads, data.n_kv_heads, { cell, top });
+  const mixed = (data.layer_kinds ?? []).some((k) => k !== "head");  // a hybrid: each row says its kind
+  const lay = headLayout(data.n_layers, data.n_heads, data.n_kv_heads, { cell, top, left: mixed ? 62 : 30 });
   const svg = h("svg", { class: "dpa-heatmap", width: lay.width, height: lay.height, role: "grid" });
   const locked = ctx.get("selected_head");
   const routed = routedHeads(ctx);
@@ -72,15 +81,17 @@ export function headsView(ctx) {
       x: c.x, y: c.y, width: cell, height: cell, fill: divergingColor(v, max),
       class: "dpa-head" + (isSel ? " dpa-locked" : "") + (routed.has(`${c.layer}:${c.head}`) ? " dpa-routed" : ""),
       "data-layer": c.layer, "data-head": c.head,
-    }, [h("title", { text: `L${c.layer}.H${c.head} (KV group ${lay.group(c.head)}): ${formatScore(v)} summed over positions` })]);
-    r.addEventListener("mouseenter", () => ctx.setHover(`head L${c.layer}.H${c.head} (KV group ${lay.group(c.head)}): ${formatScore(v)} summed over positions`));
+    }, [h("title", { text: `${cellName(data, lay, c)}: ${formatScore(v)} summed over positions` })]);
+    r.addEventListener("mouseenter", () => ctx.setHover(`${unitKind(data, c.layer)} ${cellName(data, lay, c)}: ${formatScore(v)} summed over positions`));
     r.addEventListener("click", () => ctx.setTrait("selected_head", isSel ? null : [c.layer, c.head]));
     svg.append(r);
   }
   headKeys(ctx, svg, data, lay, locked);
   // axes: layer numbers down the left, head numbers along the top, KV groups above them (GQA only)
   for (const l of axisTicks(data.n_layers, cell + 1, 11)) {
-    svg.append(h("text", { x: lay.colX(0) - 4, y: lay.rowY(l) + cell / 2 + 3.5, "text-anchor": "end", class: "dpa-axis dpa-tick", text: `L${l}` }));
+    const kind = unitKind(data, l);
+    svg.append(h("text", { x: lay.colX(0) - 4, y: lay.rowY(l) + cell / 2 + 3.5, "text-anchor": "end", class: "dpa-axis dpa-tick",
+      text: mixed ? `L${l} ${kind === "head" ? "attn" : kind}` : `L${l}` }));
   }
   const digits = String(data.n_heads - 1).length;
   for (const hd of axisTicks(data.n_heads, cell + 1, digits * 6 + 3)) {
@@ -95,7 +106,9 @@ export function headsView(ctx) {
         [h("title", { text: `KV group ${g}: heads ${g * lay.groupSize}–${(g + 1) * lay.groupSize - 1} share keys and values` })]));
     }
   }
-  const title = (cmp.level === "component" ? `heads · ${cmp.method}` : "heads (layer × head)") + " · summed over positions";
+  const others = [...new Set((data.layer_kinds ?? []).filter((k) => k !== "head"))].join(", ");
+  const what = mixed ? `heads and ${others} units (layer × unit)` : "heads (layer × head)";
+  const title = (cmp.level === "component" ? `heads · ${cmp.method}` : what) + " · summed over positions";
   return h("section", { class: "dpa-panel" }, [
     h("div", { class: "dpa-panel-head" }, [h("span", { class: "dpa-caption", text: title }), legend(max, "")]),
     h("div", { class: "dpa-scroll", "data-scroll": "heads" }, [svg]),

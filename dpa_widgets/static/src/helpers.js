@@ -55,6 +55,18 @@ export function hasExperts(data) {
   return Array.isArray(data.expert_scores) && data.expert_scores.length > 0 && data.expert_scores[0].length > 0;
 }
 
+/** The kind of unit layer ``layer``'s row of head scores holds: "head", or a hybrid's mixer's ("conv").
+ * @param {Payload} data @param {number} layer */
+export function unitKind(data, layer) {
+  return data.layer_kinds?.[layer] ?? "head";
+}
+
+/** A head (or a hybrid's convolution unit) as shown: "L3.H2", "L0.C3". @param {Payload} data @param {number} layer
+ * @param {number} head */
+export function headLabel(data, layer, head) {
+  return `L${layer}.${data.unit_letters?.[unitKind(data, layer)] ?? "H"}${head}`;
+}
+
 /** A slot's name: "E2", or "shared" for the shared expert. @param {Payload} data @param {number} slot */
 export function expertName(data, slot) {
   return data.expert_names?.[slot] ?? (slot < (data.n_experts ?? Infinity) ? `E${slot}` : "shared");

@@ -1,7 +1,7 @@
 // @ts-check
 // The token strip: coloured by input scores, or by the selected unit's per-position scores.
 import { h, legend, pressable } from "./dom.js";
-import { symmetricMax, divergingColor, textColor, formatScore, tokenLabel, neuronLabel, expertLabel } from "./helpers.js";
+import { symmetricMax, divergingColor, textColor, formatScore, tokenLabel, neuronLabel, expertLabel, headLabel, unitKind } from "./helpers.js";
 /** @typedef {import("./context.js").Ctx} Ctx */
 
 /** The scores the token strip shows now, and what they are. @param {Ctx} ctx */
@@ -10,7 +10,7 @@ export function stripScores(ctx) {
   const s = ctx.sel();
   if (s.head) {
     const d = ctx.detail(`head:${s.head[0]}:${s.head[1]}`);
-    if (d && d.by_key) return { scores: d.by_key, caption: `tokens coloured by head L${s.head[0]}.H${s.head[1]} (its edges from each key)` };
+    if (d && d.by_key) return { scores: d.by_key, caption: `tokens coloured by ${unitKind(data, s.head[0])} ${headLabel(data, s.head[0], s.head[1])} (its edges from each key)` };
   }
   if (s.neuron) {
     const d = ctx.detail(`neuron:${s.neuron[0]}:${s.neuron[1]}`);

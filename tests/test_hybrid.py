@@ -1,0 +1,221 @@
+"""Hybrid families (book: Beyond attention): LFM2's gated short convolutions beside attention layers.
+
+The autograd suite (test_families_autograd), the circuit graphs (test_circuit) and MIB (test_mib) run on the hybrids
+with every other family. Here: the convolution's edge scores against the block's own forward run one key at a time,
+its units named by kind in results, reports, files and graphs, and every edit that would make the rule wrong
+refused by name with the model left as it was.
+"""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+import dpa
+from dpa.families import layer_modules
+
+from .conftest import random_ids, tiny_model
+
+TARGET = 5
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model("lfm2", 2)
+
+
+def _state(model):
+    return [(n, p.data_ptr(), p.dtype, p.requires_grad) for n, p in model.named_parameters()] + [
+        (n, type(m), tuple(m._forward_hooks), tuple(m._forward_pre_hooks), "forward" in vars(m))
+        for n, m in model.named_modules()]
+
+
+def test_the_layers_and_their_units(model):
+    spec = dpa.spec_for(model)
+    assert spec.layer_kinds == ("conv", "attention", "conv") and spec.mixed
+    mods = layer_modules(model, spec)
+    assert [m.kind for m in mods] == ["conv", "attention", "conv"]
+    conv = mods[0]
+    assert conv.attention is model.model.layers[0].conv and conv.heads is model.model.layers[0].conv.out_proj
+    # B, C and x: the three blocks of in_proj, in the modelling code's order (BCx.chunk(3)), as key, query, value
+    d = spec.d_model
+    assert (conv.columns["key"], conv.columns["query"], conv.columns["value"]) == (
+        slice(0, d), slice(d, 2 * d), slice(2 * d, 3 * d))
+    assert mods[1].columns["query"] is None  # the attention layer's own projections
+
+
+def test_conv_edges_are_the_block_run_one_key_at_a_time(model):
+    """Edge (query t, key s) of unit h of a convolution layer: lambda_t . the block's output at t when only position
+    s of B * x reaches the convolution, over the unit's channels. Computed here by running the module's own
+    convolution on a masked input (no lag arithmetic of dpa's), with lambda the gradient at out_proj's input."""
+    ids = random_ids(9)
+    res = dpa.attribute(model, None, ids, target=TARGET, edges=True)
+    spec = dpa.spec_for(model)
+    layer = 2
+    block = model.model.layers[layer].conv
+    res_lam = _lambda_at(model, ids, block.out_proj)
+    seen = {}
+    hooks = [block.in_proj.register_forward_hook(lambda _m, _a, out: seen.__setitem__("bcx", out.detach())),
+             block.out_proj.register_forward_pre_hook(lambda _m, a: seen.__setitem__("y", a[0]))]
+    try:
+        with torch.no_grad():
+            model(ids[None])
+    finally:
+        for h in hooks:
+            h.remove()
+    B, C, x = seen["bcx"].transpose(-1, -2).chunk(3, dim=-2)  # as Lfm2ShortConv.forward: [1 d t] each
+    t, width = len(ids), spec.d_model // spec.n_heads
+    want = torch.zeros(spec.n_heads, t, t, dtype=torch.float64)
+    for s in range(t):
+        z = torch.zeros_like(B)
+        z[..., s] = (B * x)[..., s]
+        conv = torch.nn.functional.conv1d(z, block.conv.weight, padding=block.conv.padding[0], groups=spec.d_model)
+        y = (C * conv[..., :t])[0].T  # [t d]: the block's output (before out_proj) from key s alone
+        want[:, :, s] = (res_lam * y).view(t, spec.n_heads, width).sum(-1).T
+    torch.testing.assert_close(res.edge_scores[layer], want, rtol=1e-10, atol=1e-12)
+    assert (want.abs() > 0).sum() > t  # not vacuous: several keys per query
+    torch.testing.assert_close(res.edge_scores[layer].sum((1, 2)), res.head_scores[layer], rtol=1e-10, atol=1e-12)
+
+
+def _lambda_at(model, ids, module):
+    """The linearised model's gradient of the target at ``module``'s input (the default weights), by dpa's
+    read-out of the head inputs."""
+    from dpa.backward import Readout, run
+    from dpa.request import build
+
+    class HeadInputs(Readout):
+        record = frozenset({"head_inputs"})
+
+        def tensors(self, rec, spec):
+            return [rec.head_inputs[2]]
+
+        def read(self, ctx, grads):
+            return grads[0]
+
+    req = build(model, None, ids, TARGET)
+    out = run(model, req, {"lam": HeadInputs()}).out["lam"]
+    return out[0]
+
+
+def test_units_are_named_by_kind_in_results_reports_files_and_graphs(model, tmp_path):
+    res = dpa.attribute(model, None, random_ids(9), target=TARGET)
+    assert res.layer_kinds == ["conv", "head", "conv"] and res.unit_kinds == ("conv", "head")
+    top = res.top_components(50)
+    kinds = {c.kind for c in top["positive"] + top["negative"]}
+    assert kinds == {"conv", "head", "neuron"}
+    assert all(res.layer_kinds[c.layer] == c.kind for c in top["positive"] + top["negative"] if c.kind != "neuron")
+    only = res.top_components(3, kinds=("head",))
+    assert {c.layer for c in only["positive"] + only["negative"]} == {1}
+    with pytest.raises(dpa.InputError, match="'conv'"):
+        res.top_components(3, kinds=("ssm",))
+    assert "conv L" in res.summary() and "conv units, attention heads and MLP neurons ranked together" in res.summary()
+    path = tmp_path / "r.json"
+    res.to_json(str(path))
+    back = dpa.Attribution.from_json(path)
+    assert back.layer_kinds == res.layer_kinds
+    bad = res.to_dict()
+    bad["layer_kinds"] = ["conv", "head"]
+    with pytest.raises(dpa.InputError, match="layer_kinds"):
+        dpa.Attribution.from_dict(bad)
+    circ = dpa.circuit(model, None, random_ids(9), target=TARGET, nodes=12)
+    labels = [n.label for n in circ.nodes if n.kind == "head"]
+    assert labels and all((".C" in lab) == (not lab.startswith("L1.")) for lab in labels)
+
+
+def test_the_widget_payload_says_what_each_row_is(model):
+    from dpa_widgets.payload import view_payload as payload
+
+    data = payload(dpa.attribute(model, None, random_ids(9), target=TARGET, effective_targets=True))
+    assert data["layer_kinds"] == ["conv", "head", "conv"] and data["unit_letters"] == {"conv": "C", "head": "H"}
+    assert data["unit_width"] == 8  # d_model 32 over 4 units
+    plain = payload(dpa.attribute(tiny_model("llama", 2), None, random_ids(9), target=TARGET))
+    assert "layer_kinds" not in plain
+
+
+def test_methods_that_read_attention_probabilities_are_not_offered_and_refuse_by_name(model):
+    from dpa.baselines import COMPONENT_METHODS, INPUT_METHODS, READ_ATTENTION, supports
+
+    spec = dpa.spec_for(model)
+    offered = {n for table in (INPUT_METHODS, COMPONENT_METHODS) for n, f in table.items() if supports(f, spec)}
+    assert offered == {"dpa", "dpa_mid", "random", "gradient", "input_x_gradient", "integrated_gradients", "occlusion"}
+    before = _state(model)
+    for fn in READ_ATTENTION:
+        with pytest.raises(dpa.UnsupportedModelError, match=r"layers\[0\].*conv|conv layers"):
+            fn(model, None, random_ids(6), target=TARGET)
+        assert _state(model) == before
+
+
+def _copy():
+    return tiny_model("lfm2", 2)
+
+
+def test_a_bias_inside_the_product_is_refused():
+    model = tiny_model("lfm2", 2, conv_bias=True)
+    with pytest.raises(dpa.UnsupportedModelError, match="conv_bias"):
+        dpa.attribute(model, None, random_ids(5), target=TARGET)
+
+
+@pytest.mark.parametrize("edit, match", [
+    ("patched forward", r"layers\[0\]\.conv is a .* forward is its own"),
+    ("conv bias", r"layers\[0\]\.conv\.conv .*bias"),
+    ("extra parameter", r"layers\[0\]\.conv holds the parameters"),
+    ("lora in_proj", r"layers\[0\]\.conv\.in_proj"),
+    ("gelu mlp", r"layers\[1\]\.feed_forward .*does not compute w2\(silu"),
+    ("swapped layer", r"does not have the modules of a lfm2 layer"),
+], ids=lambda x: x if " " in x else "")
+def test_edits_that_break_the_rule_are_refused_by_name_and_the_model_left_as_it_was(edit, match):
+    model = _copy()
+    layers = model.model.layers
+    if edit == "patched forward":
+        cls = type(layers[0].conv)
+        layers[0].conv.__class__ = type("Patched", (cls,), {"forward": lambda self, *a, **k: cls.forward(self, *a, **k)})
+    elif edit == "conv bias":
+        layers[0].conv.conv.bias = torch.nn.Parameter(torch.zeros(32, dtype=torch.float64), requires_grad=False)
+    elif edit == "extra parameter":
+        layers[0].conv.register_parameter("scale", torch.nn.Parameter(torch.ones(1, dtype=torch.float64)))
+    elif edit == "lora in_proj":
+        class Lora(torch.nn.Linear):
+            def forward(self, x):
+                return super().forward(x) * 1.01
+        old = layers[0].conv.in_proj
+        new = Lora(32, 96, bias=False).double()
+        new.weight = old.weight
+        layers[0].conv.in_proj = new
+    elif edit == "gelu mlp":
+        mlp = layers[1].feed_forward
+        mlp.forward = types.MethodType(lambda self, x: self.w2(torch.nn.functional.gelu(self.w1(x)) * self.w3(x)), mlp)
+    elif edit == "swapped layer":
+        layers[0], layers[1] = layers[1], layers[0]
+    before = _state(model)
+    with pytest.raises(dpa.UnsupportedModelError, match=match):
+        dpa.attribute(model, None, random_ids(5), target=TARGET)
+    assert _state(model) == before
+
+
+def test_model_state_after_a_refused_explicit_call_is_unchanged(model):
+    before = _state(model)
+    with pytest.raises(dpa.UnsupportedModelError, match="conv layer"):
+        dpa.baselines.activation_patching(model, None, random_ids(6), target=TARGET)
+    assert _state(model) == before
+
+
+def test_the_benchmark_runs_what_a_hybrid_has_and_refuses_head_ablations_before_any_work(model, tmp_path):
+    from dpa.evaluate import Settings, evaluate
+
+    from .test_evaluate import tiny_dataset, word_tokenizer
+
+    tok = word_tokenizer()
+    tiny_dataset(model, tmp_path / "data", n=2)
+    common = dict(dataset="known_1000", min_probability=0.0, data_dir=str(tmp_path / "data"))
+    inputs = evaluate(model, tok, Settings(unit="input", methods=("dpa", "gradient"), **common), tmp_path / "in",
+                      progress=False, figures=False)
+    assert set(inputs["methods"]) == {"dpa", "gradient"} and inputs["n_evaluated"] >= 1
+    neurons = evaluate(model, tok, Settings(unit="component", component_units="neurons", methods=("dpa",), **common),
+                       tmp_path / "neurons", progress=False, figures=False)
+    assert neurons["n_evaluated"] == inputs["n_evaluated"]
+    with pytest.raises(dpa.UnsupportedModelError, match="conv layers without attention probabilities"):
+        evaluate(model, tok, Settings(unit="component", methods=("dpa",), **common), tmp_path / "heads",
+                 progress=False, figures=False)
+    assert not (tmp_path / "heads").exists() or not any((tmp_path / "heads").iterdir())
