@@ -325,6 +325,37 @@ def test_moe_save_html_shows_the_experts(browser, tmp_path, tiny_moe, width):  #
         page.close()
 
 
+def test_hybrid_save_html_names_each_rows_units(browser, tmp_path):  # noqa: F811
+    """A hybrid (LFM2: convolution, attention, convolution) on a static page: each heat-map row says its kind,
+    a convolution unit's hover and details name it L0.C3 with its channels, an attention head's L1.H2 with its KV
+    group."""
+    model = tiny_model("lfm2", 2)
+    result = dpa.attribute(model, None, random_ids(9).tolist(), edges=True, neuron_positions=True,
+                           effective_targets=True)
+    path = save_html(CircuitWidget(result, model, None), tmp_path / "hybrid.html")
+    page, blocked, errors = open_offline(browser, path, 1400)
+    try:
+        widget_el = page.locator(".dpa-circuit")
+        heat = widget_el.locator("svg.dpa-heatmap").first
+        heat.locator("rect.dpa-head").nth(11).wait_for(timeout=30_000)
+        ticks = heat.locator("text.dpa-tick").all_text_contents()
+        assert {"L0 conv", "L1 attn", "L2 conv"} <= set(ticks), ticks
+        captions = widget_el.locator(".dpa-panel .dpa-caption").all_inner_texts()
+        assert any("heads and conv units (layer × unit)" in c for c in captions), captions
+        heat.locator('rect.dpa-head[data-layer="0"][data-head="3"]').hover()
+        hover = widget_el.locator(".dpa-hover").inner_text()
+        assert hover.startswith("conv L0.C3 (channels 24–31): "), hover
+        heat.locator('rect.dpa-head[data-layer="1"][data-head="2"]').hover()
+        assert widget_el.locator(".dpa-hover").inner_text().startswith("head L1.H2 (KV group 1): ")
+        heat.locator('rect.dpa-head[data-layer="2"][data-head="1"]').click()
+        title = widget_el.locator(".dpa-detail .dpa-detail-title").first
+        title.wait_for(timeout=5_000)
+        assert title.inner_text().startswith("conv L2.C1 · "), title.inner_text()
+        finish_offline_page(page, widget_el, shots(tmp_path) / "save-html-hybrid-1400.png", 1400, errors, blocked)
+    finally:
+        page.close()
+
+
 MOE_SETUP = f"""\
 import sys
 sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})  # the repository: tests.conftest
