@@ -19,7 +19,6 @@ import torch
 from torch import nn
 
 from .errors import UnsupportedModelError
-from .files import plain_settings
 from .guard import checking
 from .mixers import check_inline_mlp, check_mixer, check_mixer_config, layer_kinds, mixer_layer_types
 from .registry import (BRANCHES, FAMILIES, LAYOUTS, LENGTH_DEPENDENT_ROPE, METADATA_KEYS, ROPE_TYPES, Experts,
@@ -28,7 +27,7 @@ from .rules.norm import NORM_KINDS
 from .spec import (LayerModules, ModelSpec, context_length, get, in_features, is_projection, layer_modules,
                    neuron_direction, norm_eps, own_forward, post_norms, rope_depends_on_length, rope_settings, weight_rows,
                    why_not_projection)
-from .state_checks import check_not_compiled
+from .state_checks import check_not_compiled, module_state
 
 __all__ = ["BRANCHES", "FAMILIES", "LAYOUTS", "LENGTH_DEPENDENT_ROPE", "METADATA_KEYS", "ROPE_TYPES", "Experts",
            "Family", "LayerModules", "ModelSpec", "activation_kind", "check_activations", "check_config",
@@ -80,11 +79,11 @@ def check_config(config) -> Family:
         if factor not in (None, 1, 1.0) and not family.partial_rotary:
             raise _config_error("partial_rotary_factor", factor, f"the {model_type} description rotates whole "
                                 "heads (partial rotary embeddings are known for phi3 and gpt_neox)")
-    mixers = mixer_layer_types(family)
+    known = (*family.attention_types, *mixer_layer_types(family))
     for i, kind in enumerate(getattr(config, "layer_types", None) or []):
-        if kind not in ("full_attention", "sliding_attention", *mixers):
-            raise _config_error(f"layer_types[{i}]", kind, "only full and sliding attention are supported" + (
-                f", and {', '.join(mixers)} layers" if mixers else ""))
+        if kind not in known:
+            raise _config_error(f"layer_types[{i}]", kind, f"the {model_type} description knows the layer types "
+                                f"{', '.join(known)}")
     check_mixer_config(config, family)
     return family
 
@@ -309,7 +308,9 @@ def _check_layers(layers, model_family: Family, kinds: tuple[str, ...]) -> None:
             if not is_projection(proj):
                 raise UnsupportedModelError(f"unsupported module: layers[{i}].{path} is {why_not_projection(proj)}")
             if proj.bias is not None and not family.biases and branch not in family.biased_branches:
-                what = "attention_bias=True" if branch in ("query", "key", "value") else "an MLP bias"
+                mixer = next((m for m in family.mixers if m.kind == kinds[i]), None)
+                what = ("an MLP bias" if branch not in ("query", "key", "value") else "attention_bias=True"
+                        if mixer is None else f"a bias inside the {mixer.kind} block ({', '.join(mixer.biases)}?)")
                 raise UnsupportedModelError(f"unsupported config setting {what} (layers[{i}].{path} has a bias)")
         if family.moe is not None:
             check_experts(layer, family, i)
@@ -348,37 +349,6 @@ def spec_for(model: nn.Module) -> ModelSpec:
     spec = _spec_for(model, config)
     _SPECS[model] = (fingerprint, spec)
     return spec
-
-
-def module_state(model: nn.Module) -> list:
-    """What the checks and the modules dpa looks up depend on, besides the config, walked from ``model``: each
-    module's class, its parameters (name, identity, dtype, shape), its plain settings and its children (name and the object itself,
-    kept alive by the list, so that no other module can take its place unseen; a parameter's identity matters
-    only where dpa keeps the object, which then stays alive too: GPT-OSS's sinks). Equal lists: the same modules
-    at the same places, the same parameters. About 1 ms per call on a 135M-parameter model."""
-    state: list = []
-    add = state.append
-    seen, stack = {id(model)}, [model]
-    while stack:
-        m = stack.pop()
-        add(type(m))
-        params, children = m._parameters, m._modules
-        add(len(params))
-        for name, p in params.items():
-            add(name)
-            if p is None:
-                add(None)
-            else:
-                add(id(p)), add(p.dtype), add(p.shape)
-        for k, v in plain_settings(m):  # an attention's head_dim, soft-cap or scaling
-            add(k), add(v)
-        add(len(children))
-        for name, child in children.items():
-            add(name), add(child)
-            if child is not None and id(child) not in seen:
-                seen.add(id(child))
-                stack.append(child)
-    return state
 
 
 def _spec_for(model: nn.Module, config) -> ModelSpec:
@@ -462,10 +432,11 @@ def _check_attention(layers, family: Family, spec: ModelSpec) -> None:
         if spec.kind(i) != "attention":  # a mixer block (LFM2's convolution): its own checks
             mixer = next(m for m in family.mixers if m.kind == spec.kind(i))
             check_mixer(layer, mixer, spec.d_model, i)
-            if spec.d_model % spec.n_heads:
+            if spec.d_model != spec.n_heads * spec.d_head:
                 raise UnsupportedModelError(
-                    f"unsupported model: hidden_size={spec.d_model} is not a multiple of num_attention_heads="
-                    f"{spec.n_heads}; dpa scores a {mixer.kind} layer's channels in n_heads groups")
+                    f"unsupported model: hidden_size={spec.d_model} is not num_attention_heads x head_dim = "
+                    f"{spec.n_heads} x {spec.d_head}; dpa scores a {mixer.kind} layer's channels in the heads' place, "
+                    "n_heads groups of head_dim channels, so the two must agree (they do in the released LFM2 models)")
             continue
         attn = get(layer, family.attention)
         for name, value in settings.items():

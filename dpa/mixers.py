@@ -83,6 +83,39 @@ def check_mixer(layer: nn.Module, mixer: Mixer, d_model: int, i: int) -> None:
     if names != known:
         raise UnsupportedModelError(f"unsupported module: {where} holds the parameters {sorted(names)}; the "
                                     f"{mixer.kind} rule reads exactly {sorted(known)}, so it would miss the others")
+    _check_computes(block, get(layer, mixer.in_proj), get(layer, mixer.heads), conv, where, mixer.kind)
+
+
+def gated_conv(in_proj: nn.Module, out_proj: nn.Module, conv: nn.Conv1d, h: torch.Tensor) -> torch.Tensor:
+    """The gated short convolution, written from the book (gated-short-convolution): [B | C | x] = in_proj(h),
+    out_proj(C * conv(B * x)) with the depthwise causal convolution (K - 1 zeros before the first position)."""
+    B, C, x = in_proj(h).chunk(3, dim=-1)
+    k, t = conv.weight.shape[-1], h.shape[-2]
+    mixed = torch.nn.functional.conv1d((B * x).transpose(-1, -2), conv.weight, padding=k - 1, groups=conv.groups)
+    return out_proj(C * mixed[..., :t].transpose(-1, -2))
+
+
+def _check_computes(block: nn.Module, in_proj: nn.Module, out_proj: nn.Module, conv: nn.Conv1d, where: str,
+                    kind: str) -> None:
+    """The block's own forward computes the rule's block (``gated_conv``) on a probe: a patched forward (also one
+    wrapped with functools.wraps), a patched function of its modelling file (its convolution, its padding mask)
+    or a kernel computing something else is refused by name. To the dtype's rounding: a kernel may sum in
+    another order."""
+    w = weight_rows(in_proj)
+    h = (torch.randn(1, 5, w.shape[1], generator=torch.Generator().manual_seed(0))).to(w.device, w.dtype)
+    try:
+        with torch.no_grad():
+            own, want = block(h), gated_conv(in_proj, out_proj, conv, h)
+        tol = 1e-9 if w.dtype == torch.float64 else 1e-4 if w.dtype == torch.float32 else 3e-2
+        same = own.shape == want.shape and bool(torch.allclose(own.double(), want.double(), rtol=tol,
+                                                               atol=tol * float(want.abs().max())))
+    except Exception:  # noqa: BLE001 -- a block that cannot run on the probe is not the one described
+        same = False
+    if not same:
+        raise UnsupportedModelError(
+            f"unsupported module: {where} ({type(block).__name__}) does not compute out_proj(C * conv(B * x)), the "
+            f"{kind} block dpa linearises (its forward, or a function it calls, patched?): dpa refuses rather than "
+            "attribute another computation with this rule")
 
 
 def glu(activation) -> object:

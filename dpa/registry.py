@@ -192,6 +192,8 @@ class Family:
     #   read by: explicit
     mixers: tuple[Mixer, ...] = ()  # token mixers other than attention, on the layers the config's layer_types marks
     #   read by: families (ModelSpec.layer_kinds), spec (layer_modules)
+    attention_types: tuple[str, ...] = ("full_attention", "sliding_attention")  # the layer_types of its attention
+    #   read by: families (checks the config)
 
     def on_layer(self, kind: str) -> Family:
         """The description of a layer whose token mixer is ``kind``: this one for attention; for a ``Mixer``'s, its
@@ -293,7 +295,7 @@ LFM2 = QWEN3.with_(  # diff with Qwen 3: gated short convolutions in place of at
     head_norms=("self_attn.q_layernorm", "self_attn.k_layernorm"), heads="self_attn.out_proj", mlp="feed_forward",
     branches={"query": "self_attn.q_proj", "key": "self_attn.k_proj", "value": "self_attn.v_proj",
               "gate": "feed_forward.w1", "up": "feed_forward.w3"}, activation=None, neurons="feed_forward.w2",
-    activation_config=(None, ((None, "silu"),)),
+    activation_config=(None, ((None, "silu"),)), attention_types=("full_attention",),  # no sliding window
     mixers=(Mixer("conv", "conv", module="conv", in_proj="conv.in_proj", factors=("key", "query", "value"),
                   heads="conv.out_proj", biases=("conv_bias",)),))
 

@@ -172,10 +172,11 @@ def completeness_lines(res: Attribution) -> list[str]:
 
 def summary_lines(res: Attribution) -> list[tuple[str, str]]:
     """(label, text) pairs shared by the terminal and HTML reports."""
-    layers, heads = res.head_scores.shape
-    sizes = (f"{heads} heads and {res.neuron_scores.shape[1]} neurons per layer" if res.neuron_scores is not None
-             else f"{heads} heads and {res.neuron_top.d_mlp} neurons per layer; the top {res.neuron_top.k} neurons of "
-             "each sign saved" if res.neuron_top is not None else f"{heads} heads per layer; neuron scores not saved")
+    layers, width = res.head_scores.shape
+    heads = f"{width} {'heads' if res.unit_kinds == ('head',) else ' or '.join(_units(res)).replace('attention ', '')}"
+    sizes = (f"{heads} and {res.neuron_scores.shape[1]} neurons per layer" if res.neuron_scores is not None
+             else f"{heads} and {res.neuron_top.d_mlp} neurons per layer; the top {res.neuron_top.k} neurons of "
+             "each sign saved" if res.neuron_top is not None else f"{heads} per layer; neuron scores not saved")
     rows = [("model", f"{res.model_name} ({layers} layers, {sizes})")]
     if res.top_predictions:
         (tok, p), rest = res.top_predictions[0], res.top_predictions[1:]
@@ -308,7 +309,10 @@ def _count(n: int, noun: str) -> str:
 
 def circuit_lines(circ) -> list[tuple[str, str]]:
     """(label, text) pairs about a circuit graph, shared by the terminal and HTML pages."""
-    heads = sum(1 for n in circ.nodes if n.kind == "head")
+    letters = {m.letter: m.kind for f in FAMILIES.values() for m in f.mixers}  # a hybrid's units: L0.C3 is conv
+    kinds = [letters.get(n.label.split(".")[1][0], "head") for n in circ.nodes if n.kind == "head"]
+    mixers = {k: kinds.count(k) for k in dict.fromkeys(kinds) if k != "head"}
+    heads = kinds.count("head")
     neurons = sum(1 for n in circ.nodes if n.kind == "neuron")
     units = circ.units
     where = "at a position" if circ.positions else "over all positions"
@@ -318,7 +322,9 @@ def circuit_lines(circ) -> list[tuple[str, str]]:
     rest = sum(abs(float(circ.edges[i, n.of])) for i, n in enumerate(circ.nodes) if n.kind == "rest" and n.of in units)
     gap = float(circ.in_gap[units].abs().sum())
     return [("model", circ.model_name), ("target", describe_target(circ)), ("weights μ", describe_weights(circ)),
-            ("graph", f"{_count(len(units), 'unit')} ({_count(heads, 'head')}, {_count(neurons, 'neuron')}) {where}, "
+            ("graph", f"{_count(len(units), 'unit')} ({_count(heads, 'head')}, "
+                      + "".join(f"{_count(n, f'{k} unit')}, " for k, n in mixers.items())
+                      + f"{_count(neurons, 'neuron')}) {where}, "
                       f"{_count(len(circ.tokens), 'token')}, {_count(edges, 'edge')}"),
             ("in-flow", f"of the units' |scores|, {rest / total:.1%} comes from units left out (rest nodes) and "
                         f"{gap / total:.1%} from the control paths (query/key, gate: the in-flow gap)")]

@@ -4,6 +4,8 @@ The checks that make a model a ``ModelSpec`` are in ``families.py`` (``spec_for`
 
 from __future__ import annotations
 
+import functools
+import os
 import weakref
 from dataclasses import dataclass, field
 
@@ -158,8 +160,20 @@ def is_projection(module: nn.Module) -> bool:
 
 
 def own_forward(module: nn.Module) -> bool:
-    """Whether ``module``'s class has a forward of its own (a subclass's), not transformers'."""
-    return not getattr(type(module).forward, "__module__", "").startswith("transformers")
+    """Whether ``module``'s class has a forward of its own (a subclass's, a patch's), not transformers': its code
+    is not in transformers' files (``functools.wraps`` copies a name and a module, not the code)."""
+    forward = type(module).forward
+    code = getattr(forward, "__code__", None)
+    if code is None:  # not a plain function (a callable object, a builtin): nothing vouches for it
+        return True
+    return not os.path.abspath(code.co_filename).startswith(_transformers_dir())
+
+
+@functools.lru_cache(maxsize=1)
+def _transformers_dir() -> str:
+    import transformers  # on first use: ``import dpa`` does not import transformers
+
+    return os.path.dirname(os.path.abspath(transformers.__file__)) + os.sep
 
 
 def why_not_projection(module: nn.Module) -> str:

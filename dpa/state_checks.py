@@ -1,14 +1,18 @@
 """A model in an unexpected state, refused by name before anything changes: hooks from outside dpa (global or on a
 module), a forward patched on an instance, a ``torch.compile``'d module, autocast, weights that are not where dpa
 reads them (offloaded by accelerate, on the meta device, inference tensors). ``guard.model_state`` runs them on
-every call."""
+every call. ``module_state``: what the family checks depend on, compared on every call (``families.spec_for``)."""
 
 from __future__ import annotations
+
+import sys
+import types
 
 import torch
 from torch import nn
 
 from .errors import ModelStateError
+from .files import plain_settings
 
 
 # Hooks that never change a value: transformers' output capturing (records outputs) and the hook
@@ -59,6 +63,10 @@ def check_not_compiled(name: str, module: nn.Module) -> None:
         raise ModelStateError(f"{name or 'the model'} is a torch.compile'd module: dpa runs the model's own modules "
                               f"eagerly, with its rules on them; put the original back ({name or 'model'}._orig_mod) "
                               "before attributing")
+    if getattr(module, "_compiled_call_impl", None) is not None:  # Module.compile(): compiled in place
+        raise ModelStateError(f"{name or 'the model'} was compiled in place ({name or 'model'}.compile()): dpa runs "
+                              "the model's own modules eagerly, with its rules on them; attribute a copy made before "
+                              "compiling, or load the model again")
 
 
 def check_module_hooks(name: str, module: nn.Module) -> None:
@@ -140,3 +148,42 @@ def check_loaded(model: nn.Module) -> None:
                     raise ModelStateError(f"{name + '.' if name else ''}{key} (a {kind}) is an inference tensor (the "
                                           "model was built or loaded inside torch.inference_mode()); dpa runs a "
                                           "backward through the model: load it outside inference_mode")
+
+
+def module_state(model: nn.Module) -> list:
+    """What the checks and the modules dpa looks up depend on, besides the config, walked from ``model``: each
+    module's class, its parameters (name, identity, dtype, shape), its plain settings and its children (name and the object itself,
+    kept alive by the list, so that no other module can take its place unseen; a parameter's identity matters
+    only where dpa keeps the object, which then stays alive too: GPT-OSS's sinks). Equal lists: the same modules
+    at the same places, the same parameters. Each class's forward and the functions of the modules that define
+    the classes (a class or a modelling file patched after a first call: ``Lfm2ShortConv.forward``,
+    ``modeling_lfm2.causal_conv1d_fn``) are part of it too, so the checks that probe forwards run again. About 1 ms
+    per call on a 135M-parameter model."""
+    state: list = []
+    add = state.append
+    seen, stack = {id(model)}, [model]
+    files: dict[str, None] = {}
+    while stack:
+        m = stack.pop()
+        add(type(m)), add(type(m).forward)
+        files[type(m).__module__] = None
+        params, children = m._parameters, m._modules
+        add(len(params))
+        for name, p in params.items():
+            add(name)
+            if p is None:
+                add(None)
+            else:
+                add(id(p)), add(p.dtype), add(p.shape)
+        for k, v in plain_settings(m):  # an attention's head_dim, soft-cap or scaling
+            add(k), add(v)
+        add(len(children))
+        for name, child in children.items():
+            add(name), add(child)
+            if child is not None and id(child) not in seen:
+                seen.add(id(child))
+                stack.append(child)
+    for name in files:  # the functions each modelling file's classes call (its module-level names)
+        namespace = vars(sys.modules[name]) if name in sys.modules else {}
+        state.extend(v for v in namespace.values() if isinstance(v, types.FunctionType))
+    return state

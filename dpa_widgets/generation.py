@@ -21,7 +21,7 @@ from dpa.checks import check_int
 from dpa.generation import Generation
 
 from .circuit import TraitValueError, UserTraits
-from .payload import rounded
+from .payload import rounded, unit_layout
 
 STATIC = Path(__file__).parent / "static"
 TOP = 10  # neurons and sources listed per step, of each sign
@@ -85,6 +85,7 @@ def payload(gen: Generation, top: int = TOP) -> dict:
         "tokens": list(gen.tokens), "prompt_length": n, "text": list(gen.text), "weights": first.weights.to_dict(),
         "rows": [rounded(gen.scores[j, :n + j]) for j in range(len(gen.steps))], "steps": steps,
         "n_layers": first.head_scores.shape[0], "n_heads": first.head_scores.shape[1],
+        **unit_layout(first),  # a hybrid: what each row of the heads' grid is (LFM2's convolution units)
     }
 
 

@@ -27,7 +27,8 @@ def run(model: nn.Module, result: Attribution, *, mode: str, units: str, k: int,
 
     units="selection" ablates the selected head and/or neuron, or the selected token when
     only a token is selected; "top_tokens" the k tokens with the highest DPA score;
-    "top_components" the k heads and neurons with the highest DPA scores (ranked jointly).
+    "top_components" the k attention heads and neurons with the highest DPA scores (ranked jointly; the units
+    ablation reaches: experts and a hybrid's convolution units are not among them).
     """
     check_choice("mode", mode, MODES)
     check_choice("units", units, UNITS)
@@ -44,7 +45,7 @@ def run(model: nn.Module, result: Attribution, *, mode: str, units: str, k: int,
         heads = [tuple(head)] if head is not None else []
         neurons = [tuple(neuron)] if neuron is not None else []
     else:
-        top = result.top_components(k)["positive"]
+        top = result.top_components(k, kinds=("head", "neuron"))["positive"]
         heads = [(c.layer, c.index) for c in top if c.kind == "head"]
         neurons = [(c.layer, c.index) for c in top if c.kind == "neuron"]
     return _components(model, result, mode, heads, neurons)

@@ -8,6 +8,7 @@ refused by name with the model left as it was.
 
 from __future__ import annotations
 
+import functools
 import types
 
 import pytest
@@ -219,3 +220,73 @@ def test_the_benchmark_runs_what_a_hybrid_has_and_refuses_head_ablations_before_
         evaluate(model, tok, Settings(unit="component", methods=("dpa",), **common), tmp_path / "heads",
                  progress=False, figures=False)
     assert not (tmp_path / "heads").exists() or not any((tmp_path / "heads").iterdir())
+
+
+def _gelu_mlp(self, x):
+    return self.w2(torch.nn.functional.gelu(self.w1(x)) * self.w3(x))
+
+
+def _tanh_of(forward):
+    @functools.wraps(forward)  # copies the name and the module, not the code
+    def patched(self, *args, **kwargs):
+        return torch.tanh(forward(self, *args, **kwargs))
+    return patched
+
+
+@pytest.mark.parametrize("patch", ["mlp class", "conv class wrapped", "conv function", "norm class"])
+def test_patches_made_after_a_first_call_are_refused_by_name(patch, monkeypatch):
+    """A class's forward or a function of its modelling file patched after dpa checked the model once: the checks
+    run again (their cache keys on each class's forward and its file's functions) and refuse it by name."""
+    from transformers.models.lfm2 import modeling_lfm2 as lfm2
+
+    model = _copy()
+    ids = random_ids(7)
+    dpa.attribute(model, None, ids, target=TARGET)
+    conv_fn = lfm2.causal_conv1d_fn
+    change = {"mlp class": (lfm2.Lfm2MLP, "forward", _gelu_mlp, "does not compute w2"),
+              "conv class wrapped": (lfm2.Lfm2ShortConv, "forward", _tanh_of(lfm2.Lfm2ShortConv.forward),
+                                     "forward is its own"),
+              "conv function": (lfm2, "causal_conv1d_fn", lambda h, w, b=None, activation=None, **k:
+                                torch.nn.functional.silu(conv_fn(h, w, b)), r"does not compute out_proj\(C"),
+              "norm class": (lfm2.Lfm2RMSNorm, "forward", _tanh_of(lfm2.Lfm2RMSNorm.forward), "forward is its own|rms")}
+    owner, name, value, match = change[patch]
+    monkeypatch.setattr(owner, name, value)
+    before = _state(model)
+    with pytest.raises(dpa.UnsupportedModelError, match=match):
+        dpa.attribute(model, None, ids, target=TARGET)
+    assert _state(model) == before
+
+
+def test_a_block_compiled_in_place_is_refused():
+    model = _copy()
+    model.model.layers[0].conv.compile()
+    with pytest.raises(dpa.DPAError, match=r"compiled in place"):
+        dpa.attribute(model, None, random_ids(5), target=TARGET, edges=True)
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (dict(layer_types=["conv", "sliding_attention", "conv"]), "knows the layer types full_attention, conv"),
+    (dict(head_dim=16), r"not num_attention_heads x head_dim"),
+])
+def test_configs_the_rule_does_not_describe_are_refused(overrides, match):
+    with pytest.raises(dpa.UnsupportedModelError, match=match):
+        dpa.attribute(tiny_model("lfm2", 2, **overrides), None, random_ids(5), target=TARGET)
+
+
+def test_the_recomputing_baselines_refuse_an_mlp_without_an_activation_module():
+    from dpa.baselines import RECOMPUTE_LAYERS, depass, supports
+
+    model = tiny_model("lfm2", 2, layer_types=["full_attention"] * 3)  # no convolution: attention only
+    assert not any(supports(fn, dpa.spec_for(model)) for fn in RECOMPUTE_LAYERS)
+    with pytest.raises(dpa.UnsupportedModelError, match="activation as a function"):
+        depass(model, None, random_ids(6), target=TARGET)
+
+
+def test_verifying_the_top_components_ablates_heads_and_neurons_only(model):
+    from dpa_widgets.verify import run
+
+    res = dpa.attribute(model, None, random_ids(9), target=TARGET)
+    out = run(model, res, mode="disrupt", units="top_components", k=4)
+    top = res.top_components(4, kinds=("head", "neuron"))["positive"]
+    assert sorted(out["units"]) == sorted(f"L{c.layer}.{'H' if c.kind == 'head' else 'N'}{c.index}" for c in top)
+    assert any(c.kind == "conv" for c in res.top_components(4)["positive"])  # they were among the top: left out

@@ -57,6 +57,8 @@ def layout_problem(spec) -> str | None:
         return f"token mixers other than attention ({', '.join(sorted(set(spec.layer_kinds) - {'attention'}))} layers)"
     if getattr(parts, "moe", None) is not None:
         return "a mixture of experts in place of the MLP"
+    if parts.activation is None:
+        return "an MLP calling its activation as a function (no activation module to read)"
     if parts.norm_kind not in DIAGONAL_NORMS:
         return f"{parts.norm_kind} norms (the decomposition freezes norms of the kinds {', '.join(DIAGONAL_NORMS)})"
     if parts.fused:

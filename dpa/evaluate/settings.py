@@ -176,7 +176,8 @@ def check_supported(methods: dict[str, Callable], spec) -> None:
         raise UnsupportedModelError(f"method(s) {', '.join(unsupported)} do not handle the layers of {spec.family} "
                                     "(see dpa.baselines.supports: the methods that recompute layers from their "
                                     "weights read some layouts only, dpa_mid needs the residual between attention "
-                                    "and a dense MLP); leave them out (--methods)")
+                                    "and a dense MLP, and the methods that read attention probabilities do not run "
+                                    "on a hybrid's convolution layers); leave them out (--methods)")
 
 
 def sweep_methods(settings: Settings, families, ps) -> tuple[dict[str, Callable], list[dict]]:

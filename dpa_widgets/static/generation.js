@@ -101,7 +101,8 @@ function detail(data, j) {
     h("tr", {}, [h("th", { text: "" }), ...heads[0].map((_, k) => h("th", { text: `H${k}` }))]),
     ...heads.map((row, l) => h("tr", {}, [h("th", { text: `L${l}` }), ...row.map((v, k) => {
       const rgb = diverging(v, max);
-      return h("td", { style: `background:${css(rgb)}`, title: `head L${l} H${k}: ${fmt(v)}` });
+      const kind = data.layer_kinds?.[l] ?? "head";  // a hybrid's convolution rows: conv L0 C3
+      return h("td", { style: `background:${css(rgb)}`, title: `${kind} L${l} ${data.unit_letters?.[kind] ?? "H"}${k}: ${fmt(v)}` });
     })])),
   ]);
   const list = (/** @type {string} */ title, /** @type {string[]} */ items) =>
