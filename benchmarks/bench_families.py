@@ -1,0 +1,111 @@
+"""Cost of DPA against a gradient on random models of each family kind, tiny and mid-size, the same model and input.
+
+    python benchmarks/bench_families.py [--kinds attention conv] [--repeats 7] [--out FILE]
+
+One row per family kind and size: an attention model (Llama, the reference), and each kind of token mixer dpa
+linearises beside attention (LFM2's gated short convolution: "conv"). Each model is built from its family's
+config (``dpa.tiny.tiny_config``) with random weights in float32, no checkpoint needed: the cost of DPA against a
+gradient depends on the shapes, not on the values. Per row: the median seconds of a forward + autograd gradient of
+the target logit with respect to the embeddings (the bar) and of ``dpa.attribute`` with its defaults; the ratio is
+the median of each round's DPA / gradient, the two run interleaved (a busy machine slows both alike).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import machine_label  # noqa: E402
+
+# family kind -> (model_type, config overrides giving its layer pattern)
+KINDS = {
+    "attention": ("llama", {}),
+    "conv": ("lfm2", {}),  # LFM2's pattern: two convolution layers to each attention layer
+}
+SIZES = {  # name -> (config sizes, prompt length)
+    "tiny": (dict(hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=512, max_position_embeddings=512), 64),
+    "mid": (dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=12, num_attention_heads=8,
+                 num_key_value_heads=2, vocab_size=8192, max_position_embeddings=1024), 256),
+}
+
+
+def build(kind: str, size: str) -> torch.nn.Module:
+    from dpa.tiny import tiny_model
+
+    family, extra = KINDS[kind]
+    sizes, _ = SIZES[size]
+    layers = sizes["num_hidden_layers"]
+    overrides = dict(sizes, **extra)
+    if family == "lfm2":
+        overrides["layer_types"] = ["full_attention" if i % 3 == 2 else "conv" for i in range(layers)]
+    overrides.pop("head_dim", None)
+    return tiny_model(family, sizes["num_key_value_heads"], dtype=torch.float32, **overrides)
+
+
+def gradient(model, ids: torch.Tensor, target: int) -> None:
+    import dpa
+
+    spec = dpa.spec_for(model)
+    emb = spec.embed(model)(ids[None]).detach().requires_grad_(True)
+    h = spec.base(model)(inputs_embeds=emb, use_cache=False).last_hidden_state
+    (h[0, -1] @ spec.unembed(model).weight[target]).backward()
+
+
+def measure(kind: str, size: str, repeats: int) -> dict:
+    import dpa
+
+    model = build(kind, size)
+    n = SIZES[size][1]
+    ids = torch.randint(3, model.config.vocab_size, (n,), generator=torch.Generator().manual_seed(0))
+    target = 5
+    runs = {"gradient": lambda: gradient(model, ids, target), "dpa": lambda: dpa.attribute(model, None, ids, target=target)}
+    for fn in runs.values():  # warm-up at the measured length
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, fn in runs.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    spec = dpa.spec_for(model)
+    return {"kind": kind, "family": spec.family, "size": size, "tokens": n, "layers": spec.n_layers,
+            "layer_kinds": list(spec.layer_kinds) or ["attention"] * spec.n_layers, "d_model": spec.d_model,
+            "repeats": repeats, "gradient_s": statistics.median(times["gradient"]),
+            "dpa_s": statistics.median(times["dpa"]),
+            "dpa_over_gradient": statistics.median(d / g for d, g in zip(times["dpa"], times["gradient"]))}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS))
+    p.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
+    args = p.parse_args(argv)
+    torch.manual_seed(0)
+    rows = []
+    print(f"{'kind':<10} {'family':<7} {'size':<5} {'tokens':>6} {'gradient s':>11} {'dpa s':>8} {'dpa / gradient':>15}")
+    for kind in args.kinds:
+        for size in args.sizes:
+            r = measure(kind, size, args.repeats)
+            rows.append(r)
+            print(f"{kind:<10} {r['family']:<7} {size:<5} {r['tokens']:>6} {r['gradient_s']:>11.4f} {r['dpa_s']:>8.4f} "
+                  f"{r['dpa_over_gradient']:>15.2f}", flush=True)
+    if args.out is not None:
+        out = {"machine": machine_label(torch.device("cpu")), "dtype": "torch.float32",
+               "threads": torch.get_num_threads(), "rows": rows}
+        args.out.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
