@@ -11,6 +11,8 @@ block's forward transformers' own (a patched forward could compute anything else
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import nn
 
@@ -103,19 +105,24 @@ def _check_computes(block: nn.Module, in_proj: nn.Module, out_proj: nn.Module, c
     another order."""
     w = weight_rows(in_proj)
     h = (torch.randn(1, 5, w.shape[1], generator=torch.Generator().manual_seed(0))).to(w.device, w.dtype)
-    try:
-        with torch.no_grad():
-            own, want = block(h), gated_conv(in_proj, out_proj, conv, h)
-        tol = 1e-9 if w.dtype == torch.float64 else 1e-4 if w.dtype == torch.float32 else 3e-2
-        same = own.shape == want.shape and bool(torch.allclose(own.double(), want.double(), rtol=tol,
-                                                               atol=tol * float(want.abs().max())))
-    except Exception:  # noqa: BLE001 -- a block that cannot run on the probe is not the one described
-        same = False
-    if not same:
+    tol = 1e-9 if w.dtype == torch.float64 else 1e-4 if w.dtype == torch.float32 else 3e-2
+    close = lambda own, want: own.shape == want.shape and torch.allclose(  # noqa: E731
+        own.double(), want.double(), rtol=tol, atol=tol * float(want.abs().max()))
+    if not _agrees(lambda: block(h), lambda: gated_conv(in_proj, out_proj, conv, h), close):
         raise UnsupportedModelError(
             f"unsupported module: {where} ({type(block).__name__}) does not compute out_proj(C * conv(B * x)), the "
             f"{kind} block dpa linearises (its forward, or a function it calls, patched?): dpa refuses rather than "
             "attribute another computation with this rule")
+
+
+def _agrees(own: Callable[[], torch.Tensor], rule: Callable[[], torch.Tensor], same: Callable) -> bool:
+    """Whether a module's own computation and the rule's agree on a probe (no graph); a module that cannot run on
+    the probe is not the one described."""
+    try:
+        with torch.no_grad():
+            return bool(same(own(), rule()))
+    except Exception:  # noqa: BLE001 -- any failure on the probe: not the module the rule describes
+        return False
 
 
 def glu(activation) -> object:
@@ -141,12 +148,7 @@ def check_inline_mlp(layer: nn.Module, family: Family, kind: str, i: int) -> Non
         raise UnsupportedModelError(f"unsupported activation {kind} called inline by layers[{i}].{family.mlp}")
     w = weight_rows(gate)
     x = (2 * torch.randn(3, w.shape[1], generator=torch.Generator().manual_seed(0))).to(w.device, w.dtype)
-    try:
-        with torch.no_grad():
-            same = torch.equal(mlp(x), glu(ACTIVATIONS[kind])(gate, up, down, x))
-    except Exception:  # noqa: BLE001 -- an MLP that cannot run on the probe is not the one described
-        same = False
-    if not same:
+    if not _agrees(lambda: mlp(x), lambda: glu(ACTIVATIONS[kind])(gate, up, down, x), torch.equal):
         raise UnsupportedModelError(
             f"unsupported module: layers[{i}].{family.mlp} is a {type(mlp).__name__} that does not compute "
             f"{family.neurons.rsplit('.', 1)[-1]}({kind}({family.branches['gate'].rsplit('.', 1)[-1]}(x)) * "
