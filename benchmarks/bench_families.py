@@ -67,7 +67,8 @@ def measure(kind: str, size: str, repeats: int) -> dict:
     n = SIZES[size][1]
     ids = torch.randint(3, model.config.vocab_size, (n,), generator=torch.Generator().manual_seed(0))
     target = 5
-    runs = {"gradient": lambda: gradient(model, ids, target), "dpa": lambda: dpa.attribute(model, None, ids, target=target)}
+    runs = {"gradient": lambda: gradient(model, ids, target),
+            "dpa": lambda: dpa.attribute(model, None, ids, target=target)}
     for fn in runs.values():  # warm-up at the measured length
         fn()
     times: dict[str, list[float]] = {name: [] for name in runs}
@@ -93,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     torch.manual_seed(0)
     rows = []
-    print(f"{'kind':<10} {'family':<7} {'size':<5} {'tokens':>6} {'gradient s':>11} {'dpa s':>8} {'dpa / gradient':>15}")
+    print(f"{'kind':<10} {'family':<7} {'size':<5} {'tokens':>6} {'gradient s':>11} {'dpa s':>8} "
+          f"{'dpa / gradient':>15}")
     for kind in args.kinds:
         for size in args.sizes:
             r = measure(kind, size, args.repeats)

@@ -25,8 +25,8 @@ from .registry import (BRANCHES, FAMILIES, LAYOUTS, LENGTH_DEPENDENT_ROPE, METAD
                        Family)
 from .rules.norm import NORM_KINDS
 from .spec import (LayerModules, ModelSpec, context_length, get, in_features, is_projection, layer_modules,
-                   neuron_direction, norm_eps, own_forward, post_norms, rope_depends_on_length, rope_settings, weight_rows,
-                   why_not_projection)
+                   neuron_direction, norm_eps, own_forward, post_norms, rope_depends_on_length, rope_settings,
+                   weight_rows, why_not_projection)
 from .state_checks import check_not_compiled, module_state
 
 __all__ = ["BRANCHES", "FAMILIES", "LAYOUTS", "LENGTH_DEPENDENT_ROPE", "METADATA_KEYS", "ROPE_TYPES", "Experts",

@@ -171,7 +171,8 @@ def test_edits_that_break_the_rule_are_refused_by_name_and_the_model_left_as_it_
     layers = model.model.layers
     if edit == "patched forward":
         cls = type(layers[0].conv)
-        layers[0].conv.__class__ = type("Patched", (cls,), {"forward": lambda self, *a, **k: cls.forward(self, *a, **k)})
+        forward = lambda self, *a, **k: cls.forward(self, *a, **k)  # noqa: E731
+        layers[0].conv.__class__ = type("Patched", (cls,), {"forward": forward})
     elif edit == "conv bias":
         layers[0].conv.conv.bias = torch.nn.Parameter(torch.zeros(32, dtype=torch.float64), requires_grad=False)
     elif edit == "extra parameter":
