@@ -160,13 +160,18 @@ def is_projection(module: nn.Module) -> bool:
 
 
 def own_forward(module: nn.Module) -> bool:
-    """Whether ``module``'s class has a forward of its own (a subclass's, a patch's), not transformers': its code
-    is not in transformers' files (``functools.wraps`` copies a name and a module, not the code)."""
-    forward = type(module).forward
-    code = getattr(forward, "__code__", None)
-    if code is None:  # not a plain function (a callable object, a builtin): nothing vouches for it
-        return True
-    return not os.path.abspath(code.co_filename).startswith(_transformers_dir())
+    """Whether ``module``'s class has a forward of its own (a subclass's, a patch's), not transformers': some code
+    on its chain of wrappers is not in transformers' files. ``functools.wraps`` copies a name and a module, not the
+    code, and keeps the wrapped function as ``__wrapped__``: a patch wrapping transformers' forward has its own code,
+    and transformers' wrappers (``GradientCheckpointingLayer`` wraps every subclass's forward) keep a subclass's."""
+    forward, seen = type(module).forward, set()
+    while forward is not None and id(forward) not in seen:
+        seen.add(id(forward))
+        code = getattr(forward, "__code__", None)
+        if code is None or not os.path.abspath(code.co_filename).startswith(_transformers_dir()):
+            return True  # a callable object, a builtin or code of someone else's: nothing vouches for it
+        forward = getattr(forward, "__wrapped__", None)
+    return False
 
 
 @functools.lru_cache(maxsize=1)
