@@ -9,6 +9,7 @@ refused by name with the model left as it was.
 from __future__ import annotations
 
 import functools
+import json
 import types
 
 import pytest
@@ -291,3 +292,23 @@ def test_verifying_the_top_components_ablates_heads_and_neurons_only(model):
     top = res.top_components(4, kinds=("head", "neuron"))["positive"]
     assert sorted(out["units"]) == sorted(f"L{c.layer}.{'H' if c.kind == 'head' else 'N'}{c.index}" for c in top)
     assert any(c.kind == "conv" for c in res.top_components(4)["positive"])  # they were among the top: left out
+
+
+def test_the_command_line_attributes_a_saved_hybrid(tmp_path, capsys):
+    """``dpa attribute`` and ``dpa circuit`` on an LFM2 folder (random weights, a word-level tokenizer): the report
+    names the convolution units, the JSON keeps the layer kinds, the circuit labels them."""
+    from dpa.cli import main
+
+    from .test_evaluate import word_tokenizer
+
+    folder = tmp_path / "lfm2"
+    model = tiny_model("lfm2", 2, dtype=torch.float32)
+    model.save_pretrained(folder)
+    word_tokenizer().save_pretrained(folder)
+    out_json = tmp_path / "r.json"
+    assert main(["attribute", "w4 w5 w6 w7", "--model", str(folder), "--target", "w9", "--json", str(out_json)]) == 0
+    report = capsys.readouterr().out
+    assert "conv L" in report and "conv units, attention heads and MLP neurons" in report
+    assert json.loads(out_json.read_text())["layer_kinds"] == ["conv", "head", "conv"]
+    assert main(["circuit", "w4 w5 w6 w7", "--model", str(folder), "--target", "w9", "--nodes", "12"]) == 0
+    assert ".C" in capsys.readouterr().out
