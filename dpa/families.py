@@ -265,6 +265,11 @@ def _check_modules(model: nn.Module, family: Family) -> None:
     except AttributeError as err:
         raise UnsupportedModelError(f"{type(model).__name__} does not have the modules of a {family.model_type} "
                                     f"*ForCausalLM model ({err})") from None
+    n = len(layers)  # Llama-like models run the config's first n, GPT-2 runs them all; checked before the per-layer
+    if n != model.config.num_hidden_layers:  # checks, which read each layer's kind from the config
+        raise UnsupportedModelError(f"unsupported module: {family.layers} holds {n} layers, while the config's "
+                                    f"num_hidden_layers is {model.config.num_hidden_layers}; dpa attributes the layers "
+                                    "the model runs, so the two must agree (set num_hidden_layers when removing layers)")
     if not is_projection(unembed):
         raise UnsupportedModelError(f"unsupported module: {family.unembed} is {why_not_projection(unembed)}; dpa "
                                     "reads the unembedding's weight for the target direction")
@@ -359,16 +364,12 @@ def _spec_for(model: nn.Module, config) -> ModelSpec:
 
 def _checked_spec(model: nn.Module, config, family: Family) -> ModelSpec:
     _check_modules(model, family)
-    n = len(get(model, family.layers))
-    if n != config.num_hidden_layers:  # Llama-like models run the config's first n, GPT-2 runs them all
-        raise UnsupportedModelError(f"unsupported module: {family.layers} holds {n} layers, while the config's "
-                                    f"num_hidden_layers is {config.num_hidden_layers}; dpa attributes the layers the "
-                                    "model runs, so the two must agree (set num_hidden_layers when removing layers)")
     check_activations(model, family, activation_kind(config, family))
     check_norms(model, family)
     kinds = layer_kinds(config, family)
     layers = get(model, family.layers)
-    first = next((layer for layer, kind in zip(layers, kinds or ("attention",) * n) if kind == "attention"), None)
+    first = next((layer for layer, kind in zip(layers, kinds or ("attention",) * len(layers)) if kind == "attention"),
+                 None)
     n_heads = config.num_attention_heads
     if first is None:  # no attention layer: the mixers' units are n_heads groups of d_model / n_heads channels
         first = layers[0]

@@ -312,3 +312,13 @@ def test_the_command_line_attributes_a_saved_hybrid(tmp_path, capsys):
     assert json.loads(out_json.read_text())["layer_kinds"] == ["conv", "head", "conv"]
     assert main(["circuit", "w4 w5 w6 w7", "--model", str(folder), "--target", "w9", "--nodes", "12"]) == 0
     assert ".C" in capsys.readouterr().out
+
+
+def test_a_layer_appended_without_the_config_is_refused_by_name():
+    """The layer count is checked before the per-layer checks, which read each layer's kind from the config."""
+    import copy
+
+    model = _copy()
+    model.model.layers.append(copy.deepcopy(model.model.layers[1]))
+    with pytest.raises(dpa.UnsupportedModelError, match="holds 4 layers, while the config's num_hidden_layers is 3"):
+        dpa.attribute(model, None, random_ids(5), target=TARGET)
