@@ -14,11 +14,11 @@ from torch import Tensor, nn
 from . import backward
 from .errors import InputError, UnsupportedModelError
 from .families import ModelSpec, layer_modules, norm_eps, weight_rows
-from .report import unit_letter
+from .registry import UNIT_LETTERS
 from .rules.norm import GAIN, rms_scale
 
 BLOCKS = ("attention", "mlp")
-LETTER = {"head": "H", "neuron": "N", "expert": "E"}  # the unit kinds, and their letter in labels
+LETTER = {k: UNIT_LETTERS[k] for k in ("head", "neuron", "expert")}  # the unit kinds, and their letter in labels
 MAX_UNITS = 20000  # nodes=None on a model this size or a prompt this long: the dense edge matrix would not fit
 
 # The graph is assembled on the CPU whatever devices the model is on (a device map may spread its layers): what
@@ -212,7 +212,7 @@ def _select(per: dict[int, Tensor], n_units: int | None, positions: bool, spec: 
         layer, pos, index = torch.unravel_index(torch.tensor(j - (0 if b == 0 else sizes[0])), flat[b].shape)
         kind = ("head", "expert" if spec.n_experts else "neuron")[b]
         p = int(pos) if positions else None
-        letter = LETTER[kind] if b or spec.kind(int(layer)) == "attention" else unit_letter(spec.kind(int(layer)))
+        letter = LETTER[kind] if b or spec.kind(int(layer)) == "attention" else UNIT_LETTERS[spec.kind(int(layer))]
         label = f"L{int(layer)}.{letter}{int(index)}" + (f"@{p}" if positions else "")
         out.append(Node(kind, label, int(layer), int(index), p))
     return sorted(out, key=lambda u: (u.layer, u.block, -1 if u.position is None else u.position, u.index))

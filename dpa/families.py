@@ -146,7 +146,7 @@ def check_norms(model: nn.Module, family: Family) -> None:
     in the norm's dtype and device against the arithmetic in float64, to the dtype's rounding."""
     arithmetic = NORM_KINDS[family.norm_kind]
     layers = get(model, family.layers)
-    kinds = layer_kinds(model.config, family) or ("attention",) * len(layers)
+    kinds = _kinds(model.config, family, len(layers))
     where = [(f"layers[{i}].{path}", get(layer, path)) for i, layer in enumerate(layers)
              for path in (*family.norms, *(family.on_layer(kinds[i]).head_norms or ()))] + [
         (family.final_norm, get(model, family.final_norm))]
@@ -288,7 +288,7 @@ def _check_modules(model: nn.Module, family: Family) -> None:
             raise UnsupportedModelError(f"unsupported module: {name} is quantized ({p.dtype}); load the model in a "
                                         "float dtype")
     try:
-        _check_layers(layers, family, layer_kinds(model.config, family) or ("attention",) * len(layers))
+        _check_layers(layers, family, _kinds(model.config, family, len(layers)))
     except AttributeError as err:  # a block wrapped or replaced by a module without the family's parts
         raise UnsupportedModelError(f"unsupported module: a decoder layer does not have the modules of a "
                                     f"{family.model_type} layer ({err}); dpa reads and linearises them by name") from None
@@ -304,6 +304,12 @@ def _check_modules(model: nn.Module, family: Family) -> None:
                                             "(copy.deepcopy) before attributing")
 
 
+def _kinds(config, family: Family, n: int) -> tuple[str, ...]:
+    """Each of the n layers' token mixer (``mixers.layer_kinds``), "attention" throughout for a family without
+    mixers."""
+    return layer_kinds(config, family) or ("attention",) * n
+
+
 def _check_layers(layers, model_family: Family, kinds: tuple[str, ...]) -> None:
     layer_norm = model_family.norm_kind == "layer"
     for i, layer in enumerate(layers):
@@ -313,7 +319,7 @@ def _check_layers(layers, model_family: Family, kinds: tuple[str, ...]) -> None:
             if not is_projection(proj):
                 raise UnsupportedModelError(f"unsupported module: layers[{i}].{path} is {why_not_projection(proj)}")
             if proj.bias is not None and not family.biases and branch not in family.biased_branches:
-                mixer = next((m for m in family.mixers if m.kind == kinds[i]), None)
+                mixer = model_family.mixer(kinds[i])
                 what = ("an MLP bias" if branch not in ("query", "key", "value") else "attention_bias=True"
                         if mixer is None else f"a bias inside the {mixer.kind} block ({', '.join(mixer.biases)}?)")
                 raise UnsupportedModelError(f"unsupported config setting {what} (layers[{i}].{path} has a bias)")
@@ -366,16 +372,14 @@ def _checked_spec(model: nn.Module, config, family: Family) -> ModelSpec:
     _check_modules(model, family)
     check_activations(model, family, activation_kind(config, family))
     check_norms(model, family)
-    kinds = layer_kinds(config, family)
     layers = get(model, family.layers)
-    first = next((layer for layer, kind in zip(layers, kinds or ("attention",) * len(layers)) if kind == "attention"),
-                 None)
+    attention = next((layer for layer, kind in zip(layers, _kinds(config, family, len(layers)))
+                      if kind == "attention"), None)  # the first attention layer: its head sizes and biases
+    first = layers[0] if attention is None else attention  # where the sizes are read
     n_heads = config.num_attention_heads
-    if first is None:  # no attention layer: the mixers' units are n_heads groups of d_model / n_heads channels
-        first = layers[0]
-        d_head = config.hidden_size // n_heads
-    else:
-        d_head = in_features(get(first, family.heads)) // n_heads  # the output projection reads every head
+    # the output projection reads every head; with no attention layer, the mixers' units are n_heads groups of
+    # d_model / n_heads channels
+    d_head = (config.hidden_size if attention is None else in_features(get(attention, family.heads))) // n_heads
     n_kv_heads = getattr(config, "num_key_value_heads", None) or n_heads
     n_experts = d_expert = d_shared = 0
     if family.moe is not None:
@@ -392,14 +396,13 @@ def _checked_spec(model: nn.Module, config, family: Family) -> ModelSpec:
         n_layers=config.num_hidden_layers, d_model=config.hidden_size, d_mlp=d_mlp,
         n_heads=n_heads, n_kv_heads=n_kv_heads, d_head=d_head, rms_eps=norm_eps(get(model, family.final_norm)),
         vocab_size=config.vocab_size, max_positions=context_length(config),
-        qkv_bias=get(first, family.on_layer(kinds[0] if first is layers[0] and kinds else "attention")
-                     .branches["query"]).bias is not None, qk_norm=family.head_norms is not None,
+        qkv_bias=attention is not None and get(attention, family.branches["query"]).bias is not None, qk_norm=family.head_norms is not None,
         sliding_windows=_sliding_windows(config, family),
         rotary_layers=_rotary_layers(config, family), activation=activation_kind(config, family),
         attn_softcap=getattr(config, family.softcap[0], None) if family.softcap else None,
         final_softcap=getattr(config, family.softcap[1], None) if family.softcap else None,
         parallel=bool(getattr(config, family.parallel, False)) if family.parallel else False,
-        n_experts=n_experts, d_expert=d_expert, d_shared=d_shared, layer_kinds=kinds,
+        n_experts=n_experts, d_expert=d_expert, d_shared=d_shared, layer_kinds=layer_kinds(config, family),
     )
     _check_attention(get(model, family.layers), family, spec)
     for path, layout in family.fused:  # the fused projection holds exactly its branches' features
@@ -431,7 +434,7 @@ def _check_attention(layers, family: Family, spec: ModelSpec) -> None:
             "value": spec.n_kv_heads * spec.d_head}
     for i, layer in enumerate(layers):
         if spec.kind(i) != "attention":  # a mixer block (LFM2's convolution): its own checks
-            mixer = next(m for m in family.mixers if m.kind == spec.kind(i))
+            mixer = family.mixer(spec.kind(i))
             check_mixer(layer, mixer, spec.d_model, i)
             if spec.d_model != spec.n_heads * spec.d_head:
                 raise UnsupportedModelError(

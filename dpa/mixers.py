@@ -160,7 +160,7 @@ def mixer_edges(spec, layer: nn.Module, recording, index: int, lam: torch.Tensor
     y_t = C_t * sum_k w_k * (B * x)_{t-k} per channel, query t reads key s = t - k through
     lambda_t * C_t * w_k * B_s * x_s, summed over the unit's channels (``lam``: the gradient at the output
     projection's input [batch pos d_model]; B, C and x the recorded branch outputs, in the forward's dtype)."""
-    mixer = next(m for m in spec.parts.mixers if m.kind == spec.kind(index))
+    mixer = spec.parts.mixer(spec.kind(index))
     weight = get(layer, mixer.module).conv.weight.detach()  # [d_model 1 K]: F.conv1d with K - 1 zeros padded before
     take = lambda name: recording.branches[(name, index)].to(lam.device, lam.dtype)  # noqa: E731
     read, write = lam * take("query"), take("key") * take("value")  # lambda_t * C_t, and B_s * x_s: [b t d]

@@ -191,17 +191,21 @@ class Family:
     rope_pairs: bool = False  # the rotary module's cos/sin hold one value per rotated pair (GPT-OSS), not per feature
     #   read by: explicit
     mixers: tuple[Mixer, ...] = ()  # token mixers other than attention, on the layers the config's layer_types marks
-    #   read by: families (ModelSpec.layer_kinds), spec (layer_modules)
+    #   read by: mixers (ModelSpec.layer_kinds, the config's checks), registry (Family.mixer: spec, families, mixers)
     attention_types: tuple[str, ...] = ("full_attention", "sliding_attention")  # the layer_types of its attention
     #   read by: families (checks the config)
+
+    def mixer(self, kind: str) -> Mixer | None:
+        """The ``Mixer`` of a layer whose token mixer is ``kind``; None for attention."""
+        return next((m for m in self.mixers if m.kind == kind), None)
 
     def on_layer(self, kind: str) -> Family:
         """The description of a layer whose token mixer is ``kind``: this one for attention; for a ``Mixer``'s, its
         paths in the attention's places (the module, the query/key/value branches on its fused ``in_proj``, the
         unit tap), no head norms, sinks or rotary."""
-        if kind == "attention":
+        mixer = self.mixer(kind)
+        if mixer is None:
             return self
-        mixer = next(m for m in self.mixers if m.kind == kind)
         branches = {**self.branches, **{name: mixer.in_proj for name in ("query", "key", "value")}}
         return replace(self, attention=mixer.module, heads=mixer.heads, branches=branches, head_norms=None,
                        sinks=None, fused=self.fused + ((mixer.in_proj, "blocks"),), biased_branches=(),
@@ -302,3 +306,8 @@ LFM2 = QWEN3.with_(  # diff with Qwen 3: gated short convolutions in place of at
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA2, GEMMA3, OLMO2, PHI3,
                                                           SMOLLM3, GPT2, GPT_NEOX, MIXTRAL, QWEN2_MOE,
                                                           QWEN3_MOE, OLMOE, GPT_OSS, LFM2)}
+# Each unit kind's letter in labels (L3.H2, L5.N812, L1.E3, a hybrid's convolution unit L0.C3), the mixers' from
+# their descriptions.
+MIXER_KINDS: tuple[str, ...] = tuple(dict.fromkeys(m.kind for f in FAMILIES.values() for m in f.mixers))
+UNIT_LETTERS: dict[str, str] = {"head": "H", "neuron": "N", "expert": "E",
+                                **{m.kind: m.letter for f in FAMILIES.values() for m in f.mixers}}

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, TextIO
 
 import torch
 
-from .registry import FAMILIES
+from .registry import UNIT_LETTERS
 
 if TYPE_CHECKING:  # annotations only: result imports this module (Attribution's reports)
     from .result import Attribution, Component
@@ -88,13 +88,7 @@ def _listed(names: list[str]) -> str:
 
 def component_label(c: Component) -> str:
     """``head L3 H2``, ``neuron L5 N812``, ``expert L1 E3``, a hybrid's convolution unit ``conv L0 C3``."""
-    return f"{c.kind} L{c.layer} {unit_letter(c.kind)}{c.index}"
-
-
-def unit_letter(kind: str) -> str:
-    """The letter of a unit kind in labels: H(ead), N(euron), E(xpert), or a mixer's (LFM2's C(onvolution))."""
-    mixers = {m.kind: m.letter for f in FAMILIES.values() for m in f.mixers}
-    return {"head": "H", "neuron": "N", "expert": "E", **mixers}[kind]
+    return f"{c.kind} L{c.layer} {UNIT_LETTERS[c.kind]}{c.index}"
 
 
 def teacher_forced(res: Attribution) -> dict[int, str]:
@@ -309,8 +303,8 @@ def _count(n: int, noun: str) -> str:
 
 def circuit_lines(circ) -> list[tuple[str, str]]:
     """(label, text) pairs about a circuit graph, shared by the terminal and HTML pages."""
-    letters = {m.letter: m.kind for f in FAMILIES.values() for m in f.mixers}  # a hybrid's units: L0.C3 is conv
-    kinds = [letters.get(n.label.split(".")[1][0], "head") for n in circ.nodes if n.kind == "head"]
+    letters = {letter: kind for kind, letter in UNIT_LETTERS.items()}  # a hybrid's units in heads' place: L0.C3 conv
+    kinds = [letters[n.label.split(".")[1][0]] for n in circ.nodes if n.kind == "head"]
     mixers = {k: kinds.count(k) for k in dict.fromkeys(kinds) if k != "head"}
     heads = kinds.count("head")
     neurons = sum(1 for n in circ.nodes if n.kind == "neuron")

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from .checks import check_choice, check_int
 from .errors import InputError, InputTypeError
-from .registry import FAMILIES
+from .registry import MIXER_KINDS
 from .files import check_run_config, model_identity, run_folder, write_text  # noqa: F401  (their old home)
 from .records import Component, NeuronTop, TargetInfo, TargetTerm  # noqa: F401  (importable from here)
 from .result_json import (FIELDS, SCORE_DTYPES, SCORE_DTYPES_NAMES, SCORES, as_lists, encode_json, json_source,
@@ -306,7 +306,7 @@ class Attribution(JsonRecord):
             if t is not None and any(w is not None and w != g for w, g in zip(shape, t.shape)):
                 return f"{name} has shape {tuple(t.shape)}, expected {tuple('?' if w is None else w for w in shape)}"
         if self.layer_kinds is not None:
-            known = ("head", *(m.kind for f in FAMILIES.values() for m in f.mixers))
+            known = ("head", *MIXER_KINDS)
             if len(self.layer_kinds) != layers or not set(self.layer_kinds) <= set(known):
                 return (f"layer_kinds must be {layers} entries, one per layer, each one of {', '.join(known)}; got "
                         f"{self.layer_kinds!r}")

@@ -73,8 +73,7 @@ class ModelSpec:
         the projection is the branch's alone, else a slice (``blocks``) or an index (``per_head``) into the fused
         projection's output. A mixer's factors are blocks of d_model features in its ``factors``' order."""
         if kind != "attention" and name in ("query", "key", "value"):
-            mixer = next(m for m in self.parts.mixers if m.kind == kind)
-            k = mixer.factors.index(name)
+            k = self.parts.mixer(kind).factors.index(name)
             return slice(k * self.d_model, (k + 1) * self.d_model)
         path = self.parts.branches[name]
         layout = dict(self.parts.fused).get(path)

@@ -126,9 +126,9 @@ def unit_layout(result: Attribution) -> dict[str, Any]:
     to say what each row is."""
     if result.layer_kinds is None:
         return {}
-    from dpa.report import unit_letter
+    from dpa.registry import UNIT_LETTERS
 
-    return {"layer_kinds": list(result.layer_kinds), "unit_letters": {k: unit_letter(k) for k in result.unit_kinds},
+    return {"layer_kinds": list(result.layer_kinds), "unit_letters": {k: UNIT_LETTERS[k] for k in result.unit_kinds},
             "unit_width": None if result.effective_targets is None else
             result.effective_targets.shape[-1] // result.head_scores.shape[1]}
 
