@@ -27,6 +27,7 @@ from .rules.norm import NORM_KINDS
 from .spec import (LayerModules, ModelSpec, context_length, get, in_features, is_projection, layer_modules,
                    neuron_direction, norm_eps, own_forward, post_norms, rope_depends_on_length, rope_settings,
                    weight_rows, why_not_projection)
+from .ssd import check_block
 from .state_checks import check_not_compiled, module_state
 
 __all__ = ["BRANCHES", "FAMILIES", "LAYOUTS", "LENGTH_DEPENDENT_ROPE", "METADATA_KEYS", "ROPE_TYPES", "Experts",
@@ -435,6 +436,14 @@ def _check_attention(layers, family: Family, spec: ModelSpec) -> None:
     for i, layer in enumerate(layers):
         if spec.kind(i) != "attention":  # a mixer block (LFM2's convolution): its own checks
             mixer = family.mixer(spec.kind(i))
+            if mixer.rule == "scan":  # a Mamba-2 block: its units are n_heads groups of out_proj's input channels
+                inner = check_block(layer, mixer, spec.d_model, i).inner
+                if inner % spec.n_heads:
+                    raise UnsupportedModelError(
+                        f"unsupported model: layers[{i}].{mixer.heads} reads {inner} channels, not a multiple of "
+                        f"num_attention_heads={spec.n_heads}; dpa scores a {mixer.kind} layer's channels in the heads' "
+                        "place, n_heads groups of them")
+                continue
             check_mixer(layer, mixer, spec.d_model, i)
             if spec.d_model != spec.n_heads * spec.d_head:
                 raise UnsupportedModelError(

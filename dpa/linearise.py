@@ -24,6 +24,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
+from .errors import UnsupportedModelError
 from .families import LayerModules, ModelSpec, norm_eps, weight_rows
 from .functions import ACTIVATION_RATIO, Branch, FrozenNorm, LinearisedActivation, Tap, is_one
 from .guard import wrap
@@ -204,6 +205,9 @@ def linearise_layer(session, i: int, mods: LayerModules, hook, override) -> None
     moe = mods.experts is not None  # a mixture of experts: the router and the experts carry the block's mu
     f = layer_factors(mu, gated, moe, bool(mods.block_inputs))
     attn_common, mlp_common = f.attention, f.mlp
+    scan = mods.kind != "attention" and spec.parts.mixer(mods.kind).rule == "scan"
+    if scan:  # a Mamba-2 block: dpa's Function applies every mu inside it (ssd.py), none rides on its input norm
+        attn_common = 1.0
     kind = spec.parts.norm_kind
     bias_sink = scores.sink("bias") if scores is not None else None
     for norm in mods.norms:  # a block's common factor rides on its input norm's backward
@@ -218,7 +222,7 @@ def linearise_layer(session, i: int, mods: LayerModules, hook, override) -> None
 
     store = rec.branches if "branches" in session.record else None
     projections: dict[nn.Module, list[str]] = {}
-    for name in ("query", "key", "value") + (() if moe else ("gate", "up") if gated else ("up",)):
+    for name in (() if scan else ("query", "key", "value")) + (() if moe else ("gate", "up") if gated else ("up",)):
         projections.setdefault(mods.branches[name], []).append(name)
     factors, gate_factor = f.branch, f.activation
     n_heads = spec.n_heads
@@ -243,7 +247,10 @@ def linearise_layer(session, i: int, mods: LayerModules, hook, override) -> None
         return y
 
     out_bias = lambda module: (lambda out: Branch.apply(out, 1.0, module.bias.detach(), share(1.0)))  # noqa: E731
-    wrap(override, mods.heads, pre=heads, post=out_bias(mods.heads) if mods.heads.bias is not None else None)
+    if scan:
+        _linearise_scan(session, i, mods, override, head_sink, bias_sink)
+    else:
+        wrap(override, mods.heads, pre=heads, post=out_bias(mods.heads) if mods.heads.bias is not None else None)
     if moe:
         from .experts import linearise_experts
 
@@ -275,6 +282,23 @@ def linearise_layer(session, i: int, mods: LayerModules, hook, override) -> None
         wrap(override, mods.neurons, post=out_bias(mods.neurons))
     if "neuron_inputs" in session.record:
         hook(mods.neurons, keep_input(rec.neuron_inputs, i), pre=True)
+
+
+def _linearise_scan(session, i: int, mods: LayerModules, override, head_sink, bias_sink) -> None:
+    """A Mamba-2 block (``Mixer.rule`` "scan"): its own forward for the value, dpa's Function for the rule and its unit
+    tap (``ssd.LinearisedScan``). What reads a block's q/k/v branches or its unit inputs (edge scores, circuits) is
+    not derived for it: refused by name, before the forward."""
+    from .ssd import linearised_forward
+
+    asked = sorted({"branches", "head_inputs"} & set(session.record))
+    if asked:
+        raise UnsupportedModelError(
+            f"layers[{i}] is a {mods.kind} layer ({session.spec.family}: a Mamba-2 block): dpa does not yet compute "
+            f"what this needs ({', '.join(asked)}: edge scores or a circuit graph through its scan); "
+            "dpa.attribute's token, unit and neuron scores cover it")
+    block = mods.attention
+    override(block, linearised_forward(block.forward, block, session.anchor, session.weights, session.spec.n_heads,
+                                       head_sink, bias_sink))
 
 
 def _projection(mods: LayerModules, names: list[str], factors: dict, share: Callable, store: dict | None, i: int,

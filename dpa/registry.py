@@ -86,6 +86,10 @@ class Mixer:
     #   read by: families (checks the config)
     letter: str = "C"  # the unit's letter in labels (L0.C3, beside attention's L1.H2)
     #   read by: report, circuit_graph
+    rule: str = "product"  # how dpa linearises the block: "product", mu on in_proj's blocks of columns (a gated
+    # convolution: the block is multilinear in them, so its own autograd graph is the rule); "scan", dpa's Function
+    # over the whole block (Mamba-2: the step, the SiLUs and the gated norm's scale frozen inside it, ssd.py)
+    #   read by: mixers (checks), linearise, explicit, families
 
 
 @dataclass(frozen=True)
@@ -303,9 +307,20 @@ LFM2 = QWEN3.with_(  # diff with Qwen 3: gated short convolutions in place of at
     mixers=(Mixer("conv", "conv", module="conv", in_proj="conv.in_proj", factors=("key", "query", "value"),
                   heads="conv.out_proj", biases=("conv_bias",)),))
 
+BAMBA = LLAMA.with_(  # diff with Llama: Mamba-2 blocks in place of attention on the layers marked "linear_attention"
+    model_type="bamba", config_class="BambaConfig", final_norm="model.final_layernorm",  # (book: state-space-duality),
+    norms=("input_layernorm", "pre_ff_layernorm"), block_inputs=("input_layernorm", "pre_ff_layernorm"),  # partial
+    mid="pre_ff_layernorm", mlp="feed_forward", partial_rotary=True, attention_types=("full_attention",),  # RoPE
+    branches={"query": "self_attn.q_proj", "key": "self_attn.k_proj", "value": "self_attn.v_proj",
+              "gate": "feed_forward.gate_proj", "up": "feed_forward.up_proj"}, activation="feed_forward.act_fn",
+    neurons="feed_forward.down_proj",
+    mixers=(Mixer("scan", "linear_attention", module="mamba", in_proj="mamba.in_proj",
+                  factors=("value", "key", "query"), heads="mamba.out_proj", biases=("mamba_proj_bias",), letter="S",
+                  rule="scan"),))
+
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA2, GEMMA3, OLMO2, PHI3,
                                                           SMOLLM3, GPT2, GPT_NEOX, MIXTRAL, QWEN2_MOE,
-                                                          QWEN3_MOE, OLMOE, GPT_OSS, LFM2)}
+                                                          QWEN3_MOE, OLMOE, GPT_OSS, LFM2, BAMBA)}
 # Each unit kind's letter in labels (L3.H2, L5.N812, L1.E3, a hybrid's convolution unit L0.C3), the mixers' from
 # their descriptions.
 MIXER_KINDS: tuple[str, ...] = tuple(dict.fromkeys(m.kind for f in FAMILIES.values() for m in f.mixers))

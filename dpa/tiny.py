@@ -16,7 +16,7 @@ MHA_ONLY = ("gpt2", "gpt_neox")  # families whose configs have no KV-head settin
 MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss")
 # Hybrid families: token mixers other than attention on some layers (book: Beyond attention). dpa.attribute covers
 # them; what reads attention probabilities (edges, ablations, circuits, MIB) refuses their mixer layers by name.
-HYBRID_FAMILIES = ("lfm2",)
+HYBRID_FAMILIES = ("lfm2", "bamba")
 LAYOUTS = {"mha": 4, "gqa": 2, "mqa": 1}  # KV heads for 4 query heads
 
 
@@ -73,6 +73,10 @@ def tiny_config(family: str, kv_heads: int = 2, **overrides):
         kwargs.pop("head_dim"), kwargs.pop("rms_norm_eps")
         kwargs.update(norm_eps=1e-2, layer_types=["conv", "full_attention", "conv"], conv_L_cache=3,
                       block_auto_adjust_ff_dim=False, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    if family == "bamba":  # Mamba-2 blocks around an attention layer: 4 SSM heads of 16 channels in 2 groups, chunks
+        kwargs.pop("head_dim")  # of 4 positions (so prompts span several), the convolution's bias; partial RoPE
+        kwargs.update(attn_layer_indices=[1], mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=8,
+                      mamba_d_conv=4, mamba_chunk_size=4, pad_token_id=0, bos_token_id=1, eos_token_id=2)
     if family == "gpt2":
         kwargs = dict(vocab_size=96, n_embd=32, n_inner=48, n_layer=3, n_head=4, n_positions=64,
                       bos_token_id=1, eos_token_id=2, layer_norm_epsilon=1e-2)

@@ -63,8 +63,9 @@ def float64_norms():
     from transformers.models.phi3 import modeling_phi3
 
     from transformers.models.lfm2 import modeling_lfm2
+    from transformers.models.bamba import modeling_bamba
 
-    classes += [modeling_phi3.Phi3RMSNorm, modeling_lfm2.Lfm2RMSNorm]
+    classes += [modeling_phi3.Phi3RMSNorm, modeling_lfm2.Lfm2RMSNorm, modeling_bamba.BambaRMSNorm]
 
     originals = [c.forward for c in classes]
     for c, f in zip(classes, originals):
@@ -91,10 +92,53 @@ def float64_norms():
         r.forward = _float64_router(r.forward)
     eager = modeling_gemma2.eager_attention_forward  # Gemma 2's softmax, too, rounds to float32
     modeling_gemma2.eager_attention_forward = _float64_eager(eager)
+    gated = modeling_bamba.BambaRMSNormGated  # Bamba's Mamba-2 block: its gated norm and its whole scan are float32
+    classes, originals = classes + [gated], originals + [gated.forward]
+    gated.forward = _float64_gated_norm(gated.forward)
+    scan = modeling_bamba.mamba2_chunk_scan
+    modeling_bamba.mamba2_chunk_scan = _keeping_float64(scan)
     yield
+    modeling_bamba.mamba2_chunk_scan = scan
     modeling_gemma2.eager_attention_forward = eager
     for c, f in zip(classes, originals):
         c.forward = f
+
+
+def _float64_gated_norm(original):
+    """A Mamba-2 block's gated RMSNorm (``y * SiLU(z)``, normalised per group of channels) with float64 kept."""
+    def forward(self, hidden_states, gate=None):
+        if hidden_states.dtype != torch.float64:
+            return original(self, hidden_states, gate)
+        if gate is not None:
+            hidden_states = hidden_states * torch.nn.functional.silu(gate.to(torch.float64))
+        grouped = hidden_states.view(*hidden_states.shape[:-1], -1, self.group_size)
+        grouped = grouped * torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return self.weight * grouped.flatten(-2)
+    return forward
+
+
+class _KeepFloat64(torch.overrides.TorchFunctionMode):
+    """Inside it, a float64 tensor's casts to float32 (``.float()``, ``.to(torch.float32)``) are the identity: the same
+    code, the same arithmetic, in float64."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if args and isinstance(args[0], torch.Tensor) and args[0].dtype == torch.float64 and (
+                func is torch.Tensor.float or func is torch.Tensor.to and (
+                    torch.float32 in args[1:] or kwargs.get("dtype") is torch.float32)):
+            return args[0]
+        return func(*args, **kwargs)
+
+
+def _keeping_float64(original):
+    """transformers' Mamba-2 chunked scan (``mamba2_chunk_scan``) run with float64 kept: it casts its inputs to
+    float32 and scans in float32 whatever the model's dtype."""
+    def scan(hidden_states, *args, **kwargs):
+        if hidden_states.dtype != torch.float64:
+            return original(hidden_states, *args, **kwargs)
+        with _KeepFloat64():
+            return original(hidden_states, *args, **kwargs)
+    return scan
 
 
 def _float64_router(original):

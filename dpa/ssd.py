@@ -1,0 +1,252 @@
+"""Mamba-2's mixer (the state-space duality), linearised: the rule of book: state-space-duality, as dpa runs it.
+
+The block (transformers' ``BambaMixer``, ``Mamba2Mixer``' layout) computes, from its normalised input h,
+
+    [z | xi | delta] = in_proj(h),  [x | B | C] = SiLU(conv(xi) + b),  Delta = clamp(softplus(delta + b_dt)),
+    y = L o (C B^T) (Delta x) + D x   (per head: a masked attention without a softmax, the skip D x),
+    n = gamma * r * (y * SiLU(z))     (the gated norm, per group of channels),  out = out_proj(n).
+
+With the controls frozen at their forward values -- the step Delta (and with it the mask L), the SiLUs' sigmoids and
+the norm's scale r -- the block is a GLU around a trilinear scan: z is the gate (mu_gate), y the content (mu_up); in
+the scan x is the content (mu_value), B the key (mu_key) and C the query (mu_query), the skip D x passes with weight
+one. mu_query + mu_key + mu_value = 1 and mu_gate + mu_up = 1 conserve the target (Euler's identity); the
+convolution's bias is an input no token owns (the bias share).
+
+The scan and its SiLUs are functions inside the block's forward, so the rule cannot ride on modules the way
+attention's does. ``LinearisedScan`` is one autograd Function over the whole block: its value is the block's own
+output (its forward, its kernels, its float32 scan), and its backward is the rule, run on ``scan_block``, dpa's float64
+copy of the block written from the book, with the controls frozen and each factor's gradient times its mu. The unit
+tap reads out_proj's input n: the scores of its ``n_heads`` groups of channels (an SSM head each where the counts
+agree). ``check_block`` checks that the block is the one described, and that it computes ``scan_block``'s value on a
+probe, so a patched forward, function or kernel is refused by name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+
+from .errors import UnsupportedModelError
+from .functions import Branch
+from .registry import Mixer
+from .spec import get, is_projection, own_forward, weight_rows, why_not_projection
+
+
+@dataclass(frozen=True)
+class ScanShape:
+    """A Mamba-2 block's sizes, as its forward reads them (its own attributes)."""
+
+    inner: int  # I = heads x head_dim: x, z, y and n
+    heads: int  # H
+    head_dim: int  # P
+    groups: int  # G: B and C have G groups of N, each serving H / G heads
+    state: int  # N
+    kernel: int  # K, the convolution's taps
+    norm_group: int  # the gated norm's group of channels
+    limit: tuple[float, float]  # the clamp of the step
+
+    @property
+    def conv(self) -> int:
+        return self.inner + 2 * self.groups * self.state
+
+    @property
+    def rows(self) -> int:  # in_proj's outputs: [z | xBC | dt]
+        return self.inner + self.conv + self.heads
+
+
+_ATTRIBUTES = ("intermediate_size", "num_heads", "head_dim", "n_groups", "ssm_state_size", "conv_kernel_size")
+
+
+def shape_of(block: nn.Module) -> ScanShape:
+    values = {name: getattr(block, name, None) for name in _ATTRIBUTES}
+    norm = getattr(block, "norm", None)
+    limit = getattr(block, "time_step_limit", None)
+    if (not all(isinstance(v, int) and v > 0 for v in values.values()) or not isinstance(getattr(norm, "group_size", None), int)
+            or not (isinstance(limit, (tuple, list)) and len(limit) == 2)):
+        raise UnsupportedModelError(f"unsupported module: {type(block).__name__} lacks the sizes of a Mamba-2 block "
+                                    f"({', '.join(_ATTRIBUTES)}, norm.group_size, time_step_limit)")
+    return ScanShape(values["intermediate_size"], values["num_heads"], values["head_dim"], values["n_groups"],
+                     values["ssm_state_size"], values["conv_kernel_size"], norm.group_size,
+                     (float(limit[0]), float(limit[1])))
+
+
+def scan_block(block: nn.Module, h: Tensor, mask: Tensor | None, mu=None, bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """The block's output and out_proj's input n, in float64, written from the book: the value of the block, and
+    (with ``mu``, path weights) the linearised graph whose gradient is the rule. The frozen controls are detached:
+    the step Delta, the sigmoids of the two SiLUs and the norm's scale r. ``bias`` [batch channel]: the
+    convolution's bias as a leaf per prompt (its gradient gives the bias share), else the block's own."""
+    s = shape_of(block)
+    f64 = torch.float64
+    h = h.to(f64)
+    if mask is not None:  # transformers zeroes padded positions before in_proj and after the convolution
+        m = mask.to(h.device, f64)[..., None]
+        h = h * m
+    p = h @ weight_rows(block.in_proj).detach().to(f64).T
+    z, xi, delta = p.split([s.inner, s.conv, s.heads], dim=-1)
+    conv = block.conv1d
+    t = h.shape[1]
+    u = nn.functional.conv1d(xi.transpose(1, 2), conv.weight.detach().to(f64), padding=s.kernel - 1,
+                             groups=s.conv)[..., :t].transpose(1, 2)  # [b t conv]
+    if bias is not None:
+        u = u + bias[:, None, :]
+    elif conv.bias is not None:
+        u = u + conv.bias.detach().to(f64)
+    v = u * torch.sigmoid(u).detach()  # SiLU(u) = u sigmoid(u), sigmoid frozen
+    if mask is not None:
+        v = v * m
+    x, B, C = v.split([s.inner, s.groups * s.state, s.groups * s.state], dim=-1)
+    step = nn.functional.softplus(delta + block.dt_bias.detach().to(f64)).clamp(*s.limit).detach()  # [b t H]
+    a = -torch.exp(block.A_log.detach().float()).to(f64)  # the decay as the module's forward makes it
+    scaled = (lambda tensor, name: tensor) if mu is None else (lambda tensor, name: _weighted(tensor, getattr(mu, name)))
+    y = _scan(scaled(x, "value"), scaled(B, "key"), scaled(C, "query"), step, a, s) + (
+        block.D.detach().to(f64)[:, None] * x.view(*x.shape[:2], s.heads, s.head_dim)).flatten(2)
+    gate = z * torch.sigmoid(z).detach()  # SiLU(z), sigmoid frozen
+    yz = scaled(y, "up") * scaled(gate, "gate")
+    grouped = yz.view(*yz.shape[:2], -1, s.norm_group)
+    r = torch.rsqrt(grouped.detach().pow(2).mean(-1, keepdim=True) + float(block.norm.variance_epsilon))
+    n = block.norm.weight.detach().to(f64) * (grouped * r).flatten(2)
+    return n @ weight_rows(block.out_proj).detach().to(f64).T, n
+
+
+def _weighted(tensor: Tensor, mu: float) -> Tensor:
+    return tensor if mu == 1 else Branch.apply(tensor, float(mu), None, None)
+
+
+def _scan(x: Tensor, B: Tensor, C: Tensor, step: Tensor, a: Tensor, s: ScanShape) -> Tensor:
+    """The scan without its skip, in its attention form: y_t = sum_{s <= t} L_ts (C_t . B_s) Delta_s x_s per head,
+    L_ts = exp(a sum_{s < r <= t} Delta_r) [b t (H P)]."""
+    b, t, _ = x.shape
+    per = s.heads // s.groups
+    Bh = B.view(b, t, s.groups, s.state).repeat_interleave(per, dim=2)  # [b t H N]
+    Ch = C.view(b, t, s.groups, s.state).repeat_interleave(per, dim=2)
+    cum = torch.cumsum(step * a, dim=1)  # [b t H]
+    causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()[None, :, :, None]
+    decay = torch.exp(torch.where(causal, cum[:, :, None] - cum[:, None], float("-inf")))  # [b t s H]
+    scores = torch.einsum("bthn,bshn->btsh", Ch, Bh) * decay
+    values = x.view(b, t, s.heads, s.head_dim) * step[..., None]
+    return torch.einsum("btsh,bshp->bthp", scores, values).flatten(2)
+
+
+class LinearisedScan(torch.autograd.Function):
+    """Value: the block's own output ``out`` (computed by its forward, outside). Backward: the rule, on
+    ``scan_block``'s float64 graph from the saved input: the target on n, t W_out, dotted with n per unit (``sink``),
+    then pulled back to h with each factor's mu; the bias share of the convolution's bias to ``bias_sink``."""
+
+    @staticmethod
+    def forward(ctx, h, anchor, out, block, mask, mu, units, sink, bias_sink):
+        ctx.save_for_backward(h)
+        ctx.block, ctx.mask, ctx.mu, ctx.units, ctx.sink, ctx.bias_sink = block, mask, mu, units, sink, bias_sink
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, g):
+        (h,) = ctx.saved_tensors
+        block = ctx.block
+        conv_bias = block.conv1d.bias
+        with torch.enable_grad():
+            h64 = h.detach().to(torch.float64).requires_grad_(True)
+            bias = None if conv_bias is None else conv_bias.detach().to(h64).expand(h.shape[0], -1).clone().requires_grad_(True)
+            _, n = scan_block(block, h64, ctx.mask, ctx.mu, bias)
+            target = g.to(torch.float64) @ weight_rows(block.out_proj).detach().to(torch.float64)  # on n
+            if ctx.sink is not None:
+                b, t, _ = n.shape
+                ctx.sink((n.detach() * target).view(b, t, ctx.units, -1).sum((1, 3)))
+            leaves = (h64,) if bias is None else (h64, bias)
+            grads = torch.autograd.grad(n, leaves, target, allow_unused=True)
+        if bias is not None and ctx.bias_sink is not None and grads[1] is not None:
+            ctx.bias_sink((grads[1] * bias.detach()).sum(-1))
+        gh = grads[0]
+        gh = torch.zeros_like(h) if gh is None else gh.to(h.dtype)
+        return gh, None, None, None, None, None, None, None, None
+
+
+def linearised_forward(own: Callable, block: nn.Module, anchor: Tensor, mu, units: int,
+                       sink: Callable | None, bias_sink: Callable | None) -> Callable:
+    """The forward that replaces a Mamba-2 block's inside dpa's context: its own forward for the value (no graph),
+    ``LinearisedScan`` for the rule."""
+    def forward(hidden_states, *args, **kwargs):
+        with torch.no_grad():
+            out = own(hidden_states, *args, **kwargs)
+        mask = kwargs.get("attention_mask")
+        return LinearisedScan.apply(hidden_states, anchor, out, block, mask, mu, units, sink, bias_sink)
+    return forward
+
+
+def check_block(layer: nn.Module, mixer: Mixer, d_model: int, i: int) -> ScanShape:
+    """Layer ``i``'s Mamba-2 block is the one the rule describes: transformers' forward; in_proj
+    [z | xBC | dt] and out_proj without biases, a depthwise convolution over xBC (a bias allowed: the bias share),
+    the parameters dt_bias, A_log, D and the norm's weight, one per head or channel, and nothing else; and it
+    computes ``scan_block``'s value on a probe (which covers its gated norm, as a probe covers every norm dpa
+    freezes)."""
+    where = f"layers[{i}].{mixer.module}"
+    block = get(layer, mixer.module)
+    if own_forward(block):
+        forward = type(block).forward
+        raise UnsupportedModelError(
+            f"unsupported module: {where} is a {type(block).__name__} whose forward is its own "
+            f"({getattr(forward, '__qualname__', forward)}, not transformers'): dpa's rule for the {mixer.kind} block "
+            "is derived for transformers' computation, so what that forward changes would be attributed wrongly")
+    s = shape_of(block)
+    if (s.inner != s.heads * s.head_dim or s.heads % s.groups or s.inner % s.norm_group
+            or getattr(block, "activation", None) != "silu"):
+        raise UnsupportedModelError(
+            f"unsupported module: {where} has {s.heads} heads of {s.head_dim} for {s.inner} channels, {s.groups} "
+            f"groups, a norm over groups of {s.norm_group} and activation {getattr(block, 'activation', None)!r}; "
+            "the rule reads heads x head_dim channels, whole heads per group and a SiLU after the convolution")
+    for path, shape in ((mixer.in_proj, (s.rows, d_model)), (mixer.heads, (d_model, s.inner))):
+        proj = get(layer, path)
+        if not is_projection(proj):
+            raise UnsupportedModelError(f"unsupported module: layers[{i}].{path} is {why_not_projection(proj)}")
+        have = tuple(weight_rows(proj).shape)
+        if have != shape or getattr(proj, "bias", None) is not None:
+            raise UnsupportedModelError(
+                f"unsupported module: layers[{i}].{path} is [{have[0]} x {have[1]}]"
+                f"{' with a bias' if getattr(proj, 'bias', None) is not None else ''}; the {mixer.kind} rule reads "
+                f"[{shape[0]} x {shape[1]}] without a bias")
+    conv = getattr(block, "conv1d", None)
+    if (type(conv) is not nn.Conv1d or conv.groups != s.conv or tuple(conv.weight.shape) != (s.conv, 1, s.kernel)
+            or conv.stride != (1,) or conv.dilation != (1,)):
+        raise UnsupportedModelError(
+            f"unsupported module: {where}.conv1d is {type(conv).__name__ if conv is not None else 'missing'} of shape "
+            f"{tuple(conv.weight.shape) if conv is not None else None}; the {mixer.kind} rule reads a depthwise "
+            f"nn.Conv1d over {s.conv} channels with {s.kernel} taps")
+    want = {"in_proj.weight": (s.rows, d_model), "out_proj.weight": (d_model, s.inner), "conv1d.weight": (s.conv, 1, s.kernel),
+            "dt_bias": (s.heads,), "A_log": (s.heads,), "D": (s.heads,), "norm.weight": (s.inner,)}
+    if conv.bias is not None:
+        want["conv1d.bias"] = (s.conv,)
+    have = {n: tuple(p.shape) for n, p in block.named_parameters()}
+    if have != want:
+        raise UnsupportedModelError(f"unsupported module: {where} holds the parameters {sorted(have)}; the "
+                                    f"{mixer.kind} rule reads exactly {sorted(want)} with their shapes, so it would "
+                                    "miss the others")
+    _check_computes(block, d_model, where, mixer.kind)
+    return s
+
+
+def _check_computes(block: nn.Module, d_model: int, where: str, kind: str) -> None:
+    """The block's own forward gives ``scan_block``'s value on a probe (two prompts of 7 positions, the second with
+    two padded ones): a patched forward, a patched function of its modelling file (its scan, its convolution, its
+    padding mask) or a kernel computing something else is refused by name. To float32's rounding: the module's
+    scan runs in float32 whatever the model's dtype."""
+    w = weight_rows(block.in_proj)
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(2, 7, d_model, generator=g, dtype=torch.float64).to(w.device, w.dtype)
+    mask = torch.ones(2, 7, dtype=torch.long, device=w.device)
+    mask[1, :2] = 0
+    tol = 1e-4 if w.dtype in (torch.float64, torch.float32) else 5e-2
+    try:
+        with torch.no_grad():
+            own = block(h, attention_mask=mask)
+            want, _ = scan_block(block, h, mask)
+        ok = own.shape == want.shape and bool(torch.allclose(own.double(), want, rtol=tol,
+                                                             atol=tol * float(want.abs().max())))
+    except Exception:  # noqa: BLE001 -- a block that cannot run on the probe is not the one described
+        ok = False
+    if not ok:
+        raise UnsupportedModelError(
+            f"unsupported module: {where} ({type(block).__name__}) does not compute the Mamba-2 block dpa linearises "
+            f"(the {kind} rule, book: state-space-duality; its forward, or a function it calls, patched?): dpa "
+            "refuses rather than attribute another computation with this rule")
