@@ -177,7 +177,7 @@ class LayerFactors:
     expert: float | None
 
 
-def layer_factors(mu, gated: bool, moe: bool, block_norms: bool) -> LayerFactors:
+def layer_factors(mu, gated: bool, moe: bool, block_norms: bool, scan: bool = False) -> LayerFactors:
     """The factorisation of the path weights: every branch's mu = its block's common factor x its own factor.
 
     The common factor (``_common``: the mu most of the block's branches share) rides on the backward of the norm
@@ -186,9 +186,10 @@ def layer_factors(mu, gated: bool, moe: bool, block_norms: bool) -> LayerFactors
     residual stream) the common factor is 1 and every branch carries its own mu. In a gated MLP the gate's mu is
     applied in the activation's backward (the gate projection's factor is 1) and the up branch's at the neuron tap;
     a non-gated MLP (GPT-2) has one branch, s, which both paths reach: its factor is mu_gate + mu_up. A mixture of
-    experts carries the block's mu on its router and experts. Dense layers and experts read the same value."""
+    experts carries the block's mu on its router and experts. Dense layers and experts read the same value. A Mamba-2
+    block (``scan``) applies every mu inside dpa's Function over it (ssd.py): its common factor is 1."""
     total = mu.gate + mu.up
-    attention = _common(mu.query, mu.key, mu.value) if block_norms else 1.0
+    attention = _common(mu.query, mu.key, mu.value) if block_norms and not scan else 1.0
     mlp = ((_common(mu.router, mu.expert) if moe else _common(mu.gate, mu.up) if gated else (total or 1.0))
            if block_norms else 1.0)
     branch = {name: _own(getattr(mu, name), attention) for name in ("query", "key", "value")}
@@ -199,23 +200,25 @@ def layer_factors(mu, gated: bool, moe: bool, block_norms: bool) -> LayerFactors
                         router=_own(mu.router, mlp) if moe else None, expert=_own(mu.expert, mlp) if moe else None)
 
 
+def _freeze_norms(mods: LayerModules, kind: str, f: LayerFactors, bias_sink, override) -> None:
+    """Every norm of the layer frozen; a block's common factor rides on its input norm's backward."""
+    for norm in mods.norms:
+        factor = (f.attention if mods.block_inputs and norm is mods.block_inputs[0] else
+                  f.mlp if mods.block_inputs and norm is mods.block_inputs[1] else 1.0)
+        override(norm, freeze_norm(norm, kind, factor, bias_sink))
+    for norm in mods.head_norms:
+        override(norm, freeze_norm(norm, kind))
+
+
 def linearise_layer(session, i: int, mods: LayerModules, hook, override) -> None:
     spec, mu, scores, rec = session.spec, session.weights, session.scores, session.recording
     gated = spec.parts.gated
     moe = mods.experts is not None  # a mixture of experts: the router and the experts carry the block's mu
-    f = layer_factors(mu, gated, moe, bool(mods.block_inputs))
+    scan = spec.scans(i)  # a Mamba-2 block: dpa's Function applies every mu inside it (ssd.py)
+    f = layer_factors(mu, gated, moe, bool(mods.block_inputs), scan)
     attn_common, mlp_common = f.attention, f.mlp
-    scan = mods.kind != "attention" and spec.parts.mixer(mods.kind).rule == "scan"
-    if scan:  # a Mamba-2 block: dpa's Function applies every mu inside it (ssd.py), none rides on its input norm
-        attn_common = 1.0
-    kind = spec.parts.norm_kind
     bias_sink = scores.sink("bias") if scores is not None else None
-    for norm in mods.norms:  # a block's common factor rides on its input norm's backward
-        factor = (attn_common if mods.block_inputs and norm is mods.block_inputs[0] else
-                  mlp_common if mods.block_inputs and norm is mods.block_inputs[1] else 1.0)
-        override(norm, freeze_norm(norm, kind, factor, bias_sink))
-    for norm in mods.head_norms:
-        override(norm, freeze_norm(norm, kind))
+    _freeze_norms(mods, spec.parts.norm_kind, f, bias_sink, override)
 
     def share(common: float) -> Callable[[Tensor], None]:  # a bias's share: the branch's gradient lacks `common`
         return lambda v: bias_sink(v if common == 1 else v * common) if bias_sink is not None else None
@@ -290,12 +293,11 @@ def _linearise_scan(session, i: int, mods: LayerModules, override, head_sink, bi
     not derived for it: refused by name, before the forward."""
     from .ssd import linearised_forward
 
-    asked = sorted({"branches", "head_inputs"} & set(session.record))
-    if asked:
+    if {"branches", "head_inputs"} & set(session.record):
         raise UnsupportedModelError(
             f"layers[{i}] is a {mods.kind} layer ({session.spec.family}: a Mamba-2 block): dpa does not yet compute "
-            f"what this needs ({', '.join(asked)}: edge scores or a circuit graph through its scan); "
-            "dpa.attribute's token, unit and neuron scores cover it")
+            "edge scores, circuit graphs or MIB's graph through its scan (the book derives its edges, "
+            "state-space-duality); dpa.attribute's token, unit and neuron scores cover it")
     block = mods.attention
     override(block, linearised_forward(block.forward, block, session.anchor, session.weights, session.spec.n_heads,
                                        head_sink, bias_sink))

@@ -89,7 +89,7 @@ class Mixer:
     rule: str = "product"  # how dpa linearises the block: "product", mu on in_proj's blocks of columns (a gated
     # convolution: the block is multilinear in them, so its own autograd graph is the rule); "scan", dpa's Function
     # over the whole block (Mamba-2: the step, the SiLUs and the gated norm's scale frozen inside it, ssd.py)
-    #   read by: mixers (checks), linearise, explicit, families
+    #   read by: spec (ModelSpec.scans: linearise, mib.forward), families (checks)
 
 
 @dataclass(frozen=True)

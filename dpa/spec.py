@@ -49,6 +49,12 @@ class ModelSpec:
         """Layer ``index``'s token mixer: "attention" or a ``Mixer``'s kind."""
         return self.layer_kinds[index] if self.layer_kinds else "attention"
 
+    def scans(self, index: int) -> bool:
+        """Whether layer ``index``'s token mixer is a block dpa's Function linearises whole (``Mixer.rule`` "scan",
+        Mamba-2): what reads its q/k/v branches or its units' inputs (edges, circuits, MIB's graph) refuses it."""
+        kind = self.kind(index)
+        return kind != "attention" and self.parts.mixer(kind).rule == "scan"
+
     @property
     def unit_kinds(self) -> list[str] | None:
         """Per layer, the kind of unit its row of head scores holds ("head", or a mixer's kind); None where every

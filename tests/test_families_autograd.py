@@ -372,7 +372,8 @@ def test_the_instrumented_forward_is_the_models(model):
 
 def scans(model) -> bool:
     """Whether the model has Mamba-2 blocks (their edge scores and circuit graphs are not derived yet: refused)."""
-    return "scan" in dpa.spec_for(model).layer_kinds
+    spec = dpa.spec_for(model)
+    return any(spec.scans(i) for i in range(spec.n_layers))
 
 
 def test_edges_sum_to_heads_and_positions_to_neurons(model):

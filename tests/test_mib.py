@@ -15,9 +15,9 @@ from dpa.mib.graph import Graph
 from dpa.mib.methods import edge_scores
 from dpa.mib.pairs import Pairs
 from dpa.request import check_model
-from tests.conftest import ALL_FAMILIES, HYBRID_FAMILIES, MHA_ONLY, tiny_model
+from tests.conftest import ALL_FAMILIES, EDGE_HYBRIDS, MHA_ONLY, tiny_model
 
-LAYOUT = [(f, kv) for f in ALL_FAMILIES + HYBRID_FAMILIES for kv in ((4,) if f in MHA_ONLY else (4, 1))]
+LAYOUT = [(f, kv) for f in ALL_FAMILIES + EDGE_HYBRIDS for kv in ((4,) if f in MHA_ONLY else (4, 1))]
 
 
 def _pairs(n=3, t=6, seed=0, metric="logit_diff", shared=0):

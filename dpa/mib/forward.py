@@ -389,6 +389,12 @@ def check_graph_run(model: nn.Module, spec) -> None:
         raise UnsupportedModelError(
             f"MIB's graph runs on a model on one device; this one is split across {', '.join(devices)} (a device "
             "map): load it on one device (dpa.attribute and dpa.circuit take a split model)")
+    scans = [i for i in range(spec.n_layers) if spec.scans(i)]
+    if scans:  # a Mamba-2 block's heads read each other through the scan: its graph's edges are not derived in dpa
+        raise UnsupportedModelError(
+            f"layers[{scans[0]}] is a scan layer ({spec.family}: a Mamba-2 block): dpa does not yet run MIB's graph "
+            "through its scan (the book derives its edges, state-space-duality); dpa.attribute's token, unit and "
+            "neuron scores cover it")
     modules = [("the decoder stack", spec.base(model))]
     for i, m in enumerate(layer_modules(model, spec)):
         modules += [(f"layers[{i}]", m.layer), (f"layers[{i}]'s attention", m.attention)]
