@@ -334,7 +334,9 @@ def _check_layers(layers, model_family: Family, kinds: tuple[str, ...]) -> None:
                 raise UnsupportedModelError(f"unsupported module: layers[{i}].{path} is "
                                             f"{why_not_projection(get(layer, path))}; dpa reads its weight")
             if getattr(get(layer, path), "bias", None) is not None and not family.biases:
-                raise UnsupportedModelError(f"unsupported module: layers[{i}].{path} has a bias (attention_bias?)")
+                mixer = model_family.mixer(kinds[i])
+                what = "attention_bias?" if mixer is None or path != family.heads else f"inside the {mixer.kind} block"
+                raise UnsupportedModelError(f"unsupported module: layers[{i}].{path} has a bias ({what})")
         for path in family.norms:
             norm = get(layer, path)
             if layer_norm != isinstance(norm, nn.LayerNorm) or (layer_norm and norm.weight is None):

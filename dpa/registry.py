@@ -324,5 +324,6 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (LLAMA, MISTRAL, QWEN2, 
 # Each unit kind's letter in labels (L3.H2, L5.N812, L1.E3, a hybrid's convolution unit L0.C3), the mixers' from
 # their descriptions.
 MIXER_KINDS: tuple[str, ...] = tuple(dict.fromkeys(m.kind for f in FAMILIES.values() for m in f.mixers))
+MIXER_RULES: dict[str, str] = {m.kind: m.rule for f in FAMILIES.values() for m in f.mixers}  # kind -> Mixer.rule
 UNIT_LETTERS: dict[str, str] = {"head": "H", "neuron": "N", "expert": "E",
                                 **{m.kind: m.letter for f in FAMILIES.values() for m in f.mixers}}

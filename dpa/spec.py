@@ -56,6 +56,11 @@ class ModelSpec:
         return kind != "attention" and self.parts.mixer(kind).rule == "scan"
 
     @property
+    def scan_layers(self) -> tuple[int, ...]:
+        """The layers whose token mixer dpa's Function linearises whole (``scans``)."""
+        return tuple(i for i in range(self.n_layers) if self.scans(i))
+
+    @property
     def unit_kinds(self) -> list[str] | None:
         """Per layer, the kind of unit its row of head scores holds ("head", or a mixer's kind); None where every
         layer is attention (``Attribution.layer_kinds``)."""

@@ -121,16 +121,17 @@ def view_payload(result: Attribution, *, top_neurons: int = 32, routes: int = 8,
 
 
 def unit_layout(result: Attribution) -> dict[str, Any]:
-    """On a hybrid (``layer_kinds``): each layer's unit kind, each kind's letter in labels and how many channels a
-    mixer's unit holds (``d_model / n_heads``, where the result's effective targets give d_model), for the heatmap
-    to say what each row is."""
+    """On a hybrid (``layer_kinds``): each layer's unit kind, each kind's letter in labels and, per kind, how many
+    channels of the residual stream a unit holds where that is what it is (a convolution's: ``d_model / n_heads``,
+    where the result's effective targets give d_model; a Mamba-2 block's units group its inner channels, not the
+    residual stream's), for the heatmap to say what each row is."""
     if result.layer_kinds is None:
         return {}
-    from dpa.registry import UNIT_LETTERS
+    from dpa.registry import MIXER_RULES, UNIT_LETTERS
 
+    width = None if result.effective_targets is None else result.effective_targets.shape[-1] // result.head_scores.shape[1]
     return {"layer_kinds": list(result.layer_kinds), "unit_letters": {k: UNIT_LETTERS[k] for k in result.unit_kinds},
-            "unit_width": None if result.effective_targets is None else
-            result.effective_targets.shape[-1] // result.head_scores.shape[1]}
+            "unit_widths": {k: width for k in result.unit_kinds if MIXER_RULES.get(k) == "product" and width}}
 
 
 def token_routes(result: Attribution, k: int = 8) -> list[dict[str, list]] | None:

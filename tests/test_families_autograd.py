@@ -372,8 +372,7 @@ def test_the_instrumented_forward_is_the_models(model):
 
 def scans(model) -> bool:
     """Whether the model has Mamba-2 blocks (their edge scores and circuit graphs are not derived yet: refused)."""
-    spec = dpa.spec_for(model)
-    return any(spec.scans(i) for i in range(spec.n_layers))
+    return bool(dpa.spec_for(model).scan_layers)
 
 
 def test_edges_sum_to_heads_and_positions_to_neurons(model):

@@ -131,7 +131,7 @@ def test_the_widget_payload_says_what_each_row_is(model):
 
     data = payload(dpa.attribute(model, None, random_ids(9), target=TARGET, effective_targets=True))
     assert data["layer_kinds"] == ["conv", "head", "conv"] and data["unit_letters"] == {"conv": "C", "head": "H"}
-    assert data["unit_width"] == 8  # d_model 32 over 4 units
+    assert data["unit_widths"] == {"conv": 8}  # d_model 32 over 4 units
     plain = payload(dpa.attribute(tiny_model("llama", 2), None, random_ids(9), target=TARGET))
     assert "layer_kinds" not in plain
 

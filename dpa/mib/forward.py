@@ -389,7 +389,7 @@ def check_graph_run(model: nn.Module, spec) -> None:
         raise UnsupportedModelError(
             f"MIB's graph runs on a model on one device; this one is split across {', '.join(devices)} (a device "
             "map): load it on one device (dpa.attribute and dpa.circuit take a split model)")
-    scans = [i for i in range(spec.n_layers) if spec.scans(i)]
+    scans = spec.scan_layers
     if scans:  # a Mamba-2 block's heads read each other through the scan: its graph's edges are not derived in dpa
         raise UnsupportedModelError(
             f"layers[{scans[0]}] is a scan layer ({spec.family}: a Mamba-2 block): dpa does not yet run MIB's graph "

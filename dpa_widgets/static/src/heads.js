@@ -58,7 +58,7 @@ function headKeys(ctx, svg, data, lay, locked) {
  * @param {any} data @param {ReturnType<typeof headLayout>} lay @param {{layer: number, head: number}} c */
 function cellName(data, lay, c) {
   if (unitKind(data, c.layer) === "head") return `${headLabel(data, c.layer, c.head)} (KV group ${lay.group(c.head)})`;
-  const width = data.unit_width;  // known where the result keeps its effective targets (d_model)
+  const width = (data.unit_widths || {})[unitKind(data, c.layer)];  // a convolution's, where d_model is known
   return headLabel(data, c.layer, c.head) + (width ? ` (channels ${c.head * width}–${(c.head + 1) * width - 1})` : "");
 }
 

@@ -1,0 +1,289 @@
+"""Mamba-2 blocks beside attention (Bamba; book: state-space-duality), linearised by dpa's own Function (ssd.py).
+
+The autograd suite (test_families_autograd) runs Bamba with every other family: the forward oracle, each path and the
+default weights against an independent recurrence, completeness, lean = full. Here: each factor of the scan alone
+(with the content carried through the gated norm, which the suite's single paths cut), the conservation law of the
+scan (q + k + v = 1 conserves a model of Mamba-2 blocks only, with the skip at weight one), padded batches, float32,
+the units named by kind, what is not derived for it refused by name before any work, and every edit that would make
+the rule wrong refused by name with the model left as it was.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import pytest
+import torch
+
+import dpa
+from dpa.families import layer_modules
+
+from .conftest import random_ids, tiny_model
+from .test_families_autograd import autograd_scores, pre_cap_logits
+from .test_hybrid import _state
+
+TARGET = 5
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model("bamba", 2)
+
+
+def test_the_layers_and_their_units(model):
+    spec = dpa.spec_for(model)
+    assert spec.layer_kinds == ("scan", "attention", "scan") and spec.mixed
+    assert [spec.scans(i) for i in range(3)] == [True, False, True]
+    mods = layer_modules(model, spec)
+    assert mods[0].attention is model.model.layers[0].mamba and mods[0].heads is model.model.layers[0].mamba.out_proj
+    res = dpa.attribute(model, None, random_ids(9), target=TARGET)
+    assert res.layer_kinds == ["scan", "head", "scan"] and res.unit_kinds == ("scan", "head")
+    assert {c.kind for c in res.top_components(12)["positive"] + res.top_components(12)["negative"]} >= {"scan"}
+    assert "scan L" in res.summary() and "scan units, attention heads and MLP neurons" in res.summary()
+
+
+@pytest.mark.parametrize("mu", [(1, 0, 0, 0, 1), (0, 1, 0, 0, 1), (0, 0, 1, 0, 1), (0, 0, 0, 1, 0),
+                                (0.2, 0.3, 0.5, 0.4, 0.6)], ids=["C", "B", "x", "z", "mixed"])
+def test_each_factor_of_the_scan_alone_equals_autograd(model, mu):
+    """mu_up = 1 carries the target through the gated norm into the scan, where one factor at a time is open: the
+    query (C), the key (B) or the value (x) path; or the gate z alone. Against the suite's recurrence."""
+    ids = random_ids(9)
+    res = dpa.attribute(model, None, ids, target=TARGET, weights=dpa.PathWeights(*mu))
+    tokens, heads, neurons, _, _ = autograd_scores(model, ids, mu)
+    torch.testing.assert_close(res.token_scores, tokens, rtol=1e-9, atol=1e-11)
+    torch.testing.assert_close(res.head_scores, heads, rtol=1e-9, atol=1e-11)
+    torch.testing.assert_close(res.neuron_scores, neurons, rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("mu", [(0.2, 0.3, 0.5, 0.4, 0.6), (1, 0, 0, 1, 0), (0, 1, 0, 0.5, 0.5), (0, 0, 1, 0, 1)])
+def test_a_model_of_scans_conserves_whenever_query_key_and_value_sum_to_one(mu):
+    """Euler's identity for the trilinear scan: on a model with no attention layer, any q + k + v = 1 with
+    gate + up = 1 gives token scores and the bias share (the convolution's bias) that add up to the logit. The
+    skip D x must carry weight one for this: with weight mu_value it would lose (1 - mu_value) lambda . D x."""
+    model = tiny_model("bamba", 2, attn_layer_indices=[])
+    assert dpa.spec_for(model).layer_kinds == ("scan",) * 3
+    ids = random_ids(10)
+    res = dpa.attribute(model, None, ids, target=TARGET, weights=dpa.PathWeights(*mu))
+    logit = model(ids[None], use_cache=False).logits[0, -1, TARGET].item()  # transformers' cache needs attention
+    assert float(res.token_scores.sum()) + res.bias_share == pytest.approx(logit, rel=1e-9, abs=1e-10)
+
+
+def test_a_padded_batch_gives_each_prompt_its_scores_alone(model):
+    prompts = [random_ids(11, seed=1), random_ids(6, seed=2), random_ids(1, seed=3)]
+    batch = dpa.attribute(model, None, prompts, target=TARGET)
+    for p, res in zip(prompts, batch):
+        alone = dpa.attribute(model, None, p, target=TARGET)
+        for name in ("token_scores", "head_scores", "neuron_scores"):
+            torch.testing.assert_close(getattr(res, name), getattr(alone, name), rtol=1e-9, atol=1e-11)
+        assert res.bias_share == pytest.approx(alone.bias_share, rel=1e-9, abs=1e-12)
+
+
+def test_lean_memory_effective_targets_and_neuron_positions(model):
+    ids = random_ids(13)  # not a multiple of the chunk (4)
+    full = dpa.attribute(model, None, ids, target=TARGET, memory="full", effective_targets=True,
+                         neuron_positions=True)
+    lean = dpa.attribute(model, None, ids, target=TARGET, memory="lean")
+    torch.testing.assert_close(lean.token_scores, full.token_scores, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(lean.head_scores, full.head_scores, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(full.neuron_position_scores.sum(1), full.neuron_scores, rtol=1e-9, atol=1e-11)
+    torch.testing.assert_close((full.effective_targets[0] * model.model.embed_tokens(ids)).sum(-1),
+                               full.token_scores, rtol=1e-9, atol=1e-11)
+
+
+def test_a_float32_model_agrees_with_float64():
+    """The block's own float32 scan gives the value; dpa's backward runs in float64 from it."""
+    import copy
+
+    ids = random_ids(9)
+    model = tiny_model("bamba", 2)
+    wide = dpa.attribute(model, None, ids, target=TARGET)
+    narrow = dpa.attribute(copy.deepcopy(model).float(), None, ids, target=TARGET)
+    torch.testing.assert_close(narrow.token_scores.double(), wide.token_scores, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(narrow.head_scores.double(), wide.head_scores, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("call", ["edges", "circuit", "mib", "attention map"])
+def test_what_is_not_derived_for_a_scan_is_refused_by_name_and_the_model_left_as_it_was(model, call):
+    from dpa import baselines
+
+    ids = random_ids(7)
+    before = _state(model)
+    runs = {"edges": lambda: dpa.attribute(model, None, ids, target=TARGET, edges=True),
+            "circuit": lambda: dpa.circuit(model, None, ids, target=TARGET),
+            "mib": lambda: _mib(model),
+            "attention map": lambda: baselines.activation_patching(model, None, ids, target=TARGET)}
+    with pytest.raises(dpa.UnsupportedModelError, match=r"layers\[0\] is a scan layer"):
+        runs[call]()
+    assert _state(model) == before
+
+
+def _mib(model):
+    from dpa.mib import Graph, evaluate
+    from dpa.request import check_model
+
+    from .test_mib import _pairs
+
+    pairs = _pairs()
+    evaluate(model, pairs, torch.zeros(Graph.of(check_model(model)).exists.shape, dtype=torch.float64), sizes=(1.0,))
+
+
+def test_the_baselines_a_scan_model_supports_run(model):
+    from dpa.baselines import COMPONENT_METHODS, INPUT_METHODS, READ_ATTENTION, supports
+
+    spec = dpa.spec_for(model)
+    ids = random_ids(7)
+    inputs = {name for name, fn in INPUT_METHODS.items() if supports(fn, spec)}
+    components = {name for name, fn in COMPONENT_METHODS.items() if supports(fn, spec)}
+    assert inputs == {"dpa", "random", "gradient", "input_x_gradient", "integrated_gradients", "occlusion"}
+    assert components == {"dpa", "dpa_mid", "random"}
+    assert not any(supports(fn, spec) for fn in READ_ATTENTION)
+    for name, fn in INPUT_METHODS.items():
+        if supports(fn, spec):
+            scores = fn(model, None, ids, target=TARGET)
+            assert torch.isfinite(torch.as_tensor(getattr(scores, "token_scores", scores))).all(), name
+
+
+def test_the_benchmark_runs_inputs_and_neurons_and_refuses_head_ablations(model, tmp_path):
+    from dpa.evaluate import Settings, evaluate
+
+    from .test_evaluate import tiny_dataset, word_tokenizer
+
+    tok = word_tokenizer()
+    tiny_dataset(model, tmp_path / "data", n=2)
+    common = dict(dataset="known_1000", min_probability=0.0, data_dir=str(tmp_path / "data"))
+    inputs = evaluate(model, tok, Settings(unit="input", methods=("dpa", "gradient"), **common), tmp_path / "in",
+                      progress=False, figures=False)
+    assert inputs["n_evaluated"] >= 1
+    neurons = evaluate(model, tok, Settings(unit="component", component_units="neurons", methods=("dpa",), **common),
+                       tmp_path / "neurons", progress=False, figures=False)
+    assert neurons["n_evaluated"] == inputs["n_evaluated"]
+    with pytest.raises(dpa.UnsupportedModelError, match="scan layers without attention probabilities"):
+        evaluate(model, tok, Settings(unit="component", methods=("dpa",), **common), tmp_path / "heads",
+                 progress=False, figures=False)
+
+
+def _tanh_of(forward):
+    @functools.wraps(forward)  # copies the name and the module, not the code
+    def patched(self, *args, **kwargs):
+        return torch.tanh(forward(self, *args, **kwargs))
+    return patched
+
+
+@pytest.mark.parametrize("edit, match", [
+    ("patched forward", r"layers\[0\]\.mamba is a .* forward is its own"),
+    ("extra parameter", r"layers\[0\]\.mamba holds the parameters"),
+    ("lora in_proj", r"layers\[0\]\.mamba\.in_proj"),
+    ("out_proj bias", r"layers\[0\]\.mamba\.out_proj has a bias \(inside the scan block\)"),
+    ("fewer heads", r"layers\[0\]\.mamba .*heads of"),
+    ("conv module", r"layers\[0\]\.mamba\.conv1d is"),
+], ids=lambda x: x if " " in x else "")
+def test_edits_that_break_the_rule_are_refused_by_name_and_the_model_left_as_it_was(edit, match):
+    model = tiny_model("bamba", 2)
+    block = model.model.layers[0].mamba
+    if edit == "patched forward":
+        cls = type(block)
+        block.__class__ = type("Patched", (cls,), {"forward": lambda self, *a, **k: cls.forward(self, *a, **k)})
+    elif edit == "extra parameter":
+        block.register_parameter("scale", torch.nn.Parameter(torch.ones(1, dtype=torch.float64)))
+    elif edit == "lora in_proj":
+        class Lora(torch.nn.Linear):
+            def forward(self, x):
+                return super().forward(x) * 1.01
+        new = Lora(32, block.in_proj.out_features, bias=False).double()
+        new.weight = block.in_proj.weight
+        block.in_proj = new
+    elif edit == "out_proj bias":
+        block.out_proj.bias = torch.nn.Parameter(torch.zeros(32, dtype=torch.float64))
+    elif edit == "fewer heads":
+        block.num_heads = 2
+    elif edit == "conv module":
+        block.conv1d = torch.nn.Conv1d(block.conv_dim, block.conv_dim, 4, groups=block.conv_dim // 2, padding=3).double()
+    before = _state(model)
+    with pytest.raises(dpa.UnsupportedModelError, match=match):
+        dpa.attribute(model, None, random_ids(5), target=TARGET)
+    assert _state(model) == before
+
+
+def test_a_step_limit_set_on_the_blocks_is_the_one_frozen():
+    """The step is clamped to the block's own ``time_step_limit`` (read from the module, as its forward does): a
+    limit that binds changes the mask and the factor Delta_s, in the value and in the rule alike."""
+    model = tiny_model("bamba", 2)
+    for i in (0, 2):
+        model.model.layers[i].mamba.time_step_limit = (0.0, 0.3)
+    ids, mu = random_ids(9), (0.25, 0.25, 0.5, 0.5, 0.5)
+    res = dpa.attribute(model, None, ids, target=TARGET, weights=dpa.PathWeights(*mu))
+    tokens, heads, *_ = autograd_scores(model, ids, mu)
+    torch.testing.assert_close(res.token_scores, tokens, rtol=1e-9, atol=1e-11)
+    free = dpa.attribute(tiny_model("bamba", 2), None, ids, target=TARGET, weights=dpa.PathWeights(*mu))
+    assert not torch.allclose(free.token_scores, res.token_scores, rtol=1e-3)
+
+
+@pytest.mark.parametrize("patch", ["scan function", "conv function", "block class wrapped", "gated norm class"])
+def test_patches_made_after_a_first_call_are_refused_by_name(patch, monkeypatch):
+    """A function of the modelling file or a class's forward patched after dpa checked the model once: the block is
+    probed again against dpa's copy (the checks' cache keys on each class's forward and its file's functions)."""
+    from transformers.models.bamba import modeling_bamba as bamba
+
+    model = tiny_model("bamba", 2)
+    ids = random_ids(7)
+    dpa.attribute(model, None, ids, target=TARGET)
+    scan, conv = bamba.mamba2_chunk_scan, bamba.causal_conv1d_fn
+    change = {"scan function": (bamba, "mamba2_chunk_scan", lambda h, *a, **k: 1.01 * scan(h, *a, **k)),
+              "conv function": (bamba, "causal_conv1d_fn", lambda h, w, b=None, activation=None, **k:
+                                conv(h, w, b, activation="relu")),
+              "block class wrapped": (bamba.BambaMixer, "forward", _tanh_of(bamba.BambaMixer.forward)),
+              "gated norm class": (bamba.BambaRMSNormGated, "forward", _tanh_of(bamba.BambaRMSNormGated.forward))}
+    owner, name, value = change[patch]
+    monkeypatch.setattr(owner, name, value)
+    before = _state(model)
+    with pytest.raises(dpa.UnsupportedModelError, match="forward is its own|does not compute the Mamba-2 block"):
+        dpa.attribute(model, None, ids, target=TARGET)
+    assert _state(model) == before
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (dict(mamba_proj_bias=True), "mamba_proj_bias"),
+])
+def test_configs_the_rule_does_not_describe_are_refused(overrides, match):
+    with pytest.raises(dpa.UnsupportedModelError, match=match):
+        dpa.attribute(tiny_model("bamba", 2, **overrides), None, random_ids(5), target=TARGET)
+
+
+@pytest.mark.parametrize("overrides", [dict(mamba_conv_bias=False), dict(mamba_n_groups=1),
+                                       dict(mamba_n_heads=8, mamba_d_head=8), dict(attn_layer_indices=[0, 1, 2])],
+                         ids=["no conv bias", "one group", "8 ssm heads", "attention only"])
+def test_the_settings_the_rule_covers_conserve(overrides):
+    """Without the convolution's bias, with one group of B and C, with two SSM heads per unit (8 heads for the
+    4 attention heads' places), with no Mamba-2 layer at all: completeness under the value path, to 1e-10."""
+    model = tiny_model("bamba", 2, **overrides)
+    ids = random_ids(10)
+    res = dpa.attribute(model, None, ids, target=TARGET, weights=dpa.PathWeights(0, 0, 1, 0.3, 0.7))
+    logit = pre_cap_logits(model, ids)[0, -1, TARGET].item()
+    assert float(res.token_scores.sum()) + res.bias_share == pytest.approx(logit, rel=1e-9, abs=1e-10)
+    assert res.head_scores.shape == (3, 4)
+
+
+def test_the_command_line_attributes_a_saved_bamba(tmp_path, capsys):
+    from dpa.cli import main
+
+    from .test_evaluate import word_tokenizer
+
+    folder = tmp_path / "bamba"
+    tiny_model("bamba", 2, dtype=torch.float32).save_pretrained(folder)
+    word_tokenizer().save_pretrained(folder)
+    out_json = tmp_path / "r.json"
+    assert main(["attribute", "w4 w5 w6 w7", "--model", str(folder), "--target", "w9", "--json", str(out_json)]) == 0
+    report = capsys.readouterr().out
+    assert "scan L" in report and "scan units, attention heads and MLP neurons" in report
+    assert json.loads(out_json.read_text())["layer_kinds"] == ["scan", "head", "scan"]
+    assert main(["circuit", "w4 w5 w6 w7", "--model", str(folder), "--target", "w9"]) != 0
+    assert "scan layer" in capsys.readouterr().err
+
+
+def test_the_widget_payload_names_the_scan_units(model):
+    from dpa_widgets.payload import unit_layout
+
+    res = dpa.attribute(model, None, random_ids(9), target=TARGET, effective_targets=True)
+    assert unit_layout(res) == {"layer_kinds": ["scan", "head", "scan"], "unit_letters": {"scan": "S", "head": "H"},
+                                "unit_widths": {}}  # a scan unit groups the block's inner channels, not d_model's
