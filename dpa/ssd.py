@@ -47,6 +47,7 @@ class ScanShape:
     kernel: int  # K, the convolution's taps
     norm_group: int  # the gated norm's group of channels
     limit: tuple[float, float]  # the clamp of the step
+    chunk: int  # the positions of one chunk of the scan (dpa's copy reads the block's own)
 
     @property
     def conv(self) -> int:
@@ -57,7 +58,8 @@ class ScanShape:
         return self.inner + self.conv + self.heads
 
 
-_ATTRIBUTES = ("intermediate_size", "num_heads", "head_dim", "n_groups", "ssm_state_size", "conv_kernel_size")
+_ATTRIBUTES = ("intermediate_size", "num_heads", "head_dim", "n_groups", "ssm_state_size", "conv_kernel_size",
+               "chunk_size")
 
 
 def shape_of(block: nn.Module) -> ScanShape:
@@ -70,7 +72,7 @@ def shape_of(block: nn.Module) -> ScanShape:
                                     f"({', '.join(_ATTRIBUTES)}, norm.group_size, time_step_limit)")
     return ScanShape(values["intermediate_size"], values["num_heads"], values["head_dim"], values["n_groups"],
                      values["ssm_state_size"], values["conv_kernel_size"], norm.group_size,
-                     (float(limit[0]), float(limit[1])))
+                     (float(limit[0]), float(limit[1])), values["chunk_size"])
 
 
 def scan_block(block: nn.Module, h: Tensor, mask: Tensor | None, mu=None, bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -116,18 +118,40 @@ def _weighted(tensor: Tensor, mu: float) -> Tensor:
 
 
 def _scan(x: Tensor, B: Tensor, C: Tensor, step: Tensor, a: Tensor, s: ScanShape) -> Tensor:
-    """The scan without its skip, in its attention form: y_t = sum_{s <= t} L_ts (C_t . B_s) Delta_s x_s per head,
-    L_ts = exp(a sum_{s < r <= t} Delta_r) [b t (H P)]."""
+    """The scan without its skip, y_t = sum_{s <= t} L_ts (C_t . B_s) Delta_s x_s per head with
+    L_ts = exp(a sum_{s < r <= t} Delta_r) [b t (H P)], by chunks of ``s.chunk`` positions (book:
+    state-space-duality): within a chunk its attention form, between chunks the state carried forward, so memory
+    and time grow linearly with the length. Positions padded after the last have a step of zero: they decay nothing
+    and write nothing."""
     b, t, _ = x.shape
+    q = s.chunk
+    n = -(-t // q)
+    pad = n * q - t
     per = s.heads // s.groups
-    Bh = B.view(b, t, s.groups, s.state).repeat_interleave(per, dim=2)  # [b t H N]
-    Ch = C.view(b, t, s.groups, s.state).repeat_interleave(per, dim=2)
-    cum = torch.cumsum(step * a, dim=1)  # [b t H]
-    causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()[None, :, :, None]
-    decay = torch.exp(torch.where(causal, cum[:, :, None] - cum[:, None], float("-inf")))  # [b t s H]
-    scores = torch.einsum("bthn,bshn->btsh", Ch, Bh) * decay
-    values = x.view(b, t, s.heads, s.head_dim) * step[..., None]
-    return torch.einsum("btsh,bshp->bthp", scores, values).flatten(2)
+
+    def chunks(v: Tensor, *shape) -> Tensor:  # [b t ...] -> [b n q ...], zeros after the last position
+        v = v.reshape(b, t, *shape)
+        if pad:
+            v = torch.cat([v, v.new_zeros(b, pad, *shape)], dim=1)
+        return v.view(b, n, q, *shape)
+
+    Bh = chunks(B, s.groups, s.state).repeat_interleave(per, dim=3)  # [b n q H N]
+    Ch = chunks(C, s.groups, s.state).repeat_interleave(per, dim=3)
+    values = chunks(x, s.heads, s.head_dim) * chunks(step, s.heads)[..., None]  # Delta_s x_s [b n q H P]
+    cum = torch.cumsum(chunks(step, s.heads) * a, dim=2)  # [b n q H], within each chunk
+    causal = torch.ones(q, q, dtype=torch.bool, device=x.device).tril()[:, :, None]
+    decay = torch.exp(torch.where(causal, cum[:, :, :, None] - cum[:, :, None], float("-inf")))  # [b n l s H]
+    scores = torch.einsum("bnlhk,bnshk->bnlsh", Ch, Bh) * decay  # M = L o (C B^T) within each chunk
+    y = torch.einsum("bnlsh,bnshp->bnlhp", scores, values)
+    last = cum[:, :, -1:]  # [b n 1 H]: each chunk's whole decay
+    written = torch.einsum("bnshk,bnshp->bnhpk", Bh * torch.exp(last - cum)[..., None], values)  # [b n H P N]
+    state, carried = written.new_zeros(b, s.heads, s.head_dim, s.state), []
+    for c in range(n):  # the state entering each chunk
+        carried.append(state)
+        state = state * torch.exp(last[:, c, 0])[..., None, None] + written[:, c]
+    entering = torch.stack(carried, dim=1)  # [b n H P N]
+    y = y + torch.einsum("bnlhk,bnhpk->bnlhp", Ch * torch.exp(cum)[..., None], entering)
+    return y.reshape(b, n * q, s.heads * s.head_dim)[:, :t]
 
 
 class LinearisedScan(torch.autograd.Function):
