@@ -3,7 +3,7 @@
     python benchmarks/bench_families.py [--kinds attention conv] [--repeats 7] [--out FILE]
 
 One row per family kind and size: an attention model (Llama, the reference), and each kind of token mixer dpa
-linearises beside attention (LFM2's gated short convolution: "conv"). Each model is built from its family's
+linearises beside attention (LFM2's gated short convolution: "conv"; Bamba's Mamba-2 block: "scan"). Each model is built from its family's
 config (``dpa.tiny.tiny_config``) with random weights in float32, no checkpoint needed: the cost of DPA against a
 gradient depends on the shapes, not on the values. Per row: the median seconds of a forward + autograd gradient of
 the target logit with respect to the embeddings (the bar) and of ``dpa.attribute`` with its defaults; the ratio is
@@ -29,7 +29,11 @@ from common import machine_label  # noqa: E402
 KINDS = {
     "attention": ("llama", {}),
     "conv": ("lfm2", {}),  # LFM2's pattern: two convolution layers to each attention layer
+    "scan": ("bamba", {}),  # Mamba-2 blocks, two to each attention layer; SSM heads of 64 channels, one group
 }
+# a Mamba-2 block's sizes per size: (SSM heads of 64 channels: 2 x d_model inner, state size, chunk)
+SCAN_SIZES = {"tiny": dict(mamba_n_heads=2, mamba_d_head=64, mamba_d_state=16, mamba_chunk_size=16),
+              "mid": dict(mamba_n_heads=16, mamba_d_head=64, mamba_d_state=64, mamba_chunk_size=64)}
 SIZES = {  # name -> (config sizes, prompt length)
     "tiny": (dict(hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
                   num_key_value_heads=2, vocab_size=512, max_position_embeddings=512), 64),
@@ -47,6 +51,8 @@ def build(kind: str, size: str) -> torch.nn.Module:
     overrides = dict(sizes, **extra)
     if family == "lfm2":
         overrides["layer_types"] = ["full_attention" if i % 3 == 2 else "conv" for i in range(layers)]
+    if family == "bamba":
+        overrides.update(SCAN_SIZES[size], mamba_n_groups=1, attn_layer_indices=list(range(2, layers, 3)))
     overrides.pop("head_dim", None)
     return tiny_model(family, sizes["num_key_value_heads"], dtype=torch.float32, **overrides)
 

@@ -14,8 +14,8 @@ convolution's bias is an input no token owns (the bias share).
 
 The scan and its SiLUs are functions inside the block's forward, so the rule cannot ride on modules the way
 attention's does. ``LinearisedScan`` is one autograd Function over the whole block: its value is the block's own
-output (its forward, its kernels, its float32 scan), and its backward is the rule, run on ``scan_block``, dpa's float64
-copy of the block written from the book, with the controls frozen and each factor's gradient times its mu. The unit
+output (its forward, its kernels, its float32 scan), and its backward is the rule, run on ``scan_block``, dpa's copy of
+the block written from the book, with the controls frozen and each factor's gradient times its mu. The unit
 tap reads out_proj's input n: the scores of its ``n_heads`` groups of channels (an SSM head each where the counts
 agree). ``check_block`` checks that the block is the one described, and that it computes ``scan_block``'s value on a
 probe, so a patched forward, function or kernel is refused by name.
@@ -76,41 +76,48 @@ def shape_of(block: nn.Module) -> ScanShape:
 
 
 def scan_block(block: nn.Module, h: Tensor, mask: Tensor | None, mu=None, bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """The block's output and out_proj's input n, in float64, written from the book: the value of the block, and
+    """The block's output and out_proj's input n, in float64 for a float64 model and float32 otherwise (``wide``),
+    written from the book: the value of the block, and
     (with ``mu``, path weights) the linearised graph whose gradient is the rule. The frozen controls are detached:
     the step Delta, the sigmoids of the two SiLUs and the norm's scale r. ``bias`` [batch channel]: the
     convolution's bias as a leaf per prompt (its gradient gives the bias share), else the block's own."""
     s = shape_of(block)
-    f64 = torch.float64
-    h = h.to(f64)
+    dtype = wide(h.dtype)  # the copy's dtype
+    h = h.to(dtype)
     if mask is not None:  # transformers zeroes padded positions before in_proj and after the convolution
-        m = mask.to(h.device, f64)[..., None]
+        m = mask.to(h.device, dtype)[..., None]
         h = h * m
-    p = h @ weight_rows(block.in_proj).detach().to(f64).T
+    p = h @ weight_rows(block.in_proj).detach().to(dtype).T
     z, xi, delta = p.split([s.inner, s.conv, s.heads], dim=-1)
     conv = block.conv1d
     t = h.shape[1]
-    u = nn.functional.conv1d(xi.transpose(1, 2), conv.weight.detach().to(f64), padding=s.kernel - 1,
+    u = nn.functional.conv1d(xi.transpose(1, 2), conv.weight.detach().to(dtype), padding=s.kernel - 1,
                              groups=s.conv)[..., :t].transpose(1, 2)  # [b t conv]
     if bias is not None:
         u = u + bias[:, None, :]
     elif conv.bias is not None:
-        u = u + conv.bias.detach().to(f64)
+        u = u + conv.bias.detach().to(dtype)
     v = u * torch.sigmoid(u).detach()  # SiLU(u) = u sigmoid(u), sigmoid frozen
     if mask is not None:
         v = v * m
     x, B, C = v.split([s.inner, s.groups * s.state, s.groups * s.state], dim=-1)
-    step = nn.functional.softplus(delta + block.dt_bias.detach().to(f64)).clamp(*s.limit).detach()  # [b t H]
-    a = -torch.exp(block.A_log.detach().float()).to(f64)  # the decay as the module's forward makes it
+    step = nn.functional.softplus(delta + block.dt_bias.detach().to(dtype)).clamp(*s.limit).detach()  # [b t H]
+    a = -torch.exp(block.A_log.detach().float()).to(dtype)  # the decay as the module's forward makes it
     scaled = (lambda tensor, name: tensor) if mu is None else (lambda tensor, name: _weighted(tensor, getattr(mu, name)))
     y = _scan(scaled(x, "value"), scaled(B, "key"), scaled(C, "query"), step, a, s) + (
-        block.D.detach().to(f64)[:, None] * x.view(*x.shape[:2], s.heads, s.head_dim)).flatten(2)
+        block.D.detach().to(dtype)[:, None] * x.view(*x.shape[:2], s.heads, s.head_dim)).flatten(2)
     gate = z * torch.sigmoid(z).detach()  # SiLU(z), sigmoid frozen
     yz = scaled(y, "up") * scaled(gate, "gate")
     grouped = yz.view(*yz.shape[:2], -1, s.norm_group)
     r = torch.rsqrt(grouped.detach().pow(2).mean(-1, keepdim=True) + float(block.norm.variance_epsilon))
-    n = block.norm.weight.detach().to(f64) * (grouped * r).flatten(2)
-    return n @ weight_rows(block.out_proj).detach().to(f64).T, n
+    n = block.norm.weight.detach().to(dtype) * (grouped * r).flatten(2)
+    return n @ weight_rows(block.out_proj).detach().to(dtype).T, n
+
+
+def wide(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of dpa's copy of the block: float64 for a float64 model, float32 for the others (a gradient's own
+    precision, wider than bfloat16 or half)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _weighted(tensor: Tensor, mu: float) -> Tensor:
@@ -156,7 +163,7 @@ def _scan(x: Tensor, B: Tensor, C: Tensor, step: Tensor, a: Tensor, s: ScanShape
 
 class LinearisedScan(torch.autograd.Function):
     """Value: the block's own output ``out`` (computed by its forward, outside). Backward: the rule, on
-    ``scan_block``'s float64 graph from the saved input: the target on n, t W_out, dotted with n per unit (``sink``),
+    ``scan_block``'s graph from the saved input: the target on n, t W_out, dotted with n per unit (``sink``),
     then pulled back to h with each factor's mu; the bias share of the convolution's bias to ``bias_sink``."""
 
     @staticmethod
@@ -171,14 +178,14 @@ class LinearisedScan(torch.autograd.Function):
         block = ctx.block
         conv_bias = block.conv1d.bias
         with torch.enable_grad():
-            h64 = h.detach().to(torch.float64).requires_grad_(True)
-            bias = None if conv_bias is None else conv_bias.detach().to(h64).expand(h.shape[0], -1).clone().requires_grad_(True)
-            _, n = scan_block(block, h64, ctx.mask, ctx.mu, bias)
-            target = g.to(torch.float64) @ weight_rows(block.out_proj).detach().to(torch.float64)  # on n
+            leaf = h.detach().to(wide(h.dtype)).requires_grad_(True)
+            bias = None if conv_bias is None else conv_bias.detach().to(leaf).expand(h.shape[0], -1).clone().requires_grad_(True)
+            _, n = scan_block(block, leaf, ctx.mask, ctx.mu, bias)
+            target = g.to(leaf.dtype) @ weight_rows(block.out_proj).detach().to(leaf.dtype)  # on n
             if ctx.sink is not None:
                 b, t, _ = n.shape
                 ctx.sink((n.detach() * target).view(b, t, ctx.units, -1).sum((1, 3)))
-            leaves = (h64,) if bias is None else (h64, bias)
+            leaves = (leaf,) if bias is None else (leaf, bias)
             grads = torch.autograd.grad(n, leaves, target, allow_unused=True)
         if bias is not None and ctx.bias_sink is not None and grads[1] is not None:
             ctx.bias_sink((grads[1] * bias.detach()).sum(-1))
@@ -265,7 +272,7 @@ def _check_computes(block: nn.Module, d_model: int, where: str, kind: str) -> No
         with torch.no_grad():
             own = block(h, attention_mask=mask)
             want, _ = scan_block(block, h, mask)
-        ok = own.shape == want.shape and bool(torch.allclose(own.double(), want, rtol=tol,
+        ok = own.shape == want.shape and bool(torch.allclose(own.double(), want.double(), rtol=tol,
                                                              atol=tol * float(want.abs().max())))
     except Exception:  # noqa: BLE001 -- a block that cannot run on the probe is not the one described
         ok = False
