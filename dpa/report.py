@@ -157,8 +157,10 @@ def completeness_lines(res: Attribution) -> list[str]:
     if res.target.capped_logit is not None:
         lines.append(f"the model soft-caps its logits: target {res.target_logit:.4f} before the cap, "
                      f"{res.target.capped_logit:.4f} after (dpa attributes the pre-cap value, linear in the residual)")
-    if not res.weights.conservative:
-        lines.append("  (a gap is expected: only q=k=0, v=1, gate+up=1 conserves the target exactly)")
+    if not res.conserves:
+        lines.append("  (a gap is expected: only q=k=0, v=1, gate+up=1 conserves the target exactly)"
+                     if res.layer_kinds is None or "head" in res.layer_kinds else
+                     "  (a gap is expected: on these layers, q+k+v=1 with gate+up=1 conserves the target exactly)")
     if not res.weights.constrained:
         lines.append("  note: " + res.caveats[0])
     return lines

@@ -146,10 +146,20 @@ class Attribution(JsonRecord):
             out.append(f"path weights off the paper's constraints (q+k+v = {w.query + w.key + w.value:g}, "
                        f"gate+up = {w.gate + w.up:g}; the paper has 1 and 1): the scores scale the target's "
                        "paths unevenly and are not the paper's DPA")
-        if not w.conservative:
+        if not self.conserves:
             out.append("control paths on (query, key or gate weight > 0, or value != 1): the token scores need "
                        f"not sum to the target (completeness gap {self.completeness_gap:+.3g})")
         return out
+
+    @property
+    def conserves(self) -> bool:
+        """Whether the weights conserve the target on this model: the value path alone with gate + up = 1
+        (``PathWeights.conservative``: attention's softmax is not multilinear in its queries and keys); on a hybrid
+        with no attention layer (its mixers multilinear in their factors, book: Beyond attention) any q + k + v = 1
+        with gate + up = 1."""
+        w = self.weights
+        mixers_only = self.layer_kinds is not None and "head" not in self.layer_kinds and not w.moe
+        return w.conservative or (mixers_only and w.constrained)
 
     @property
     def n_layers(self) -> int:

@@ -67,6 +67,15 @@ def test_a_model_of_scans_conserves_whenever_query_key_and_value_sum_to_one(mu):
     res = dpa.attribute(model, None, ids, target=TARGET, weights=dpa.PathWeights(*mu))
     logit = model(ids[None], use_cache=False).logits[0, -1, TARGET].item()  # transformers' cache needs attention
     assert float(res.token_scores.sum()) + res.bias_share == pytest.approx(logit, rel=1e-9, abs=1e-10)
+    assert res.conserves and not res.caveats and "gap is expected" not in res.summary()
+
+
+def test_the_report_says_which_weights_conserve_on_a_model_of_scans():
+    model = tiny_model("bamba", 2, attn_layer_indices=[])
+    res = dpa.attribute(model, None, random_ids(6), target=TARGET, weights=dpa.PathWeights(0.5, 0.5, 0.5, 0.5, 0.5))
+    assert not res.conserves and "on these layers, q+k+v=1 with gate+up=1 conserves" in res.summary()
+    hybrid = dpa.attribute(tiny_model("bamba", 2), None, random_ids(6), target=TARGET)  # an attention layer too
+    assert not hybrid.conserves and "only q=k=0, v=1, gate+up=1 conserves" in hybrid.summary()
 
 
 def test_a_padded_batch_gives_each_prompt_its_scores_alone(model):
