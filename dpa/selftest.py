@@ -76,7 +76,7 @@ def check_family(family: str, device: str, reference: dict) -> list[Check]:
     model = tiny_model(family, dtype=dtype).to(device)
     ids, other = random_ids(11), random_ids(8, seed=2)  # padding shorter than the sliding windows (5)
     target = 5
-    edges = not dpa.spec_for(model).scan_layers  # not derived through a Mamba-2 block's scan: refused there
+    edges = dpa.spec_for(model).edges  # not derived through a Mamba-2 block's scan: refused there
     res = dpa.attribute(model, None, ids, target=target, edges=edges, neuron_positions=True)
     with torch.no_grad():
         logits = model(ids[None].to(device)).logits[0, -1, target]

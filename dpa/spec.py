@@ -61,6 +61,12 @@ class ModelSpec:
         return tuple(i for i in range(self.n_layers) if self.scans(i))
 
     @property
+    def edges(self) -> bool:
+        """Whether dpa computes this model's edge scores (and its circuit graphs, MIB's graph): not through a
+        Mamba-2 block's scan (``scan_layers``), where they are refused by name."""
+        return not self.scan_layers
+
+    @property
     def unit_kinds(self) -> list[str] | None:
         """Per layer, the kind of unit its row of head scores holds ("head", or a mixer's kind); None where every
         layer is attention (``Attribution.layer_kinds``)."""

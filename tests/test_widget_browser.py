@@ -356,6 +356,34 @@ def test_hybrid_save_html_names_each_rows_units(browser, tmp_path):  # noqa: F81
         page.close()
 
 
+def test_scan_save_html_names_its_units(browser, tmp_path):  # noqa: F811
+    """Bamba (Mamba-2, attention, Mamba-2) on a static page, without edge scores (not derived through a scan): the
+    rows say their kind, a scan unit's hover and details name it L0.S3 (its channels are the block's inner ones, not
+    named), an attention head keeps its KV group."""
+    model = tiny_model("bamba", 2)
+    result = dpa.attribute(model, None, random_ids(9).tolist(), neuron_positions=True, effective_targets=True)
+    path = save_html(CircuitWidget(result, model, None), tmp_path / "scan.html")
+    page, blocked, errors = open_offline(browser, path, 1400)
+    try:
+        widget_el = page.locator(".dpa-circuit")
+        heat = widget_el.locator("svg.dpa-heatmap").first
+        heat.locator("rect.dpa-head").nth(11).wait_for(timeout=30_000)
+        ticks = heat.locator("text.dpa-tick").all_text_contents()
+        assert {"L0 scan", "L1 attn", "L2 scan"} <= set(ticks), ticks
+        heat.locator('rect.dpa-head[data-layer="0"][data-head="3"]').hover()
+        hover = widget_el.locator(".dpa-hover").inner_text()
+        assert hover.startswith("scan L0.S3: "), hover
+        heat.locator('rect.dpa-head[data-layer="1"][data-head="2"]').hover()
+        assert widget_el.locator(".dpa-hover").inner_text().startswith("head L1.H2 (KV group 1): ")
+        heat.locator('rect.dpa-head[data-layer="2"][data-head="1"]').click()
+        title = widget_el.locator(".dpa-detail .dpa-detail-title").first
+        title.wait_for(timeout=5_000)
+        assert title.inner_text().startswith("scan L2.S1 · "), title.inner_text()
+        finish_offline_page(page, widget_el, shots(tmp_path) / "save-html-scan-1400.png", 1400, errors, blocked)
+    finally:
+        page.close()
+
+
 MOE_SETUP = f"""\
 import sys
 sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})  # the repository: tests.conftest

@@ -40,8 +40,7 @@ def dpa_component(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, c
 
 
 def _edges(model: nn.Module) -> bool:
-    """Whether dpa computes the model's edge scores: not through a Mamba-2 block's scan (``ModelSpec.scan_layers``)."""
-    return not request.check_model(model).scan_layers
+    return request.check_model(model).edges
 
 
 def dpa_mid(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contrast=None,
