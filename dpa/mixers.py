@@ -55,24 +55,9 @@ def check_mixer(layer: nn.Module, mixer: Mixer, d_model: int, i: int) -> None:
     """Layer ``i``'s mixer block is the one the rule describes: transformers' forward, a fused ``in_proj`` of
     3 x d_model features and an output projection d_model -> d_model, neither with a bias, and a depthwise
     convolution without a bias; nothing else holding parameters."""
-    where = f"layers[{i}].{mixer.module}"
-    block = get(layer, mixer.module)
-    if own_forward(block):
-        forward = type(block).forward
-        raise UnsupportedModelError(
-            f"unsupported module: {where} is a {type(block).__name__} whose forward is its own "
-            f"({getattr(forward, '__qualname__', forward)}, not transformers'): dpa's rule for the {mixer.kind} block "
-            "is derived for transformers' computation, so what that forward changes would be attributed wrongly")
-    for path, rows in ((mixer.in_proj, len(mixer.factors) * d_model), (mixer.heads, d_model)):
-        proj = get(layer, path)
-        if not is_projection(proj):
-            raise UnsupportedModelError(f"unsupported module: layers[{i}].{path} is {why_not_projection(proj)}")
-        shape = tuple(weight_rows(proj).shape)
-        if shape != (rows, d_model) or getattr(proj, "bias", None) is not None:
-            raise UnsupportedModelError(
-                f"unsupported module: layers[{i}].{path} is [{shape[0]} x {shape[1]}]"
-                f"{' with a bias' if getattr(proj, 'bias', None) is not None else ''}; the {mixer.kind} rule reads "
-                f"[{rows} x {d_model}] without a bias")
+    block, where = own_block(layer, mixer, i)
+    check_projections(layer, mixer, {mixer.in_proj: (len(mixer.factors) * d_model, d_model),
+                                     mixer.heads: (d_model, d_model)}, i)
     conv = getattr(block, "conv", None)
     if (type(conv) is not nn.Conv1d or conv.bias is not None or conv.groups != d_model
             or tuple(conv.weight.shape[:2]) != (d_model, 1)):
@@ -86,6 +71,33 @@ def check_mixer(layer: nn.Module, mixer: Mixer, d_model: int, i: int) -> None:
         raise UnsupportedModelError(f"unsupported module: {where} holds the parameters {sorted(names)}; the "
                                     f"{mixer.kind} rule reads exactly {sorted(known)}, so it would miss the others")
     _check_computes(block, get(layer, mixer.in_proj), get(layer, mixer.heads), conv, where, mixer.kind)
+
+
+def own_block(layer: nn.Module, mixer: Mixer, i: int) -> tuple[nn.Module, str]:
+    """Layer ``i``'s mixer block and its name; refused by name where its forward is not transformers'."""
+    where = f"layers[{i}].{mixer.module}"
+    block = get(layer, mixer.module)
+    if own_forward(block):
+        forward = type(block).forward
+        raise UnsupportedModelError(
+            f"unsupported module: {where} is a {type(block).__name__} whose forward is its own "
+            f"({getattr(forward, '__qualname__', forward)}, not transformers'): dpa's rule for the {mixer.kind} block "
+            "is derived for transformers' computation, so what that forward changes would be attributed wrongly")
+    return block, where
+
+
+def check_projections(layer: nn.Module, mixer: Mixer, shapes: dict[str, tuple[int, int]], i: int) -> None:
+    """Each of a mixer block's projections (path -> [out x in]) is a projection of that shape without a bias."""
+    for path, want in shapes.items():
+        proj = get(layer, path)
+        if not is_projection(proj):
+            raise UnsupportedModelError(f"unsupported module: layers[{i}].{path} is {why_not_projection(proj)}")
+        shape = tuple(weight_rows(proj).shape)
+        if shape != want or getattr(proj, "bias", None) is not None:
+            raise UnsupportedModelError(
+                f"unsupported module: layers[{i}].{path} is [{shape[0]} x {shape[1]}]"
+                f"{' with a bias' if getattr(proj, 'bias', None) is not None else ''}; the {mixer.kind} rule reads "
+                f"[{want[0]} x {want[1]}] without a bias")
 
 
 def gated_conv(in_proj: nn.Module, out_proj: nn.Module, conv: nn.Conv1d, h: torch.Tensor) -> torch.Tensor:

@@ -32,7 +32,8 @@ from torch import Tensor, nn
 from .errors import UnsupportedModelError
 from .functions import Branch
 from .registry import Mixer
-from .spec import get, is_projection, own_forward, weight_rows, why_not_projection
+from .mixers import _agrees, check_projections, own_block
+from .spec import weight_rows
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,8 @@ def shape_of(block: nn.Module) -> ScanShape:
     values = {name: getattr(block, name, None) for name in _ATTRIBUTES}
     norm = getattr(block, "norm", None)
     limit = getattr(block, "time_step_limit", None)
-    if (not all(isinstance(v, int) and v > 0 for v in values.values()) or not isinstance(getattr(norm, "group_size", None), int)
+    if (not all(isinstance(v, int) and v > 0 for v in values.values())
+            or not isinstance(getattr(norm, "group_size", None), int)
             or not (isinstance(limit, (tuple, list)) and len(limit) == 2)):
         raise UnsupportedModelError(f"unsupported module: {type(block).__name__} lacks the sizes of a Mamba-2 block "
                                     f"({', '.join(_ATTRIBUTES)}, norm.group_size, time_step_limit)")
@@ -75,7 +77,8 @@ def shape_of(block: nn.Module) -> ScanShape:
                      (float(limit[0]), float(limit[1])), values["chunk_size"])
 
 
-def scan_block(block: nn.Module, h: Tensor, mask: Tensor | None, mu=None, bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def scan_block(block: nn.Module, h: Tensor, mask: Tensor | None, mu=None,
+               bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """The block's output and out_proj's input n, in float64 for a float64 model and float32 otherwise (``wide``),
     written from the book: the value of the block, and
     (with ``mu``, path weights) the linearised graph whose gradient is the rule. The frozen controls are detached:
@@ -103,7 +106,8 @@ def scan_block(block: nn.Module, h: Tensor, mask: Tensor | None, mu=None, bias: 
     x, B, C = v.split([s.inner, s.groups * s.state, s.groups * s.state], dim=-1)
     step = nn.functional.softplus(delta + block.dt_bias.detach().to(dtype)).clamp(*s.limit).detach()  # [b t H]
     a = -torch.exp(block.A_log.detach().float()).to(dtype)  # the decay as the module's forward makes it
-    scaled = (lambda tensor, name: tensor) if mu is None else (lambda tensor, name: _weighted(tensor, getattr(mu, name)))
+    scaled = ((lambda tensor, name: tensor) if mu is None else
+              (lambda tensor, name: _weighted(tensor, getattr(mu, name))))
     y = _scan(scaled(x, "value"), scaled(B, "key"), scaled(C, "query"), step, a, s) + (
         block.D.detach().to(dtype)[:, None] * x.view(*x.shape[:2], s.heads, s.head_dim)).flatten(2)
     gate = z * torch.sigmoid(z).detach()  # SiLU(z), sigmoid frozen
@@ -179,7 +183,8 @@ class LinearisedScan(torch.autograd.Function):
         conv_bias = block.conv1d.bias
         with torch.enable_grad():
             leaf = h.detach().to(wide(h.dtype)).requires_grad_(True)
-            bias = None if conv_bias is None else conv_bias.detach().to(leaf).expand(h.shape[0], -1).clone().requires_grad_(True)
+            bias = (None if conv_bias is None else  # one leaf per prompt: its gradient gives each one's share
+                    conv_bias.detach().to(leaf).expand(h.shape[0], -1).clone().requires_grad_(True))
             _, n = scan_block(block, leaf, ctx.mask, ctx.mu, bias)
             target = g.to(leaf.dtype) @ weight_rows(block.out_proj).detach().to(leaf.dtype)  # on n
             if ctx.sink is not None:
@@ -212,14 +217,7 @@ def check_block(layer: nn.Module, mixer: Mixer, d_model: int, i: int) -> ScanSha
     the parameters dt_bias, A_log, D and the norm's weight, one per head or channel, and nothing else; and it
     computes ``scan_block``'s value on a probe (which covers its gated norm, as a probe covers every norm dpa
     freezes)."""
-    where = f"layers[{i}].{mixer.module}"
-    block = get(layer, mixer.module)
-    if own_forward(block):
-        forward = type(block).forward
-        raise UnsupportedModelError(
-            f"unsupported module: {where} is a {type(block).__name__} whose forward is its own "
-            f"({getattr(forward, '__qualname__', forward)}, not transformers'): dpa's rule for the {mixer.kind} block "
-            "is derived for transformers' computation, so what that forward changes would be attributed wrongly")
+    block, where = own_block(layer, mixer, i)
     s = shape_of(block)
     if (s.inner != s.heads * s.head_dim or s.heads % s.groups or s.inner % s.norm_group
             or getattr(block, "activation", None) != "silu"):
@@ -227,16 +225,7 @@ def check_block(layer: nn.Module, mixer: Mixer, d_model: int, i: int) -> ScanSha
             f"unsupported module: {where} has {s.heads} heads of {s.head_dim} for {s.inner} channels, {s.groups} "
             f"groups, a norm over groups of {s.norm_group} and activation {getattr(block, 'activation', None)!r}; "
             "the rule reads heads x head_dim channels, whole heads per group and a SiLU after the convolution")
-    for path, shape in ((mixer.in_proj, (s.rows, d_model)), (mixer.heads, (d_model, s.inner))):
-        proj = get(layer, path)
-        if not is_projection(proj):
-            raise UnsupportedModelError(f"unsupported module: layers[{i}].{path} is {why_not_projection(proj)}")
-        have = tuple(weight_rows(proj).shape)
-        if have != shape or getattr(proj, "bias", None) is not None:
-            raise UnsupportedModelError(
-                f"unsupported module: layers[{i}].{path} is [{have[0]} x {have[1]}]"
-                f"{' with a bias' if getattr(proj, 'bias', None) is not None else ''}; the {mixer.kind} rule reads "
-                f"[{shape[0]} x {shape[1]}] without a bias")
+    check_projections(layer, mixer, {mixer.in_proj: (s.rows, d_model), mixer.heads: (d_model, s.inner)}, i)
     conv = getattr(block, "conv1d", None)
     if (type(conv) is not nn.Conv1d or conv.groups != s.conv or tuple(conv.weight.shape) != (s.conv, 1, s.kernel)
             or conv.stride != (1,) or conv.dilation != (1,)):
@@ -244,7 +233,8 @@ def check_block(layer: nn.Module, mixer: Mixer, d_model: int, i: int) -> ScanSha
             f"unsupported module: {where}.conv1d is {type(conv).__name__ if conv is not None else 'missing'} of shape "
             f"{tuple(conv.weight.shape) if conv is not None else None}; the {mixer.kind} rule reads a depthwise "
             f"nn.Conv1d over {s.conv} channels with {s.kernel} taps")
-    want = {"in_proj.weight": (s.rows, d_model), "out_proj.weight": (d_model, s.inner), "conv1d.weight": (s.conv, 1, s.kernel),
+    want = {"in_proj.weight": (s.rows, d_model), "out_proj.weight": (d_model, s.inner),
+            "conv1d.weight": (s.conv, 1, s.kernel),
             "dt_bias": (s.heads,), "A_log": (s.heads,), "D": (s.heads,), "norm.weight": (s.inner,)}
     if conv.bias is not None:
         want["conv1d.bias"] = (s.conv,)
@@ -268,15 +258,9 @@ def _check_computes(block: nn.Module, d_model: int, where: str, kind: str) -> No
     mask = torch.ones(2, 7, dtype=torch.long, device=w.device)
     mask[1, :2] = 0
     tol = 1e-4 if w.dtype in (torch.float64, torch.float32) else 5e-2
-    try:
-        with torch.no_grad():
-            own = block(h, attention_mask=mask)
-            want, _ = scan_block(block, h, mask)
-        ok = own.shape == want.shape and bool(torch.allclose(own.double(), want.double(), rtol=tol,
-                                                             atol=tol * float(want.abs().max())))
-    except Exception:  # noqa: BLE001 -- a block that cannot run on the probe is not the one described
-        ok = False
-    if not ok:
+    close = lambda own, want: own.shape == want.shape and torch.allclose(  # noqa: E731
+        own.double(), want.double(), rtol=tol, atol=tol * float(want.abs().max()))
+    if not _agrees(lambda: block(h, attention_mask=mask), lambda: scan_block(block, h, mask)[0], close):
         raise UnsupportedModelError(
             f"unsupported module: {where} ({type(block).__name__}) does not compute the Mamba-2 block dpa linearises "
             f"(the {kind} rule, book: state-space-duality; its forward, or a function it calls, patched?): dpa "

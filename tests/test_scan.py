@@ -207,7 +207,8 @@ def test_edits_that_break_the_rule_are_refused_by_name_and_the_model_left_as_it_
     elif edit == "fewer heads":
         block.num_heads = 2
     elif edit == "conv module":
-        block.conv1d = torch.nn.Conv1d(block.conv_dim, block.conv_dim, 4, groups=block.conv_dim // 2, padding=3).double()
+        block.conv1d = torch.nn.Conv1d(block.conv_dim, block.conv_dim, 4, groups=block.conv_dim // 2,
+                                       padding=3).double()
     before = _state(model)
     with pytest.raises(dpa.UnsupportedModelError, match=match):
         dpa.attribute(model, None, random_ids(5), target=TARGET)
