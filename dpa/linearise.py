@@ -299,8 +299,9 @@ def _linearise_scan(session, i: int, mods: LayerModules, override, head_sink, bi
             "edge scores, circuit graphs or MIB's graph through its scan (the book derives its edges, "
             "state-space-duality); dpa.attribute's token, unit and neuron scores cover it")
     block = mods.attention
+    where = f"layers[{i}].{session.spec.parts.mixer(mods.kind).module}"
     override(block, linearised_forward(block.forward, block, session.anchor, session.weights, session.spec.n_heads,
-                                       head_sink, bias_sink))
+                                       head_sink, bias_sink, where))
 
 
 def _projection(mods: LayerModules, names: list[str], factors: dict, share: Callable, store: dict | None, i: int,

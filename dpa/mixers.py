@@ -40,15 +40,16 @@ def mixer_layer_types(family: Family) -> tuple[str, ...]:
 
 
 def check_mixer_config(config, family: Family) -> None:
-    """The settings a mixer's rule needs: each of its ``biases`` off (a bias inside y = C * conv(B * x) makes the
-    block no longer of degree three in its factors, so no weights summing to one would conserve the target)."""
+    """The settings a mixer's rule needs: each of its ``biases`` off (a bias inside y = C * conv(B * x), or on a
+    Mamba-2 block's projections, makes the block no longer multilinear in its factors, so no weights summing to one
+    would conserve the target)."""
     for mixer in family.mixers:
         for key in mixer.biases:
             if getattr(config, key, False):
                 raise UnsupportedModelError(
                     f"unsupported config setting {key}={getattr(config, key)!r}: the {family.model_type} description "
-                    f"linearises its {mixer.kind} blocks as a product of three factors (book: "
-                    "gated-short-convolution); a bias inside the product is not linear in them")
+                    f"linearises its {mixer.kind} blocks as a product of factors, each linear in the block's input "
+                    f"(book: {mixer.book}); a bias inside the product is not")
 
 
 def check_mixer(layer: nn.Module, mixer: Mixer, d_model: int, i: int) -> None:
@@ -120,21 +121,23 @@ def _check_computes(block: nn.Module, in_proj: nn.Module, out_proj: nn.Module, c
     tol = 1e-9 if w.dtype == torch.float64 else 1e-4 if w.dtype == torch.float32 else 3e-2
     close = lambda own, want: own.shape == want.shape and torch.allclose(  # noqa: E731
         own.double(), want.double(), rtol=tol, atol=tol * float(want.abs().max()))
-    if not _agrees(lambda: block(h), lambda: gated_conv(in_proj, out_proj, conv, h), close):
+    why = disagreement(lambda: block(h), lambda: gated_conv(in_proj, out_proj, conv, h), close)
+    if why is not None:
         raise UnsupportedModelError(
             f"unsupported module: {where} ({type(block).__name__}) does not compute out_proj(C * conv(B * x)), the "
-            f"{kind} block dpa linearises (its forward, or a function it calls, patched?): dpa refuses rather than "
-            "attribute another computation with this rule")
+            f"{kind} block dpa linearises{why} (its forward, or a function it calls, patched?): dpa refuses rather "
+            "than attribute another computation with this rule")
 
 
-def _agrees(own: Callable[[], torch.Tensor], rule: Callable[[], torch.Tensor], same: Callable) -> bool:
-    """Whether a module's own computation and the rule's agree on a probe (no graph); a module that cannot run on
-    the probe is not the one described."""
+def disagreement(own: Callable[[], torch.Tensor], rule: Callable[[], torch.Tensor], same: Callable) -> str | None:
+    """None where a module's own computation and the rule's agree on a probe (no graph); else what the refusal says
+    beside it: "" where they differ, what was raised where the module cannot run on the probe (then it is not the
+    one described either)."""
     try:
         with torch.no_grad():
-            return bool(same(own(), rule()))
-    except Exception:  # noqa: BLE001 -- any failure on the probe: not the module the rule describes
-        return False
+            return None if bool(same(own(), rule())) else ""
+    except Exception as err:  # noqa: BLE001 -- any failure on the probe: not the module the rule describes
+        return f" (on a probe it raised {type(err).__name__}: {str(err)[:200]})"
 
 
 def glu(activation) -> object:
@@ -160,11 +163,13 @@ def check_inline_mlp(layer: nn.Module, family: Family, kind: str, i: int) -> Non
         raise UnsupportedModelError(f"unsupported activation {kind} called inline by layers[{i}].{family.mlp}")
     w = weight_rows(gate)
     x = (2 * torch.randn(3, w.shape[1], generator=torch.Generator().manual_seed(0))).to(w.device, w.dtype)
-    if not _agrees(lambda: mlp(x), lambda: glu(ACTIVATIONS[kind])(gate, up, down, x), torch.equal):
+    why = disagreement(lambda: mlp(x), lambda: glu(ACTIVATIONS[kind])(gate, up, down, x), torch.equal)
+    if why is not None:
         raise UnsupportedModelError(
             f"unsupported module: layers[{i}].{family.mlp} is a {type(mlp).__name__} that does not compute "
             f"{family.neurons.rsplit('.', 1)[-1]}({kind}({family.branches['gate'].rsplit('.', 1)[-1]}(x)) * "
-            f"{family.branches['up'].rsplit('.', 1)[-1]}(x)), the MLP the {family.model_type} description linearises")
+            f"{family.branches['up'].rsplit('.', 1)[-1]}(x)), the MLP the {family.model_type} description "
+            f"linearises{why}")
 
 
 def mixer_edges(spec, layer: nn.Module, recording, index: int, lam: torch.Tensor) -> torch.Tensor:

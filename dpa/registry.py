@@ -90,6 +90,8 @@ class Mixer:
     # convolution: the block is multilinear in them, so its own autograd graph is the rule); "scan", dpa's Function
     # over the whole block (Mamba-2: the step, the SiLUs and the gated norm's scale frozen inside it, ssd.py)
     #   read by: spec (ModelSpec.scans: linearise, mib.forward), families (checks)
+    book: str = "gated-short-convolution"  # the book's chapter that derives its rule, named in refusals
+    #   read by: mixers (checks the config)
 
 
 @dataclass(frozen=True)
@@ -316,7 +318,7 @@ BAMBA = LLAMA.with_(  # diff with Llama: Mamba-2 blocks in place of attention on
     neurons="feed_forward.down_proj",
     mixers=(Mixer("scan", "linear_attention", module="mamba", in_proj="mamba.in_proj",
                   factors=("value", "key", "query"), heads="mamba.out_proj", biases=("mamba_proj_bias",), letter="S",
-                  rule="scan"),))
+                  rule="scan", book="state-space-duality"),))
 
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA2, GEMMA3, OLMO2, PHI3,
                                                           SMOLLM3, GPT2, GPT_NEOX, MIXTRAL, QWEN2_MOE,

@@ -23,6 +23,7 @@ probe, so a patched forward, function or kernel is refused by name.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -32,7 +33,7 @@ from torch import Tensor, nn
 from .errors import UnsupportedModelError
 from .functions import Branch
 from .registry import Mixer
-from .mixers import _agrees, check_projections, own_block
+from .mixers import check_projections, disagreement, own_block
 from .spec import weight_rows
 
 
@@ -67,14 +68,18 @@ def shape_of(block: nn.Module) -> ScanShape:
     values = {name: getattr(block, name, None) for name in _ATTRIBUTES}
     norm = getattr(block, "norm", None)
     limit = getattr(block, "time_step_limit", None)
+    bounds = None
+    if isinstance(limit, (tuple, list)) and len(limit) == 2 and all(
+            v is None or isinstance(v, (int, float)) and not isinstance(v, bool) for v in limit):
+        bounds = (-math.inf if limit[0] is None else float(limit[0]), math.inf if limit[1] is None else float(limit[1]))
     if (not all(isinstance(v, int) and v > 0 for v in values.values())
-            or not isinstance(getattr(norm, "group_size", None), int)
-            or not (isinstance(limit, (tuple, list)) and len(limit) == 2)):
+            or not isinstance(getattr(norm, "group_size", None), int) or bounds is None):
         raise UnsupportedModelError(f"unsupported module: {type(block).__name__} lacks the sizes of a Mamba-2 block "
-                                    f"({', '.join(_ATTRIBUTES)}, norm.group_size, time_step_limit)")
+                                    f"({', '.join(_ATTRIBUTES)}, norm.group_size, time_step_limit: two numbers or "
+                                    f"None), or holds others (time_step_limit={limit!r})")
     return ScanShape(values["intermediate_size"], values["num_heads"], values["head_dim"], values["n_groups"],
-                     values["ssm_state_size"], values["conv_kernel_size"], norm.group_size,
-                     (float(limit[0]), float(limit[1])), values["chunk_size"])
+                     values["ssm_state_size"], values["conv_kernel_size"], norm.group_size, bounds,
+                     values["chunk_size"])
 
 
 def scan_block(block: nn.Module, h: Tensor, mask: Tensor | None, mu=None,
@@ -168,24 +173,36 @@ def _scan(x: Tensor, B: Tensor, C: Tensor, step: Tensor, a: Tensor, s: ScanShape
 class LinearisedScan(torch.autograd.Function):
     """Value: the block's own output ``out`` (computed by its forward, outside). Backward: the rule, on
     ``scan_block``'s graph from the saved input: the target on n, t W_out, dotted with n per unit (``sink``),
-    then pulled back to h with each factor's mu; the bias share of the convolution's bias to ``bias_sink``."""
+    then pulled back to h with each factor's mu; the bias share of the convolution's bias to ``bias_sink``.
+
+    The copy's value on this very input must be the block's own output (``agree``): the probe of ``check_block``
+    vouches for the block on a short input, but a scan patched to differ only across a chunk boundary, a forward
+    changed behind an accelerate hook or a remapped activation would otherwise be attributed with a rule for another
+    computation. Refused by name where they differ."""
 
     @staticmethod
-    def forward(ctx, h, anchor, out, block, mask, mu, units, sink, bias_sink):
-        ctx.save_for_backward(h)
+    def forward(ctx, h, anchor, out, block, mask, mu, units, sink, bias_sink, where):
+        ctx.save_for_backward(h, out)
         ctx.block, ctx.mask, ctx.mu, ctx.units, ctx.sink, ctx.bias_sink = block, mask, mu, units, sink, bias_sink
+        ctx.where = where
         return out.view_as(out)
 
     @staticmethod
     def backward(ctx, g):
-        (h,) = ctx.saved_tensors
+        h, out = ctx.saved_tensors
         block = ctx.block
         conv_bias = block.conv1d.bias
         with torch.enable_grad():
             leaf = h.detach().to(wide(h.dtype)).requires_grad_(True)
             bias = (None if conv_bias is None else  # one leaf per prompt: its gradient gives each one's share
                     conv_bias.detach().to(leaf).expand(h.shape[0], -1).clone().requires_grad_(True))
-            _, n = scan_block(block, leaf, ctx.mask, ctx.mu, bias)
+            value, n = scan_block(block, leaf, ctx.mask, ctx.mu, bias)
+            if not agree(out, value.detach()):
+                raise UnsupportedModelError(
+                    f"unsupported module: {ctx.where} ({type(block).__name__}) computed another output on this input "
+                    f"than the Mamba-2 block dpa linearises (relative difference {_difference(out, value):.2g}; its "
+                    "forward, a function it calls or a kernel patched, also behind a hook?): dpa refuses rather than "
+                    "attribute another computation with this rule (book: state-space-duality)")
             target = g.to(leaf.dtype) @ weight_rows(block.out_proj).detach().to(leaf.dtype)  # on n
             if ctx.sink is not None:
                 b, t, _ = n.shape
@@ -196,18 +213,30 @@ class LinearisedScan(torch.autograd.Function):
             ctx.bias_sink((grads[1] * bias.detach()).sum(-1))
         gh = grads[0]
         gh = torch.zeros_like(h) if gh is None else gh.to(h.dtype)
-        return gh, None, None, None, None, None, None, None, None
+        return gh, None, None, None, None, None, None, None, None, None
+
+
+def agree(own: Tensor, copy: Tensor) -> bool:
+    """Whether the block's own output and dpa's copy's agree, to the rounding of the module's float32 scan (or of a
+    bfloat16 / half model)."""
+    tol = 1e-4 if own.dtype in (torch.float64, torch.float32) else 5e-2
+    return own.shape == copy.shape and bool(torch.allclose(own.double(), copy.double(), rtol=tol,
+                                                           atol=tol * float(copy.abs().max())))
+
+
+def _difference(own: Tensor, copy: Tensor) -> float:
+    return float((own.double() - copy.double()).abs().max() / copy.double().abs().max().clamp_min(1e-300))
 
 
 def linearised_forward(own: Callable, block: nn.Module, anchor: Tensor, mu, units: int,
-                       sink: Callable | None, bias_sink: Callable | None) -> Callable:
+                       sink: Callable | None, bias_sink: Callable | None, where: str) -> Callable:
     """The forward that replaces a Mamba-2 block's inside dpa's context: its own forward for the value (no graph),
     ``LinearisedScan`` for the rule."""
     def forward(hidden_states, *args, **kwargs):
         with torch.no_grad():
             out = own(hidden_states, *args, **kwargs)
         mask = kwargs.get("attention_mask")
-        return LinearisedScan.apply(hidden_states, anchor, out, block, mask, mu, units, sink, bias_sink)
+        return LinearisedScan.apply(hidden_states, anchor, out, block, mask, mu, units, sink, bias_sink, where)
     return forward
 
 
@@ -230,9 +259,11 @@ def check_block(layer: nn.Module, mixer: Mixer, d_model: int, i: int) -> ScanSha
     if (type(conv) is not nn.Conv1d or conv.groups != s.conv or tuple(conv.weight.shape) != (s.conv, 1, s.kernel)
             or conv.stride != (1,) or conv.dilation != (1,)):
         raise UnsupportedModelError(
-            f"unsupported module: {where}.conv1d is {type(conv).__name__ if conv is not None else 'missing'} of shape "
-            f"{tuple(conv.weight.shape) if conv is not None else None}; the {mixer.kind} rule reads a depthwise "
-            f"nn.Conv1d over {s.conv} channels with {s.kernel} taps")
+            f"unsupported module: {where}.conv1d is {type(conv).__name__ if conv is not None else 'missing'}"
+            + ("" if conv is None else f" of shape {tuple(conv.weight.shape)}, groups {conv.groups}, stride "
+               f"{getattr(conv, 'stride', None)}, dilation {getattr(conv, 'dilation', None)}")
+            + f"; the {mixer.kind} rule reads a depthwise nn.Conv1d over {s.conv} channels with {s.kernel} taps, "
+            "stride 1 and dilation 1")
     want = {"in_proj.weight": (s.rows, d_model), "out_proj.weight": (d_model, s.inner),
             "conv1d.weight": (s.conv, 1, s.kernel),
             "dt_bias": (s.heads,), "A_log": (s.heads,), "D": (s.heads,), "norm.weight": (s.inner,)}
@@ -257,11 +288,13 @@ def _check_computes(block: nn.Module, d_model: int, where: str, kind: str) -> No
     h = torch.randn(2, 7, d_model, generator=g, dtype=torch.float64).to(w.device, w.dtype)
     mask = torch.ones(2, 7, dtype=torch.long, device=w.device)
     mask[1, :2] = 0
-    tol = 1e-4 if w.dtype in (torch.float64, torch.float32) else 5e-2
-    close = lambda own, want: own.shape == want.shape and torch.allclose(  # noqa: E731
-        own.double(), want.double(), rtol=tol, atol=tol * float(want.abs().max()))
-    if not _agrees(lambda: block(h, attention_mask=mask), lambda: scan_block(block, h, mask)[0], close):
+    training, block.training = block.training, False  # as dpa runs it: the fused training path is not attributed
+    try:
+        why = disagreement(lambda: block(h, attention_mask=mask), lambda: scan_block(block, h, mask)[0], agree)
+    finally:
+        block.training = training
+    if why is not None:
         raise UnsupportedModelError(
-            f"unsupported module: {where} ({type(block).__name__}) does not compute the Mamba-2 block dpa linearises "
-            f"(the {kind} rule, book: state-space-duality; its forward, or a function it calls, patched?): dpa "
-            "refuses rather than attribute another computation with this rule")
+            f"unsupported module: {where} ({type(block).__name__}) does not compute the Mamba-2 block dpa linearises"
+            f"{why} (the {kind} rule, book: state-space-duality; its forward, or a function it calls, patched?): "
+            "dpa refuses rather than attribute another computation with this rule")

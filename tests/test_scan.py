@@ -252,8 +252,56 @@ def test_patches_made_after_a_first_call_are_refused_by_name(patch, monkeypatch)
     assert _state(model) == before
 
 
+@pytest.mark.parametrize("change", ["scan across chunks", "forward behind a hook", "activation remapped"])
+def test_a_block_computing_another_output_on_the_call_itself_is_refused(change, monkeypatch):
+    """What the probe of a short input cannot see, the call's own input does: dpa's copy of each block must give the
+    block's own output on it (``ssd.LinearisedScan``). A scan wrong only across a chunk boundary, a forward changed
+    behind accelerate's hook after a first call, the SiLU the convolution looks up by name remapped after one."""
+    from transformers import activations
+    from transformers.models.bamba import modeling_bamba as bamba
+
+    model = tiny_model("bamba", 2, mamba_chunk_size=8)
+    ids = random_ids(20, seed=3)
+    dpa.attribute(model, None, ids, target=TARGET)  # checked and cached
+    scan = bamba.mamba2_chunk_scan
+    if change == "scan across chunks":  # each chunk scanned from a zero state: right on inputs of one chunk
+        def per_chunk(h, dt, A, B, C, chunk_size, **kw):
+            if h.shape[1] <= chunk_size:
+                return scan(h, dt, A, B, C, chunk_size=chunk_size, **kw)
+            return torch.cat([scan(h[:, i:i + chunk_size], dt[:, i:i + chunk_size], A, B[:, i:i + chunk_size],
+                                   C[:, i:i + chunk_size], chunk_size=chunk_size, **kw)
+                              for i in range(0, h.shape[1], chunk_size)], dim=1)
+        monkeypatch.setattr(bamba, "mamba2_chunk_scan", per_chunk)
+    elif change == "forward behind a hook":
+        from accelerate.hooks import AlignDevicesHook, add_hook_to_module
+
+        block = model.model.layers[0].mamba
+        add_hook_to_module(block, AlignDevicesHook(execution_device="cpu"))
+        old = block._old_forward
+        block._old_forward = lambda *a, **k: old(*a, **k) * 1.5
+    else:
+        silu = dict.__getitem__(activations.ACT2FN, "silu")
+        monkeypatch.setitem(activations.ACT2FN, "silu", lambda: (lambda x: x * torch.sigmoid(1.2 * x)))
+        assert dict.__getitem__(activations.ACT2FN, "silu") is not silu
+    before = _state(model)
+    with pytest.raises(dpa.UnsupportedModelError, match=r"layers\[\d\]\.mamba \(BambaMixer\) computed another output "
+                                                        r"on this input"):
+        dpa.attribute(model, None, ids, target=TARGET, weights=dpa.PathWeights(0, 0, 1, 0.5, 0.5))
+    assert _state(model) == before
+
+
+def test_a_step_limit_without_an_upper_bound_is_read_as_none():
+    model = tiny_model("bamba", 2)
+    for i in (0, 2):  # transformers clamps with max=None: no bound
+        model.model.layers[i].mamba.time_step_limit = (0.0, None)
+    ids = random_ids(8)
+    res = dpa.attribute(model, None, ids, target=TARGET, weights=dpa.PathWeights(0, 0, 1, 0.5, 0.5))
+    logit = pre_cap_logits(model, ids)[0, -1, TARGET].item()
+    assert float(res.token_scores.sum()) + res.bias_share == pytest.approx(logit, rel=1e-9, abs=1e-10)
+
+
 @pytest.mark.parametrize("overrides, match", [
-    (dict(mamba_proj_bias=True), "mamba_proj_bias"),
+    (dict(mamba_proj_bias=True), r"mamba_proj_bias.*state-space-duality"),
 ])
 def test_configs_the_rule_does_not_describe_are_refused(overrides, match):
     with pytest.raises(dpa.UnsupportedModelError, match=match):
