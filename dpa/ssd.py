@@ -18,7 +18,8 @@ output (its forward, its kernels, its float32 scan), and its backward is the rul
 the block written from the book, with the controls frozen and each factor's gradient times its mu. The unit
 tap reads out_proj's input n: the scores of its ``n_heads`` groups of channels (an SSM head each where the counts
 agree). ``check_block`` checks that the block is the one described, and that it computes ``scan_block``'s value on a
-probe, so a patched forward, function or kernel is refused by name.
+probe, so a patched forward, function or kernel is refused by name; and on every call, the copy's value on the call's
+own input must be the block's output (``LinearisedScan``), which no probe of a short input can vouch for.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ from torch import Tensor, nn
 
 from .errors import UnsupportedModelError
 from .functions import Branch
-from .registry import Mixer
 from .mixers import check_projections, disagreement, own_block
+from .registry import Mixer
 from .spec import weight_rows
 
 
@@ -65,6 +66,7 @@ _ATTRIBUTES = ("intermediate_size", "num_heads", "head_dim", "n_groups", "ssm_st
 
 
 def shape_of(block: nn.Module) -> ScanShape:
+    """The block's sizes from its own attributes; refused by name where one is missing or not what it should be."""
     values = {name: getattr(block, name, None) for name in _ATTRIBUTES}
     norm = getattr(block, "norm", None)
     limit = getattr(block, "time_step_limit", None)
@@ -84,11 +86,11 @@ def shape_of(block: nn.Module) -> ScanShape:
 
 def scan_block(block: nn.Module, h: Tensor, mask: Tensor | None, mu=None,
                bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """The block's output and out_proj's input n, in float64 for a float64 model and float32 otherwise (``wide``),
-    written from the book: the value of the block, and
-    (with ``mu``, path weights) the linearised graph whose gradient is the rule. The frozen controls are detached:
-    the step Delta, the sigmoids of the two SiLUs and the norm's scale r. ``bias`` [batch channel]: the
-    convolution's bias as a leaf per prompt (its gradient gives the bias share), else the block's own."""
+    """The block's output and out_proj's input n, written from the book, in float64 for a float64 model and float32
+    otherwise (``wide``): the value of the block and, with ``mu`` (path weights), the linearised graph whose gradient
+    is the rule. The frozen controls are detached: the step Delta, the sigmoids of the two SiLUs and the norm's
+    scale r. ``bias`` [batch channel]: the convolution's bias as a leaf per prompt (its gradient gives the bias
+    share), else the block's own."""
     s = shape_of(block)
     dtype = wide(h.dtype)  # the copy's dtype
     h = h.to(dtype)
