@@ -111,7 +111,7 @@ def _recorded(session, grads: list[Tensor], dtype) -> _Recorded:
     t_len = session.request.n_tokens
     z = {(i, 0): rec.head_inputs[i][0].detach().to(CPU, dtype) for i in range(L)}
     big = {(i, b): grads[1 + b * L + i][0].to(CPU, dtype) for b in (0, 1) for i in range(L)}
-    per = {0: torch.stack([(z[(i, 0)] * big[(i, 0)]).view(t_len, -1, spec.d_head).sum(-1) for i in range(L)])}
+    per = {0: torch.stack([(z[(i, 0)] * big[(i, 0)]).view(t_len, spec.n_heads, -1).sum(-1) for i in range(L)])}
     if spec.n_experts:  # an expert's score from its router tap (the same as its term . t)
         per[1] = session.scores.expert_positions[0].to(CPU, dtype)
     else:
@@ -247,7 +247,7 @@ def _columns(spec: ModelSpec, u: Node) -> slice:
     an expert's tap is the block's output (all of it, the expert's term alone: ``Session.only``)."""
     if u.kind == "expert":
         return slice(0, spec.d_model)
-    w = spec.d_head if u.block == 0 else 1
+    w = spec.unit_width(u.layer) if u.block == 0 else 1
     return slice(u.index * w, (u.index + 1) * w)
 
 
@@ -344,7 +344,7 @@ def pullback(session, m, layer: int, block: int, units: list[Node], reads: list[
     source = resid[layer] if block == 0 or spec.parallel else mid[layer]
     one = block == 1 and all(u.position is not None for u in units)
     experts = block == 1 and spec.n_experts > 0
-    width = spec.n_heads * spec.d_head if block == 0 else spec.d_model if experts else spec.d_mlp
+    width = spec.n_heads * spec.unit_width(layer) if block == 0 else spec.d_model if experts else spec.d_mlp
     if one:  # each row: the unit's own position
         x = torch.stack([source[u.position:u.position + 1] for u in units])
     else:

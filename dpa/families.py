@@ -406,6 +406,8 @@ def _checked_spec(model: nn.Module, config, family: Family) -> ModelSpec:
         final_softcap=getattr(config, family.softcap[1], None) if family.softcap else None,
         parallel=bool(getattr(config, family.parallel, False)) if family.parallel else False,
         n_experts=n_experts, d_expert=d_expert, d_shared=d_shared, layer_kinds=layer_kinds(config, family),
+        unit_widths=tuple(in_features(get(layer, family.on_layer(kind).heads)) // n_heads for layer, kind in
+                          zip(layers, _kinds(config, family, len(layers)))) if family.mixers else (),
     )
     _check_attention(get(model, family.layers), family, spec)
     for path, layout in family.fused:  # the fused projection holds exactly its branches' features

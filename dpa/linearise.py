@@ -251,9 +251,8 @@ def linearise_layer(session, i: int, mods: LayerModules, hook, override) -> None
 
     out_bias = lambda module: (lambda out: Branch.apply(out, 1.0, module.bias.detach(), share(1.0)))  # noqa: E731
     if scan:
-        _linearise_scan(session, i, mods, override, head_sink, bias_sink)
-    else:
-        wrap(override, mods.heads, pre=heads, post=out_bias(mods.heads) if mods.heads.bias is not None else None)
+        _linearise_scan(session, i, mods, override, bias_sink)
+    wrap(override, mods.heads, pre=heads, post=out_bias(mods.heads) if mods.heads.bias is not None else None)
     if moe:
         from .experts import linearise_experts
 
@@ -287,21 +286,20 @@ def linearise_layer(session, i: int, mods: LayerModules, hook, override) -> None
         hook(mods.neurons, keep_input(rec.neuron_inputs, i), pre=True)
 
 
-def _linearise_scan(session, i: int, mods: LayerModules, override, head_sink, bias_sink) -> None:
-    """A Mamba-2 block (``Mixer.rule`` "scan"): its own forward for the value, dpa's Function for the rule and its unit
-    tap (``ssd.LinearisedScan``). What reads a block's q/k/v branches or its unit inputs (edge scores, circuits) is
-    not derived for it: refused by name, before the forward."""
+def _linearise_scan(session, i: int, mods: LayerModules, override, bias_sink) -> None:
+    """A Mamba-2 block (``Mixer.rule`` "scan"): its own forward for the value, dpa's Function for the rule up to its
+    output projection's input (``ssd.LinearisedScan``), where the unit tap reads as on attention's heads. What reads
+    a block's q/k/v branches (edge scores) is not derived for it: refused by name, before the forward."""
     from .ssd import linearised_forward
 
-    if {"branches", "head_inputs"} & set(session.record):
+    if "branches" in session.record:
         raise UnsupportedModelError(
             f"layers[{i}] is a {mods.kind} layer ({session.spec.family}: a Mamba-2 block): dpa does not yet compute "
-            "edge scores, circuit graphs or MIB's graph through its scan (the book derives its edges, "
-            "state-space-duality); dpa.attribute's token, unit and neuron scores cover it")
+            "edge scores or MIB's graph through its scan (the book derives its edges, state-space-duality); "
+            "dpa.attribute's token, unit and neuron scores and dpa.circuit cover it")
     block = mods.attention
     where = f"layers[{i}].{session.spec.parts.mixer(mods.kind).module}"
-    override(block, linearised_forward(block.forward, block, session.anchor, session.weights, session.spec.n_heads,
-                                       head_sink, bias_sink, where))
+    override(block, linearised_forward(block.forward, block, session.anchor, session.weights, bias_sink, where))
 
 
 def _projection(mods: LayerModules, names: list[str], factors: dict, share: Callable, store: dict | None, i: int,

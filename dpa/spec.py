@@ -43,7 +43,13 @@ class ModelSpec:
     d_expert: int = 0  # neurons per routed expert
     d_shared: int = 0  # neurons of the shared expert (Qwen2-MoE), 0 without one
     layer_kinds: tuple[str, ...] = ()  # per layer: "attention", or the kind of its Mixer (LFM2's "conv"); empty: all
-    # attention. A mixer layer's units are scored in the heads' place: n_heads groups of d_model / n_heads channels
+    # attention. A mixer layer's units are scored in the heads' place: n_heads groups of its output projection's input
+    unit_widths: tuple[int, ...] = ()  # per layer, the channels of one unit at its tap (empty: d_head on every layer)
+
+    def unit_width(self, index: int) -> int:
+        """Layer ``index``'s channels per unit at its tap (the output projection's input): d_head on attention, the
+        mixer block's inner width / n_heads on a Mamba-2 block's."""
+        return self.unit_widths[index] if self.unit_widths else self.d_head
 
     def kind(self, index: int) -> str:
         """Layer ``index``'s token mixer: "attention" or a ``Mixer``'s kind."""
@@ -51,7 +57,7 @@ class ModelSpec:
 
     def scans(self, index: int) -> bool:
         """Whether layer ``index``'s token mixer is a block dpa's Function linearises whole (``Mixer.rule`` "scan",
-        Mamba-2): what reads its q/k/v branches or its units' inputs (edges, circuits, MIB's graph) refuses it."""
+        Mamba-2): what reads its q/k/v branches (edge scores, MIB's graph) refuses it."""
         kind = self.kind(index)
         return kind != "attention" and self.parts.mixer(kind).rule == "scan"
 
@@ -62,8 +68,8 @@ class ModelSpec:
 
     @property
     def edges(self) -> bool:
-        """Whether dpa computes this model's edge scores (and its circuit graphs, MIB's graph): not through a
-        Mamba-2 block's scan (``scan_layers``), where they are refused by name."""
+        """Whether dpa computes this model's edge scores (and MIB's graph): not through a Mamba-2 block's scan
+        (``scan_layers``), where they are refused by name (its circuit graphs, built from pullbacks, run)."""
         return not self.scan_layers
 
     @property

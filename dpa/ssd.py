@@ -173,49 +173,45 @@ def _scan(x: Tensor, B: Tensor, C: Tensor, step: Tensor, a: Tensor, s: ScanShape
 
 
 class LinearisedScan(torch.autograd.Function):
-    """Value: the block's own output ``out`` (computed by its forward, outside). Backward: the rule, on
-    ``scan_block``'s graph from the saved input: the target on n, t W_out, dotted with n per unit (``sink``),
-    then pulled back to h with each factor's mu; the bias share of the convolution's bias to ``bias_sink``.
+    """Value: the block's own output projection input ``n`` (seen as its forward called out_proj). Backward: the
+    rule from the target on n back to the block's input h, on ``scan_block``'s graph from the saved input, each
+    factor's gradient times its mu; the bias share of the convolution's bias to ``bias_sink``. out_proj then runs on
+    it as on an attention block's heads (``linearise``'s unit tap reads its input).
 
-    The copy's value on this very input must be the block's own output (``agree``): the probe of ``check_block``
-    vouches for the block on a short input, but a scan patched to differ only across a chunk boundary, a forward
-    changed behind an accelerate hook or a remapped activation would otherwise be attributed with a rule for another
+    The copy's value on this very input must be the block's own (``agree``): the probe of ``check_block`` vouches
+    for the block on a short input, but a scan patched to differ only across a chunk boundary, a forward changed
+    behind an accelerate hook or a remapped activation would otherwise be attributed with a rule for another
     computation. Refused by name where they differ."""
 
     @staticmethod
-    def forward(ctx, h, anchor, out, block, mask, mu, units, sink, bias_sink, where):
-        ctx.save_for_backward(h, out)
-        ctx.block, ctx.mask, ctx.mu, ctx.units, ctx.sink, ctx.bias_sink = block, mask, mu, units, sink, bias_sink
-        ctx.where = where
-        return out.view_as(out)
+    def forward(ctx, h, anchor, n, block, mask, mu, bias_sink, where):
+        ctx.save_for_backward(h, n)
+        ctx.block, ctx.mask, ctx.mu, ctx.bias_sink, ctx.where = block, mask, mu, bias_sink, where
+        return n.view_as(n)
 
     @staticmethod
     def backward(ctx, g):
-        h, out = ctx.saved_tensors
+        h, own = ctx.saved_tensors
         block = ctx.block
         conv_bias = block.conv1d.bias
         with torch.enable_grad():
             leaf = h.detach().to(wide(h.dtype)).requires_grad_(True)
-            bias = (None if conv_bias is None else  # one leaf per prompt: its gradient gives each one's share
+            bias = (None if conv_bias is None else  # one leaf per row: its gradient gives each one's share
                     conv_bias.detach().to(leaf).expand(h.shape[0], -1).clone().requires_grad_(True))
-            value, n = scan_block(block, leaf, ctx.mask, ctx.mu, bias)
-            if not agree(out, value.detach()):
+            _, n = scan_block(block, leaf, ctx.mask, ctx.mu, bias)
+            if not agree(own, n.detach()):
                 raise UnsupportedModelError(
                     f"unsupported module: {ctx.where} ({type(block).__name__}) computed another output on this input "
-                    f"than the Mamba-2 block dpa linearises (relative difference {_difference(out, value):.2g}; its "
+                    f"than the Mamba-2 block dpa linearises (relative difference {_difference(own, n):.2g}; its "
                     "forward, a function it calls or a kernel patched, also behind a hook?): dpa refuses rather than "
                     "attribute another computation with this rule (book: state-space-duality)")
-            target = g.to(leaf.dtype) @ weight_rows(block.out_proj).detach().to(leaf.dtype)  # on n
-            if ctx.sink is not None:
-                b, t, _ = n.shape
-                ctx.sink((n.detach() * target).view(b, t, ctx.units, -1).sum((1, 3)))
             leaves = (leaf,) if bias is None else (leaf, bias)
-            grads = torch.autograd.grad(n, leaves, target, allow_unused=True)
+            grads = torch.autograd.grad(n, leaves, g.to(n.dtype), allow_unused=True)
         if bias is not None and ctx.bias_sink is not None and grads[1] is not None:
             ctx.bias_sink((grads[1] * bias.detach()).sum(-1))
         gh = grads[0]
         gh = torch.zeros_like(h) if gh is None else gh.to(h.dtype)
-        return gh, None, None, None, None, None, None, None, None, None
+        return gh, None, None, None, None, None, None, None
 
 
 def agree(own: Tensor, copy: Tensor) -> bool:
@@ -230,15 +226,32 @@ def _difference(own: Tensor, copy: Tensor) -> float:
     return float((own.double() - copy.double()).abs().max() / copy.double().abs().max().clamp_min(1e-300))
 
 
-def linearised_forward(own: Callable, block: nn.Module, anchor: Tensor, mu, units: int,
-                       sink: Callable | None, bias_sink: Callable | None, where: str) -> Callable:
-    """The forward that replaces a Mamba-2 block's inside dpa's context: its own forward for the value (no graph),
-    ``LinearisedScan`` for the rule."""
+def linearised_forward(own: Callable, block: nn.Module, anchor: Tensor, mu, bias_sink: Callable | None,
+                       where: str) -> Callable:
+    """The forward that replaces a Mamba-2 block's inside dpa's context: its own forward gives out_proj's input n
+    (no graph; seen by a hook held for the call), ``LinearisedScan`` the rule up to n, and out_proj runs on it as
+    the block's forward ran it, with the unit tap on its input: the same value, checked against what the block's
+    forward returned."""
     def forward(hidden_states, *args, **kwargs):
-        with torch.no_grad():
-            out = own(hidden_states, *args, **kwargs)
-        mask = kwargs.get("attention_mask")
-        return LinearisedScan.apply(hidden_states, anchor, out, block, mask, mu, units, sink, bias_sink, where)
+        seen: list[Tensor] = []
+        handle = block.out_proj.register_forward_pre_hook(lambda _m, a: seen.append(a[0]))
+        try:
+            with torch.no_grad():
+                value = own(hidden_states, *args, **kwargs)
+        finally:
+            handle.remove()
+        if len(seen) != 1:
+            raise UnsupportedModelError(f"unsupported module: {where}'s forward called out_proj {len(seen)} times; "
+                                        "the Mamba-2 block dpa linearises calls it once")
+        n = LinearisedScan.apply(hidden_states, anchor, seen[0], block, kwargs.get("attention_mask"), mu, bias_sink,
+                                 where)
+        out = block.out_proj(n)
+        if not agree(value, out.detach()):  # its forward changed what out_proj gave (a hook, a wrapper)
+            raise UnsupportedModelError(
+                f"unsupported module: {where} ({type(block).__name__}) returned another output than its out_proj "
+                f"gave (relative difference {_difference(value, out):.2g}; its forward wrapped or patched, also "
+                "behind a hook?): dpa refuses rather than attribute another computation with this rule")
+        return out
     return forward
 
 

@@ -158,7 +158,7 @@ def path_patch(circ, model: nn.Module, tokenizer, edge) -> dict[str, Any]:
     else:
         m = mods[dst.layer]
         reader, tap = _reader(m, dst.block), _tap(m, dst.block)
-        width = spec.d_head if dst.kind == "head" else 1
+        width = spec.unit_width(dst.layer) if dst.kind == "head" else 1
         cols = slice(dst.index * width, (dst.index + 1) * width)
     G = circ._reads.get(d)
 
@@ -240,7 +240,7 @@ def patch_read(circ, model: nn.Module, tokenizer, node, position: int, corrupt) 
                          "path patching needs the same positions")
     mods = layer_modules(model, clean_req.spec)[v.layer]
     reader, tap = _reader(mods, v.block), (None if v.kind == "expert" else _tap(mods, v.block))
-    width = clean_req.spec.d_head if v.kind == "head" else 1
+    width = clean_req.spec.unit_width(v.layer) if v.kind == "head" else 1
     cols = slice(None) if v.kind == "expert" else slice(v.index * width, (v.index + 1) * width)
     G = circ._reads[d]
     rows = slice(None) if v.position is None else slice(v.position, v.position + 1)

@@ -21,7 +21,7 @@ from dpa.circuit import circuit
 from dpa.errors import InputError
 from dpa.families import layer_modules
 
-from .conftest import ALL_FAMILIES, EDGE_HYBRIDS, LAYOUTS, MHA_ONLY, random_ids, tiny_model
+from .conftest import ALL_FAMILIES, HYBRID_FAMILIES, LAYOUTS, MHA_ONLY, random_ids, tiny_model
 from .test_families_autograd import TARGET, linearised, pre_cap_logits
 
 CONSERVATIVE = (0, 0, 1, 0.3, 0.7)
@@ -37,7 +37,7 @@ def weights(model, mu):
     return mu + ((0, 1) if mu[:3] == (0, 0, 1) else (0.5, 0.5))
 
 
-@pytest.fixture(scope="module", params=[(f, lay) for f in ALL_FAMILIES + EDGE_HYBRIDS for lay in LAYOUTS
+@pytest.fixture(scope="module", params=[(f, lay) for f in ALL_FAMILIES + HYBRID_FAMILIES for lay in LAYOUTS
                                         if lay == "mha" or f not in MHA_ONLY],
                 ids=lambda p: f"{p[0]}-{p[1]}")
 def model(request):
@@ -103,7 +103,7 @@ class Reference:
 
     def _mask(self, node, shape):
         m = torch.zeros(shape, dtype=torch.float64)
-        width = self.spec.d_head if node.kind == "head" else 1
+        width = self.spec.unit_width(node.layer) if node.kind == "head" else 1
         cols = slice(None) if node.kind == "expert" else slice(node.index * width, (node.index + 1) * width)
         m[slice(None) if node.position is None else node.position, cols] = 1
         return m

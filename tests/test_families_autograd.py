@@ -371,7 +371,7 @@ def test_the_instrumented_forward_is_the_models(model):
 
 
 def scans(model) -> bool:
-    """Whether the model has Mamba-2 blocks (their edge scores and circuit graphs are not derived yet: refused)."""
+    """Whether the model has Mamba-2 blocks (their edge scores are not derived yet: refused)."""
     return bool(dpa.spec_for(model).scan_layers)
 
 

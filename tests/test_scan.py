@@ -1,7 +1,8 @@
 """Mamba-2 blocks beside attention (Bamba; book: state-space-duality), linearised by dpa's own Function (ssd.py).
 
 The autograd suite (test_families_autograd) runs Bamba with every other family: the forward oracle, each path and the
-default weights against an independent recurrence, completeness, lean = full. Here: each factor of the scan alone
+default weights against an independent recurrence, completeness, lean = full; so does the circuit suite
+(test_circuit: every direct effect of the circuit graph against autograd through that recurrence). Here: each factor of the scan alone
 (with the content carried through the gated norm, which the suite's single paths cut), the conservation law of the
 scan (q + k + v = 1 conserves a model of Mamba-2 blocks only, with the skip at weight one), padded batches, float32,
 the units named by kind, what is not derived for it refused by name before any work, and every edit that would make
@@ -112,14 +113,13 @@ def test_a_float32_model_agrees_with_float64():
     torch.testing.assert_close(narrow.head_scores.double(), wide.head_scores, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("call", ["edges", "circuit", "mib", "attention map"])
+@pytest.mark.parametrize("call", ["edges", "mib", "attention map"])
 def test_what_is_not_derived_for_a_scan_is_refused_by_name_and_the_model_left_as_it_was(model, call):
     from dpa import baselines
 
     ids = random_ids(7)
     before = _state(model)
     runs = {"edges": lambda: dpa.attribute(model, None, ids, target=TARGET, edges=True),
-            "circuit": lambda: dpa.circuit(model, None, ids, target=TARGET),
             "mib": lambda: _mib(model),
             "attention map": lambda: baselines.activation_patching(model, None, ids, target=TARGET)}
     with pytest.raises(dpa.UnsupportedModelError, match=r"layers\[0\] is a scan layer"):
@@ -284,8 +284,8 @@ def test_a_block_computing_another_output_on_the_call_itself_is_refused(change, 
         monkeypatch.setitem(activations.ACT2FN, "silu", lambda: (lambda x: x * torch.sigmoid(1.2 * x)))
         assert dict.__getitem__(activations.ACT2FN, "silu") is not silu
     before = _state(model)
-    with pytest.raises(dpa.UnsupportedModelError, match=r"layers\[\d\]\.mamba \(BambaMixer\) computed another output "
-                                                        r"on this input"):
+    with pytest.raises(dpa.UnsupportedModelError, match=r"layers\[\d\]\.mamba \(BambaMixer\) (computed|returned) "
+                                                        r"another output"):
         dpa.attribute(model, None, ids, target=TARGET, weights=dpa.PathWeights(0, 0, 1, 0.5, 0.5))
     assert _state(model) == before
 
@@ -335,8 +335,14 @@ def test_the_command_line_attributes_a_saved_bamba(tmp_path, capsys):
     report = capsys.readouterr().out
     assert "scan L" in report and "scan units, attention heads and MLP neurons" in report
     assert json.loads(out_json.read_text())["layer_kinds"] == ["scan", "head", "scan"]
-    assert main(["circuit", "w4 w5 w6 w7", "--model", str(folder), "--target", "w9"]) != 0
-    assert "scan layer" in capsys.readouterr().err
+    assert main(["circuit", "w4 w5 w6 w7", "--model", str(folder), "--target", "w9", "--nodes", "12"]) == 0
+    assert "dpa circuit graph" in capsys.readouterr().out
+
+
+def test_the_circuit_graph_names_the_scan_units(model):
+    circ = dpa.circuit(model, None, random_ids(5), target=TARGET, nodes=None)
+    labels = [n.label for n in circ.nodes if n.kind == "head"]
+    assert any(label.startswith("L0.S") for label in labels) and any(label.startswith("L1.H") for label in labels)
 
 
 def test_the_widget_payload_names_the_scan_units(model):
