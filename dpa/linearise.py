@@ -288,18 +288,16 @@ def linearise_layer(session, i: int, mods: LayerModules, hook, override) -> None
 
 def _linearise_scan(session, i: int, mods: LayerModules, override, bias_sink) -> None:
     """A Mamba-2 block (``Mixer.rule`` "scan"): its own forward for the value, dpa's Function for the rule up to its
-    output projection's input (``ssd.LinearisedScan``), where the unit tap reads as on attention's heads. What reads
-    a block's q/k/v branches (edge scores) is not derived for it: refused by name, before the forward."""
+    output projection's input (``ssd.LinearisedScan``), where the unit tap reads as on attention's heads. Where the
+    edge scores are asked for (the branches recorded), its input is kept for them (``ssd.scan_edges``)."""
     from .ssd import linearised_forward
 
-    if "branches" in session.record:
-        raise UnsupportedModelError(
-            f"layers[{i}] is a {mods.kind} layer ({session.spec.family}: a Mamba-2 block): dpa does not yet compute "
-            "edge scores or MIB's graph through its scan (the book derives its edges, state-space-duality); "
-            "dpa.attribute's token, unit and neuron scores and dpa.circuit cover it")
+    store = session.recording.branches
+    keep = (lambda h, mask: store.__setitem__(("scan", i), (h, mask))) if "branches" in session.record else None
     block = mods.attention
     where = f"layers[{i}].{session.spec.parts.mixer(mods.kind).module}"
-    override(block, linearised_forward(block.forward, block, session.anchor, session.weights, bias_sink, where))
+    override(block, linearised_forward(block.forward, block, session.anchor, session.weights, bias_sink, where,
+                                       keep))
 
 
 def _projection(mods: LayerModules, names: list[str], factors: dict, share: Callable, store: dict | None, i: int,

@@ -76,8 +76,7 @@ def check_family(family: str, device: str, reference: dict) -> list[Check]:
     model = tiny_model(family, dtype=dtype).to(device)
     ids, other = random_ids(11), random_ids(8, seed=2)  # padding shorter than the sliding windows (5)
     target = 5
-    edges = dpa.spec_for(model).edges  # not derived through a Mamba-2 block's scan: refused there
-    res = dpa.attribute(model, None, ids, target=target, edges=edges, neuron_positions=True)
+    res = dpa.attribute(model, None, ids, target=target, edges=True, neuron_positions=True)
     with torch.no_grad():
         logits = model(ids[None].to(device)).logits[0, -1, target]
     told = res.target.capped_logit if res.target.capped_logit is not None else res.target_logit
@@ -96,8 +95,7 @@ def check_family(family: str, device: str, reference: dict) -> list[Check]:
         Check(device, f"{name} forward oracle (target = the model's logit)", relative(told, logits), tol),
         Check(device, f"{name} completeness (conservative weights)",
               abs(cons.completeness_gap) / max(1.0, abs(cons.target_logit)), tol),
-        *([Check(device, f"{name} edges sum to heads", relative(res.edge_scores.sum((2, 3)), res.head_scores), tol)]
-          if edges else []),
+        Check(device, f"{name} edges sum to heads", relative(res.edge_scores.sum((2, 3)), res.head_scores), tol),
         Check(device, f"{name} position-level neurons sum to neurons",
               relative(res.neuron_position_scores.sum(1), res.neuron_scores), tol),
         Check(device, f"{name} lean memory = full", max(relative(a, b) for a, b in zip(_scores(lean), _scores(full))),

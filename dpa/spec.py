@@ -57,7 +57,7 @@ class ModelSpec:
 
     def scans(self, index: int) -> bool:
         """Whether layer ``index``'s token mixer is a block dpa's Function linearises whole (``Mixer.rule`` "scan",
-        Mamba-2): what reads its q/k/v branches (edge scores, MIB's graph) refuses it."""
+        Mamba-2): its edge scores are its scan's terms (``ssd.scan_edges``); MIB's graph refuses it."""
         kind = self.kind(index)
         return kind != "attention" and self.parts.mixer(kind).rule == "scan"
 
@@ -65,12 +65,6 @@ class ModelSpec:
     def scan_layers(self) -> tuple[int, ...]:
         """The layers whose token mixer dpa's Function linearises whole (``scans``)."""
         return tuple(i for i in range(self.n_layers) if self.scans(i))
-
-    @property
-    def edges(self) -> bool:
-        """Whether dpa computes this model's edge scores (and MIB's graph): not through a Mamba-2 block's scan
-        (``scan_layers``), where they are refused by name (its circuit graphs, built from pullbacks, run)."""
-        return not self.scan_layers
 
     @property
     def unit_kinds(self) -> list[str] | None:

@@ -91,6 +91,20 @@ def scan_block(block: nn.Module, h: Tensor, mask: Tensor | None, mu=None,
     is the rule. The frozen controls are detached: the step Delta, the sigmoids of the two SiLUs and the norm's
     scale r. ``bias`` [batch channel]: the convolution's bias as a leaf per prompt (its gradient gives the bias
     share), else the block's own."""
+    s, z, x, B, C, step, a = _factors(block, h, mask, bias)
+    dtype = x.dtype
+    scaled = ((lambda tensor, name: tensor) if mu is None else
+              (lambda tensor, name: _weighted(tensor, getattr(mu, name))))
+    y = _scan(scaled(x, "value"), scaled(B, "key"), scaled(C, "query"), step, a, s) + _skip(block, x, s)
+    gate = z * torch.sigmoid(z).detach()  # SiLU(z), sigmoid frozen
+    yz = scaled(y, "up") * scaled(gate, "gate")
+    n = block.norm.weight.detach().to(dtype) * yz * _scale(block, yz.detach(), s)
+    return n @ weight_rows(block.out_proj).detach().to(dtype).T, n
+
+
+def _factors(block: nn.Module, h: Tensor, mask: Tensor | None, bias: Tensor | None) -> tuple:
+    """The block from its input to the scan's factors: (shape, z, x, B, C, the step Delta [b t H] frozen, the decay a
+    [H]), the convolution's SiLU with its sigmoid frozen."""
     s = shape_of(block)
     dtype = wide(h.dtype)  # the copy's dtype
     h = h.to(dtype)
@@ -113,16 +127,52 @@ def scan_block(block: nn.Module, h: Tensor, mask: Tensor | None, mu=None,
     x, B, C = v.split([s.inner, s.groups * s.state, s.groups * s.state], dim=-1)
     step = nn.functional.softplus(delta + block.dt_bias.detach().to(dtype)).clamp(*s.limit).detach()  # [b t H]
     a = -torch.exp(block.A_log.detach().float()).to(dtype)  # the decay as the module's forward makes it
-    scaled = ((lambda tensor, name: tensor) if mu is None else
-              (lambda tensor, name: _weighted(tensor, getattr(mu, name))))
-    y = _scan(scaled(x, "value"), scaled(B, "key"), scaled(C, "query"), step, a, s) + (
-        block.D.detach().to(dtype)[:, None] * x.view(*x.shape[:2], s.heads, s.head_dim)).flatten(2)
-    gate = z * torch.sigmoid(z).detach()  # SiLU(z), sigmoid frozen
-    yz = scaled(y, "up") * scaled(gate, "gate")
+    return s, z, x, B, C, step, a
+
+
+def _skip(block: nn.Module, x: Tensor, s: ScanShape) -> Tensor:
+    """D x, per head."""
+    return (block.D.detach().to(x.dtype)[:, None] * x.view(*x.shape[:2], s.heads, s.head_dim)).flatten(2)
+
+
+def _scale(block: nn.Module, yz: Tensor, s: ScanShape) -> Tensor:
+    """The gated norm's scale r = 1/rms per group of channels, at its forward value, per channel [b t I]."""
     grouped = yz.view(*yz.shape[:2], -1, s.norm_group)
-    r = torch.rsqrt(grouped.detach().pow(2).mean(-1, keepdim=True) + float(block.norm.variance_epsilon))
-    n = block.norm.weight.detach().to(dtype) * (grouped * r).flatten(2)
-    return n @ weight_rows(block.out_proj).detach().to(dtype).T, n
+    r = torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + float(block.norm.variance_epsilon))
+    return r.expand_as(grouped).flatten(2)
+
+
+def scan_edges(block: nn.Module, h: Tensor, mask: Tensor | None, lam: Tensor, units: int) -> Tensor:
+    """A Mamba-2 block's edge scores [batch unit query key], the terms its units' scores sum (book:
+    state-space-duality, eq-ssd-heads): E_{t,s} = lambda_t . (L_ts (C_t . B_s) Delta_s x_s) + [s = t] D lambda_t . x_t
+    over the unit's channels, with lambda the target on the scan's output y (``lam``, the gradient at out_proj's input
+    n, times the gated norm's gamma, frozen r and SiLU(z)). The key s is the scan's: the convolution before it has
+    already mixed each position with the K - 1 before it."""
+    with torch.no_grad():
+        s, z, x, B, C, step, a = _factors(block, h, mask, None)
+        b, t, inner = x.shape
+        y = _scan(x, B, C, step, a, s) + _skip(block, x, s)
+        gate = z * torch.sigmoid(z)
+        lam = lam.to(x.dtype) * block.norm.weight.detach().to(x.dtype) * _scale(block, y * gate, s) * gate
+        width = inner // units  # a unit's channels: whole heads, or equal parts of one
+        part = min(width, s.head_dim)
+        if width % part or s.head_dim % part:
+            raise UnsupportedModelError(f"a unit of {width} channels and SSM heads of {s.head_dim} do not divide each "
+                                        "other: dpa cannot split the scan's edge scores between the units")
+        per = s.heads // s.groups
+        Bh = B.view(b, t, s.groups, s.state).repeat_interleave(per, dim=2)
+        Ch = C.view(b, t, s.groups, s.state).repeat_interleave(per, dim=2)
+        cum = torch.cumsum(step * a, dim=1)  # [b t H]
+        causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()[None, :, :, None]
+        decay = torch.exp(torch.where(causal, cum[:, :, None] - cum[:, None], float("-inf")))  # [b t s H]
+        mixing = torch.einsum("bthn,bshn->btsh", Ch, Bh) * decay * step[:, None]  # L o (C B^T) Delta_s
+        parts = s.head_dim // part
+        lx = torch.einsum("bthjq,bshjq->btshj", lam.view(b, t, s.heads, parts, part),
+                          x.view(b, t, s.heads, parts, part))  # lambda_t . x_s per part of a head
+        edges = mixing[..., None] * lx
+        diagonal = torch.arange(t, device=x.device)
+        edges[:, diagonal, diagonal] += block.D.detach().to(x.dtype)[:, None] * lx[:, diagonal, diagonal]
+        return edges.reshape(b, t, t, units, -1).sum(-1).permute(0, 3, 1, 2)
 
 
 def wide(dtype: torch.dtype) -> torch.dtype:
@@ -227,12 +277,14 @@ def _difference(own: Tensor, copy: Tensor) -> float:
 
 
 def linearised_forward(own: Callable, block: nn.Module, anchor: Tensor, mu, bias_sink: Callable | None,
-                       where: str) -> Callable:
+                       where: str, keep: Callable | None = None) -> Callable:
     """The forward that replaces a Mamba-2 block's inside dpa's context: its own forward gives out_proj's input n
     (no graph; seen by a hook held for the call), ``LinearisedScan`` the rule up to n, and out_proj runs on it as
     the block's forward ran it, with the unit tap on its input: the same value, checked against what the block's
-    forward returned."""
+    forward returned. ``keep(h, mask)``: where the edge scores are asked for, the block's input is kept for them."""
     def forward(hidden_states, *args, **kwargs):
+        if keep is not None:
+            keep(hidden_states.detach(), kwargs.get("attention_mask"))
         seen: list[Tensor] = []
         handle = block.out_proj.register_forward_pre_hook(lambda _m, a: seen.append(a[0]))
         try:

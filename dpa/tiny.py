@@ -17,7 +17,7 @@ MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss")
 # Hybrid families: token mixers other than attention on some layers (book: Beyond attention). dpa.attribute covers
 # them; what reads attention probabilities (edges, ablations, circuits, MIB) refuses their mixer layers by name.
 HYBRID_FAMILIES = ("lfm2", "bamba")
-SCAN_FAMILIES = ("bamba",)  # hybrids with Mamba-2 blocks: their edge scores and MIB graph are refused by name
+SCAN_FAMILIES = ("bamba",)  # hybrids with Mamba-2 blocks: MIB's graph refuses them by name
 LAYOUTS = {"mha": 4, "gqa": 2, "mqa": 1}  # KV heads for 4 query heads
 
 

@@ -179,7 +179,7 @@ class CircuitWidget(UserTraits, anywidget.AnyWidget):
             _live=model is not None, _presets=[p for p in PRESETS if p != "custom" or self._custom is not None],
             **kwargs)
         if model is not None and result.target.kind != "vector" and (
-                result.edge_scores is None and spec.edges or result.neuron_position_scores is None) and not any(
+                result.edge_scores is None or result.neuron_position_scores is None) and not any(
                 t.contrast for t in result.target.terms or []):  # (a contrast of several tokens has none)
             result = live.recompute(model, tokenizer, result, target=live.same_target(result.target),
                                     contrast=live.same_contrast(result.target), weights=result.weights)

@@ -81,8 +81,7 @@ def recompute(model: nn.Module, tokenizer, result: Attribution, *, target: str |
     return dpa.attribute(
         model, tokenizer, list(result.token_ids[: position + 1]), target=target, contrast=contrast,
         kind="logprob" if result.target.kind == "logprob" else "logit", multi_token="sum",
-        weights=weights, edges=finer and dpa.spec_for(model).edges, neuron_positions=finer,
-        neuron_target=result.neuron_target)
+        weights=weights, edges=finer, neuron_positions=finer, neuron_target=result.neuron_target)
 
 
 @torch.no_grad()

@@ -370,23 +370,8 @@ def test_the_instrumented_forward_is_the_models(model):
                                torch.tanh(spec.unembed(model)(hidden) / cap) * cap, rtol=1e-13, atol=1e-13)
 
 
-def scans(model) -> bool:
-    """Whether the model has Mamba-2 blocks (their edge scores are not derived yet: refused)."""
-    return bool(dpa.spec_for(model).scan_layers)
-
-
 def test_edges_sum_to_heads_and_positions_to_neurons(model):
     ids = random_ids(9)
-    if scans(model):  # refused by name, before the forward; the model as it was
-        before = {n: p.clone() for n, p in model.named_parameters()}
-        with pytest.raises(dpa.UnsupportedModelError, match=r"layers\[0\] is a scan layer \(bamba: a Mamba-2 block\)"
-                           r".*edge scores"):
-            dpa.attribute(model, None, ids, target=TARGET, edges=True)
-        assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
-        assert not any("forward" in vars(m) for m in model.modules())
-        res = dpa.attribute(model, None, ids, target=TARGET, neuron_positions=True)
-        torch.testing.assert_close(res.neuron_position_scores.sum(1), res.neuron_scores, rtol=1e-9, atol=1e-11)
-        return
     res = dpa.attribute(model, None, ids, target=TARGET, edges=True, neuron_positions=True)
     torch.testing.assert_close(res.edge_scores.sum((2, 3)), res.head_scores, rtol=1e-9, atol=1e-11)
     torch.testing.assert_close(res.neuron_position_scores.sum(1), res.neuron_scores, rtol=1e-9, atol=1e-11)
@@ -394,10 +379,9 @@ def test_edges_sum_to_heads_and_positions_to_neurons(model):
 
 def test_lean_equals_full(model):
     ids = random_ids(9)
-    edges = not scans(model)
-    full = dpa.attribute(model, None, ids, target=TARGET, memory="full", edges=edges)
-    lean = dpa.attribute(model, None, ids, target=TARGET, memory="lean", edges=edges)
-    for name in ("token_scores", "head_scores", "neuron_scores") + (("edge_scores",) if edges else ()):
+    full = dpa.attribute(model, None, ids, target=TARGET, memory="full", edges=True)
+    lean = dpa.attribute(model, None, ids, target=TARGET, memory="lean", edges=True)
+    for name in ("token_scores", "head_scores", "neuron_scores", "edge_scores"):
         torch.testing.assert_close(getattr(lean, name), getattr(full, name), rtol=1e-12, atol=1e-14)
 
 

@@ -81,9 +81,9 @@ def test_conv_edges_are_the_block_run_one_key_at_a_time(model):
     torch.testing.assert_close(res.edge_scores[layer].sum((1, 2)), res.head_scores[layer], rtol=1e-10, atol=1e-12)
 
 
-def _lambda_at(model, ids, module):
-    """The linearised model's gradient of the target at ``module``'s input (the default weights), by dpa's
-    read-out of the head inputs."""
+def _lambda_at(model, ids, module, layer=2):
+    """The linearised model's gradient of the target at ``module``'s input, layer ``layer``'s output projection (the
+    default weights), by dpa's read-out of the head inputs."""
     from dpa.backward import Readout, run
     from dpa.request import build
 
@@ -91,7 +91,7 @@ def _lambda_at(model, ids, module):
         record = frozenset({"head_inputs"})
 
         def tensors(self, rec, spec):
-            return [rec.head_inputs[2]]
+            return [rec.head_inputs[layer]]
 
         def read(self, ctx, grads):
             return grads[0]

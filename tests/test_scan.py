@@ -1,12 +1,13 @@
 """Mamba-2 blocks beside attention (Bamba; book: state-space-duality), linearised by dpa's own Function (ssd.py).
 
 The autograd suite (test_families_autograd) runs Bamba with every other family: the forward oracle, each path and the
-default weights against an independent recurrence, completeness, lean = full; so does the circuit suite
-(test_circuit: every direct effect of the circuit graph against autograd through that recurrence). Here: each factor of the scan alone
-(with the content carried through the gated norm, which the suite's single paths cut), the conservation law of the
-scan (q + k + v = 1 conserves a model of Mamba-2 blocks only, with the skip at weight one), padded batches, float32,
-the units named by kind, what is not derived for it refused by name before any work, and every edit that would make
-the rule wrong refused by name with the model left as it was.
+default weights against an independent recurrence, completeness, edges summing to units, lean = full; so does the
+circuit suite (test_circuit: every direct effect of the circuit graph against autograd through that recurrence).
+Here: each factor of the scan alone (with the content carried through the gated norm, which the suite's single paths
+cut), the conservation law of the scan (q + k + v = 1 conserves a model of Mamba-2 blocks only, with the skip at
+weight one), the edges against transformers' own scan run one key at a time, padded batches, float32, the units named
+by kind, what does not apply refused by name before any work, and every edit that would make the rule wrong refused
+by name with the model left as it was.
 """
 
 from __future__ import annotations
@@ -81,10 +82,10 @@ def test_the_report_says_which_weights_conserve_on_a_model_of_scans():
 
 def test_a_padded_batch_gives_each_prompt_its_scores_alone(model):
     prompts = [random_ids(11, seed=1), random_ids(6, seed=2), random_ids(1, seed=3)]
-    batch = dpa.attribute(model, None, prompts, target=TARGET)
+    batch = dpa.attribute(model, None, prompts, target=TARGET, edges=True)
     for p, res in zip(prompts, batch):
-        alone = dpa.attribute(model, None, p, target=TARGET)
-        for name in ("token_scores", "head_scores", "neuron_scores"):
+        alone = dpa.attribute(model, None, p, target=TARGET, edges=True)
+        for name in ("token_scores", "head_scores", "neuron_scores", "edge_scores"):
             torch.testing.assert_close(getattr(res, name), getattr(alone, name), rtol=1e-9, atol=1e-11)
         assert res.bias_share == pytest.approx(alone.bias_share, rel=1e-9, abs=1e-12)
 
@@ -101,6 +102,49 @@ def test_lean_memory_effective_targets_and_neuron_positions(model):
                                full.token_scores, rtol=1e-9, atol=1e-11)
 
 
+def test_scan_edges_are_the_blocks_own_scan_run_one_key_at_a_time(model, monkeypatch):
+    """Edge (query t, key s) of a unit of a Mamba-2 layer: lambda_t . y_t when only position s of the scan's input x
+    reaches transformers' own scan (``mamba2_chunk_scan`` run on x zeroed elsewhere: its skip D x then sits at t = s
+    alone), with lambda the target on y (dpa's gradient at out_proj's input times the gated norm's gamma, frozen
+    scale and SiLU(z), read off the block's own forward). No arithmetic of dpa's copy."""
+    from transformers.models.bamba import modeling_bamba as bamba
+
+    from .test_hybrid import _lambda_at
+
+    ids, layer = random_ids(9), 0  # the first layer: every query position reads
+    res = dpa.attribute(model, None, ids, target=TARGET, edges=True)
+    block = model.model.layers[layer].mamba
+    lam_n = _lambda_at(model, ids, block.out_proj, layer)  # [pos inner]
+    seen = {}
+    hooks = [block.register_forward_pre_hook(lambda _m, a, k: None if a else seen.__setitem__("h", k["hidden_states"]),
+                                             with_kwargs=True),  # the model calls it with keywords
+             block.norm.register_forward_pre_hook(lambda _m, a: seen.__setitem__("y", a))]  # (y, z)
+    try:
+        with torch.no_grad():
+            model(ids[None], use_cache=False)
+        y, z = (v[0] for v in seen["y"])
+        gate = torch.nn.functional.silu(z)
+        grouped = (y * gate).view(len(ids), -1, block.norm.group_size)
+        r = torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + block.norm.variance_epsilon)
+        lam = lam_n * block.norm.weight * r.expand_as(grouped).flatten(1) * gate  # [pos inner]
+        scan, edges = bamba.mamba2_chunk_scan, torch.zeros(4, len(ids), len(ids), dtype=torch.float64)
+        for key in range(len(ids)):
+            only = torch.zeros(len(ids), dtype=torch.float64)
+            only[key] = 1
+            monkeypatch.setattr(bamba, "mamba2_chunk_scan",
+                                lambda x, *a, **k: scan(x * only[None, :, None, None], *a, **k))
+            with torch.no_grad():
+                block(seen["h"])
+            monkeypatch.setattr(bamba, "mamba2_chunk_scan", scan)
+            edges[:, :, key] = (lam * seen["y"][0][0]).view(len(ids), 4, -1).sum(-1).T
+    finally:
+        for h in hooks:
+            h.remove()
+    torch.testing.assert_close(res.edge_scores[layer], edges, rtol=1e-9, atol=1e-12)
+    assert int((edges.abs() > 1e-6).sum()) > 4 * len(ids)  # not the diagonal alone
+    assert float(edges.abs().max()) > 1e-3
+
+
 def test_a_float32_model_agrees_with_float64():
     """The block's own float32 scan gives the value; dpa's backward runs in float64 from it."""
     import copy
@@ -113,14 +157,13 @@ def test_a_float32_model_agrees_with_float64():
     torch.testing.assert_close(narrow.head_scores.double(), wide.head_scores, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("call", ["edges", "mib", "attention map"])
-def test_what_is_not_derived_for_a_scan_is_refused_by_name_and_the_model_left_as_it_was(model, call):
+@pytest.mark.parametrize("call", ["mib", "attention map"])
+def test_what_does_not_apply_to_a_scan_is_refused_by_name_and_the_model_left_as_it_was(model, call):
     from dpa import baselines
 
     ids = random_ids(7)
     before = _state(model)
-    runs = {"edges": lambda: dpa.attribute(model, None, ids, target=TARGET, edges=True),
-            "mib": lambda: _mib(model),
+    runs = {"mib": lambda: _mib(model),
             "attention map": lambda: baselines.activation_patching(model, None, ids, target=TARGET)}
     with pytest.raises(dpa.UnsupportedModelError, match=r"layers\[0\] is a scan layer"):
         runs[call]()

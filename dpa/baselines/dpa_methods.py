@@ -33,14 +33,9 @@ def dpa_component(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, c
                   position: int | None = None, weights: PathWeights | None = None,
                   multi_token: str = "error") -> Attribution:
     """``dpa.attribute`` with edge and position-level neuron scores; neurons scored against the
-    layer-output target t^(l) (the paper's Algorithm 1, dpa's default). A model with Mamba-2 blocks gets no edge
-    scores (not derived through a scan): its neurons are what the benchmark ablates there."""
+    layer-output target t^(l) (the paper's Algorithm 1, dpa's default)."""
     return attribute(model, tokenizer, prompt, target, contrast=contrast, position=position, weights=weights,
-                     edges=_edges(model), neuron_positions=True, multi_token=multi_token)
-
-
-def _edges(model: nn.Module) -> bool:
-    return request.check_model(model).edges
+                     edges=True, neuron_positions=True, multi_token=multi_token)
 
 
 def dpa_mid(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contrast=None,
@@ -49,5 +44,5 @@ def dpa_mid(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contras
     """As ``dpa_component`` but neurons scored against the mid-layer target t_mid^(l): what the
     authors' reference code computes, so what produced the paper's tables."""
     out = attribute(model, tokenizer, prompt, target, contrast=contrast, position=position, weights=weights,
-                    edges=_edges(model), neuron_positions=True, neuron_target="mid", multi_token=multi_token)
+                    edges=True, neuron_positions=True, neuron_target="mid", multi_token=multi_token)
     return replace(out, method="dpa_mid")
