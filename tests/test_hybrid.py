@@ -204,11 +204,13 @@ def test_model_state_after_a_refused_explicit_call_is_unchanged(model):
     assert _state(model) == before
 
 
-def test_the_benchmark_runs_what_a_hybrid_has_and_refuses_head_ablations_before_any_work(model, tmp_path):
+@pytest.mark.parametrize("family, kind", [("lfm2", "conv"), ("bamba", "scan")])
+def test_the_benchmark_runs_what_a_hybrid_has_and_refuses_head_ablations_before_any_work(family, kind, tmp_path):
     from dpa.evaluate import Settings, evaluate
 
     from .test_evaluate import tiny_dataset, word_tokenizer
 
+    model = tiny_model(family, 2)
     tok = word_tokenizer()
     tiny_dataset(model, tmp_path / "data", n=2)
     common = dict(dataset="known_1000", min_probability=0.0, data_dir=str(tmp_path / "data"))
@@ -218,7 +220,7 @@ def test_the_benchmark_runs_what_a_hybrid_has_and_refuses_head_ablations_before_
     neurons = evaluate(model, tok, Settings(unit="component", component_units="neurons", methods=("dpa",), **common),
                        tmp_path / "neurons", progress=False, figures=False)
     assert neurons["n_evaluated"] == inputs["n_evaluated"]
-    with pytest.raises(dpa.UnsupportedModelError, match="conv layers without attention probabilities"):
+    with pytest.raises(dpa.UnsupportedModelError, match=f"{kind} layers without attention probabilities"):
         evaluate(model, tok, Settings(unit="component", methods=("dpa",), **common), tmp_path / "heads",
                  progress=False, figures=False)
     assert not (tmp_path / "heads").exists() or not any((tmp_path / "heads").iterdir())
@@ -294,24 +296,27 @@ def test_verifying_the_top_components_ablates_heads_and_neurons_only(model):
     assert any(c.kind == "conv" for c in res.top_components(4)["positive"])  # they were among the top: left out
 
 
-def test_the_command_line_attributes_a_saved_hybrid(tmp_path, capsys):
-    """``dpa attribute`` and ``dpa circuit`` on an LFM2 folder (random weights, a word-level tokenizer): the report
-    names the convolution units, the JSON keeps the layer kinds, the circuit labels them."""
+@pytest.mark.parametrize("family, kind, letter", [("lfm2", "conv", "C"), ("bamba", "scan", "S")])
+def test_the_command_line_attributes_a_saved_hybrid(family, kind, letter, tmp_path, capsys):
+    """``dpa attribute`` and ``dpa circuit`` on a hybrid's folder (random weights, a word-level tokenizer): the report
+    names the mixer's units, the JSON keeps the layer kinds, the circuit labels them."""
     from dpa.cli import main
 
     from .test_evaluate import word_tokenizer
 
-    folder = tmp_path / "lfm2"
-    model = tiny_model("lfm2", 2, dtype=torch.float32)
+    folder = tmp_path / family
+    model = tiny_model(family, 2, dtype=torch.float32)
     model.save_pretrained(folder)
     word_tokenizer().save_pretrained(folder)
     out_json = tmp_path / "r.json"
     assert main(["attribute", "w4 w5 w6 w7", "--model", str(folder), "--target", "w9", "--json", str(out_json)]) == 0
     report = capsys.readouterr().out
-    assert "conv L" in report and "conv units, attention heads and MLP neurons" in report
-    assert json.loads(out_json.read_text())["layer_kinds"] == ["conv", "head", "conv"]
-    assert main(["circuit", "w4 w5 w6 w7", "--model", str(folder), "--target", "w9", "--nodes", "12"]) == 0
-    assert ".C" in capsys.readouterr().out
+    assert f"{kind} L" in report and f"{kind} units, attention heads and MLP neurons" in report
+    assert json.loads(out_json.read_text())["layer_kinds"] == [kind, "head", kind]
+    graph = tmp_path / "g.json"
+    assert main(["circuit", "w4 w5 w6 w7", "--model", str(folder), "--target", "w9", "--nodes", "200",
+                 "--json", str(graph)]) == 0
+    assert any(f".{letter}" in n["label"] for n in json.loads(graph.read_text())["nodes"])
 
 
 def test_a_layer_appended_without_the_config_is_refused_by_name():

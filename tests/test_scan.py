@@ -196,25 +196,6 @@ def test_the_baselines_a_scan_model_supports_run(model):
             assert torch.isfinite(torch.as_tensor(getattr(scores, "token_scores", scores))).all(), name
 
 
-def test_the_benchmark_runs_inputs_and_neurons_and_refuses_head_ablations(model, tmp_path):
-    from dpa.evaluate import Settings, evaluate
-
-    from .test_evaluate import tiny_dataset, word_tokenizer
-
-    tok = word_tokenizer()
-    tiny_dataset(model, tmp_path / "data", n=2)
-    common = dict(dataset="known_1000", min_probability=0.0, data_dir=str(tmp_path / "data"))
-    inputs = evaluate(model, tok, Settings(unit="input", methods=("dpa", "gradient"), **common), tmp_path / "in",
-                      progress=False, figures=False)
-    assert inputs["n_evaluated"] >= 1
-    neurons = evaluate(model, tok, Settings(unit="component", component_units="neurons", methods=("dpa",), **common),
-                       tmp_path / "neurons", progress=False, figures=False)
-    assert neurons["n_evaluated"] == inputs["n_evaluated"]
-    with pytest.raises(dpa.UnsupportedModelError, match="scan layers without attention probabilities"):
-        evaluate(model, tok, Settings(unit="component", methods=("dpa",), **common), tmp_path / "heads",
-                 progress=False, figures=False)
-
-
 def _tanh_of(forward):
     @functools.wraps(forward)  # copies the name and the module, not the code
     def patched(self, *args, **kwargs):
@@ -363,23 +344,6 @@ def test_the_settings_the_rule_covers_conserve(overrides):
     logit = pre_cap_logits(model, ids)[0, -1, TARGET].item()
     assert float(res.token_scores.sum()) + res.bias_share == pytest.approx(logit, rel=1e-9, abs=1e-10)
     assert res.head_scores.shape == (3, 4)
-
-
-def test_the_command_line_attributes_a_saved_bamba(tmp_path, capsys):
-    from dpa.cli import main
-
-    from .test_evaluate import word_tokenizer
-
-    folder = tmp_path / "bamba"
-    tiny_model("bamba", 2, dtype=torch.float32).save_pretrained(folder)
-    word_tokenizer().save_pretrained(folder)
-    out_json = tmp_path / "r.json"
-    assert main(["attribute", "w4 w5 w6 w7", "--model", str(folder), "--target", "w9", "--json", str(out_json)]) == 0
-    report = capsys.readouterr().out
-    assert "scan L" in report and "scan units, attention heads and MLP neurons" in report
-    assert json.loads(out_json.read_text())["layer_kinds"] == ["scan", "head", "scan"]
-    assert main(["circuit", "w4 w5 w6 w7", "--model", str(folder), "--target", "w9", "--nodes", "12"]) == 0
-    assert "dpa circuit graph" in capsys.readouterr().out
 
 
 def test_the_circuit_graph_names_the_scan_units(model):

@@ -329,57 +329,42 @@ def test_hybrid_save_html_names_each_rows_units(browser, tmp_path):  # noqa: F81
     """A hybrid (LFM2: convolution, attention, convolution) on a static page: each heat-map row says its kind,
     a convolution unit's hover and details name it L0.C3 with its channels, an attention head's L1.H2 with its KV
     group."""
-    model = tiny_model("lfm2", 2)
-    result = dpa.attribute(model, None, random_ids(9).tolist(), edges=True, neuron_positions=True,
-                           effective_targets=True)
-    path = save_html(CircuitWidget(result, model, None), tmp_path / "hybrid.html")
-    page, blocked, errors = open_offline(browser, path, 1400)
-    try:
-        widget_el = page.locator(".dpa-circuit")
-        heat = widget_el.locator("svg.dpa-heatmap").first
-        heat.locator("rect.dpa-head").nth(11).wait_for(timeout=30_000)
-        ticks = heat.locator("text.dpa-tick").all_text_contents()
-        assert {"L0 conv", "L1 attn", "L2 conv"} <= set(ticks), ticks
-        captions = widget_el.locator(".dpa-panel .dpa-caption").all_inner_texts()
-        assert any("heads and conv units (layer × unit)" in c for c in captions), captions
-        heat.locator('rect.dpa-head[data-layer="0"][data-head="3"]').hover()
-        hover = widget_el.locator(".dpa-hover").inner_text()
-        assert hover.startswith("conv L0.C3 (channels 24–31): "), hover
-        heat.locator('rect.dpa-head[data-layer="1"][data-head="2"]').hover()
-        assert widget_el.locator(".dpa-hover").inner_text().startswith("head L1.H2 (KV group 1): ")
-        heat.locator('rect.dpa-head[data-layer="2"][data-head="1"]').click()
-        title = widget_el.locator(".dpa-detail .dpa-detail-title").first
-        title.wait_for(timeout=5_000)
-        assert title.inner_text().startswith("conv L2.C1 · "), title.inner_text()
-        finish_offline_page(page, widget_el, shots(tmp_path) / "save-html-hybrid-1400.png", 1400, errors, blocked)
-    finally:
-        page.close()
+    _hybrid_page(browser, tmp_path, "lfm2", "conv", "conv L0.C3 (channels 24–31): ", "conv L2.C1 · ",
+                 "heads and conv units (layer × unit)")
 
 
 def test_scan_save_html_names_its_units(browser, tmp_path):  # noqa: F811
-    """Bamba (Mamba-2, attention, Mamba-2) on a static page, without edge scores (not derived through a scan): the
-    rows say their kind, a scan unit's hover and details name it L0.S3 (its channels are the block's inner ones, not
-    named), an attention head keeps its KV group."""
-    model = tiny_model("bamba", 2)
-    result = dpa.attribute(model, None, random_ids(9).tolist(), neuron_positions=True, effective_targets=True)
-    path = save_html(CircuitWidget(result, model, None), tmp_path / "scan.html")
+    """Bamba (Mamba-2, attention, Mamba-2) on a static page: the rows say their kind, a scan unit's hover and
+    details name it L0.S3 (its channels are the block's inner ones, not named), an attention head keeps its KV
+    group."""
+    _hybrid_page(browser, tmp_path, "bamba", "scan", "scan L0.S3: ", "scan L2.S1 · ", "heads and scan units")
+
+
+def _hybrid_page(browser, tmp_path, family, kind, hover_l0_h3, title_l2_h1, caption):  # noqa: F811
+    model = tiny_model(family, 2)
+    result = dpa.attribute(model, None, random_ids(9).tolist(), edges=True, neuron_positions=True,
+                           effective_targets=True)
+    path = save_html(CircuitWidget(result, model, None), tmp_path / f"{family}.html")
     page, blocked, errors = open_offline(browser, path, 1400)
     try:
         widget_el = page.locator(".dpa-circuit")
         heat = widget_el.locator("svg.dpa-heatmap").first
         heat.locator("rect.dpa-head").nth(11).wait_for(timeout=30_000)
         ticks = heat.locator("text.dpa-tick").all_text_contents()
-        assert {"L0 scan", "L1 attn", "L2 scan"} <= set(ticks), ticks
+        assert {f"L0 {kind}", "L1 attn", f"L2 {kind}"} <= set(ticks), ticks
+        captions = widget_el.locator(".dpa-panel .dpa-caption").all_inner_texts()
+        assert any(caption in c for c in captions), captions
         heat.locator('rect.dpa-head[data-layer="0"][data-head="3"]').hover()
         hover = widget_el.locator(".dpa-hover").inner_text()
-        assert hover.startswith("scan L0.S3: "), hover
+        assert hover.startswith(hover_l0_h3), hover
         heat.locator('rect.dpa-head[data-layer="1"][data-head="2"]').hover()
         assert widget_el.locator(".dpa-hover").inner_text().startswith("head L1.H2 (KV group 1): ")
         heat.locator('rect.dpa-head[data-layer="2"][data-head="1"]').click()
         title = widget_el.locator(".dpa-detail .dpa-detail-title").first
         title.wait_for(timeout=5_000)
-        assert title.inner_text().startswith("scan L2.S1 · "), title.inner_text()
-        finish_offline_page(page, widget_el, shots(tmp_path) / "save-html-scan-1400.png", 1400, errors, blocked)
+        assert title.inner_text().startswith(title_l2_h1), title.inner_text()
+        name = "hybrid" if family == "lfm2" else kind
+        finish_offline_page(page, widget_el, shots(tmp_path) / f"save-html-{name}-1400.png", 1400, errors, blocked)
     finally:
         page.close()
 
