@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from dpa import Attribution, InputError
+from dpa import Attribution, InputError, UnsupportedModelError
 from dpa.checks import check_choice
 
 MODES = ("disrupt", "recover")
@@ -84,6 +84,7 @@ def _components(model: nn.Module, result: Attribution, mode: str, heads: list[tu
 
     n_layers, n_heads = result.head_scores.shape
     d_mlp = result.neuron_scores.shape[1]
+    _check_ablatable(result, mode, heads)
     chosen_h = torch.zeros(n_layers, n_heads, dtype=torch.bool)
     chosen_n = torch.zeros(n_layers, d_mlp, dtype=torch.bool)
     for l, h in heads:
@@ -99,6 +100,27 @@ def _components(model: nn.Module, result: Attribution, mode: str, heads: list[tu
                                                                        position, token), result)
     names = [f"L{l}.H{h}" for l, h in heads] + [f"L{l}.N{i}" for l, i in neurons]
     return _report(mode, names, result, probs)
+
+
+def _check_ablatable(result: Attribution, mode: str, heads: list[tuple[int, int]]) -> None:
+    """Ablation reaches attention heads and neurons: a hybrid's mixer units (a convolution's, a Mamba-2 block's) have
+    no attention probabilities to mask. Refused by name before any work: a selected mixer unit, and "recover", which
+    would ablate every unit but the selection, mixer units included."""
+    if result.layer_kinds is None:
+        return
+    from dpa.registry import UNIT_LETTERS
+
+    mixers = sorted({k for k in result.layer_kinds if k != "head"})
+    for layer, head in heads:
+        kind = result.layer_kinds[layer]
+        if kind != "head":
+            raise UnsupportedModelError(f"L{layer}.{UNIT_LETTERS[kind]}{head} is a {kind} unit: verification by "
+                                        "ablation reaches attention heads and neurons only (a mixer block has no "
+                                        "attention probabilities to mask)")
+    if mode == "recover":
+        raise UnsupportedModelError(f"recover ablates every unit but the selection, and this model's "
+                                    f"{', '.join(mixers)} units cannot be ablated (no attention probabilities to "
+                                    "mask): use disrupt, which ablates the selection alone")
 
 
 def _report(mode: str, names: list[str], result: Attribution, probs: torch.Tensor) -> dict[str, Any]:

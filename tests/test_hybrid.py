@@ -296,6 +296,23 @@ def test_verifying_the_top_components_ablates_heads_and_neurons_only(model):
     assert any(c.kind == "conv" for c in res.top_components(4)["positive"])  # they were among the top: left out
 
 
+@pytest.mark.parametrize("family, letter", [("lfm2", "C"), ("bamba", "S")])
+def test_verification_refuses_what_ablation_cannot_reach_before_any_work(family, letter):
+    """A selected mixer unit, or "recover" (which would ablate every unit but the selection, the mixer's included),
+    is refused by name; "disrupt" on an attention head runs."""
+    from dpa_widgets.verify import run
+
+    model = tiny_model(family, 2)
+    res = dpa.attribute(model, None, random_ids(7), target=TARGET)
+    before = _state(model)
+    with pytest.raises(dpa.UnsupportedModelError, match=rf"L0\.{letter}1 is a \w+ unit"):
+        run(model, res, mode="disrupt", units="selection", k=1, head=[0, 1])
+    with pytest.raises(dpa.UnsupportedModelError, match="recover ablates every unit but the selection"):
+        run(model, res, mode="recover", units="selection", k=1, head=[1, 1])
+    assert _state(model) == before
+    assert run(model, res, mode="disrupt", units="selection", k=1, head=[1, 1])["units"] == ["L1.H1"]
+
+
 @pytest.mark.parametrize("family, kind, letter", [("lfm2", "conv", "C"), ("bamba", "scan", "S")])
 def test_the_command_line_attributes_a_saved_hybrid(family, kind, letter, tmp_path, capsys):
     """``dpa attribute`` and ``dpa circuit`` on a hybrid's folder (random weights, a word-level tokenizer): the report
