@@ -20,8 +20,7 @@ import torch
 from torch import nn
 
 from .errors import ModelStateError, UnsupportedModelError
-from .state_checks import (check_autocast, check_global_hooks, check_loaded, check_module_hooks,
-                           check_saved_tensor_hooks, harmless)
+from .state_checks import check_autocast, check_global_hooks, check_loaded, check_module_hooks, harmless
 
 # --- one call at a time on any module, and the model's state to restore ---
 
@@ -288,7 +287,6 @@ def model_state(model: nn.Module, undo: list) -> Callable[[nn.Module, Callable],
     check_global_hooks()
     check_loaded(model)
     check_autocast(model)
-    check_saved_tensor_hooks()
     modules = []
     for name, m in model.named_modules():  # one pass: foreign hooks, and what to put back
         check_module_hooks(name, m)

@@ -35,16 +35,6 @@ def check_global_hooks() -> None:
                                   f"attributes{_HINT}")
 
 
-def check_saved_tensor_hooks() -> None:
-    """Refuse a call inside ``torch.autograd.graph.saved_tensors_hooks`` (or ``save_on_cpu``, which is one): every
-    tensor the forward saves for dpa's backward would pass through the caller's pack and unpack functions, which may
-    change it (a rescaling unpack gives other gradients, so other scores, silently)."""
-    if torch._C._autograd._top_saved_tensors_default_hooks(False) is not None:
-        raise ModelStateError("dpa was called inside torch.autograd.graph.saved_tensors_hooks (or save_on_cpu): the "
-                              "tensors its backward reads would pass through those hooks, which may change them; "
-                              "call dpa outside that context")
-
-
 def check_autocast(model: nn.Module) -> None:
     """Refuse a call under ``torch.autocast`` on the model's device: the forward would run in another precision than
     the model's weights, while dpa's rules, taps and scores assume the model's own arithmetic (and the completeness
