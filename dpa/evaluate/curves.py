@@ -274,8 +274,6 @@ def component_scores(attribution: Attribution, units: ComponentUnits) -> Tensor:
     fine = units.attn_shape[-1] != 1
     attn = attribution.edge_scores if fine else attribution.head_scores
     neurons = attribution.neuron_position_scores if fine else attribution.neuron_scores
-    if attn is None and not len(units.attn_index):  # neurons alone (a model whose edges dpa does not compute)
-        attn = torch.zeros(units.attn_shape if fine else units.attn_shape[:2])
     if attn is None or neurons is None:
         raise InputError(f"attribution: method {attribution.method!r} gives no "
                          f"{'edge / position-level neuron' if fine else 'head / neuron'} scores")
