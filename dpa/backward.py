@@ -98,6 +98,7 @@ class MidNeurons(Readout):
         rec = ctx.session.recording
         for i, mods in enumerate(layer_modules(ctx.model, ctx.spec)):
             lam = grads[i].to(ctx.dtype) @ weight_rows(mods.neurons).detach().to(ctx.dtype)  # [batch pos d_mlp]
+            lam = lam * ctx.spec.residual_multiplier  # the MLP's output joins the stream scaled (Granite)
             ctx.scores.parts[("neuron_positions", i)] = [rec.neuron_inputs[i].detach().to(ctx.dtype) * lam]
 
 
@@ -223,7 +224,7 @@ def _final(session, req: Request, hidden: Tensor, dtype, probabilities: bool):
     device map may put the last layers and the head elsewhere), the model's next-token distribution there (and
     its logits) when asked for or needed, and each term's row."""
     spec, model = req.spec, session.model
-    unembed = spec.unembed(model).weight
+    unembed = spec.unembedding(model)  # divided by the model's logits_scaling where it has one
     rows, at = req.terms()  # every term (a target token: several under teacher forcing), flat
     first = [rows.index(b) for b in range(req.batch)]  # each row's first term: its target position
     final = hidden[torch.tensor(rows, device=hidden.device), torch.tensor(at, device=hidden.device)]
@@ -245,7 +246,7 @@ def _values(model: nn.Module, req: Request, final: Tensor, probs, logits, rows: 
     """Each term's target, direction u [term d_model] and value; the values per row [batch]; and, under a final
     soft-cap, each term's and each row's value after the cap."""
     spec = req.spec
-    unembed = spec.unembed(model).weight.detach().to(dtype)
+    unembed = spec.unembedding(model).detach().to(dtype)
     first = [rows.index(b) for b in range(req.batch)]
     capped = spec.final_softcap is not None
     terms = [req.targets[b].term(j - first[b]) for j, b in enumerate(rows)]

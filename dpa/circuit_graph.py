@@ -133,12 +133,13 @@ def build_graph(session, grads: list[Tensor], direction: Tensor, value: float, n
     r = _recorded(session, grads, dtype)
     units = _select(r.per, n_units, positions, spec)
     with torch.no_grad():
-        emb = spec.embed(model)(req.input_ids)[0].detach().to(CPU, dtype)
+        emb = spec.embeddings(model, req.input_ids)[0].detach().to(CPU, dtype)
     g, inblock, reads, values = _pullbacks(session, mods, units, r.resid, r.mid, r.calls, r.big, dtype)
     gains: dict = {}
     writes = torch.stack([values[k] if values[k] is not None else  # an expert's write: its term of the block
                           _write(mods[u.layer], spec, u, r.z[(u.layer, u.block)], dtype, gains)
                           for k, u in enumerate(units)]) if units else torch.zeros(0, t_len, spec.d_model, dtype=dtype)
+    writes = writes * spec.residual_multiplier  # what joins the residual stream (Granite scales each block's output)
     # the target as a destination: t^(L) at the final residual, its in-block bias the final norm's beta . u
     beta = getattr(spec.final_norm(model), "bias", None)
     g = torch.cat([g, r.t_final[None]])
@@ -296,7 +297,7 @@ def _bias_writes(mods, spec: ModelSpec, dtype) -> dict[int, Tensor]:
                 if m.post_norms[b] is not None:
                     raise UnsupportedModelError(f"{spec.family}: a biased projection before a post-norm is not "
                                                 "supported in circuit graphs")
-                out[2 * i + b] = bias.detach().to(CPU, dtype)
+                out[2 * i + b] = bias.detach().to(CPU, dtype) * spec.residual_multiplier
     return out
 
 

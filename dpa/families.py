@@ -21,12 +21,13 @@ from torch import nn
 from .errors import UnsupportedModelError
 from .guard import checking
 from .mixers import check_inline_mlp, check_mixer, check_mixer_config, layer_kinds, mixer_layer_types
+from .multipliers import check_copies, multipliers
 from .registry import (BRANCHES, FAMILIES, LAYOUTS, LENGTH_DEPENDENT_ROPE, METADATA_KEYS, ROPE_TYPES, Experts,
                        Family)
 from .rules.norm import NORM_KINDS
 from .spec import (LayerModules, ModelSpec, context_length, get, in_features, is_projection, layer_modules,
                    neuron_direction, norm_eps, own_forward, post_norms, rope_depends_on_length, rope_settings,
-                   weight_rows, why_not_projection)
+                   rope_switched, weight_rows, why_not_projection)
 from .ssd import check_block
 from .state_checks import check_not_compiled, module_state
 
@@ -65,8 +66,8 @@ def check_config(config) -> Family:
     activation_kind(config, family)
     for key, want in family.fixed:
         if (getattr(config, key, want) or None) != (want or None):  # False, None and 0 all mean "off"
-            raise _config_error(key, getattr(config, key), f"the {model_type} description needs {want!r} "
-                                "(bidirectional attention and cross-attention are not linearised)")
+            why = _FIXED_WHY.get(key, "bidirectional attention and cross-attention are not linearised")
+            raise _config_error(key, getattr(config, key), f"the {model_type} description needs {want!r} ({why})")
     if getattr(config, "mlp_bias", False):
         raise _config_error("mlp_bias", True, "MLP biases are inputs no token owns")
     if getattr(config, "pretraining_tp", 1) != 1:
@@ -86,7 +87,11 @@ def check_config(config) -> Family:
             raise _config_error(f"layer_types[{i}]", kind, f"the {model_type} description knows the layer types "
                                 f"{', '.join(known)}")
     check_mixer_config(config, family)
+    multipliers(config, family)
     return family
+
+
+_FIXED_WHY = {"num_local_experts": "its experts are not described yet; its dense models are, as Granite 4.0-H-Micro"}
 
 
 def activation_kind(config, family: Family) -> str:
@@ -372,6 +377,7 @@ def _spec_for(model: nn.Module, config) -> ModelSpec:
 
 
 def _checked_spec(model: nn.Module, config, family: Family) -> ModelSpec:
+    family = rope_switched(model, config, family)
     _check_modules(model, family)
     check_activations(model, family, activation_kind(config, family))
     check_norms(model, family)
@@ -408,7 +414,9 @@ def _checked_spec(model: nn.Module, config, family: Family) -> ModelSpec:
         n_experts=n_experts, d_expert=d_expert, d_shared=d_shared, layer_kinds=layer_kinds(config, family),
         unit_widths=tuple(in_features(get(layer, family.on_layer(kind).heads)) // n_heads for layer, kind in
                           zip(layers, _kinds(config, family, len(layers)))) if family.mixers else (),
+        **multipliers(config, family),
     )
+    check_copies(model, family, spec)
     _check_attention(get(model, family.layers), family, spec)
     for path, layout in family.fused:  # the fused projection holds exactly its branches' features
         names = [n for n, p in family.branches.items() if p == path]

@@ -338,8 +338,11 @@ def logits_at(model: nn.Module, request: Request, hidden: Tensor, positions: Ten
 
 def unembed(model: nn.Module, request: Request, final: Tensor) -> Tensor:
     """The model's own logits from final hidden states [..., d_model], in its dtype: the unembedding, then the
-    final soft-cap where the model has one (Gemma 2). Every logit dpa computes from a hidden state comes from here."""
+    final soft-cap where the model has one (Gemma 2), after the division by ``logits_scaling`` where it has one
+    (Granite). Every logit dpa computes from a hidden state comes from here."""
     logits = request.spec.unembed(model)(final)
+    if request.spec.logits_scaling != 1:
+        logits = logits / request.spec.logits_scaling
     cap = request.spec.final_softcap
     if cap is not None:
         logits = torch.tanh(logits / cap) * cap

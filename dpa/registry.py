@@ -126,11 +126,13 @@ class Family:
     layers: str = "model.layers"
     #   read by: spec (ModelSpec.layers), families, mib.forward
     embed: str = "model.embed_tokens"
-    #   read by: spec (ModelSpec.embed: instrument, backward, circuit_graph, mib.forward, baselines.gradient)
+    #   read by: spec (ModelSpec.embed: instrument, backward, circuit_graph, baselines.gradient),
+    #            spec (ModelSpec.embeddings: circuit_graph, mib.forward)
     final_norm: str = "model.norm"
     #   read by: spec (ModelSpec.final_norm: instrument freezes it, lens), families
     unembed: str = "lm_head"
-    #   read by: spec (ModelSpec.unembed: backward's target direction, lens, instrument, batch), families
+    #   read by: spec (ModelSpec.unembed: instrument, batch), spec (ModelSpec.unembedding: backward's target
+    #            direction, lens, baselines.depass), families
     attention: str = "self_attn"
     #   read by: spec (LayerModules.attention: instrument, explicit, circuit_graph, mib.forward, verify_circuit)
     mlp: str = "mlp"
@@ -200,6 +202,15 @@ class Family:
     #   read by: mixers (ModelSpec.layer_kinds, the config's checks), registry (Family.mixer: spec, families, mixers)
     attention_types: tuple[str, ...] = ("full_attention", "sliding_attention")  # the layer_types of its attention
     #   read by: families (checks the config)
+    multipliers: tuple[tuple[str, str], ...] = ()  # (which, config key): scalars the model's forward multiplies by
+    # (Granite's): "embedding", the embeddings after the embedding module; "residual", each block's output before it
+    # joins the residual stream; "logits", the logits' divisor (logits_scaling). dpa's own sums of writes and its
+    # logits use them (ModelSpec.embedding_multiplier, residual_multiplier, logits_scaling); autograd sees them anyway
+    #   read by: multipliers, spec (ModelSpec.residual_multiplier: circuit_graph, mib.forward, backward, lens,
+    #            baselines.internals), spec (ModelSpec.logits_scaling: instrument)
+    rope_switch: tuple[str, str] | None = None  # (config key, value): the model rotates q and k only where the key
+    # has this value (Granite's position_embedding_type "rope"; otherwise no RoPE at all, NoPE)
+    #   read by: spec (rope_switched: the description without rotary where the config switches RoPE off)
 
     def mixer(self, kind: str) -> Mixer | None:
         """The ``Mixer`` of a layer whose token mixer is ``kind``; None for attention."""
@@ -320,9 +331,21 @@ BAMBA = LLAMA.with_(  # diff with Llama: Mamba-2 blocks in place of attention on
                   factors=("value", "key", "query"), heads="mamba.out_proj", biases=("mamba_proj_bias",), letter="S",
                   rule="scan", book="state-space-duality"),))
 
+GRANITEMOEHYBRID = BAMBA.with_(  # diff with Bamba: Granite's multipliers (the embeddings', each block's output's, the
+    model_type="granitemoehybrid", config_class="GraniteMoeHybridConfig",  # logits' divisor; attention's scale is
+    final_norm="model.norm", norms=LLAMA.norms, block_inputs=LLAMA.block_inputs, mid=LLAMA.mid,  # its module's),
+    mlp="shared_mlp", activation="shared_mlp.activation", neurons="shared_mlp.output_linear",  # the MLP's gate and
+    branches={**_MOE_BRANCHES, "gate": "shared_mlp.input_linear", "up": "shared_mlp.input_linear"},  # up fused,
+    fused=(("shared_mlp.input_linear", "blocks"),), partial_rotary=False,  # no RoPE unless the config asks for it
+    fixed=(("num_local_experts", 0),),  # the dense models (Granite 4.0-H-Micro); experts not yet described
+    multipliers=(("embedding", "embedding_multiplier"), ("residual", "residual_multiplier"),
+                 ("logits", "logits_scaling")),
+    rope_switch=("position_embedding_type", "rope"))
+
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA2, GEMMA3, OLMO2, PHI3,
                                                           SMOLLM3, GPT2, GPT_NEOX, MIXTRAL, QWEN2_MOE,
-                                                          QWEN3_MOE, OLMOE, GPT_OSS, LFM2, BAMBA)}
+                                                          QWEN3_MOE, OLMOE, GPT_OSS, LFM2, BAMBA,
+                                                          GRANITEMOEHYBRID)}
 # Each unit kind's letter in labels (L3.H2, L5.N812, L1.E3, a hybrid's convolution unit L0.C3), the mixers' from
 # their descriptions.
 MIXER_KINDS: tuple[str, ...] = tuple(dict.fromkeys(m.kind for f in FAMILIES.values() for m in f.mixers))

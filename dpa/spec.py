@@ -45,6 +45,9 @@ class ModelSpec:
     layer_kinds: tuple[str, ...] = ()  # per layer: "attention", or the kind of its Mixer (LFM2's "conv"); empty: all
     # attention. A mixer layer's units are scored in the heads' place: n_heads groups of its output projection's input
     unit_widths: tuple[int, ...] = ()  # per layer, the channels of one unit at its tap (empty: d_head on every layer)
+    embedding_multiplier: float = 1.0  # the model's forward multiplies the embeddings by it (Granite's multipliers,
+    residual_multiplier: float = 1.0  # Family.multipliers), each block's output before the residual add by it, and
+    logits_scaling: float = 1.0  # divides the logits by it: what dpa computes itself (sums of writes, logits) does too
 
     def unit_width(self, index: int) -> int:
         """Layer ``index``'s channels per unit at its tap (the output projection's input): d_head on attention, the
@@ -117,6 +120,18 @@ class ModelSpec:
     def unembed(self, model: nn.Module) -> nn.Module:
         return get(model, self.parts.unembed)
 
+    def embeddings(self, model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        """The token embeddings as the model's forward uses them: the embedding module's output, times the model's
+        embedding multiplier where it has one (Granite's)."""
+        x = self.embed(model)(ids)
+        return x if self.embedding_multiplier == 1 else x * self.embedding_multiplier
+
+    def unembedding(self, model: nn.Module) -> torch.Tensor:
+        """The unembedding's weight [vocab d_model] as the model's logits use it: divided by the model's
+        ``logits_scaling`` where it has one (Granite's), so that a logit dpa computes is the model's."""
+        w = self.unembed(model).weight
+        return w if self.logits_scaling == 1 else w / self.logits_scaling
+
     def positions(self, model: nn.Module) -> nn.Module | None:
         """The learned position embeddings, where the model has them (GPT-2)."""
         return get(model, self.parts.positions) if self.parts.positions else None
@@ -148,6 +163,24 @@ def rope_depends_on_length(config) -> bool:
     transformers then takes them from the longest prompt of a padded batch, so dpa computes each prompt's
     rotary as for that prompt alone (``rotary.each_prompt_alone``)."""
     return any(r.get("rope_type", "default") in LENGTH_DEPENDENT_ROPE for r in rope_settings(config))
+
+
+def rope_switched(model: nn.Module, config, family: Family) -> Family:
+    """The description with no rotary where the config switches RoPE off (``Family.rope_switch``: Granite's
+    position_embedding_type), after checking that the model has a rotary module exactly where the config asks for
+    one: a model built one way and a config edited the other would have dpa rotate where the model does not."""
+    if family.rope_switch is None:
+        return family
+    key, on = family.rope_switch
+    wants = getattr(config, key, None) == on
+    module = getattr(get(model, family.rotary.rsplit(".", 1)[0]), family.rotary.rsplit(".", 1)[1], None)
+    if wants != isinstance(module, nn.Module):
+        raise UnsupportedModelError(
+            f"unsupported model: the config's {key}={getattr(config, key, None)!r} "
+            f"{'asks for' if wants else 'switches off'} RoPE, while {family.rotary} is "
+            f"{'None' if module is None else type(module).__name__}; the model rotates as its modules were built "
+            "(a config edited after loading?): make the two agree, or load the model again")
+    return family if wants else family.with_(rotary=None)
 
 
 def context_length(config, max_position_embeddings: int | None = None) -> int:

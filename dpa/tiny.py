@@ -16,8 +16,8 @@ MHA_ONLY = ("gpt2", "gpt_neox")  # families whose configs have no KV-head settin
 MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss")
 # Hybrid families: token mixers other than attention on some layers (book: Beyond attention). dpa.attribute covers
 # them; what reads attention probabilities (edges, ablations, circuits, MIB) refuses their mixer layers by name.
-HYBRID_FAMILIES = ("lfm2", "bamba")
-SCAN_FAMILIES = ("bamba",)  # hybrids with Mamba-2 blocks: MIB's graph refuses them by name
+HYBRID_FAMILIES = ("lfm2", "bamba", "granitemoehybrid")
+SCAN_FAMILIES = ("bamba", "granitemoehybrid")  # hybrids with Mamba-2 blocks: MIB's graph refuses them by name
 LAYOUTS = {"mha": 4, "gqa": 2, "mqa": 1}  # KV heads for 4 query heads
 
 
@@ -78,6 +78,13 @@ def tiny_config(family: str, kv_heads: int = 2, **overrides):
         kwargs.pop("head_dim")  # of 4 positions (so prompts span several), the convolution's bias; partial RoPE
         kwargs.update(attn_layer_indices=[1], mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=8,
                       mamba_d_conv=4, mamba_chunk_size=4, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    if family == "granitemoehybrid":  # Bamba's blocks, the dense MLP, and Granite's multipliers away from one (and
+        kwargs.pop("head_dim")  # attention's scale away from 1/sqrt(head_dim)); no RoPE, as the released models
+        kwargs.update(layer_types=["linear_attention", "attention", "linear_attention"], num_local_experts=0,
+                      shared_intermediate_size=48, mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=2,
+                      mamba_d_state=8, mamba_d_conv=4, mamba_chunk_size=4, embedding_multiplier=1.7,
+                      residual_multiplier=0.6, logits_scaling=2.5, attention_multiplier=0.3, pad_token_id=0,
+                      bos_token_id=1, eos_token_id=2)
     if family == "gpt2":
         kwargs = dict(vocab_size=96, n_embd=32, n_inner=48, n_layer=3, n_head=4, n_positions=64,
                       bos_token_id=1, eos_token_id=2, layer_norm_epsilon=1e-2)

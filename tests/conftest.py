@@ -66,8 +66,10 @@ def float64_norms():
 
     from transformers.models.lfm2 import modeling_lfm2
     from transformers.models.bamba import modeling_bamba
+    from transformers.models.granitemoehybrid import modeling_granitemoehybrid as modeling_granite
 
-    classes += [modeling_phi3.Phi3RMSNorm, modeling_lfm2.Lfm2RMSNorm, modeling_bamba.BambaRMSNorm]
+    classes += [modeling_phi3.Phi3RMSNorm, modeling_lfm2.Lfm2RMSNorm, modeling_bamba.BambaRMSNorm,
+                modeling_granite.GraniteMoeHybridRMSNorm]
 
     originals = [c.forward for c in classes]
     for c, f in zip(classes, originals):
@@ -94,13 +96,16 @@ def float64_norms():
         r.forward = _float64_router(r.forward)
     eager = modeling_gemma2.eager_attention_forward  # Gemma 2's softmax, too, rounds to float32
     modeling_gemma2.eager_attention_forward = _float64_eager(eager)
-    gated = modeling_bamba.BambaRMSNormGated  # Bamba's Mamba-2 block: its gated norm and its whole scan are float32
-    classes, originals = classes + [gated], originals + [gated.forward]
-    gated.forward = _float64_gated_norm(gated.forward)
-    scan = modeling_bamba.mamba2_chunk_scan
-    modeling_bamba.mamba2_chunk_scan = _keeping_float64(scan)
+    scans = (modeling_bamba, modeling_granite)  # Mamba-2 blocks: their gated norm and their whole scan are float32
+    for gated in (modeling_bamba.BambaRMSNormGated, modeling_granite.GraniteMoeHybridRMSNormGated):
+        classes, originals = classes + [gated], originals + [gated.forward]
+        gated.forward = _float64_gated_norm(gated.forward)
+    chunk_scans = [module.mamba2_chunk_scan for module in scans]
+    for module, scan in zip(scans, chunk_scans):
+        module.mamba2_chunk_scan = _keeping_float64(scan)
     yield
-    modeling_bamba.mamba2_chunk_scan = scan
+    for module, scan in zip(scans, chunk_scans):
+        module.mamba2_chunk_scan = scan
     modeling_gemma2.eager_attention_forward = eager
     for c, f in zip(classes, originals):
         c.forward = f

@@ -19,7 +19,7 @@ import torch
 import dpa
 from dpa import request
 from dpa.families import layer_modules
-from dpa.instrument import instrument
+from dpa.instrument import instrument, unembed
 from dpa.linearise import Scores
 
 from .conftest import ALL_FAMILIES, HYBRID_FAMILIES, LAYOUTS, MHA_ONLY, MOE_FAMILIES, random_ids, tiny_model
@@ -55,11 +55,13 @@ def model(request):
 
 
 def pre_cap_logits(model, ids=None, inputs_embeds=None):
-    """The logits before any final soft-cap (what dpa attributes): the decoder stack, then the unembedding."""
+    """The logits before any final soft-cap (what dpa attributes): the decoder stack, then the unembedding (divided
+    by Granite's logits_scaling, as its forward does)."""
     spec = dpa.spec_for(model)
     if ids is not None:
         ids = ids[None]
-    return spec.unembed(model)(spec.base(model)(input_ids=ids, inputs_embeds=inputs_embeds).last_hidden_state)
+    logits = spec.unembed(model)(spec.base(model)(input_ids=ids, inputs_embeds=inputs_embeds).last_hidden_state)
+    return logits / getattr(model.config, "logits_scaling", 1)
 
 
 @contextlib.contextmanager
@@ -360,14 +362,13 @@ def test_the_instrumented_forward_is_the_models(model):
     scores = Scores.empty(spec, 1, len(ids), torch.float64, req.device, False)
     with instrument(model, req, weights=dpa.PathWeights(), scores=scores, lean=False) as session:
         hidden = session.forward()
-    ours, theirs = spec.unembed(model)(hidden), pre_cap_logits(model, ids)
+    ours, theirs = spec.unembed(model)(hidden), spec.unembed(model)(spec.base(model)(input_ids=ids[None])[0])
     if spec.n_experts == 0:  # the model's own modules, the same kernels on the same inputs: bit for bit
         assert torch.equal(ours, theirs)
     else:  # dpa runs the experts itself (experts.py): the same sums in another order, equal to float64 rounding
         torch.testing.assert_close(ours, theirs, rtol=1e-13, atol=1e-13)
-    cap = spec.final_softcap  # and the model's own logits are the pre-cap ones, soft-capped
-    torch.testing.assert_close(plain, spec.unembed(model)(hidden) if cap is None else
-                               torch.tanh(spec.unembed(model)(hidden) / cap) * cap, rtol=1e-13, atol=1e-13)
+    # and dpa's logits from its hidden states (the unembedding, Granite's division, the final soft-cap) are the model's
+    torch.testing.assert_close(plain, unembed(model, req, hidden), rtol=1e-13, atol=1e-13)
 
 
 def test_edges_sum_to_heads_and_positions_to_neurons(model):

@@ -204,7 +204,7 @@ def test_model_state_after_a_refused_explicit_call_is_unchanged(model):
     assert _state(model) == before
 
 
-@pytest.mark.parametrize("family, kind", [("lfm2", "conv"), ("bamba", "scan")])
+@pytest.mark.parametrize("family, kind", [("lfm2", "conv"), ("bamba", "scan"), ("granitemoehybrid", "scan")])
 def test_the_benchmark_runs_what_a_hybrid_has_and_refuses_head_ablations_before_any_work(family, kind, tmp_path):
     from dpa.evaluate import Settings, evaluate
 
@@ -296,7 +296,7 @@ def test_verifying_the_top_components_ablates_heads_and_neurons_only(model):
     assert any(c.kind == "conv" for c in res.top_components(4)["positive"])  # they were among the top: left out
 
 
-@pytest.mark.parametrize("family, letter", [("lfm2", "C"), ("bamba", "S")])
+@pytest.mark.parametrize("family, letter", [("lfm2", "C"), ("bamba", "S"), ("granitemoehybrid", "S")])
 def test_verification_refuses_what_ablation_cannot_reach_before_any_work(family, letter):
     """A selected mixer unit, or "recover" (which would ablate every unit but the selection, the mixer's included),
     is refused by name; "disrupt" on an attention head runs."""
@@ -313,7 +313,8 @@ def test_verification_refuses_what_ablation_cannot_reach_before_any_work(family,
     assert run(model, res, mode="disrupt", units="selection", k=1, head=[1, 1])["units"] == ["L1.H1"]
 
 
-@pytest.mark.parametrize("family, kind, letter", [("lfm2", "conv", "C"), ("bamba", "scan", "S")])
+@pytest.mark.parametrize("family, kind, letter", [("lfm2", "conv", "C"), ("bamba", "scan", "S"),
+                                                  ("granitemoehybrid", "scan", "S")])
 def test_the_command_line_attributes_a_saved_hybrid(family, kind, letter, tmp_path, capsys):
     """``dpa attribute`` and ``dpa circuit`` on a hybrid's folder (random weights, a word-level tokenizer): the report
     names the mixer's units, the JSON keeps the layer kinds, the circuit labels them."""

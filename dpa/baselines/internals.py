@@ -71,6 +71,8 @@ def layout_problem(spec) -> str | None:
         return "learned position embeddings"
     if spec.parallel:
         return "attention and MLP in parallel"
+    if spec.residual_multiplier != 1 or spec.embedding_multiplier != 1:
+        return "multipliers on the embeddings or the blocks' outputs (Granite's)"
     pre = tuple(parts.block_inputs)
     post = tuple(n for n in parts.norms if n not in pre)
     if len(pre) not in (0, 2):

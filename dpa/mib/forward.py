@@ -79,12 +79,13 @@ def run(session: Session, graph: Graph, layers: list[LayerModules], args: dict, 
         ins, which = patch.inputs(x, graph.attention_readers(i), graph.below(i, 0), distinct=not leaves)
         ins = ins.clone() if leaves else ins  # [3H b t d] leaves for the readers' gradients
         heads, block = _attention(m, spec, args[i], ins, which, b)
+        heads, block = heads * spec.residual_multiplier, block * spec.residual_multiplier  # what joins the stream
         writes.extend(heads.detach().unbind(0))
         mid = x + block
         source = x if spec.parallel else mid
         into = patch.inputs(source, slice(graph.mlp_reader(i), graph.mlp_reader(i) + 1), graph.below(i, 1))[0][0]
         into = into.clone() if leaves else into
-        mlp = _mlp(m, into)
+        mlp = _mlp(m, into) * spec.residual_multiplier
         writes.append(mlp.detach())
         x = mid + mlp
         if leaves:
@@ -105,7 +106,7 @@ def run(session: Session, graph: Graph, layers: list[LayerModules], args: dict, 
 def _embed(session: Session, ids: Tensor) -> Tensor:
     """The input writer: the token embeddings, plus the learned positions where the model has them (GPT-2)."""
     spec, model = session.spec, session.model
-    x = spec.embed(model)(ids)
+    x = spec.embeddings(model, ids)
     positions = spec.positions(model)
     if positions is not None:
         x = x + positions(session.request.position_ids.expand(ids.shape[0], -1))
