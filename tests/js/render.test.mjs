@@ -2,7 +2,7 @@
 import { test, describe, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { Window } from "happy-dom";
-import { fakeModel, traits, moePayload } from "./fixture.mjs";
+import { fakeModel, traits, moePayload, payload } from "./fixture.mjs";
 
 let window;
 let widget;
@@ -161,6 +161,15 @@ describe("render", () => {
     const live = mount();
     live.el.querySelector('rect.dpa-head[data-layer="1"][data-head="2"]').dispatchEvent(new window.MouseEvent("click"));
     assert.match(live.el.querySelector(".dpa-detail").textContent, /loading…/, "with a kernel the details are on their way");
+  });
+
+  test("a hybrid's mixer unit without exported details is named by its kind, not as a head", async () => {
+    const data = { ...payload(), layer_kinds: ["scan", "head"], unit_letters: { scan: "S", head: "H" } };
+    const { el } = await mountStatic({ _data: data });
+    el.querySelector('rect.dpa-head[data-layer="0"][data-head="1"]').dispatchEvent(new window.MouseEvent("click"));
+    assert.match(el.querySelector(".dpa-detail").textContent, /details not exported for this scan unit/);
+    el.querySelector('rect.dpa-head[data-layer="1"][data-head="1"]').dispatchEvent(new window.MouseEvent("click"));
+    assert.match(el.querySelector(".dpa-detail").textContent, /details not exported for this head/);
   });
 
   test("the edge grid labels its query rows and key columns with the tokens", () => {

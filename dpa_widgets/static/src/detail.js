@@ -60,7 +60,7 @@ export function tokenList(pairs, label) {
 /** What stands in for details not (yet) here: the kernel sends them on selection; a static page has none. */
 export function missing(/** @type {Ctx} */ ctx, /** @type {string} */ what) {
   const text = ctx.kernel === "live" ? "loading…" : ctx.kernel === "connecting" ? "waiting for the kernel…" :
-    `details not exported for this ${what}: this static page only has those of the top heads and neurons` +
+    `details not exported for this ${what}: this static page only has those of the top units and neurons` +
     `${hasExperts(ctx.get("_data")) ? " (and experts)" : ""} ` +
     `(and what was selected when it was saved); run the notebook to see them`;
   return h("div", { class: "dpa-muted dpa-missing", text });
@@ -83,7 +83,8 @@ function headDetail(ctx, [l, hd]) {
   const data = ctx.get("_data");
   const d = ctx.detail(`head:${l}:${hd}`);
   const title = h("div", { class: "dpa-detail-title", text: `${unitKind(data, l)} ${headLabel(data, l, hd)} · ${formatScore(data.head_scores[l][hd])} summed over positions` });
-  if (!d) return [title, missing(ctx, "head")];
+  const kind = unitKind(data, l);  // "head", or a hybrid's mixer unit ("scan", "conv")
+  if (!d) return [title, missing(ctx, kind === "head" ? "head" : `${kind} unit`)];
   if (d.edges) return [title, edgeCanvas(ctx, d.edges, data.tokens, `edges:${l}:${hd}`, data.target.position)];
   return [title, h("div", { class: "dpa-muted", text: "edge scores need the model (or a result with edges=True)" })];
 }
