@@ -27,7 +27,7 @@ from .registry import (BRANCHES, FAMILIES, LAYOUTS, LENGTH_DEPENDENT_ROPE, METAD
 from .rules.norm import NORM_KINDS
 from .spec import (LayerModules, ModelSpec, context_length, get, in_features, is_projection, layer_modules,
                    neuron_direction, norm_eps, own_forward, post_norms, rope_depends_on_length, rope_settings,
-                   rope_switched, weight_rows, why_not_projection)
+                   rope_switched, unread_parameters, weight_rows, why_not_projection)
 from .ssd import check_block
 from .state_checks import check_not_compiled, module_state
 
@@ -347,6 +347,14 @@ def _check_layers(layers, model_family: Family, kinds: tuple[str, ...]) -> None:
             if layer_norm != isinstance(norm, nn.LayerNorm) or (layer_norm and norm.weight is None):
                 raise UnsupportedModelError(f"unsupported module: layers[{i}].{path} is a {type(norm).__name__}, "
                                             f"not the {family.norm_kind} norm of the {family.model_type} description")
+    for i, layer in enumerate(layers):  # last: a layer without the family's modules, or compiled, says so first
+        check_not_compiled(f"{model_family.layers}.{i}", layer)
+        unread = unread_parameters(layer, model_family.on_layer(kinds[i]))
+        if unread:
+            raise UnsupportedModelError(
+                f"unsupported module: layers[{i}] holds parameters outside the modules the {model_family.model_type} "
+                f"description reads ({', '.join(unread[:4])}{', ...' if len(unread) > 4 else ''}; experts a config "
+                "edit switched off, an adapter?); dpa would neither linearise nor score what they compute")
 
 
 _SPECS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

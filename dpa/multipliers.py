@@ -39,12 +39,18 @@ _ABSENT = object()
 def check_copies(model: nn.Module, family: Family, spec) -> None:
     """The modules' own copies of the multipliers (what their forwards multiply by: the decoder stack's embedding
     multiplier, each layer's residual multiplier) are the config's, which dpa reads; a copy edited alone would have
-    dpa's sums of writes differ from the model's, so it is refused by name."""
+    dpa's sums of writes differ from the model's, so it is refused by name. So is a copy that is not a plain number
+    (a tensor): one changed in place after a first call would go unseen by the checks' cache, which keys on numbers."""
     owners = {"embedding": [(family.layers.rsplit(".", 1)[0], spec.base(model))],
               "residual": [(f"layers[{i}]", layer) for i, layer in enumerate(spec.layers(model))]}
     for which, key in family.multipliers:
         for where, module in owners.get(which, ()):
             have = getattr(module, key, _ABSENT)
+            if have is not _ABSENT and (isinstance(have, bool) or not isinstance(have, (int, float))):
+                raise UnsupportedModelError(
+                    f"unsupported model: {where}.{key} is a {type(have).__name__}, not a number; the model's forward "
+                    "multiplies by it, and dpa reads multipliers as numbers (checked once, and again when a number "
+                    f"changes): set it to float({key})")
             if have is not _ABSENT and have != getattr(spec, FIELDS[which]):
                 raise UnsupportedModelError(
                     f"unsupported model: {where}.{key} is {have!r}, while the config's {key} is "

@@ -151,6 +151,19 @@ def get(root: nn.Module, path: str) -> nn.Module:
     return root
 
 
+def unread_parameters(layer: nn.Module, family: Family) -> list[str]:
+    """A decoder layer's parameters under none of the modules its description names (its token mixer, its MLP or
+    experts, its norms): what dpa would neither linearise nor score. transformers' layer forwards run such modules
+    on flags of their own (Granite's ``block_sparse_moe`` whenever its layer's ``has_experts``), whatever the
+    config says now, so a layer holding one is refused by name (families)."""
+    moe = family.moe
+    paths = {family.attention, family.mlp, family.heads, *family.norms, *family.branches.values(),
+             *(family.head_norms or ()), *([family.neurons] if family.neurons else []),
+             *([moe.router, moe.experts, moe.shared or "", moe.shared_gate or ""] if moe else [])} - {""}
+    return [name for name, _ in layer.named_parameters()
+            if not any(name == p or name.startswith(p + ".") for p in paths)]
+
+
 def rope_settings(config) -> list[dict]:
     """The RoPE parameters of each layer type: one dict for most models, one per layer type for Gemma 3
     (``rope_parameters`` keyed by ``full_attention`` / ``sliding_attention``)."""

@@ -134,6 +134,33 @@ def test_a_modules_own_copy_edited_alone_is_refused_by_name(model, where):
         _refused(edited, "layers[2].residual_multiplier is 1.0", "0.6")
 
 
+@pytest.mark.parametrize("where", ["embedding", "residual"])
+def test_a_modules_copy_held_as_a_tensor_is_refused_by_name(model, where):
+    """A tensor copy equal to the config's would be accepted once and then unseen when changed in place (the checks'
+    cache keys on numbers): refused from the start."""
+    edited = copy.deepcopy(model)
+    if where == "embedding":
+        edited.model.embedding_multiplier = torch.tensor(1.7, dtype=torch.float64)
+        _refused(edited, "model.embedding_multiplier is a Tensor, not a number")
+    else:
+        edited.model.layers[0].residual_multiplier = torch.tensor(0.6, dtype=torch.float64)
+        _refused(edited, "layers[0].residual_multiplier is a Tensor, not a number")
+
+
+def test_expert_layers_behind_a_config_that_says_none_are_refused_by_name():
+    """The layers run their experts on a flag of their own (``has_experts``), whatever the config says after loading:
+    a layer holding parameters the description does not read is refused, never attributed without them."""
+    from transformers import AutoModelForCausalLM
+
+    from dpa.tiny import tiny_config
+
+    config = tiny_config("granitemoehybrid", 2, num_local_experts=4, num_experts_per_tok=2, intermediate_size=12)
+    config._experts_implementation = "eager"
+    model = AutoModelForCausalLM.from_config(config).double().eval()
+    model.config.num_local_experts = 0
+    _refused(model, "layers[0] holds parameters outside the modules", "block_sparse_moe.router.weight")
+
+
 def test_rope_asked_for_by_a_config_the_model_was_not_built_with_is_refused(model):
     edited = copy.deepcopy(model)
     edited.config.position_embedding_type = "rope"
