@@ -60,7 +60,8 @@ class ModelSpec:
 
     def scans(self, index: int) -> bool:
         """Whether layer ``index``'s token mixer is a block dpa's Function linearises whole (``Mixer.rule`` "scan",
-        Mamba-2): its edge scores are its scan's terms (``ssd.scan_edges``); MIB's graph refuses it."""
+        Mamba-2): its edge scores are its scan's terms (``ssd.scan_edges``); MIB's graph reads its in_proj's features
+        per reader (``factor_columns``)."""
         kind = self.kind(index)
         return kind != "attention" and self.parts.mixer(kind).rule == "scan"
 
@@ -357,8 +358,24 @@ def layer_modules(model: nn.Module, spec: ModelSpec) -> list[LayerModules]:
     return out
 
 
+def factor_columns(block: nn.Module) -> dict[str, torch.Tensor]:
+    """A Mamba-2 block's in_proj output features [z | x B C | dt] (its own sizes, which ``ssd.shape_of`` checks) of
+    each reader MIB's graph gives a unit (book: circuit-discovery), as attention's: "query" the gate z and C (read at
+    the output's position), "key" B and the step's dt (written with the input's position), "value" x (the content).
+    The block's convolution is depthwise, so each feature can come from another input."""
+    inner, groups, state, heads = (int(getattr(block, a)) for a in ("intermediate_size", "n_groups", "ssm_state_size",
+                                                                     "num_heads"))
+    index = torch.arange(2 * inner + 2 * groups * state + heads)
+    z, x = index[:inner], index[inner:2 * inner]
+    B, C = index[2 * inner:2 * inner + groups * state], index[2 * inner + groups * state:2 * inner + 2 * groups * state]
+    return {"query": torch.cat([z, C]), "key": torch.cat([B, index[2 * inner + 2 * groups * state:]]), "value": x}
+
+
 def _layer_modules(layer: nn.Module, spec: ModelSpec, kind: str) -> LayerModules:
     p = spec.parts.on_layer(kind)
+    columns = {name: spec.columns(name, kind) for name in p.branches}
+    if kind != "attention" and spec.parts.mixer(kind).rule == "scan":  # a Mamba-2 block: in_proj's [z | xBC | dt]
+        columns.update(factor_columns(get(layer, p.attention)))  # as the readers of MIB's graph see it
     return LayerModules(
         layer=layer, attention=get(layer, p.attention), norms=tuple(get(layer, n) for n in p.norms),
         block_inputs=tuple(get(layer, n) for n in p.block_inputs),
@@ -367,7 +384,7 @@ def _layer_modules(layer: nn.Module, spec: ModelSpec, kind: str) -> LayerModules
         activation=get(layer, p.activation) if p.activation else None, heads=get(layer, p.heads),
         neurons=get(layer, p.neurons) if p.neurons else None, mid=get(layer, p.mid), mlp=get(layer, p.mlp),
         post_norms=post_norms(layer, p),
-        columns={name: spec.columns(name, kind) for name in p.branches},
+        columns=columns,
         sinks=get(layer, p.sinks.rsplit(".", 1)[0]).get_parameter(p.sinks.rsplit(".", 1)[1]) if p.sinks else None,
         kind=kind,
         **({} if p.moe is None else dict(

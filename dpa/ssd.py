@@ -24,6 +24,7 @@ own input must be the block's output (``LinearisedScan``), which no probe of a s
 
 from __future__ import annotations
 
+import contextvars
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -35,7 +36,7 @@ from .errors import UnsupportedModelError
 from .functions import Branch
 from .mixers import check_projections, disagreement, own_block
 from .registry import Mixer
-from .spec import weight_rows
+from .spec import factor_columns, weight_rows
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,12 @@ def shape_of(block: nn.Module) -> ScanShape:
                      values["chunk_size"])
 
 
-def scan_block(block: nn.Module, h: Tensor, mask: Tensor | None, mu=None,
+# While MIB's graph runs a Mamba-2 block with a separate input per reader (``mib.forward``), the block's key and value
+# inputs: its in_proj's features are computed from them (a hook), and dpa's copy of the block reads them too.
+READERS: contextvars.ContextVar[dict] = contextvars.ContextVar("dpa_scan_readers", default={})
+
+
+def scan_block(block: nn.Module, h: Tensor | dict[str, Tensor], mask: Tensor | None, mu=None,
                bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """The block's output and out_proj's input n, written from the book, in float64 for a float64 model and float32
     otherwise (``wide``): the value of the block and, with ``mu`` (path weights), the linearised graph whose gradient
@@ -102,16 +108,26 @@ def scan_block(block: nn.Module, h: Tensor, mask: Tensor | None, mu=None,
     return n @ weight_rows(block.out_proj).detach().to(dtype).T, n
 
 
-def _factors(block: nn.Module, h: Tensor, mask: Tensor | None, bias: Tensor | None) -> tuple:
+def _factors(block: nn.Module, h: Tensor | dict[str, Tensor], mask: Tensor | None, bias: Tensor | None) -> tuple:
     """The block from its input to the scan's factors: (shape, z, x, B, C, the step Delta [b t H] frozen, the decay a
-    [H]), the convolution's SiLU with its sigmoid frozen."""
+    [H]), the convolution's SiLU with its sigmoid frozen. ``h``: the input, or one per reader of MIB's graph
+    (``factor_columns``: "query", "key", "value")."""
     s = shape_of(block)
+    inputs = h if isinstance(h, dict) else {"query": h}  # MIB's graph: each reader's input feeds its own features
+    h = inputs["query"]
     dtype = wide(h.dtype)  # the copy's dtype
+    m = None if mask is None else mask.to(h.device, dtype)[..., None]
+    w = weight_rows(block.in_proj).detach().to(dtype)
+    columns = factor_columns(block) if len(inputs) > 1 else None
+    p = 0
+    for name, x in inputs.items():
+        x = x.to(dtype) if m is None else x.to(dtype) * m  # transformers zeroes padded positions before in_proj
+        if columns is None:
+            p = x @ w.T
+        else:
+            cols = columns[name].to(x.device)
+            p = p + x.new_zeros(*x.shape[:-1], w.shape[0]).index_add(-1, cols, x @ w[cols].T)
     h = h.to(dtype)
-    if mask is not None:  # transformers zeroes padded positions before in_proj and after the convolution
-        m = mask.to(h.device, dtype)[..., None]
-        h = h * m
-    p = h @ weight_rows(block.in_proj).detach().to(dtype).T
     z, xi, delta = p.split([s.inner, s.conv, s.heads], dim=-1)
     conv = block.conv1d
     t = h.shape[1]
@@ -234,20 +250,22 @@ class LinearisedScan(torch.autograd.Function):
     computation. Refused by name where they differ."""
 
     @staticmethod
-    def forward(ctx, h, anchor, n, block, mask, mu, bias_sink, where):
-        ctx.save_for_backward(h, n)
+    def forward(ctx, anchor, n, block, mask, mu, bias_sink, where, *inputs):
+        ctx.save_for_backward(n, *inputs)  # the block's input, or one per reader of MIB's graph (query, key, value)
         ctx.block, ctx.mask, ctx.mu, ctx.bias_sink, ctx.where = block, mask, mu, bias_sink, where
         return n.view_as(n)
 
     @staticmethod
     def backward(ctx, g):
-        h, own = ctx.saved_tensors
+        own, *inputs = ctx.saved_tensors
+        h = inputs[0]
         block = ctx.block
         conv_bias = block.conv1d.bias
         with torch.enable_grad():
-            leaf = h.detach().to(wide(h.dtype)).requires_grad_(True)
+            leaves = [x.detach().to(wide(h.dtype)).requires_grad_(True) for x in inputs]
+            leaf = leaves[0] if len(leaves) == 1 else dict(zip(("query", "key", "value"), leaves))
             bias = (None if conv_bias is None else  # one leaf per row: its gradient gives each one's share
-                    conv_bias.detach().to(leaf).expand(h.shape[0], -1).clone().requires_grad_(True))
+                    conv_bias.detach().to(leaves[0]).expand(h.shape[0], -1).clone().requires_grad_(True))
             _, n = scan_block(block, leaf, ctx.mask, ctx.mu, bias)
             if not agree(own, n.detach()):
                 raise UnsupportedModelError(
@@ -255,13 +273,11 @@ class LinearisedScan(torch.autograd.Function):
                     f"than the Mamba-2 block dpa linearises (relative difference {_difference(own, n):.2g}; its "
                     "forward, a function it calls or a kernel patched, also behind a hook?): dpa refuses rather than "
                     "attribute another computation with this rule (book: state-space-duality)")
-            leaves = (leaf,) if bias is None else (leaf, bias)
-            grads = torch.autograd.grad(n, leaves, g.to(n.dtype), allow_unused=True)
-        if bias is not None and ctx.bias_sink is not None and grads[1] is not None:
-            ctx.bias_sink((grads[1] * bias.detach()).sum(-1))
-        gh = grads[0]
-        gh = torch.zeros_like(h) if gh is None else gh.to(h.dtype)
-        return gh, None, None, None, None, None, None, None
+            grads = torch.autograd.grad(n, leaves + ([] if bias is None else [bias]), g.to(n.dtype), allow_unused=True)
+        if bias is not None and ctx.bias_sink is not None and grads[-1] is not None:
+            ctx.bias_sink((grads[-1] * bias.detach()).sum(-1))
+        out = [torch.zeros_like(x) if gx is None else gx.to(x.dtype) for x, gx in zip(inputs, grads)]
+        return (None, None, None, None, None, None, None, *out)
 
 
 def agree(own: Tensor, copy: Tensor) -> bool:
@@ -295,8 +311,9 @@ def linearised_forward(own: Callable, block: nn.Module, anchor: Tensor, mu, bias
         if len(seen) != 1:
             raise UnsupportedModelError(f"unsupported module: {where}'s forward called out_proj {len(seen)} times; "
                                         "the Mamba-2 block dpa linearises calls it once")
-        n = LinearisedScan.apply(hidden_states, anchor, seen[0], block, kwargs.get("attention_mask"), mu, bias_sink,
-                                 where)
+        readers = READERS.get().get(block)  # MIB's graph: a key and a value input besides the query's
+        inputs = (hidden_states,) if readers is None else (hidden_states, readers["key"], readers["value"])
+        n = LinearisedScan.apply(anchor, seen[0], block, kwargs.get("attention_mask"), mu, bias_sink, where, *inputs)
         out = block.out_proj(n)
         if not agree(value, out.detach()):  # its forward changed what out_proj gave (a hook, a wrapper)
             raise UnsupportedModelError(

@@ -15,9 +15,9 @@ FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "smol
 MHA_ONLY = ("gpt2", "gpt_neox")  # families whose configs have no KV-head setting
 MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss")
 # Hybrid families: token mixers other than attention on some layers (book: Beyond attention). dpa.attribute covers
-# them; what reads attention probabilities (edges, ablations, circuits, MIB) refuses their mixer layers by name.
+# them; what reads attention probabilities (attention maps, head ablations) refuses their mixer layers by name.
 HYBRID_FAMILIES = ("lfm2", "bamba", "granitemoehybrid")
-SCAN_FAMILIES = ("bamba", "granitemoehybrid")  # hybrids with Mamba-2 blocks: MIB's graph refuses them by name
+SCAN_FAMILIES = ("bamba", "granitemoehybrid")  # hybrids with Mamba-2 blocks (dpa's own Function, ssd.py)
 LAYOUTS = {"mha": 4, "gqa": 2, "mqa": 1}  # KV heads for 4 query heads
 
 

@@ -23,7 +23,7 @@ from dpa.tiny import FAMILIES as ALL_FAMILIES  # every family dpa supports: the 
 from dpa.tiny import (HYBRID_FAMILIES, LAYOUTS, MHA_ONLY, MOE_FAMILIES, SCAN_FAMILIES, random_ids,  # noqa: F401
                       tiny_config, tiny_model)
 
-EDGE_HYBRIDS = tuple(f for f in HYBRID_FAMILIES if f not in SCAN_FAMILIES)  # hybrids whose edges dpa computes
+EDGE_HYBRIDS = HYBRID_FAMILIES  # hybrids whose edges dpa computes (MIB's graph too): all of them
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")  # the SwiGLU families the book's hand rules are written for
 

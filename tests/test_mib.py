@@ -85,7 +85,8 @@ def _brute(model, pairs, kept):
 
 
 def _brute_run(model, spec, graph, layers, calls, ids, excluded, other):
-    x = spec.embed(model)(ids)
+    mult = getattr(model.config, "residual_multiplier", 1.0)  # Granite's: each block's output, as its forward does
+    x = spec.embed(model)(ids) * getattr(model.config, "embedding_multiplier", 1.0)
     if spec.positions(model) is not None:
         x = x + spec.positions(model)(torch.arange(ids.shape[1])[None])
     writes = [x]
@@ -97,8 +98,8 @@ def _brute_run(model, spec, graph, layers, calls, ids, excluded, other):
                 inp = inp + (other[w] - writes[w])
         return inp
 
-    hd = spec.d_head
     for i, m in enumerate(layers):
+        hd = weight_rows(m.heads).shape[1] // spec.n_heads  # a unit's channels (a Mamba-2 block's: its own width)
         norm = m.block_inputs[0] if m.block_inputs else (lambda v: v)
         terms = []
         for h in range(spec.n_heads):
@@ -136,13 +137,14 @@ def _brute_run(model, spec, graph, layers, calls, ids, excluded, other):
             block = post(o)
         else:
             block = o
+        terms, block = [t * mult for t in terms], block * mult
         writes.extend(terms)
         mid = x + block
         source = x if spec.parallel else mid
         into = read(source, graph.mlp_reader(i), graph.below(i, 1))
         y = m.mlp(m.block_inputs[1](into) if m.block_inputs else into)
         y = y[0] if isinstance(y, tuple) else y
-        y = y if m.post_norms[1] is None else m.post_norms[1](y)
+        y = (y if m.post_norms[1] is None else m.post_norms[1](y)) * mult
         writes.append(y)
         x = mid + y
     final = read(x, graph.logits, graph.n_writers)

@@ -13,7 +13,6 @@ by name with the model left as it was.
 from __future__ import annotations
 
 import functools
-import json
 
 import pytest
 import torch
@@ -157,27 +156,14 @@ def test_a_float32_model_agrees_with_float64():
     torch.testing.assert_close(narrow.head_scores.double(), wide.head_scores, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("call", ["mib", "attention map"])
-def test_what_does_not_apply_to_a_scan_is_refused_by_name_and_the_model_left_as_it_was(model, call):
+def test_what_does_not_apply_to_a_scan_is_refused_by_name_and_the_model_left_as_it_was(model):
     from dpa import baselines
 
     ids = random_ids(7)
     before = _state(model)
-    runs = {"mib": lambda: _mib(model),
-            "attention map": lambda: baselines.activation_patching(model, None, ids, target=TARGET)}
     with pytest.raises(dpa.UnsupportedModelError, match=r"layers\[0\] is a scan layer"):
-        runs[call]()
+        baselines.activation_patching(model, None, ids, target=TARGET)  # an attention map
     assert _state(model) == before
-
-
-def _mib(model):
-    from dpa.mib import Graph, evaluate
-    from dpa.request import check_model
-
-    from .test_mib import _pairs
-
-    pairs = _pairs()
-    evaluate(model, pairs, torch.zeros(Graph.of(check_model(model)).exists.shape, dtype=torch.float64), sizes=(1.0,))
 
 
 def test_the_baselines_a_scan_model_supports_run(model):
@@ -358,3 +344,34 @@ def test_the_widget_payload_names_the_scan_units(model):
     res = dpa.attribute(model, None, random_ids(9), target=TARGET, effective_targets=True)
     assert unit_layout(res) == {"layer_kinds": ["scan", "head", "scan"], "unit_letters": {"scan": "S", "head": "H"},
                                 "unit_widths": {}}  # a scan unit groups the block's inner channels, not d_model's
+
+
+@pytest.mark.parametrize("family", ["bamba", "granitemoehybrid"])
+@pytest.mark.parametrize("closed", ["query", "key", "value"])
+def test_mibs_readers_of_a_scan_unit_carry_their_factors(family, closed):
+    """MIB's graph gives a scan unit three readers, as a head: the query reads z and C, the key B and the step, the
+    value x (``spec.factor_columns``). DPA's edges into a reader whose factors' paths are all closed vanish, the others
+    do not: each reader's gradient is its own factors' (the DPA edges summing to the units' scores is test_mib's). The
+    query's z is the gate (mu_gate), the value's x also feeds the skip D x (weight one: D zeroed here)."""
+    from dpa.mib.graph import Graph
+    from dpa.mib.methods import edge_scores
+    from dpa.request import check_model
+
+    from .test_mib import _pairs
+
+    model = tiny_model(family, 2)
+    if closed == "value":
+        for i in dpa.spec_for(model).scan_layers:
+            layer_modules(model, dpa.spec_for(model))[i].attention.D.zero_()
+    graph = Graph.of(check_model(model))
+    mu = {"query": 0.5, "key": 0.25, "value": 0.25, "gate": 0.5, "up": 0.5, closed: 0.0,
+          **({"gate": 0.0} if closed == "query" else {})}
+    scores = edge_scores(model, _pairs(n=2), "dpa", batch_size=2, weights=dpa.PathWeights(**mu))
+    spec = dpa.spec_for(model)
+    for layer in spec.scan_layers:
+        for c, name in enumerate(("query", "key", "value")):
+            into = scores[:, [graph.reads(layer, c, h) for h in range(spec.n_heads)]]
+            if name == closed:
+                assert into.abs().max() == 0
+            else:
+                assert into.abs().max() > 1e-6

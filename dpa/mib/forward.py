@@ -37,7 +37,9 @@ from ..errors import UnsupportedModelError
 from ..families import LayerModules, layer_modules, norm_eps, own_forward, weight_rows
 from ..state_checks import check_not_compiled
 from ..instrument import Session, unembed
+from ..registry import MIXER_RULES
 from ..rules.norm import GAIN, rms_scale
+from ..ssd import READERS
 from .graph import Graph
 
 
@@ -211,11 +213,12 @@ def _attention(m: LayerModules, spec, call: tuple[tuple, dict], ins: Tensor, whi
     ``which`` [3H], the input each reader reads (q of every head, then k, then v). The module runs on copies of
     the batch stacked (``_copies``). Returns each head's output [H b t d] and the block's output [b t d] (its
     post-norm's)."""
-    n_heads, width = spec.n_heads, spec.d_head
+    n_heads, width = spec.n_heads, weight_rows(m.heads).shape[1] // spec.n_heads  # a scan unit's width is its own
     t, d = ins.shape[-2:]
     normed = _norm(m, 0)(ins)
     triples = [tuple(tr) for tr in which.view(3, n_heads).T.tolist()]  # per head: its q, k and v input
     own = (spec.parts.head_norms_over == "head"  # OLMo 2's q/k norms read every head's columns at once
+           and MIXER_RULES.get(m.kind) != "scan"  # a Mamba-2 block's units share its B, C and norm: run whole
            and not any("forward" in module.__dict__ for module in (*(m.branches[n] for n in BRANCHES), m.heads)))
     # heads sharing a key/value head read one k/v input; a mixer's units (LFM2's channel groups) share nothing
     copy_of = _copies(triples, n_heads // spec.n_kv_heads if m.kind == "attention" else 1, own)
@@ -342,6 +345,8 @@ def _swapped_inputs(m: LayerModules, normed: dict[str, Tensor]):
     for name in ("query", "key", "value"):
         groups.setdefault(m.branches[name], []).append(name)
     handles = []
+    scan = MIXER_RULES.get(m.kind) == "scan"  # dpa's copy of a Mamba-2 block reads them too
+    token = READERS.set({**READERS.get(), m.attention: normed}) if scan else None
     try:
         for module, names in groups.items():
             if names == ["query"]:
@@ -369,6 +374,8 @@ def _swapped_inputs(m: LayerModules, normed: dict[str, Tensor]):
     finally:
         for h in handles:
             h.remove()
+        if token is not None:
+            READERS.reset(token)
 
 
 @contextmanager
@@ -390,12 +397,6 @@ def check_graph_run(model: nn.Module, spec) -> None:
         raise UnsupportedModelError(
             f"MIB's graph runs on a model on one device; this one is split across {', '.join(devices)} (a device "
             "map): load it on one device (dpa.attribute and dpa.circuit take a split model)")
-    scans = spec.scan_layers
-    if scans:  # a Mamba-2 block's heads read each other through the scan: its graph's edges are not derived in dpa
-        raise UnsupportedModelError(
-            f"layers[{scans[0]}] is a scan layer ({spec.family}: a Mamba-2 block): dpa does not yet run MIB's graph "
-            "through its scan (the book derives its edges, state-space-duality); dpa.attribute's token, unit and "
-            "neuron scores cover it")
     modules = [("the decoder stack", spec.base(model))]
     for i, m in enumerate(layer_modules(model, spec)):
         modules += [(f"layers[{i}]", m.layer), (f"layers[{i}]'s attention", m.attention)]
