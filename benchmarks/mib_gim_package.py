@@ -87,7 +87,13 @@ def gim_package_scores(model: nn.Module, pairs: Pairs, *, batch_size: int = 8,
     the package's softmax patch off. See the module docstring for what the package applies on which model."""
     from gim import GIM
 
-    graph = Graph.of(check_model(model))
+    spec = check_model(model)
+    if spec.mixed:  # its rules are attention's and norms'; on a mixer's readers it would be the model's own gradient
+        raise UnsupportedModelError(
+            f"gim-explain applies its rules to attention and norms; the {spec.family} model's "
+            f"{', '.join(sorted(set(spec.layer_kinds) - {'attention'}))} layers would get the model's own gradient "
+            "(EAP's) under its name, so this comparison runs on attention-only models")
+    graph = Graph.of(spec)
     t = None if temperature is None or float(temperature) == 1.0 else float(temperature)
     own = (F.softmax, torch.softmax, torch.Tensor.softmax)  # torch's, before the package replaces them
     total = torch.zeros(graph.exists.shape, dtype=torch.float64)

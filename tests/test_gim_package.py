@@ -88,6 +88,13 @@ def test_eager_refuses_the_temperature_and_applies_nothing_without_it():
     torch.testing.assert_close(scores, eap, rtol=0, atol=1e-12 * eap.abs().max())
 
 
+def test_a_hybrid_is_refused_by_name():
+    """The package's rules are attention's and norms': on a Mamba-2 block's readers its scores would be EAP's."""
+    model = tiny_model("bamba", 2)
+    with pytest.raises(UnsupportedModelError, match="scan layers would get the model's own gradient"):
+        gim_package_scores(model, _pairs(n=1), batch_size=1)
+
+
 def test_the_metric_softmax_is_not_tempered():
     """The package's softmax patch is global; the probability-difference metric runs with torch's own softmax, so on
     sdpa the logits reader's scores are EAP's (the package's temperature would move them)."""

@@ -326,6 +326,16 @@ def test_methods_refuse_what_they_do_not_take():
         edge_scores(model, pairs, "eap", weights=dpa.PathWeights())
     with pytest.raises(dpa.errors.InputError, match="as long"):
         Pairs([[1, 2, 3]], [[1, 2]], [[5]], [[7]])
+    for bad in (dict(steps=0), dict(steps=-2), dict(steps=2.5), dict(batch_size=0)):  # never an empty loop's zeros
+        with pytest.raises(dpa.errors.InputError, match="steps|batch_size"):
+            edge_scores(model, pairs, "eap-ig", **bad)
+    shape = Graph.of(check_model(model)).exists.shape
+    for edges in (torch.ones(3, 3, dtype=torch.bool), torch.ones(1, shape[1], dtype=torch.bool),
+                  torch.ones(shape), [[True]]):  # never broadcast over the writers
+        with pytest.raises(dpa.errors.InputError, match="bool tensor"):
+            edge_scores(model, pairs, "exact", edges=edges)
+    with pytest.raises(dpa.errors.InputError, match="'exact' patches"):
+        edge_scores(model, pairs, "eap", edges=torch.ones(shape, dtype=torch.bool))
 
 
 def test_f_is_refused_where_it_is_undefined_and_sizes_must_increase():

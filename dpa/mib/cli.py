@@ -15,7 +15,7 @@ def add_command(commands) -> None:
                     "faithfulness (CPR, CMD)",
         description="Circuit discovery measured the way MIB measures it (the book's chapter Circuit discovery, "
                     "benchmarked): every edge of the model's graph (input, heads, MLPs -> heads' q/k/v, MLPs, "
-                    "logits) is scored on the pairs of PAIRS, the circuits of the top 0.1%% .. 100%% of edges are "
+                    "logits) is scored on the pairs of PAIRS, the circuits of the top 0.1% .. 100% of edges are "
                     "run with every other edge patched to the counterfactual, and CPR (higher is better) and CMD "
                     "(lower is better) are the areas under the faithfulness curve. DIR gets graph.json (the EAP-IG "
                     "Graph JSON MIB's leaderboard reads), faithfulness.json and faithfulness.png; started again on "

@@ -147,10 +147,10 @@ class Discovery:
         if self.faithfulness is not None:
             f = self.faithfulness
             lines.append(f"CPR {f.cpr:.3f} (higher is better)   CMD {f.cmd:.3f} (lower is better)")
-            lines.append("size   edges   f (signed)   f (|score|)")
+            lines.append("size   f (signed)  edges   f (|score|)  edges")  # each ranking keeps its own circuit
             for k, p in enumerate(f.cpr_curve.sizes):
-                lines.append(f"{p:<6g} {f.cpr_curve.kept[k]:>6}   {float(f.cpr_curve.f[k]):>9.3f}   "
-                             f"{float(f.cmd_curve.f[k]):>10.3f}")
+                lines.append(f"{p:<6g} {float(f.cpr_curve.f[k]):>9.3f} {f.cpr_curve.kept[k]:>7}   "
+                             f"{float(f.cmd_curve.f[k]):>10.3f} {f.cmd_curve.kept[k]:>6}")
         return "\n".join(lines)
 
     def plot(self, ax=None):

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from ..backward import Context, Readout, read_out
+from ..checks import check_int
 from ..errors import InputError, InputTypeError
 from ..weights import PathWeights
 from .forward import Batch, batch_of, batches
@@ -42,12 +43,21 @@ def edge_scores(model: nn.Module, pairs: Pairs, method: Method = "dpa-cf", *, we
     from ..request import check_model
 
     method = check_method(method, weights, temperature)
+    steps, batch_size = check_int("steps", steps, low=1), check_int("batch_size", batch_size, low=1)
+    if edges is not None and method != "exact":
+        raise InputError(f"edges limits the edges 'exact' patches one by one; {method!r} scores every edge at once")
     spec = check_model(model)
     if not isinstance(pairs, Pairs):
         raise InputTypeError(f"pairs must be a dpa.mib.Pairs (mib.read_pairs or mib.task_pairs), got "
                              f"{type(pairs).__name__}")
     pairs.check(spec)
     graph = Graph.of(spec)
+    if edges is not None and (not isinstance(edges, Tensor) or edges.dtype != torch.bool
+                              or tuple(edges.shape) != tuple(graph.exists.shape)):
+        what = (f"a {edges.dtype} tensor of shape {tuple(edges.shape)}" if isinstance(edges, Tensor)
+                else type(edges).__name__)
+        raise InputError(f"edges must be a bool tensor [writer reader] of the graph's shape "
+                         f"{tuple(graph.exists.shape)} (Graph.of(spec).exists'), got {what}")
     if method == "random":
         g = torch.Generator().manual_seed(seed)
         return torch.randn(graph.exists.shape, generator=g, dtype=torch.float64) * graph.exists
