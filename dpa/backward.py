@@ -224,7 +224,7 @@ def _final(session, req: Request, hidden: Tensor, dtype, probabilities: bool):
     device map may put the last layers and the head elsewhere), the model's next-token distribution there (and
     its logits) when asked for or needed, and each term's row."""
     spec, model = req.spec, session.model
-    unembed = spec.unembedding(model)  # divided by the model's logits_scaling where it has one
+    unembed = spec.unembed(model).weight
     rows, at = req.terms()  # every term (a target token: several under teacher forcing), flat
     first = [rows.index(b) for b in range(req.batch)]  # each row's first term: its target position
     final = hidden[torch.tensor(rows, device=hidden.device), torch.tensor(at, device=hidden.device)]
@@ -234,7 +234,7 @@ def _final(session, req: Request, hidden: Tensor, dtype, probabilities: bool):
     probs = logits = None
     if probabilities:
         with torch.no_grad():
-            logits = (final.detach().to(unembed.dtype) @ unembed.T).to(dtype)  # [term vocab]
+            logits = (final.detach().to(unembed.dtype) @ unembed.T).to(dtype) / spec.logits_scaling  # [term vocab]
         if not finite(logits):
             raise NonFiniteError("non-finite logits (NaN or inf): the unembedding overflows on this input")
         req.resolve(logits[first])
@@ -246,19 +246,22 @@ def _values(model: nn.Module, req: Request, final: Tensor, probs, logits, rows: 
     """Each term's target, direction u [term d_model] and value; the values per row [batch]; and, under a final
     soft-cap, each term's and each row's value after the cap."""
     spec = req.spec
-    unembed = spec.unembedding(model).detach().to(dtype)
+    unembed = spec.unembed(model).weight.detach().to(dtype)
     first = [rows.index(b) for b in range(req.batch)]
     capped = spec.final_softcap is not None
     terms = [req.targets[b].term(j - first[b]) for j, b in enumerate(rows)]
     u = torch.stack([target_direction(t, unembed, None if probs is None else probs[j],
                                       (logits[j], spec.final_softcap) if capped and probs is not None else None)
                      for j, t in enumerate(terms)])
+    if spec.logits_scaling != 1:  # the model divides its logits (Granite): every direction read from the unembedding
+        u = torch.stack([v if t.kind == "vector" else v / spec.logits_scaling for v, t in zip(u, terms)])
     term_values = (final.to(dtype) * u).sum(-1)  # [term]
     index = torch.tensor(rows, device=u.device)
     values = term_values.new_zeros(req.batch).index_add(0, index, term_values)
     if not capped:
         return terms, u, term_values, values, None, None
-    term_capped = _after_cap(terms, final.detach().to(dtype), unembed, term_values.detach(), spec.final_softcap)
+    scaled = unembed if spec.logits_scaling == 1 else unembed / spec.logits_scaling  # no copy unless it divides
+    term_capped = _after_cap(terms, final.detach().to(dtype), scaled, term_values.detach(), spec.final_softcap)
     after_cap = term_capped.new_zeros(req.batch).index_add(0, index.to(term_capped.device), term_capped)
     return terms, u, term_values, values, term_capped, after_cap
 

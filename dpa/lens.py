@@ -32,5 +32,5 @@ def neuron_logit_effect(model: nn.Module, layer: int, neuron: int) -> Tensor:
     check_int("neuron", neuron, low=0, high=spec.d_mlp - 1)
     down = neuron_direction(layer_modules(model, spec)[layer], spec, neuron) * spec.residual_multiplier  # [d_model]
     gamma = GAIN[spec.parts.norm_kind](spec.final_norm(model).weight)  # the final norm's diagonal
-    unembed = spec.unembedding(model)
-    return unembed.float() @ (down.float() * gamma.float()).to(unembed.device)
+    unembed = spec.unembed(model).weight
+    return unembed.float() @ (down.float() * gamma.float()).to(unembed.device) / spec.logits_scaling

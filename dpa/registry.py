@@ -131,8 +131,8 @@ class Family:
     final_norm: str = "model.norm"
     #   read by: spec (ModelSpec.final_norm: instrument freezes it, lens), families
     unembed: str = "lm_head"
-    #   read by: spec (ModelSpec.unembed: instrument, batch), spec (ModelSpec.unembedding: backward's target
-    #            direction, lens, baselines.depass), families
+    #   read by: spec (ModelSpec.unembed: instrument, batch, backward's target direction, lens, baselines.depass),
+    #            families
     attention: str = "self_attn"
     #   read by: spec (LayerModules.attention: instrument, explicit, circuit_graph, mib.forward, verify_circuit)
     mlp: str = "mlp"
@@ -207,7 +207,7 @@ class Family:
     # joins the residual stream; "logits", the logits' divisor (logits_scaling). dpa's own sums of writes and its
     # logits use them (ModelSpec.embedding_multiplier, residual_multiplier, logits_scaling); autograd sees them anyway
     #   read by: multipliers, spec (ModelSpec.residual_multiplier: circuit_graph, mib.forward, backward, lens,
-    #            baselines.internals), spec (ModelSpec.logits_scaling: instrument)
+    #            baselines.internals), spec (ModelSpec.logits_scaling: instrument, backward, lens, baselines.depass)
     rope_switch: tuple[str, str] | None = None  # (config key, value): the model rotates q and k only where the key
     # has this value (Granite's position_embedding_type "rope"; otherwise no RoPE at all, NoPE)
     #   read by: spec (rope_switched: the description without rotary where the config switches RoPE off)

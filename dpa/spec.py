@@ -127,12 +127,6 @@ class ModelSpec:
         x = self.embed(model)(ids)
         return x if self.embedding_multiplier == 1 else x * self.embedding_multiplier
 
-    def unembedding(self, model: nn.Module) -> torch.Tensor:
-        """The unembedding's weight [vocab d_model] as the model's logits use it: divided by the model's
-        ``logits_scaling`` where it has one (Granite's), so that a logit dpa computes is the model's."""
-        w = self.unembed(model).weight
-        return w if self.logits_scaling == 1 else w / self.logits_scaling
-
     def positions(self, model: nn.Module) -> nn.Module | None:
         """The learned position embeddings, where the model has them (GPT-2)."""
         return get(model, self.parts.positions) if self.parts.positions else None

@@ -42,6 +42,23 @@ def test_the_multipliers_are_read_from_the_config(model):
     assert res.target_logit == pytest.approx(float(logit), rel=1e-12)  # the model's logit: divided by logits_scaling
 
 
+def test_every_target_reads_the_models_divided_logits(model):
+    """A contrast is the difference of the model's logits, a log-probability's direction the logit minus its
+    expectation under the model's distribution (both divided by logits_scaling); a direction target is dotted with
+    the final residual as given."""
+    ids = random_ids(9)
+    with torch.no_grad():
+        logits = model(ids[None]).logits[0, -1].double()
+    contrast = dpa.attribute(model, None, ids, target=TARGET, contrast=7)
+    assert contrast.target_logit == pytest.approx(float(logits[TARGET] - logits[7]), rel=1e-12)
+    logprob = dpa.attribute(model, None, ids, target=TARGET, kind="logprob")
+    expected = float(logits[TARGET] - logits.softmax(-1) @ logits)
+    assert logprob.target_logit == pytest.approx(expected, rel=1e-10)
+    row = model.lm_head.weight[TARGET].detach().clone()
+    vector = dpa.attribute(model, None, ids, target=row)
+    assert vector.target_logit == pytest.approx(float(logits[TARGET]) * 2.5, rel=1e-12)  # not divided
+
+
 def test_mid_neurons_read_the_write_the_layer_adds(model):
     """Scored in the middle of their layer (``neuron_target="mid"``), a layer's neurons sum to t_mid . (what its MLP
     adds to the residual stream): the MLP's output times the residual multiplier."""

@@ -110,10 +110,11 @@ def depass(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contrast
     final = decompose(cap, temperature, skip_first, neuron_rule)[req.position(0)]  # [part d_model]
     norm = req.spec.final_norm(model)
     scale = rms_scale(cap.resid_final[0, req.position(0)], norm_eps(norm)).to(final.dtype)
-    unembed = req.spec.unembedding(model)
+    unembed = req.spec.unembed(model).weight
     target = req.targets[0]
     u = unembed[target.token_id]
     if target.contrast_id is not None:
         u = u - unembed[target.contrast_id]
+    u = u / req.spec.logits_scaling  # the logits the model divides (Granite)
     scores = (final * GAIN[req.spec.parts.norm_kind](norm.weight) * scale) @ u.to(final.dtype)
     return result(model, req, "depass", token_scores=scores)
