@@ -20,7 +20,8 @@ import torch
 from torch import nn
 
 from .errors import ModelStateError, UnsupportedModelError
-from .state_checks import check_autocast, check_global_hooks, check_loaded, check_module_hooks, harmless
+from .state_checks import (check_autocast, check_global_hooks, check_loaded, check_module_hooks, check_saved_tensors_hooks,
+                           harmless)
 
 # --- one call at a time on any module, and the model's state to restore ---
 
@@ -285,6 +286,7 @@ def model_state(model: nn.Module, undo: list) -> Callable[[nn.Module, Callable],
     ``undo`` gets the steps that put everything back as it was (``_Saved``), whatever happens inside. A module
     with foreign hooks or a patched forward, or offloaded weights, is refused first, before anything changes."""
     check_global_hooks()
+    check_saved_tensors_hooks()
     check_loaded(model)
     check_autocast(model)
     modules = []

@@ -35,6 +35,32 @@ def check_global_hooks() -> None:
                                   f"attributes{_HINT}")
 
 
+def check_saved_tensors_hooks() -> None:
+    """Refuse a call inside ``torch.autograd.graph.saved_tensors_hooks`` whose unpack does not give back what its pack
+    was given: dpa's backward reads its saved tensors (the frozen norms' scales, the gates' ratios) through them, so a
+    changing unpack would change the scores behind dpa's back. Hooks that give the tensor back (``save_on_cpu``, a
+    hook that measures what the graph keeps) pass: probed on a small tensor, bit for bit."""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    hooks = top(False) if top is not None else None
+    if hooks is None:
+        return
+    pack, unpack = hooks
+    probe = torch.tensor([1.5, -2.25, 3.0], dtype=torch.float64)
+    try:
+        back = unpack(pack(probe))
+        same = (isinstance(back, torch.Tensor) and back.dtype == probe.dtype and back.shape == probe.shape
+                and torch.equal(back.detach().cpu(), probe))
+    except Exception as err:  # noqa: BLE001 -- a hook that cannot round-trip a tensor cannot carry dpa's
+        same, why = False, f"it raised {type(err).__name__}: {err}"
+    else:
+        why = "it gave back another tensor"
+    if not same:
+        raise ModelStateError(
+            f"dpa was called inside torch.autograd.graph.saved_tensors_hooks whose unpack does not give back what its "
+            f"pack was given ({why}, on a probe): dpa's backward reads its saved tensors through them, so they could "
+            "change the scores; call dpa outside that context (hooks that give tensors back, as save_on_cpu, pass)")
+
+
 def check_autocast(model: nn.Module) -> None:
     """Refuse a call under ``torch.autocast`` on the model's device: the forward would run in another precision than
     the model's weights, while dpa's rules, taps and scores assume the model's own arithmetic (and the completeness

@@ -636,6 +636,30 @@ def test_autocast_is_refused_by_name(entry):
     call()  # outside it, attributed
 
 
+@pytest.mark.parametrize("entry", ["attribute", "circuit"])
+@pytest.mark.parametrize("unpack", ["rescaling", "raising"])
+def test_saved_tensors_hooks_that_change_tensors_are_refused_by_name(entry, unpack):
+    """dpa's backward reads its saved tensors through the caller's saved_tensors_hooks: an unpack that changes them
+    (here: halves float tensors) would change the scores silently. Refused before any work; hooks that give the
+    tensors back (save_on_cpu, a pack hook that only looks) give the same scores."""
+    model = tiny_model("llama", 2)
+    ids = random_ids(6)
+    call = {"attribute": lambda: dpa.attribute(model, None, ids, target=3).token_scores,
+            "circuit": lambda: dpa.circuit(model, None, ids, target=3, nodes=4).scores}[entry]
+    plain = call()
+    before = state(model)
+    change = {"rescaling": lambda t: t * 0.5 if t.is_floating_point() else t,
+              "raising": lambda t: (_ for _ in ()).throw(RuntimeError("no"))}[unpack]
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, change):
+        with pytest.raises(ModelStateError, match="saved_tensors_hooks whose unpack does not give back"):
+            call()
+    assert state(model) == before
+    with torch.autograd.graph.save_on_cpu():
+        torch.testing.assert_close(call(), plain, rtol=0, atol=0)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+        torch.testing.assert_close(call(), plain, rtol=0, atol=0)
+
+
 def test_threads_on_a_fresh_model_all_pass_its_checks():
     """The module checks of a model seen for the first time probe each norm's and activation's own forward; they ran
     while another thread's call had its rules on those modules and refused a sound model as unsupported (about one
