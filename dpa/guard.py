@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 from .errors import ModelStateError, UnsupportedModelError
-from .state_checks import (check_autocast, check_global_hooks, check_loaded, check_module_hooks, check_saved_tensors_hooks,
-                           harmless)
+from .state_checks import (check_autocast, check_global_hooks, check_loaded, check_module_hooks,
+                           check_saved_tensors_hooks, harmless)
 
 # --- one call at a time on any module, and the model's state to restore ---
 
