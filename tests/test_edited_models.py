@@ -353,6 +353,21 @@ def test_a_causal_lm_subclass_with_a_forward_of_its_own_is_refused(family):
     assert_same(attribute(model), want)
 
 
+@pytest.mark.parametrize("family, where", [("llama", "adapter"), ("qwen3_moe", "mlp_extra"), ("gpt2", "adapter")])
+def test_a_layer_holding_parameters_its_description_does_not_name_is_refused(family, where):
+    """A module with parameters added beside a layer's described ones (an adapter set on the layer, a block a layer
+    runs on a flag of its own, as Granite's experts): dpa would neither linearise nor score what it computes. Refused
+    by name before any work, also after a first call; the model left as it was."""
+    model = tiny_model(family, 2)
+    attribute(model)
+    layers = model.model.layers if family != "gpt2" else model.transformer.h
+    setattr(layers[1], where, nn.Linear(4, 4))
+    before = state(model)
+    with pytest.raises(UnsupportedModelError, match=rf"layers\[1\] holds parameters outside the modules .*{where}.weight"):
+        attribute(model)
+    assert_state(model, before)
+
+
 def test_a_compiled_layer_is_refused_by_name():
     model = tiny_model("llama", 2)
     model.model.layers[1] = torch.compile(model.model.layers[1], backend="eager")
