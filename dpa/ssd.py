@@ -25,8 +25,6 @@ own input must be the block's output (``LinearisedScan``), which no probe of a s
 from __future__ import annotations
 
 import contextvars
-import math
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -36,53 +34,7 @@ from .errors import UnsupportedModelError
 from .functions import Branch
 from .mixers import check_projections, disagreement, own_block
 from .registry import Mixer
-from .spec import factor_columns, weight_rows
-
-
-@dataclass(frozen=True)
-class ScanShape:
-    """A Mamba-2 block's sizes, as its forward reads them (its own attributes)."""
-
-    inner: int  # I = heads x head_dim: x, z, y and n
-    heads: int  # H
-    head_dim: int  # P
-    groups: int  # G: B and C have G groups of N, each serving H / G heads
-    state: int  # N
-    kernel: int  # K, the convolution's taps
-    norm_group: int  # the gated norm's group of channels
-    limit: tuple[float, float]  # the clamp of the step
-    chunk: int  # the positions of one chunk of the scan (dpa's copy reads the block's own)
-
-    @property
-    def conv(self) -> int:
-        return self.inner + 2 * self.groups * self.state
-
-    @property
-    def rows(self) -> int:  # in_proj's outputs: [z | xBC | dt]
-        return self.inner + self.conv + self.heads
-
-
-_ATTRIBUTES = ("intermediate_size", "num_heads", "head_dim", "n_groups", "ssm_state_size", "conv_kernel_size",
-               "chunk_size")
-
-
-def shape_of(block: nn.Module) -> ScanShape:
-    """The block's sizes from its own attributes; refused by name where one is missing or not what it should be."""
-    values = {name: getattr(block, name, None) for name in _ATTRIBUTES}
-    norm = getattr(block, "norm", None)
-    limit = getattr(block, "time_step_limit", None)
-    bounds = None
-    if isinstance(limit, (tuple, list)) and len(limit) == 2 and all(
-            v is None or isinstance(v, (int, float)) and not isinstance(v, bool) for v in limit):
-        bounds = (-math.inf if limit[0] is None else float(limit[0]), math.inf if limit[1] is None else float(limit[1]))
-    if (not all(isinstance(v, int) and v > 0 for v in values.values())
-            or not isinstance(getattr(norm, "group_size", None), int) or bounds is None):
-        raise UnsupportedModelError(f"unsupported module: {type(block).__name__} lacks the sizes of a Mamba-2 block "
-                                    f"({', '.join(_ATTRIBUTES)}, norm.group_size, time_step_limit: two numbers or "
-                                    f"None), or holds others (time_step_limit={limit!r})")
-    return ScanShape(values["intermediate_size"], values["num_heads"], values["head_dim"], values["n_groups"],
-                     values["ssm_state_size"], values["conv_kernel_size"], norm.group_size, bounds,
-                     values["chunk_size"])
+from .spec import ScanShape, factor_columns, shape_of, weight_rows
 
 
 # While MIB's graph runs a Mamba-2 block with a separate input per reader (``mib.forward``), the block's key and value
