@@ -249,6 +249,32 @@ def open_offline(browser, page_file: Path, page=None):  # noqa: F811 (the fixtur
     return page, blocked
 
 
+def in_flight(page) -> set:
+    """The page's requests not yet answered, from now on (a set kept up to date as they come and go)."""
+    pending: set = set()
+    page.on("request", lambda r: pending.add(r))
+    page.on("requestfinished", lambda r: pending.discard(r))
+    page.on("requestfailed", lambda r: pending.discard(r))
+    return pending
+
+
+def settle(page, pending: set, quiet_ms: int = 500, timeout_s: float = 120) -> None:
+    """Wait until the page has had no request in flight (``pending``, from ``in_flight``) for ``quiet_ms``: what it
+    loads late is then answered, its console errors logged. Counted from the requests themselves, not Chromium's
+    "networkidle" event, which a loaded CI machine missed for 30 s on a page this machine saw idle in 2 s; a page
+    still loading after ``timeout_s`` fails with the URLs it waits on."""
+    deadline, quiet_since = time.monotonic() + timeout_s, None
+    while time.monotonic() < deadline:
+        page.wait_for_timeout(100)  # (lets Playwright dispatch the request events and the route handler)
+        if pending:
+            quiet_since = None
+        elif quiet_since is None:
+            quiet_since = time.monotonic()
+        elif time.monotonic() - quiet_since >= quiet_ms / 1000:
+            return
+    raise AssertionError(f"{page.url} still loads after {timeout_s:.0f} s: " + ", ".join(r.url for r in pending))
+
+
 def console_problems(page) -> list[str]:
     """Collect the page's console errors and uncaught exceptions from now on (the list fills as they come)."""
     problems: list[str] = []
@@ -268,15 +294,14 @@ def every_page(built_book, browser):  # noqa: F811
     seen = {}
     for name in ["index"] + toc_files():
         page = browser.new_page(viewport={"width": CODE_WIDTHS[0], "height": 900})
-        problems = console_problems(page)
+        problems, pending = console_problems(page), in_flight(page)
         try:
             page, blocked = open_offline(browser, built_book / f"{name}.html", page)
             if name == f"book/{WIDGET_PAGE}":
                 page.locator(".dpa-circuit").first.locator("rect.dpa-head").first.wait_for(timeout=60_000)
             if name == f"book/{GRAPH_PAGE}":
                 page.locator(".dpa-graph-nodes").first.wait_for(timeout=60_000)
-            page.wait_for_load_state("networkidle")
-            page.wait_for_timeout(500)
+            settle(page, pending)
             wide = {}
             for width in CODE_WIDTHS if name != "index" else ():  # (index.html only redirects to the first chapter)
                 page.set_viewport_size({"width": width, "height": 900})
