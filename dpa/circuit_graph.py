@@ -111,6 +111,8 @@ def _recorded(session, grads: list[Tensor], dtype) -> _Recorded:
     t_len = session.request.n_tokens
     z = {(i, 0): rec.head_inputs[i][0].detach().to(CPU, dtype) for i in range(L)}
     big = {(i, b): grads[1 + b * L + i][0].to(CPU, dtype) for b in (0, 1) for i in range(L)}
+    if spec.n_experts and spec.residual_multiplier != 1:  # an expert's G at the block's output: t^(i+1) times the
+        big.update({(i, 1): big[(i, 1)] * spec.residual_multiplier for i in range(L)})  # scale the layer puts on it
     per = {0: torch.stack([(z[(i, 0)] * big[(i, 0)]).view(t_len, spec.n_heads, -1).sum(-1) for i in range(L)])}
     if spec.n_experts:  # an expert's score from its router tap (the same as its term . t)
         per[1] = session.scores.expert_positions[0].to(CPU, dtype)
@@ -368,10 +370,9 @@ def pullback(session, m, layer: int, block: int, units: list[Node], reads: list[
         slots = torch.tensor([u.index for u in units], device=x.device).repeat_interleave(x.shape[1])
         session.only = (slots, len(units))
         try:
-            tap = m.mlp(h)
+            tap = m.mlp_write(h)
         finally:
             session.only = None
-        tap = tap[0] if isinstance(tap, tuple) else tap
     else:
         m.mlp(h)
         tap = rec.neuron_inputs[layer]

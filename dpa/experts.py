@@ -191,9 +191,13 @@ def mask_experts(spec, mods: LayerModules, override: Callable, keep: Tensor) -> 
 
     override(experts, forward)
     if mods.shared is not None:
-        shared, start = mods.shared, spec.n_experts * spec.d_expert
-        override(shared, lambda x: shared.down_proj(shared.act_fn(shared.gate_proj(x)) * shared.up_proj(x)
-                                                    * flat(x)[:, start:]))
+        start, act_shared = spec.n_experts * spec.d_expert, mods.shared_act()
+
+        def shared(x: Tensor) -> Tensor:  # on [rows d_model] (inside the block) or [b t d_model] (beside it)
+            rows = x.reshape(-1, x.shape[-1])
+            gate, up = mods.shared_glu(rows)
+            return mods.shared_down(act_shared(gate) * up * flat(rows)[:, start:]).reshape(x.shape)
+        override(mods.shared, shared)
 
 
 def _safe_ratio(value: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
@@ -208,14 +212,16 @@ def _safe_ratio(value: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]
 
 
 def _shared_expert(session, i, mods, override, router_factor, expert_factor, glu, expert_buffer, wrap) -> None:
-    """Qwen2-MoE's shared expert, sigmoid(x . g) S(x): S is content (a GLU, its neurons after the routed
-    experts'), its gate a control path like the router. Its expert score is S(x) . dL/dS, the last slot."""
+    """The shared expert: Qwen2-MoE's sigmoid(x . g) S(x), or Granite's S(x) beside the sparse block, ungated. S is
+    content (a GLU, its neurons after the routed experts'), its gate a control path like the router. Its expert
+    score is S(x) . dL/dS, the last slot."""
 
     spec, anchor = session.spec, session.anchor
     shared, d_s = mods.shared, spec.d_shared
     columns = slice(spec.n_experts * spec.d_expert, spec.n_experts * spec.d_expert + d_s)
 
-    def forward(x: Tensor) -> Tensor:  # the shared GLU from its own projections [rows d_model]
+    def forward(x: Tensor) -> Tensor:  # the shared GLU from its own projections, on [rows d_model] or [b t d_model]
+        shape, x = x.shape, x.reshape(-1, x.shape[-1])
         t = session.scores.shape[1] if session.scores is not None else x.shape[0]
         only = session.only
         if only is not None:
@@ -223,16 +229,17 @@ def _shared_expert(session, i, mods, override, router_factor, expert_factor, glu
         x = x.detach() if expert_factor is None else x if expert_factor == 1 else Branch.apply(x, expert_factor,
                                                                                                   None, None)
         rows = torch.arange(x.shape[0], device=x.device)
-        a = glu(shared.gate_proj(x), shared.up_proj(x), rows, columns, t, shared.act_fn)
-        y = shared.down_proj(a)
+        y = mods.shared_down(glu(*mods.shared_glu(x), rows, columns, t, mods.shared_act()))
         if only is not None:  # a row keeping a routed expert's term drops the shared expert's
-            return y * (only[0] == spec.n_experts)[:, None].to(y.dtype)
+            return (y * (only[0] == spec.n_experts)[:, None].to(y.dtype)).reshape(shape)
         if expert_buffer is not None:
             sink = lambda v: expert_buffer.view(-1, expert_buffer.shape[-1])[:, -1].add_(v)  # noqa: E731
             y = Tap.apply(y, anchor, lambda y, g: (y * g).sum(-1).to(expert_buffer.dtype), sink, 1)
-        return y
+        return y.reshape(shape)
 
     override(shared, forward)
+    if mods.shared_gate is None:  # (Granite's, beside the block: no gate)
+        return
     gate_forward = mods.shared_gate.forward
     if router_factor is None:
         override(mods.shared_gate, lambda x: gate_forward(x).detach())

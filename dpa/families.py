@@ -49,6 +49,8 @@ def check_family(config) -> Family:
     if family is None:
         raise UnsupportedModelError(
             f"unsupported architecture model_type={model_type!r}; dpa supports {', '.join(FAMILIES)}")
+    if family.variant is not None and getattr(config, family.variant[0], None):  # (Granite's experts)
+        return family.variant[1]
     return family
 
 
@@ -66,7 +68,7 @@ def check_config(config) -> Family:
     activation_kind(config, family)
     for key, want in family.fixed:
         if (getattr(config, key, want) or None) != (want or None):  # False, None and 0 all mean "off"
-            why = _FIXED_WHY.get(key, "bidirectional attention and cross-attention are not linearised")
+            why = "bidirectional attention and cross-attention are not linearised"
             raise _config_error(key, getattr(config, key), f"the {model_type} description needs {want!r} ({why})")
     if getattr(config, "mlp_bias", False):
         raise _config_error("mlp_bias", True, "MLP biases are inputs no token owns")
@@ -89,9 +91,6 @@ def check_config(config) -> Family:
     check_mixer_config(config, family)
     multipliers(config, family)
     return family
-
-
-_FIXED_WHY = {"num_local_experts": "its experts are not described yet; its dense models are, as Granite 4.0-H-Micro"}
 
 
 def activation_kind(config, family: Family) -> str:
@@ -128,7 +127,8 @@ def check_activations(model: nn.Module, family: Family, kind: str) -> None:
     another function (``mlp.act_fn = nn.GELU()`` in a SiLU model) is refused by name, never linearised wrongly."""
     from .functions import ACTIVATION_RATIO
 
-    paths = [p for p in (family.activation, family.moe and family.moe.shared and family.moe.shared + ".act_fn") if p]
+    moe = family.moe
+    paths = [p for p in (family.activation, moe and moe.shared and f"{moe.shared}.{moe.shared_parts[3]}") if p]
     key, _ = family.activation_config
     for i, layer in enumerate(get(model, family.layers)):
         if family.activation is None and family.moe is None:  # the activation called as a function (LFM2)
@@ -331,7 +331,8 @@ def _check_layers(layers, model_family: Family, kinds: tuple[str, ...]) -> None:
                 raise UnsupportedModelError(f"unsupported config setting {what} (layers[{i}].{path} has a bias)")
         if family.moe is not None:
             check_experts(layer, family, i)
-        shared = (family.moe.shared + ".down_proj",) if family.moe is not None and family.moe.shared else ()
+        shared = tuple(dict.fromkeys(f"{family.moe.shared}.{p}" for p in family.moe.shared_parts[:3])) \
+            if family.moe is not None and family.moe.shared else ()
         for path in (family.heads, family.neurons, *shared):
             if path is None:  # a mixture of experts: check_experts
                 continue
@@ -404,7 +405,7 @@ def _checked_spec(model: nn.Module, config, family: Family) -> ModelSpec:
         down = experts.down_proj  # [expert d_model d_expert], or [expert d_expert d_model] transposed
         n_experts, d_expert = down.shape[0], down.shape[1 if getattr(experts, "is_transposed", False) else 2]
         if family.moe.shared:
-            d_shared = in_features(get(first, family.moe.shared + ".down_proj"))
+            d_shared = _shared_width(layers, family)
         d_mlp = n_experts * d_expert + d_shared
     else:
         d_mlp = in_features(get(first, family.neurons))
@@ -434,6 +435,21 @@ def _checked_spec(model: nn.Module, config, family: Family) -> ModelSpec:
             raise UnsupportedModelError(f"unsupported module: {path} has {weight_rows(get(first, path)).shape[0]} "
                                         f"outputs, not the {want} of {', '.join(names)} ({layout})")
     return spec
+
+
+def _shared_width(layers, family: Family) -> int:
+    """The shared expert's neurons (its down projection's inputs), the same on every layer, with its gate and up
+    projections of as many outputs each (or 2x, fused as [gate | up])."""
+    moe = family.moe
+    gate, up, down, _ = (f"{moe.shared}.{p}" for p in moe.shared_parts)
+    width = in_features(get(layers[0], down))
+    for i, layer in enumerate(layers):
+        rows = {p: weight_rows(get(layer, p)).shape[0] for p in (gate, up)}
+        want = {gate: 2 * width} if gate == up else {gate: width, up: width}
+        if in_features(get(layer, down)) != width or rows != want:
+            raise UnsupportedModelError(f"unsupported module: layers[{i}]'s shared expert has {rows} outputs and "
+                                        f"{in_features(get(layer, down))} neurons; dpa reads {want} and {width}")
+    return width
 
 
 # The attention modules' own copies of the head layout and soft-cap (what their forward runs with), by attribute name.

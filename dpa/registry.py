@@ -41,7 +41,8 @@ METADATA_KEYS = frozenset({
 class Experts:
     """A mixture-of-experts block, relative to a decoder layer: the router (whose forward returns logits,
     top-k weights and top-k indices), the experts module (3-D weights, transformers' fused layout), and a
-    shared expert with its sigmoid gate where the model has one (Qwen2-MoE)."""
+    shared expert with its sigmoid gate where the model has one (Qwen2-MoE), or without a gate beside the block
+    (Granite 4.0-H's ``shared_mlp``, whose output the layer adds to the block's)."""
 
     router: str = "mlp.gate"
     #   read by: spec (LayerModules.router), experts
@@ -51,6 +52,12 @@ class Experts:
     #   read by: spec (LayerModules.shared), experts, families (checks its activation)
     shared_gate: str | None = None
     #   read by: spec (LayerModules.shared_gate), experts
+    shared_parts: tuple[str, str, str, str] = ("gate_proj", "up_proj", "down_proj", "act_fn")  # the shared expert's
+    # gate and up projections (one fused projection, [gate | up], where both name it), down projection, activation
+    #   read by: spec (LayerModules.shared_glu: experts), families (checks them)
+    shared_beside: bool = False  # the shared expert is not inside the block: the layer adds its output to the
+    # block's (Granite 4.0-H), so the MLP's write is the two outputs' sum (LayerModules.mlp_write)
+    #   read by: spec (LayerModules.shared_beside: verify_circuit)
     glu: str = "act"  # act(gate) * up with the experts' act_fn; "clamped": GPT-OSS's (see experts.py)
     #   read by: experts, families (checks)
     biases: bool = False  # the experts' projections carry biases (in the bias share)
@@ -136,7 +143,8 @@ class Family:
     attention: str = "self_attn"
     #   read by: spec (LayerModules.attention: instrument, explicit, circuit_graph, mib.forward, verify_circuit)
     mlp: str = "mlp"
-    #   read by: spec (LayerModules.mlp: circuit_graph, mib.forward, verify_circuit), baselines.internals
+    #   read by: spec (LayerModules.mlp: circuit_graph, verify_circuit), spec (LayerModules.mlp_write: circuit_graph,
+    #            mib.forward), baselines.internals
     norms: tuple[str, ...] = ("input_layernorm", "post_attention_layernorm")
     #   read by: spec (LayerModules.norms: linearise freezes each), families, attribute, baselines.internals
     norm_kind: str = "rms"
@@ -211,6 +219,10 @@ class Family:
     rope_switch: tuple[str, str] | None = None  # (config key, value): the model rotates q and k only where the key
     # has this value (Granite's position_embedding_type "rope"; otherwise no RoPE at all, NoPE)
     #   read by: spec (rope_switched: the description without rotary where the config switches RoPE off)
+    variant: tuple[str, Family] | None = None  # (config key, description): the description of this model_type's
+    # models whose config sets the key to a non-zero value (Granite 4.0-H's num_local_experts: experts and a
+    # shared MLP beside them, where the dense models have the MLP alone)
+    #   read by: families (check_family: the description of a config)
 
     def mixer(self, kind: str) -> Mixer | None:
         """The ``Mixer`` of a layer whose token mixer is ``kind``; None for attention."""
@@ -337,10 +349,16 @@ GRANITEMOEHYBRID = BAMBA.with_(  # diff with Bamba: Granite's multipliers (the e
     mlp="shared_mlp", activation="shared_mlp.activation", neurons="shared_mlp.output_linear",  # the MLP's gate and
     branches={**_MOE_BRANCHES, "gate": "shared_mlp.input_linear", "up": "shared_mlp.input_linear"},  # up fused,
     fused=(("shared_mlp.input_linear", "blocks"),), partial_rotary=False,  # no RoPE unless the config asks for it
-    fixed=(("num_local_experts", 0),),  # the dense models (Granite 4.0-H-Micro); experts not yet described
     multipliers=(("embedding", "embedding_multiplier"), ("residual", "residual_multiplier"),
                  ("logits", "logits_scaling")),
     rope_switch=("position_embedding_type", "rope"))
+GRANITEMOEHYBRID = GRANITEMOEHYBRID.with_(variant=("num_local_experts", GRANITEMOEHYBRID.with_(
+    # with experts (Granite 4.0-H Tiny, Small): the sparse block, and the dense MLP beside it as an ungated shared
+    # expert (its fused [gate | up] input_linear), whose output the layer adds to the block's
+    mlp="block_sparse_moe", branches=_MOE_BRANCHES, activation="block_sparse_moe.experts.act_fn", neurons=None,
+    fused=(), moe=Experts(router="block_sparse_moe.router", experts="block_sparse_moe.experts", shared="shared_mlp",
+                          shared_parts=("input_linear", "input_linear", "output_linear", "activation"),
+                          shared_beside=True))))
 
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA2, GEMMA3, OLMO2, PHI3,
                                                           SMOLLM3, GPT2, GPT_NEOX, MIXTRAL, QWEN2_MOE,

@@ -74,7 +74,8 @@ def ranked(res: Attribution, top: int) -> tuple[dict[str, list[Component]], str]
         why = ("neuron scores not saved" if res.neuron_top is None else
                f"only the top {res.neuron_top.k} neurons of each sign per layer were saved")
         return res.top_components(top, kinds=res.unit_kinds), f"{_listed(_units(res))}; {why}"
-    return res.top_components(top), f"{_listed(_units(res) + ['MLP neurons'])} ranked together"
+    experts = ["experts"] if getattr(res, "expert_scores", None) is not None else []
+    return res.top_components(top), f"{_listed(_units(res) + experts + ['MLP neurons'])} ranked together"
 
 
 def _units(res: Attribution) -> list[str]:

@@ -290,9 +290,32 @@ class LayerModules:
     experts: nn.Module | None = None
     shared: nn.Module | None = None  # the shared expert (a GLU MLP) and its gate
     shared_gate: nn.Module | None = None
+    shared_beside: bool = False  # the layer adds the shared expert's output to the block's (Experts.shared_beside)
     sinks: torch.Tensor | None = None  # attention sink logits [head] (GPT-OSS)
+    parts_of_shared: tuple[str, str, str, str] = ()  # Experts.shared_parts, relative to ``shared``
     kind: str = "attention"  # the layer's token mixer: "attention", or a Mixer's kind (then ``attention`` is that
     # block, its query/key/value branches its factors' columns of one projection, ``heads`` its output projection)
+
+    def shared_glu(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The shared expert's gate and up pre-activations on ``x``, from its own projections (``shared_parts``): two
+        projections, or one fused one whose output is [gate | up] (Granite's input_linear)."""
+        parts = self.parts_of_shared
+        if parts[0] == parts[1]:
+            return get(self.shared, parts[0])(x).chunk(2, dim=-1)
+        return get(self.shared, parts[0])(x), get(self.shared, parts[1])(x)
+
+    def shared_down(self, a: torch.Tensor) -> torch.Tensor:
+        return get(self.shared, self.parts_of_shared[2])(a)
+
+    def shared_act(self) -> nn.Module:
+        return get(self.shared, self.parts_of_shared[3])
+
+    def mlp_write(self, h: torch.Tensor) -> torch.Tensor:
+        """What the layer's MLP adds on its normalised input ``h`` (before a post-norm and the residual multiplier):
+        the block's output, plus the shared expert's where the layer adds it beside the block (Granite's)."""
+        y = self.mlp(h)
+        y = y[0] if isinstance(y, tuple) else y
+        return y + self.shared(h) if self.shared_beside else y
 
     def output(self, name: str, out: torch.Tensor) -> torch.Tensor:
         """Branch ``name``'s part of its projection's output ``out`` (all of it unless fused)."""
@@ -433,4 +456,5 @@ def _layer_modules(layer: nn.Module, spec: ModelSpec, kind: str) -> LayerModules
         **({} if p.moe is None else dict(
             router=get(layer, p.moe.router), experts=get(layer, p.moe.experts),
             shared=get(layer, p.moe.shared) if p.moe.shared else None,
-            shared_gate=get(layer, p.moe.shared_gate) if p.moe.shared_gate else None)))
+            shared_gate=get(layer, p.moe.shared_gate) if p.moe.shared_gate else None,
+            shared_beside=p.moe.shared_beside, parts_of_shared=p.moe.shared_parts)))

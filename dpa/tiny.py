@@ -13,7 +13,7 @@ import torch
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "smollm3", "olmo2", "phi3", "gpt2",
             "gpt_neox", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss")
 MHA_ONLY = ("gpt2", "gpt_neox")  # families whose configs have no KV-head setting
-MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss")
+MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss", "granitemoehybrid")
 # Hybrid families: token mixers other than attention on some layers (book: Beyond attention). dpa.attribute covers
 # them; what reads attention probabilities (attention maps, head ablations) refuses their mixer layers by name.
 HYBRID_FAMILIES = ("lfm2", "bamba", "granitemoehybrid")
@@ -52,7 +52,7 @@ def tiny_config(family: str, kv_heads: int = 2, **overrides):
         kwargs.pop("head_dim")
         kwargs.update(pad_token_id=0, bos_token_id=1, eos_token_id=2,
                       rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})
-    if family in MOE_FAMILIES:  # four experts, two per token; Qwen2-MoE's shared expert; both router kinds
+    if family in MOE_FAMILIES[:5]:  # four experts, two per token; Qwen2-MoE's shared expert; both router kinds
         kwargs.update(num_experts_per_tok=2, pad_token_id=0, bos_token_id=1, eos_token_id=2)
         kwargs["num_local_experts" if family == "mixtral" else "num_experts"] = 4
         if family not in ("mixtral", "gpt_oss"):
@@ -78,13 +78,14 @@ def tiny_config(family: str, kv_heads: int = 2, **overrides):
         kwargs.pop("head_dim")  # of 4 positions (so prompts span several), the convolution's bias; partial RoPE
         kwargs.update(attn_layer_indices=[1], mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=8,
                       mamba_d_conv=4, mamba_chunk_size=4, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    if family == "granitemoehybrid":  # Bamba's blocks, the dense MLP, and Granite's multipliers away from one (and
-        kwargs.pop("head_dim")  # attention's scale away from 1/sqrt(head_dim)); no RoPE, as the released models
-        kwargs.update(layer_types=["linear_attention", "attention", "linear_attention"], num_local_experts=0,
-                      shared_intermediate_size=48, mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=2,
-                      mamba_d_state=8, mamba_d_conv=4, mamba_chunk_size=4, embedding_multiplier=1.7,
-                      residual_multiplier=0.6, logits_scaling=2.5, attention_multiplier=0.3, pad_token_id=0,
-                      bos_token_id=1, eos_token_id=2)
+    if family == "granitemoehybrid":  # Bamba's blocks; four experts, two per token, and the dense MLP beside them
+        kwargs.pop("head_dim")  # (Granite 4.0-H Tiny's layout; num_local_experts=0: the dense models); Granite's
+        # multipliers away from one (and attention's scale from 1/sqrt(head_dim)); no RoPE, as the released models
+        kwargs.update(layer_types=["linear_attention", "attention", "linear_attention"], num_local_experts=4,
+                      num_experts_per_tok=2, intermediate_size=12, shared_intermediate_size=16, mamba_n_heads=4,
+                      mamba_d_head=16, mamba_n_groups=2, mamba_d_state=8, mamba_d_conv=4, mamba_chunk_size=4,
+                      embedding_multiplier=1.7, residual_multiplier=0.6, logits_scaling=2.5, attention_multiplier=0.3,
+                      pad_token_id=0, bos_token_id=1, eos_token_id=2)
     if family == "gpt2":
         kwargs = dict(vocab_size=96, n_embd=32, n_inner=48, n_layer=3, n_head=4, n_positions=64,
                       bos_token_id=1, eos_token_id=2, layer_norm_epsilon=1e-2)

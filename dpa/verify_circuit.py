@@ -71,8 +71,12 @@ class _ExpertTerm:
         if self.slot < self.spec.n_experts:
             out = [m.experts.register_forward_hook(self._routed)]
         else:
-            out = [m.shared.register_forward_hook(self._shared), m.shared_gate.register_forward_hook(self._gate)]
-        return out + [m.mlp.register_forward_hook(self._block)]
+            out = [m.shared.register_forward_hook(self._shared)]
+            out += [m.shared_gate.register_forward_hook(self._gate)] if m.shared_gate is not None else []
+        # the term is replaced in the output that holds it: the block's, or a shared expert's beside it (Granite's,
+        # run after the block), which the layer adds to the block's
+        beside = m.shared_beside and self.slot >= self.spec.n_experts
+        return out + [(m.shared if beside else m.mlp).register_forward_hook(self._block)]
 
     def _routed(self, module, args, _out):
         hidden, index, weights = args
@@ -81,6 +85,8 @@ class _ExpertTerm:
 
     def _shared(self, _module, _args, out):
         self.seen["shared"] = out.detach()
+        if self.mods.shared_gate is None:  # ungated, beside the block (Granite's)
+            self.seen["z"] = out.detach().reshape(1, -1, self.spec.d_model)
 
     def _gate(self, _module, _args, out):
         self.seen["z"] = (torch.sigmoid(out.detach()) * self.seen["shared"]).reshape(1, -1, self.spec.d_model)

@@ -94,6 +94,9 @@ def float64_norms():
     classes, originals = classes + routers, originals + [r.forward for r in routers]
     for r in routers:  # the routers' softmax rounds to float32 too
         r.forward = _float64_router(r.forward)
+    granite_router = modeling_granite.GraniteMoeHybridTopKRouter  # its logits cast to float32: the same code in
+    classes, originals = classes + [granite_router], originals + [granite_router.forward]  # float64
+    granite_router.forward = _keeping_float64(granite_router.forward)
     eager = modeling_gemma2.eager_attention_forward  # Gemma 2's softmax, too, rounds to float32
     modeling_gemma2.eager_attention_forward = _float64_eager(eager)
     scans = (modeling_bamba, modeling_granite)  # Mamba-2 blocks: their gated norm and their whole scan are float32
@@ -138,14 +141,16 @@ class _KeepFloat64(torch.overrides.TorchFunctionMode):
 
 
 def _keeping_float64(original):
-    """transformers' Mamba-2 chunked scan (``mamba2_chunk_scan``) run with float64 kept: it casts its inputs to
-    float32 and scans in float32 whatever the model's dtype."""
-    def scan(hidden_states, *args, **kwargs):
-        if hidden_states.dtype != torch.float64:
-            return original(hidden_states, *args, **kwargs)
+    """A function of transformers' that casts float64 inputs to float32, run with float64 kept: the Mamba-2 chunked
+    scan (``mamba2_chunk_scan``, which scans in float32 whatever the model's dtype), Granite's router's forward (its
+    logits cast to float32). Whether to keep it is read from its first tensor argument."""
+    def run(*args, **kwargs):
+        first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+        if first is None or first.dtype != torch.float64:
+            return original(*args, **kwargs)
         with _KeepFloat64():
-            return original(hidden_states, *args, **kwargs)
-    return scan
+            return original(*args, **kwargs)
+    return run
 
 
 def _float64_router(original):

@@ -99,7 +99,11 @@ class Reference:
         hooks += [(m.neurons, keep((i, 1)), True) for i, m in enumerate(self.mods) if m.neurons is not None]
         hooks += [(m.layer, keep_out((i, 1)), False) for i, m in enumerate(self.mods) if m.neurons is None]
         self._run(hooks).backward()
-        return {k: torch.zeros_like(v[0]) if v.grad is None else v.grad[0].detach() for k, v in z.items()}
+        G = {k: torch.zeros_like(v[0]) if v.grad is None else v.grad[0].detach() for k, v in z.items()}
+        # an expert's G is at the block's output, which the layer scales before adding it (Granite's forward:
+        # residual + output * residual_multiplier)
+        scale = getattr(self.model.config, "residual_multiplier", 1.0)
+        return {k: v * scale if k[1] == 1 and self.mods[k[0]].neurons is None else v for k, v in G.items()}
 
     def _mask(self, node, shape):
         m = torch.zeros(shape, dtype=torch.float64)
@@ -181,13 +185,17 @@ class Reference:
                 if dest is not None and dest.index == n_routed:
                     captured["term"] = torch.sigmoid(out) * captured["shared"]
 
-            def scale_shared(_m, _args, out):
+            def scale_shared(_m, _args, out):  # out [rows d], or [1 pos d] beside the block (Granite's, ungated)
                 if dest is not None and dest.index == n_routed:
-                    captured["shared"] = out
-                factor = 1 + sum((eps[where[i]] * self._rows(nodes[i], out.shape[0]) for i in shared),
-                                 torch.zeros(out.shape[0], dtype=torch.float64))
-                return out * factor[:, None]
-            hooks += [(m.shared_gate, gate, False), (m.shared, scale_shared, False)]
+                    captured["shared"] = out.reshape(-1, out.shape[-1])
+                    if m.shared_gate is None:
+                        captured["term"] = captured["shared"]
+                rows = out.reshape(-1, out.shape[-1]).shape[0]
+                factor = 1 + sum((eps[where[i]] * self._rows(nodes[i], rows) for i in shared),
+                                 torch.zeros(rows, dtype=torch.float64))
+                return (out.reshape(rows, -1) * factor[:, None]).reshape(out.shape)
+            hooks += [(m.shared, scale_shared, False)]
+            hooks += [(m.shared_gate, gate, False)] if m.shared_gate is not None else []
         return hooks
 
 

@@ -102,7 +102,8 @@ def linearised(model, mu, moe=None):
             set_forward(mods.experts, _experts(mods, weight, ratio, moe.setdefault(len(moe), {})))
             if mods.shared is not None:
                 set_forward(mods.shared, _shared(mods.shared, weight, ratio, moe[len(moe) - 1]))
-                set_forward(mods.shared_gate, scaled(mods.shared_gate, weight["router"]))
+                if mods.shared_gate is not None:  # (Granite's shared MLP, beside the block, has none)
+                    set_forward(mods.shared_gate, scaled(mods.shared_gate, weight["router"]))
         elif mods.activation is None:  # an MLP calling its activation as a function: down(act(gate x) * up x)
             set_forward(mods.mlp, _inline_glu(mods, ratio))
         else:
@@ -211,8 +212,18 @@ def _experts(mods, weight, ratio, keep):
 
 
 def _shared(shared, weight, ratio, keep):
+    """The shared expert from HF's modeling code: Qwen2-MoE's gate_proj, up_proj, down_proj; Granite 4.0-H's
+    shared_mlp, whose input_linear's output chunks into gate and up, and output_linear."""
     def forward(x):
         x = _scale(x, weight["expert"])
+        if hasattr(shared, "input_linear"):  # Granite
+            gate, up = shared.input_linear(x).chunk(2, dim=-1)
+            gate, up = _scale(gate, weight["gate"]), _scale(up, weight["up"])
+            keep["shared_a"] = gate * ratio(gate).detach() * up
+            keep["shared_a"].retain_grad()
+            keep["shared_y"] = shared.output_linear(keep["shared_a"])
+            keep["shared_y"].retain_grad()
+            return keep["shared_y"]
         gate, up = _scale(shared.gate_proj(x), weight["gate"]), _scale(shared.up_proj(x), weight["up"])
         keep["shared_a"] = gate * ratio(gate).detach() * up
         keep["shared_a"].retain_grad()
@@ -232,7 +243,8 @@ def _moe_scores(spec, keep, n_tokens):
         neurons[e * spec.d_expert:(e + 1) * spec.d_expert] = (a * a.grad).sum(0)
     if "shared_y" in keep:
         experts[-1] = (keep["shared_y"] * keep["shared_y"].grad).sum()
-        neurons[spec.n_experts * spec.d_expert:] = (keep["shared_a"] * keep["shared_a"].grad).sum(0)
+        neurons[spec.n_experts * spec.d_expert:] = (keep["shared_a"] * keep["shared_a"].grad).reshape(
+            -1, spec.d_shared).sum(0)
     return experts, neurons
 
 
@@ -471,8 +483,9 @@ def test_ablating_expert_neurons(family):
             return logits_at(model, req, session.forward())[0]
 
     torch.testing.assert_close(run(1.0), model(ids[None]).logits[0, -1], rtol=1e-12, atol=1e-12)
-    zeroed = [layer.mlp.register_forward_hook(lambda _m, _a, out: (out[0] * 0, *out[1:]) if isinstance(out, tuple)
-                                              else out * 0) for layer in spec.layers(model)]
+    blocks = [b for m in layer_modules(model, spec) for b in (m.mlp, *([m.shared] if m.shared_beside else []))]
+    zeroed = [b.register_forward_hook(lambda _m, _a, out: (out[0] * 0, *out[1:]) if isinstance(out, tuple)
+                                      else out * 0) for b in blocks]  # (Granite's shared MLP beside its block too)
     try:
         no_mlp = model(ids[None]).logits[0, -1]
     finally:

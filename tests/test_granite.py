@@ -1,11 +1,13 @@
 """Granite 4.0-H (``granitemoehybrid``): Bamba's Mamba-2 blocks beside attention, with Granite's multipliers.
 
 The autograd suite (test_families_autograd) and the circuit suite (test_circuit) run the tiny Granite with every other
-family: its multipliers are away from one (embeddings 1.7, each block's output 0.6, the logits divided by 2.5,
+family: with experts (Granite 4.0-H Tiny's layout: the sparse block and the dense MLP beside it, an ungated shared
+expert), its multipliers away from one (embeddings 1.7, each block's output 0.6, the logits divided by 2.5,
 attention's scale 0.3), so a sum of writes or a logit that dpa computes itself without them fails there. Here: the
-neuron readout in the middle of the layer, the logit lens, MIB's graph on a Granite of attention layers only (the
-sums of writes it runs), RoPE switched on, and every setting or edit that would make dpa's reading of the multipliers
-differ from what the model runs refused by name, the model left as it was.
+dense models (Granite 4.0-H Micro: the MLP alone) against autograd, the neuron readout in the middle of the layer,
+the logit lens, MIB's graph on a Granite of attention layers only (the sums of writes it runs), RoPE switched on, and
+every setting or edit that would make dpa's reading of the multipliers or the experts differ from what the model
+runs refused by name, the model left as it was.
 """
 
 from __future__ import annotations
@@ -27,9 +29,27 @@ TARGET = 5
 MU = (0.25, 0.25, 0.5, 0.5, 0.5)
 
 
+DENSE = dict(num_local_experts=0, intermediate_size=48, shared_intermediate_size=48)  # Granite 4.0-H Micro's layout
+
+
 @pytest.fixture(scope="module")
 def model():
     return tiny_model("granitemoehybrid", 2)
+
+
+@pytest.fixture(scope="module")
+def dense():
+    return tiny_model("granitemoehybrid", 2, **DENSE)
+
+
+@pytest.mark.parametrize("path", ["query", "key", "value", "gate", "up", "default"])
+def test_the_dense_models_equal_autograd(path):
+    """Without experts the layer runs its shared MLP alone: dpa's description is the dense one (neurons, no expert
+    slots), each path against autograd."""
+    model = tiny_model("granitemoehybrid", 2, **DENSE)
+    spec = dpa.spec_for(model)
+    assert spec.n_experts == 0 and spec.parts.moe is None and spec.d_mlp == 48
+    check_path_against_autograd(model, path)
 
 
 def test_the_multipliers_are_read_from_the_config(model):
@@ -59,10 +79,10 @@ def test_every_target_reads_the_models_divided_logits(model):
     assert vector.target_logit == pytest.approx(float(logits[TARGET]) * 2.5, rel=1e-12)  # not divided
 
 
-def test_mid_neurons_read_the_write_the_layer_adds(model):
+def test_mid_neurons_read_the_write_the_layer_adds(dense):
     """Scored in the middle of their layer (``neuron_target="mid"``), a layer's neurons sum to t_mid . (what its MLP
     adds to the residual stream): the MLP's output times the residual multiplier."""
-    ids = random_ids(9)
+    model, ids = dense, random_ids(9)
     res = dpa.attribute(model, None, ids, target=TARGET, neuron_positions=True, neuron_target="mid",
                         weights=dpa.PathWeights(*MU))
     spec = dpa.spec_for(model)
@@ -87,8 +107,8 @@ def test_mid_neurons_read_the_write_the_layer_adds(model):
                                    atol=1e-11)
 
 
-def test_the_logit_lens_of_a_neuron_scales_with_the_multipliers(model):
-    plain = copy.deepcopy(model)
+def test_the_logit_lens_of_a_neuron_scales_with_the_multipliers(dense):
+    model, plain = dense, copy.deepcopy(dense)
     plain.config.residual_multiplier = plain.config.logits_scaling = 1.0
     for layer in plain.model.layers:
         layer.residual_multiplier = 1.0
@@ -164,31 +184,21 @@ def test_a_modules_copy_held_as_a_tensor_is_refused_by_name(model, where):
         _refused(edited, "layers[0].residual_multiplier is a Tensor, not a number")
 
 
-def test_expert_layers_behind_a_config_that_says_none_are_refused_by_name():
+def test_expert_layers_behind_a_config_that_says_none_are_refused_by_name(model):
     """The layers run their experts on a flag of their own (``has_experts``), whatever the config says after loading:
     a layer holding parameters the description does not read is refused, never attributed without them."""
-    from transformers import AutoModelForCausalLM
+    edited = copy.deepcopy(model)
+    edited.config.num_local_experts = 0
+    _refused(edited, "layers[0] holds parameters outside the modules", "block_sparse_moe.router.weight")
 
-    from dpa.tiny import tiny_config
 
-    config = tiny_config("granitemoehybrid", 2, num_local_experts=4, num_experts_per_tok=2, intermediate_size=12)
-    config._experts_implementation = "eager"
-    model = AutoModelForCausalLM.from_config(config).double().eval()
-    model.config.num_local_experts = 0
-    _refused(model, "layers[0] holds parameters outside the modules", "block_sparse_moe.router.weight")
+def test_a_dense_model_behind_a_config_that_says_experts_is_refused_by_name(dense):
+    edited = copy.deepcopy(dense)
+    edited.config.num_local_experts = 4
+    _refused(edited, "layers[0] has no mixture-of-experts block")
 
 
 def test_rope_asked_for_by_a_config_the_model_was_not_built_with_is_refused(model):
     edited = copy.deepcopy(model)
     edited.config.position_embedding_type = "rope"
     _refused(edited, "position_embedding_type='rope'", "model.rotary_emb is None")
-
-
-def test_experts_are_refused_by_name():
-    from transformers import AutoModelForCausalLM
-
-    from dpa.tiny import tiny_config
-
-    config = tiny_config("granitemoehybrid", 2, num_local_experts=4, num_experts_per_tok=2, intermediate_size=12)
-    model = AutoModelForCausalLM.from_config(config).double().eval()
-    _refused(model, "num_local_experts=4", "experts are not described yet")

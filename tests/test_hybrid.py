@@ -327,9 +327,11 @@ def test_the_command_line_attributes_a_saved_hybrid(family, kind, letter, tmp_pa
     model.save_pretrained(folder)
     word_tokenizer().save_pretrained(folder)
     out_json = tmp_path / "r.json"
-    assert main(["attribute", "w4 w5 w6 w7", "--model", str(folder), "--target", "w9", "--json", str(out_json)]) == 0
+    assert main(["attribute", "w4 w5 w6 w7", "--model", str(folder), "--target", "w9", "--json", str(out_json),
+                 "--top", "40"]) == 0
     report = capsys.readouterr().out
-    assert f"{kind} L" in report and f"{kind} units, attention heads and MLP neurons" in report
+    listed = "attention heads, experts and" if family == "granitemoehybrid" else "attention heads and"  # (its experts)
+    assert f"{kind} L" in report and f"{kind} units, {listed} MLP neurons" in report
     assert json.loads(out_json.read_text())["layer_kinds"] == [kind, "head", kind]
     graph = tmp_path / "g.json"
     assert main(["circuit", "w4 w5 w6 w7", "--model", str(folder), "--target", "w9", "--nodes", "200",

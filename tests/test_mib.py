@@ -142,8 +142,10 @@ def _brute_run(model, spec, graph, layers, calls, ids, excluded, other):
         mid = x + block
         source = x if spec.parallel else mid
         into = read(source, graph.mlp_reader(i), graph.below(i, 1))
-        y = m.mlp(m.block_inputs[1](into) if m.block_inputs else into)
+        h = m.block_inputs[1](into) if m.block_inputs else into
+        y = m.mlp(h)
         y = y[0] if isinstance(y, tuple) else y
+        y = y + m.shared(h) if m.shared_beside else y  # Granite's layer adds its shared MLP beside the sparse block
         y = (y if m.post_norms[1] is None else m.post_norms[1](y)) * mult
         writes.append(y)
         x = mid + y
@@ -188,8 +190,9 @@ def _linear(model):
                     b.zero_()
                 elif b is not None:
                     m.branches[name].bias[rows] = 0
-            for p in m.mlp.parameters():
-                p.zero_()
+            for block in (m.mlp, *([m.shared] if m.shared_beside else [])):  # (Granite's shared MLP beside it)
+                for p in block.parameters():
+                    p.zero_()
         for name, mod in model.named_modules():
             if hasattr(mod, "weight") and ("norm" in type(mod).__name__.lower()):
                 for attr in ("variance_epsilon", "eps", "epsilon"):

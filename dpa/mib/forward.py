@@ -331,8 +331,7 @@ def _frozen_scale(norm: nn.Module, spec, pre: Tensor) -> Tensor:
 
 
 def _mlp(m: LayerModules, into: Tensor) -> Tensor:
-    y = m.mlp(_norm(m, 1)(into))
-    y = y[0] if isinstance(y, tuple) else y
+    y = m.mlp_write(_norm(m, 1)(into))
     return y if m.post_norms[1] is None else m.post_norms[1](y)
 
 
