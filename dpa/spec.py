@@ -349,7 +349,7 @@ def neuron_direction(mods: LayerModules, spec: ModelSpec, neuron: int) -> torch.
     if expert < spec.n_experts:
         down = mods.experts.down_proj[expert]  # [d_model d_expert], or [d_expert d_model] transposed
         return down[j] if getattr(mods.experts, "is_transposed", False) else down[:, j]
-    return weight_rows(mods.shared.down_proj)[:, neuron - spec.n_experts * spec.d_expert]
+    return weight_rows(get(mods.shared, mods.parts_of_shared[2]))[:, neuron - spec.n_experts * spec.d_expert]
 
 
 def post_norms(layer: nn.Module, family: Family) -> tuple[nn.Module | None, nn.Module | None]:

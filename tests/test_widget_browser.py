@@ -340,7 +340,15 @@ def test_scan_save_html_names_its_units(browser, tmp_path):  # noqa: F811
     _hybrid_page(browser, tmp_path, "bamba", "scan", "scan L0.S3: ", "scan L2.S1 · ", "heads and scan units")
 
 
-def _hybrid_page(browser, tmp_path, family, kind, hover_l0_h3, title_l2_h1, caption):  # noqa: F811
+def test_granite_with_experts_save_html_names_its_units_and_experts(browser, tmp_path):  # noqa: F811
+    """Granite 4.0-H with experts (Mamba-2, attention, Mamba-2; four routed experts and the dense MLP beside them) on
+    a static page: the rows say their kind, and the experts' panel has a slot for the shared MLP after the routed
+    experts."""
+    _hybrid_page(browser, tmp_path, "granitemoehybrid", "scan", "scan L0.S3: ", "scan L2.S1 · ",
+                 "heads and scan units", experts=5)
+
+
+def _hybrid_page(browser, tmp_path, family, kind, hover_l0_h3, title_l2_h1, caption, experts=0):  # noqa: F811
     model = tiny_model(family, 2)
     result = dpa.attribute(model, None, random_ids(9).tolist(), edges=True, neuron_positions=True,
                            effective_targets=True)
@@ -363,7 +371,12 @@ def _hybrid_page(browser, tmp_path, family, kind, hover_l0_h3, title_l2_h1, capt
         title = widget_el.locator(".dpa-detail .dpa-detail-title").first
         title.wait_for(timeout=5_000)
         assert title.inner_text().startswith(title_l2_h1), title.inner_text()
-        name = "hybrid" if family == "lfm2" else kind
+        if experts:  # every slot of each layer: the routed experts, then the shared one
+            cells = widget_el.locator(".dpa-experts-panel rect.dpa-expert")
+            cells.nth(3 * experts - 1).wait_for(timeout=5_000)
+            assert cells.count() == 3 * experts, cells.count()
+            assert widget_el.locator(".dpa-experts-panel rect.dpa-expert.dpa-shared").count() == 3
+        name = "hybrid" if family == "lfm2" else kind if not experts else f"{kind}-experts"
         finish_offline_page(page, widget_el, shots(tmp_path) / f"save-html-{name}-1400.png", 1400, errors, blocked)
     finally:
         page.close()
