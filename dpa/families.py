@@ -25,7 +25,7 @@ from .multipliers import check_copies, multipliers
 from .registry import (BRANCHES, FAMILIES, LAYOUTS, LENGTH_DEPENDENT_ROPE, METADATA_KEYS, ROPE_TYPES, Experts,
                        Family)
 from .rules.norm import NORM_KINDS
-from .spec import (LayerModules, ModelSpec, context_length, get, in_features, is_projection, layer_modules,
+from .spec import (UNBOUNDED, LayerModules, ModelSpec, context_length, get, in_features, is_projection, layer_modules,
                    neuron_direction, norm_eps, own_forward, post_norms, rope_depends_on_length, rope_settings,
                    rope_switched, unread_parameters, weight_rows, why_not_projection)
 from .ssd import check_block
@@ -131,7 +131,7 @@ def check_activations(model: nn.Module, family: Family, kind: str) -> None:
     paths = [p for p in (family.activation, moe and moe.shared and f"{moe.shared}.{moe.shared_parts[3]}") if p]
     key, _ = family.activation_config
     for i, layer in enumerate(get(model, family.layers)):
-        if family.activation is None and family.moe is None:  # the activation called as a function (LFM2)
+        if family.activation is None and family.moe is None and family.mlp is not None:  # called inline (LFM2)
             check_inline_mlp(layer, family, kind, i)
         for path in paths:
             module = get(layer, path)
@@ -394,7 +394,7 @@ def _checked_spec(model: nn.Module, config, family: Family) -> ModelSpec:
     attention = next((layer for layer, kind in zip(layers, _kinds(config, family, len(layers)))
                       if kind == "attention"), None)  # the first attention layer: its head sizes and biases
     first = layers[0] if attention is None else attention  # where the sizes are read
-    n_heads = config.num_attention_heads
+    n_heads = getattr(config, family.heads_key)
     # the output projection reads every head; with no attention layer, the mixers' units are n_heads groups of
     # d_model / n_heads channels
     d_head = (config.hidden_size if attention is None else in_features(get(attention, family.heads))) // n_heads
@@ -408,12 +408,12 @@ def _checked_spec(model: nn.Module, config, family: Family) -> ModelSpec:
             d_shared = _shared_width(layers, family)
         d_mlp = n_experts * d_expert + d_shared
     else:
-        d_mlp = in_features(get(first, family.neurons))
+        d_mlp = in_features(get(first, family.neurons)) if family.mlp is not None else 0  # (Mamba-2: no MLP)
     spec = ModelSpec(
         family=family.model_type, parts=family,
         n_layers=config.num_hidden_layers, d_model=config.hidden_size, d_mlp=d_mlp,
         n_heads=n_heads, n_kv_heads=n_kv_heads, d_head=d_head, rms_eps=norm_eps(get(model, family.final_norm)),
-        vocab_size=config.vocab_size, max_positions=context_length(config),
+        vocab_size=config.vocab_size, max_positions=context_length(config) if family.context_key else UNBOUNDED,
         qkv_bias=attention is not None and get(attention, family.branches["query"]).bias is not None, qk_norm=family.head_norms is not None,
         sliding_windows=_sliding_windows(config, family),
         rotary_layers=_rotary_layers(config, family), activation=activation_kind(config, family),

@@ -204,7 +204,7 @@ def _freeze_norms(mods: LayerModules, kind: str, f: LayerFactors, bias_sink, ove
     """Every norm of the layer frozen; a block's common factor rides on its input norm's backward."""
     for norm in mods.norms:
         factor = (f.attention if mods.block_inputs and norm is mods.block_inputs[0] else
-                  f.mlp if mods.block_inputs and norm is mods.block_inputs[1] else 1.0)
+                  f.mlp if mods.block_inputs[1:] and norm is mods.block_inputs[1] else 1.0)
         override(norm, freeze_norm(norm, kind, factor, bias_sink))
     for norm in mods.head_norms:
         override(norm, freeze_norm(norm, kind))
@@ -225,7 +225,8 @@ def linearise_layer(session, i: int, mods: LayerModules, hook, override) -> None
 
     store = rec.branches if "branches" in session.record else None
     projections: dict[nn.Module, list[str]] = {}
-    for name in (() if scan else ("query", "key", "value")) + (() if moe else ("gate", "up") if gated else ("up",)):
+    mlp_branches = () if moe or mods.mlp is None else ("gate", "up") if gated else ("up",)
+    for name in (() if scan else ("query", "key", "value")) + mlp_branches:
         projections.setdefault(mods.branches[name], []).append(name)
     factors, gate_factor = f.branch, f.activation
     n_heads = spec.n_heads
@@ -253,6 +254,8 @@ def linearise_layer(session, i: int, mods: LayerModules, hook, override) -> None
     if scan:
         _linearise_scan(session, i, mods, override, bias_sink)
     wrap(override, mods.heads, pre=heads, post=out_bias(mods.heads) if mods.heads.bias is not None else None)
+    if mods.mlp is None:  # a layer of one block (Mamba-2's): no MLP
+        return
     if moe:
         from .experts import linearise_experts
 

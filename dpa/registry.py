@@ -142,7 +142,7 @@ class Family:
     #            families
     attention: str = "self_attn"
     #   read by: spec (LayerModules.attention: instrument, explicit, circuit_graph, mib.forward, verify_circuit)
-    mlp: str = "mlp"
+    mlp: str | None = "mlp"  # None: the layers have no MLP (Mamba-2's: one block each; no neurons, no t_mid)
     #   read by: spec (LayerModules.mlp: circuit_graph, verify_circuit), spec (LayerModules.mlp_write: circuit_graph,
     #            mib.forward), baselines.internals
     norms: tuple[str, ...] = ("input_layernorm", "post_attention_layernorm")
@@ -169,7 +169,7 @@ class Family:
     #            families
     neurons: str | None = "mlp.down_proj"
     #   read by: spec (LayerModules.neurons: linearise's neuron tap, backward, circuit_graph, verify_circuit), families
-    mid: str = "post_attention_layernorm"
+    mid: str | None = "post_attention_layernorm"  # None where the layers have no MLP
     #   read by: spec (LayerModules.mid: instrument records t_mid), baselines.internals
     biased_branches: tuple[str, ...] = ()  # branches whose projection may carry a bias
     #   read by: families (checks each projection's bias)
@@ -219,6 +219,11 @@ class Family:
     rope_switch: tuple[str, str] | None = None  # (config key, value): the model rotates q and k only where the key
     # has this value (Granite's position_embedding_type "rope"; otherwise no RoPE at all, NoPE)
     #   read by: spec (rope_switched: the description without rotary where the config switches RoPE off)
+    heads_key: str = "num_attention_heads"  # the config key of the units per layer (Mamba-2's SSM heads: num_heads)
+    #   read by: families (ModelSpec.n_heads)
+    context_key: str | None = "max_position_embeddings"  # the config key of the longest prompt; None: the model
+    # reads no position (a recurrent model), so no length is refused for being too long
+    #   read by: families (ModelSpec.max_positions), request (sizes_of)
     variant: tuple[str, Family] | None = None  # (config key, description): the description of this model_type's
     # models whose config sets the key to a non-zero value (Granite 4.0-H's num_local_experts: experts and a
     # shared MLP beside them, where the dense models have the MLP alone)
@@ -360,10 +365,20 @@ GRANITEMOEHYBRID = GRANITEMOEHYBRID.with_(variant=("num_local_experts", GRANITEM
                           shared_parts=("input_linear", "input_linear", "output_linear", "activation"),
                           shared_beside=True))))
 
+MAMBA2 = Family(  # every layer one Mamba-2 block (Bamba's, book: state-space-duality) and no MLP: a pre-norm, the
+    model_type="mamba2", config_class="Mamba2Config", layers="backbone.layers",  # block, the residual add; the
+    embed="backbone.embeddings", final_norm="backbone.norm_f", attention="mixer", mlp=None, mid=None,  # units are
+    norms=("norm",), block_inputs=("norm",), branches={name: "mixer.in_proj" for name in ("query", "key", "value")},
+    activation=None, heads="mixer.out_proj", neurons=None, rotary=None, attention_types=(),  # its SSM heads, and no
+    heads_key="num_heads", context_key=None,  # position is read, so no prompt is too long
+    mixers=(Mixer("scan", "linear_attention", module="mixer", in_proj="mixer.in_proj",
+                  factors=("value", "key", "query"), heads="mixer.out_proj", biases=("use_bias",), letter="S",
+                  rule="scan", book="state-space-duality"),))
+
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA2, GEMMA3, OLMO2, PHI3,
                                                           SMOLLM3, GPT2, GPT_NEOX, MIXTRAL, QWEN2_MOE,
                                                           QWEN3_MOE, OLMOE, GPT_OSS, LFM2, BAMBA,
-                                                          GRANITEMOEHYBRID)}
+                                                          GRANITEMOEHYBRID, MAMBA2)}
 # Each unit kind's letter in labels (L3.H2, L5.N812, L1.E3, a hybrid's convolution unit L0.C3), the mixers' from
 # their descriptions.
 MIXER_KINDS: tuple[str, ...] = tuple(dict.fromkeys(m.kind for f in FAMILIES.values() for m in f.mixers))

@@ -75,7 +75,8 @@ def ranked(res: Attribution, top: int) -> tuple[dict[str, list[Component]], str]
                f"only the top {res.neuron_top.k} neurons of each sign per layer were saved")
         return res.top_components(top, kinds=res.unit_kinds), f"{_listed(_units(res))}; {why}"
     experts = ["experts"] if getattr(res, "expert_scores", None) is not None else []
-    return res.top_components(top), f"{_listed(_units(res) + experts + ['MLP neurons'])} ranked together"
+    neurons = ["MLP neurons"] if res.neuron_scores is None or res.neuron_scores.shape[1] else []  # (Mamba-2: none)
+    return res.top_components(top), f"{_listed(_units(res) + experts + neurons)} ranked together"
 
 
 def _units(res: Attribution) -> list[str]:
@@ -171,7 +172,8 @@ def summary_lines(res: Attribution) -> list[tuple[str, str]]:
     """(label, text) pairs shared by the terminal and HTML reports."""
     layers, width = res.head_scores.shape
     heads = f"{width} {'heads' if res.unit_kinds == ('head',) else ' or '.join(_units(res)).replace('attention ', '')}"
-    sizes = (f"{heads} and {res.neuron_scores.shape[1]} neurons per layer" if res.neuron_scores is not None
+    sizes = (f"{heads} per layer, no MLP" if res.neuron_scores is not None and not res.neuron_scores.shape[1] else
+             f"{heads} and {res.neuron_scores.shape[1]} neurons per layer" if res.neuron_scores is not None
              else f"{heads} and {res.neuron_top.d_mlp} neurons per layer; the top {res.neuron_top.k} neurons of "
              "each sign saved" if res.neuron_top is not None else f"{heads} per layer; neuron scores not saved")
     rows = [("model", f"{res.model_name} ({layers} layers, {sizes})")]

@@ -17,7 +17,8 @@ from torch import Tensor, nn
 
 from .checks import check_int
 from .errors import InputError, ModelStateError, TargetError, UnsupportedModelError
-from .families import ModelSpec, context_length, spec_for
+from .families import FAMILIES, ModelSpec, context_length, spec_for
+from .spec import UNBOUNDED
 from .state_checks import check_loaded
 from .prompts import Prompt, canonical, check_tokenizer, encode_prompt, is_batch, is_id, numpy_tensor, per_prompt
 from .targets import TargetSpec, token_ids, token_text
@@ -269,13 +270,13 @@ class Sizes:
 
 def sizes_of(config) -> Sizes:
     """The sizes from a config, also a generic one read without its class (the CLI's early checks): a key the
-    family's config class names otherwise (GPT-2's ``n_positions``) is read through that class's attribute map."""
+    family's config class names otherwise (GPT-2's ``n_positions``) is read through that class's attribute map. A
+    model that reads no position (Mamba-2's, ``Family.context_key`` None) takes a prompt of any length."""
+    family = FAMILIES.get(getattr(config, "model_type", None))
+
     def read(key: str):
         if hasattr(config, key):
             return getattr(config, key)
-        from .families import FAMILIES
-
-        family = FAMILIES.get(getattr(config, "model_type", None))
         if family is not None:
             import transformers
 
@@ -284,7 +285,9 @@ def sizes_of(config) -> Sizes:
                 return getattr(config, alias)
         raise UnsupportedModelError(f"the model's config has no {key}")
 
-    return Sizes(vocab_size=read("vocab_size"), max_positions=context_length(config, read("max_position_embeddings")),
+    unbounded = family is not None and family.context_key is None  # a recurrent model reads no position
+    return Sizes(vocab_size=read("vocab_size"),
+                 max_positions=UNBOUNDED if unbounded else context_length(config, read("max_position_embeddings")),
                  d_model=read("hidden_size"))
 
 

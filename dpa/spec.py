@@ -153,7 +153,7 @@ def unread_parameters(layer: nn.Module, family: Family) -> list[str]:
     on flags of their own (Granite's ``block_sparse_moe`` whenever its layer's ``has_experts``), whatever the
     config says now, so a layer holding one is refused by name (families)."""
     moe = family.moe
-    paths = {family.attention, family.mlp, family.heads, *family.norms, *family.branches.values(),
+    paths = {family.attention, family.mlp or "", family.heads, *family.norms, *family.branches.values(),
              *(family.head_norms or ()), *([family.neurons] if family.neurons else []),
              *([moe.router, moe.experts, moe.shared or "", moe.shared_gate or ""] if moe else [])} - {""}
     return [name for name, _ in layer.named_parameters()
@@ -190,6 +190,9 @@ def rope_switched(model: nn.Module, config, family: Family) -> Family:
             f"{'None' if module is None else type(module).__name__}; the model rotates as its modules were built "
             "(a config edited after loading?): make the two agree, or load the model again")
     return family if wants else family.with_(rotary=None)
+
+
+UNBOUNDED = 2 ** 62  # the context of a model that reads no position (Family.context_key None): no prompt too long
 
 
 def context_length(config, max_position_embeddings: int | None = None) -> int:
@@ -281,7 +284,7 @@ class LayerModules:
     activation: nn.Module | None  # None where the experts' GLU is written inline (GPT-OSS)
     heads: nn.Module
     neurons: nn.Module | None  # None for a mixture of experts (its neurons are inside ``experts``)
-    mid: nn.Module
+    mid: nn.Module | None  # None where the layer has no MLP (Mamba-2's)
     mlp: nn.Module | None = None  # the MLP (or sparse) block, called on its normalised input by the circuit graphs
     post_norms: tuple[nn.Module | None, nn.Module | None] = (None, None)  # after the attention's and the MLP's
     # output projections (Gemma, OLMo 2): a unit's write passes them, frozen
@@ -448,7 +451,8 @@ def _layer_modules(layer: nn.Module, spec: ModelSpec, kind: str) -> LayerModules
         head_norms=tuple(get(layer, n) for n in (p.head_norms or ())),
         branches={name: get(layer, path) for name, path in p.branches.items()},
         activation=get(layer, p.activation) if p.activation else None, heads=get(layer, p.heads),
-        neurons=get(layer, p.neurons) if p.neurons else None, mid=get(layer, p.mid), mlp=get(layer, p.mlp),
+        neurons=get(layer, p.neurons) if p.neurons else None, mid=get(layer, p.mid) if p.mid else None,
+        mlp=get(layer, p.mlp) if p.mlp else None,
         post_norms=post_norms(layer, p),
         columns=columns,
         sinks=get(layer, p.sinks.rsplit(".", 1)[0]).get_parameter(p.sinks.rsplit(".", 1)[1]) if p.sinks else None,

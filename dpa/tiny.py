@@ -12,12 +12,12 @@ import torch
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "smollm3", "olmo2", "phi3", "gpt2",
             "gpt_neox", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss")
-MHA_ONLY = ("gpt2", "gpt_neox")  # families whose configs have no KV-head setting
+MHA_ONLY = ("gpt2", "gpt_neox", "mamba2")  # families whose configs have no KV-head setting
 MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss", "granitemoehybrid")
 # Hybrid families: token mixers other than attention on some layers (book: Beyond attention). dpa.attribute covers
 # them; what reads attention probabilities (attention maps, head ablations) refuses their mixer layers by name.
-HYBRID_FAMILIES = ("lfm2", "bamba", "granitemoehybrid")
-SCAN_FAMILIES = ("bamba", "granitemoehybrid")  # hybrids with Mamba-2 blocks (dpa's own Function, ssd.py)
+HYBRID_FAMILIES = ("lfm2", "bamba", "granitemoehybrid", "mamba2")  # (Mamba-2's: no attention, no MLP)
+SCAN_FAMILIES = ("bamba", "granitemoehybrid", "mamba2")  # with Mamba-2 blocks (dpa's own Function, ssd.py)
 LAYOUTS = {"mha": 4, "gqa": 2, "mqa": 1}  # KV heads for 4 query heads
 
 
@@ -86,6 +86,11 @@ def tiny_config(family: str, kv_heads: int = 2, **overrides):
                       mamba_d_head=16, mamba_n_groups=2, mamba_d_state=8, mamba_d_conv=4, mamba_chunk_size=4,
                       embedding_multiplier=1.7, residual_multiplier=0.6, logits_scaling=2.5, attention_multiplier=0.3,
                       pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    if family == "mamba2":  # three Mamba-2 blocks and no MLP: 4 SSM heads of 16 channels in 2 groups, chunks of 4
+        kwargs = dict(vocab_size=96, hidden_size=32, num_hidden_layers=3, num_heads=4, head_dim=16, expand=2,
+                      n_groups=2, state_size=8, conv_kernel=4, chunk_size=4, layer_norm_epsilon=1e-2,
+                      residual_in_fp32=False, tie_word_embeddings=False, pad_token_id=0, bos_token_id=1,
+                      eos_token_id=2)  # (residual_in_fp32 would cast a float64 model's residual to float32)
     if family == "gpt2":
         kwargs = dict(vocab_size=96, n_embd=32, n_inner=48, n_layer=3, n_head=4, n_positions=64,
                       bos_token_id=1, eos_token_id=2, layer_norm_epsilon=1e-2)

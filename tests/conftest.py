@@ -68,8 +68,10 @@ def float64_norms():
     from transformers.models.bamba import modeling_bamba
     from transformers.models.granitemoehybrid import modeling_granitemoehybrid as modeling_granite
 
+    from transformers.models.mamba2 import modeling_mamba2
+
     classes += [modeling_phi3.Phi3RMSNorm, modeling_lfm2.Lfm2RMSNorm, modeling_bamba.BambaRMSNorm,
-                modeling_granite.GraniteMoeHybridRMSNorm]
+                modeling_granite.GraniteMoeHybridRMSNorm, modeling_mamba2.Mamba2RMSNorm]
 
     originals = [c.forward for c in classes]
     for c, f in zip(classes, originals):
@@ -99,8 +101,9 @@ def float64_norms():
     granite_router.forward = _keeping_float64(granite_router.forward)
     eager = modeling_gemma2.eager_attention_forward  # Gemma 2's softmax, too, rounds to float32
     modeling_gemma2.eager_attention_forward = _float64_eager(eager)
-    scans = (modeling_bamba, modeling_granite)  # Mamba-2 blocks: their gated norm and their whole scan are float32
-    for gated in (modeling_bamba.BambaRMSNormGated, modeling_granite.GraniteMoeHybridRMSNormGated):
+    scans = (modeling_bamba, modeling_granite, modeling_mamba2)  # Mamba-2 blocks: their gated norm and their whole
+    for gated in (modeling_bamba.BambaRMSNormGated, modeling_granite.GraniteMoeHybridRMSNormGated,  # scan: float32
+                  modeling_mamba2.MambaRMSNormGated):
         classes, originals = classes + [gated], originals + [gated.forward]
         gated.forward = _float64_gated_norm(gated.forward)
     chunk_scans = [module.mamba2_chunk_scan for module in scans]
@@ -138,6 +141,22 @@ class _KeepFloat64(torch.overrides.TorchFunctionMode):
                     torch.float32 in args[1:] or kwargs.get("dtype") is torch.float32)):
             return args[0]
         return func(*args, **kwargs)
+
+
+def hf_logits(model, ids: torch.Tensor, **kwargs) -> torch.Tensor:
+    """``model(ids).logits``; where the forward casts a float64 model's logits to float32 (Mamba-2's ``.float()``
+    after its lm_head), the lm_head's output before that cast (checked to be what was cast)."""
+    seen = []
+    handle = model.get_output_embeddings().register_forward_hook(lambda _m, _a, out: seen.append(out))
+    try:
+        with torch.no_grad():
+            logits = model(ids, **kwargs).logits
+    finally:
+        handle.remove()
+    if logits.dtype != seen[-1].dtype:
+        assert torch.equal(logits, seen[-1].to(logits.dtype))
+        return seen[-1]
+    return logits
 
 
 def _keeping_float64(original):

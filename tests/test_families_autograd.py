@@ -22,7 +22,8 @@ from dpa.families import layer_modules
 from dpa.instrument import instrument, unembed
 from dpa.linearise import Scores
 
-from .conftest import ALL_FAMILIES, HYBRID_FAMILIES, LAYOUTS, MHA_ONLY, MOE_FAMILIES, random_ids, tiny_model
+from .conftest import (ALL_FAMILIES, HYBRID_FAMILIES, LAYOUTS, MHA_ONLY, MOE_FAMILIES, hf_logits, random_ids,
+                       tiny_model)
 
 TARGET = 5
 PATHS = {"query": (1, 0, 0, 0, 0), "key": (0, 1, 0, 0, 0), "value": (0, 0, 1, 0, 0), "gate": (0, 0, 0, 1, 0),
@@ -104,6 +105,8 @@ def linearised(model, mu, moe=None):
                 set_forward(mods.shared, _shared(mods.shared, weight, ratio, moe[len(moe) - 1]))
                 if mods.shared_gate is not None:  # (Granite's shared MLP, beside the block, has none)
                     set_forward(mods.shared_gate, scaled(mods.shared_gate, weight["router"]))
+        elif mods.mlp is None:  # a layer of one block (Mamba-2's): no MLP
+            pass
         elif mods.activation is None:  # an MLP calling its activation as a function: down(act(gate x) * up x)
             set_forward(mods.mlp, _inline_glu(mods, ratio))
         else:
@@ -157,7 +160,7 @@ def _ssm_block(block, weight):
                 dt[:, i, :, None] * xs[:, i].view(b, heads, p))[..., None] * Bi[:, :, None, :]
             ys.append((state * Ci[:, :, None, :]).sum(-1) + block.D[:, None] * x[:, i].view(b, heads, p))
         y = torch.stack(ys, dim=1).flatten(2)
-        yz = m(y, weight["up"]) * m(z * torch.sigmoid(z).detach(), weight["gate"])
+        yz = m(y, weight["up"]) * m(z * RATIO["silu"](z).detach(), weight["gate"])  # (the SiLU gate: RATIO's)
         grouped = yz.view(b, t, -1, block.norm.group_size)
         r = torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + block.norm.variance_epsilon).detach()
         return block.out_proj(block.norm.weight * (grouped * r).flatten(2))
@@ -300,6 +303,8 @@ def autograd_scores(model, ids, mu, target=TARGET):
     if moe:
         experts, neurons = (torch.stack(x) for x in zip(*(_moe_scores(spec, moe[i], len(ids))
                                                           for i in range(spec.n_layers))))
+    elif spec.d_mlp == 0:  # layers of one block each (Mamba-2's): no neurons
+        experts, neurons = None, torch.zeros(spec.n_layers, 0, dtype=torch.float64)
     else:
         experts, neurons = None, torch.stack([(a[i] * a[i].grad)[0].sum(0) for i in range(spec.n_layers)])
     positions = (pos[0] * pos[0].grad).sum(-1).reshape(-1) if pos else None
@@ -357,7 +362,7 @@ def test_completeness_under_conservative_weights(model, gate):
     assert res.target_logit == pytest.approx(logit, rel=1e-12, abs=1e-12)
     total = float(res.token_scores.sum()) + res.position_share + res.bias_share
     assert total == pytest.approx(logit, rel=1e-8, abs=1e-10)
-    capped = model(ids[None]).logits[0, -1, TARGET].item()  # the model's own logit, after any final soft-cap
+    capped = hf_logits(model, ids[None])[0, -1, TARGET].item()  # the model's own logit, after any final soft-cap
     if dpa.spec_for(model).final_softcap is None:
         assert res.target.capped_logit is None and capped == pytest.approx(logit, rel=1e-12)
     else:
@@ -368,7 +373,7 @@ def test_completeness_under_conservative_weights(model, gate):
 
 def test_the_instrumented_forward_is_the_models(model):
     ids = random_ids(11)
-    plain = model(ids[None]).logits
+    plain = hf_logits(model, ids[None])
     req = request.build(model, None, ids, 3)
     spec = req.spec
     scores = Scores.empty(spec, 1, len(ids), torch.float64, req.device, False)
