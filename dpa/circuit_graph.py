@@ -83,7 +83,8 @@ class GraphReadout(backward.Readout):
     def tensors(self, rec, spec: ModelSpec) -> list[Tensor]:
         """Whose gradients the DPA backward must return: the final residual (t^(L)), every o_proj and down input."""
         mlp = ([rec.resid[i + 1] for i in range(spec.n_layers)] if spec.n_experts  # an expert's G: t at the layer's
-               else [rec.neuron_inputs[i] for i in range(spec.n_layers)])  # output; a neuron's: at the down input
+               else [rec.neuron_inputs[i] for i in range(spec.n_layers)] if spec.d_mlp  # output; a neuron's: at the
+               else [])  # down input; none without an MLP (Mamba-2's layers)
         return [rec.resid[spec.n_layers]] + [rec.head_inputs[i] for i in range(spec.n_layers)] + mlp
 
     def read(self, ctx: backward.Context, grads: list[Tensor]) -> dict:
@@ -110,17 +111,19 @@ def _recorded(session, grads: list[Tensor], dtype) -> _Recorded:
     spec, rec, L = session.spec, session.recording, session.spec.n_layers
     t_len = session.request.n_tokens
     z = {(i, 0): rec.head_inputs[i][0].detach().to(CPU, dtype) for i in range(L)}
-    big = {(i, b): grads[1 + b * L + i][0].to(CPU, dtype) for b in (0, 1) for i in range(L)}
+    big = {(i, b): grads[1 + b * L + i][0].to(CPU, dtype) for b in (0, 1) for i in range(L) if 1 + b * L + i < len(grads)}
     if spec.n_experts and spec.residual_multiplier != 1:  # an expert's G at the block's output: t^(i+1) times the
         big.update({(i, 1): big[(i, 1)] * spec.residual_multiplier for i in range(L)})  # scale the layer puts on it
     per = {0: torch.stack([(z[(i, 0)] * big[(i, 0)]).view(t_len, spec.n_heads, -1).sum(-1) for i in range(L)])}
     if spec.n_experts:  # an expert's score from its router tap (the same as its term . t)
         per[1] = session.scores.expert_positions[0].to(CPU, dtype)
+    elif not spec.d_mlp:  # layers without an MLP (Mamba-2's): no units in their second block
+        per[1] = torch.zeros(L, t_len, 0, dtype=dtype)
     else:
         z.update({(i, 1): rec.neuron_inputs[i][0].detach().to(CPU, dtype) for i in range(L)})
         per[1] = torch.stack([z[(i, 1)] * big[(i, 1)] for i in range(L)])
     return _Recorded(resid={i: rec.resid[i][0].detach().to(CPU, dtype) for i in range(L + 1)},
-                     mid={i: rec.mid[i][0].detach().to(CPU, dtype) for i in range(L)}, calls=dict(rec.calls), z=z,
+                     mid={i: m[0].detach().to(CPU, dtype) for i, m in rec.mid.items()}, calls=dict(rec.calls), z=z,
                      big=big, t_final=grads[0][0].to(CPU, dtype), per=per)
 
 

@@ -203,7 +203,7 @@ def _instrument_layer(session: Session, i: int, mods, hook: Callable, handles: l
     if "resid" in record:
         handles.append(mods.layer.register_forward_pre_hook(_keep_layer_input(recording.resid, i),
                                                             with_kwargs=True))
-    if "mid" in record:
+    if "mid" in record and mods.mid is not None:  # (a layer without an MLP has no residual between its blocks)
         hook(mods.mid, keep_input(recording.mid, i), pre=True)
     if weights is not None:
         linearise_layer(session, i, mods, hook, override)

@@ -15,7 +15,7 @@ from dpa.mib.graph import Graph
 from dpa.mib.methods import edge_scores
 from dpa.mib.pairs import Pairs
 from dpa.request import check_model
-from tests.conftest import ALL_FAMILIES, EDGE_HYBRIDS, MHA_ONLY, tiny_model
+from tests.conftest import ALL_FAMILIES, EDGE_HYBRIDS, MHA_ONLY, hf_logits, tiny_model
 
 LAYOUT = [(f, kv) for f in ALL_FAMILIES + EDGE_HYBRIDS for kv in ((4,) if f in MHA_ONLY else (4, 1))]
 
@@ -32,7 +32,7 @@ def _pairs(n=3, t=6, seed=0, metric="logit_diff", shared=0):
 
 def _hf_metric(model, pairs, ids):
     with torch.no_grad():
-        logits = model(torch.tensor(ids)).logits[:, -1].double()
+        logits = hf_logits(model, torch.tensor(ids))[:, -1].double()
     return pairs.metric_of(list(range(len(pairs))))(logits)
 
 
@@ -141,6 +141,10 @@ def _brute_run(model, spec, graph, layers, calls, ids, excluded, other):
         writes.extend(terms)
         mid = x + block
         source = x if spec.parallel else mid
+        if m.mlp is None:  # a layer of one block (Mamba-2's): its MLP node writes nothing
+            writes.append(torch.zeros_like(mid))
+            x = mid
+            continue
         into = read(source, graph.mlp_reader(i), graph.below(i, 1))
         h = m.block_inputs[1](into) if m.block_inputs else into
         y = m.mlp(h)
@@ -190,7 +194,8 @@ def _linear(model):
                     b.zero_()
                 elif b is not None:
                     m.branches[name].bias[rows] = 0
-            for block in (m.mlp, *([m.shared] if m.shared_beside else [])):  # (Granite's shared MLP beside it)
+            for block in (m.mlp, *([m.shared] if m.shared_beside else [])) if m.mlp is not None else ():  # (and
+                # Granite's shared MLP beside it; Mamba-2's layers have none)
                 for p in block.parameters():
                     p.zero_()
         for name, mod in model.named_modules():

@@ -87,7 +87,7 @@ def run(session: Session, graph: Graph, layers: list[LayerModules], args: dict, 
         source = x if spec.parallel else mid
         into = patch.inputs(source, slice(graph.mlp_reader(i), graph.mlp_reader(i) + 1), graph.below(i, 1))[0][0]
         into = into.clone() if leaves else into
-        mlp = _mlp(m, into) * spec.residual_multiplier
+        mlp = _mlp(m, into) * spec.residual_multiplier if m.mlp is not None else torch.zeros_like(into)  # (Mamba-2)
         writes.append(mlp.detach())
         x = mid + mlp
         if leaves:

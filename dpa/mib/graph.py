@@ -10,7 +10,8 @@ be read by MIB's tools: ``input``, ``a3.h1``, ``m3``, ``logits``; an edge is ``a
 Indexing. Writer 0 is the input; layer l's heads are 1 + l (H + 1) + h, its MLP 1 + l (H + 1) + H. Layer l's
 readers are l (3H + 1) + c H + h for c = 0, 1, 2 (q, k, v) and l (3H + 1) + 3H for its MLP; the logits are last.
 ``exists[w, r]``: whether the edge w -> r is in the graph. A parallel block (GPT-NeoX's parallel residual) has
-no edge from a layer's heads to its own MLP.
+no edge from a layer's heads to its own MLP. A model whose layers have no MLP (Mamba-2's) keeps the MLP nodes'
+indices, without an edge.
 """
 
 from __future__ import annotations
@@ -31,11 +32,12 @@ class Graph:
     n_layers: int
     n_heads: int
     parallel: bool = False
+    mlps: bool = True  # False: the layers have no MLP (Mamba-2's): its nodes keep their indices, with no edges
 
     @classmethod
     def of(cls, spec) -> Graph:
         """The graph of a checked model (``dpa.request.check_model``)."""
-        return cls(spec.n_layers, spec.n_heads, bool(spec.parallel))
+        return cls(spec.n_layers, spec.n_heads, bool(spec.parallel), bool(spec.d_mlp or spec.n_experts))
 
     # --- sizes and indices ---
     @property
@@ -81,8 +83,10 @@ class Graph:
         out = torch.zeros(self.n_writers, self.n_readers, dtype=torch.bool)
         for layer in range(self.n_layers):
             out[:self.below(layer, 0), self.attention_readers(layer)] = True
-            out[:self.below(layer, 1), self.mlp_reader(layer)] = True
+            out[:self.below(layer, 1), self.mlp_reader(layer)] = self.mlps
         out[:, self.logits] = True
+        if not self.mlps:  # no MLP writes either
+            out[[self.mlp(layer) for layer in range(self.n_layers)]] = False
         return out
 
     @property

@@ -155,7 +155,9 @@ def _read(graph: Graph, moved: Tensor, grads: list[Tensor]) -> Tensor:
         out[:below, graph.attention_readers(i)] = torch.einsum(
             "wbtd,rbtd->wr", moved[:below].to(wide), att.to(wide)).double()
         below = graph.below(i, 1)
-        out[:below, graph.mlp_reader(i)] = torch.einsum("wbtd,btd->w", moved[:below].to(wide), mlp.to(wide)).double()
+        if graph.mlps:  # (without an MLP, its reader reads nothing)
+            out[:below, graph.mlp_reader(i)] = torch.einsum("wbtd,btd->w", moved[:below].to(wide),
+                                                            mlp.to(wide)).double()
     out[:, graph.logits] = torch.einsum("wbtd,btd->w", moved.to(wide), grads[-1].to(wide)).double()
     return out
 
