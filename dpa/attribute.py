@@ -115,6 +115,9 @@ def _check_readouts(req: Request, position_level: bool, neuron_target: str) -> N
         raise InputError("a contrast of several tokens is read in a sequence of its own (the prompt and its tokens), "
                          "so its position-level scores have no place beside the target's: edges, neuron_positions, "
                          "effective_targets and neuron_target='mid' take a contrast of one token")
+    if neuron_target == "mid" and not spec.d_mlp:
+        raise UnsupportedModelError(f"neuron_target='mid' scores MLP neurons in the middle of their layer; "
+                                    f"{spec.family}'s layers have no MLP")
     if neuron_target == "mid" and spec.n_experts:
         raise UnsupportedModelError(f"neuron_target='mid' reads each neuron's down projection; {spec.family}'s "
                                     "neurons are inside its experts: use neuron_target='output'")

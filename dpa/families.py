@@ -245,6 +245,12 @@ def check_experts(layer: nn.Module, family: Family, i: int) -> None:
     if names != read or experts.gate_up_proj.dim() != 3:
         raise UnsupportedModelError(f"unsupported experts in layers[{i}]: parameters {sorted(names)}; dpa reads "
                                     f"exactly {', '.join(sorted(read))}, so it would miss the others")
+    count = getattr(experts, "num_experts", None)  # the experts' forward skips an index at or above it (a sentinel)
+    if isinstance(count, int) and count != experts.gate_up_proj.shape[0]:
+        raise UnsupportedModelError(
+            f"unsupported experts in layers[{i}]: {type(experts).__name__}.num_experts is {count} while it holds "
+            f"{experts.gate_up_proj.shape[0]} experts' weights; its forward skips the experts at or above num_experts "
+            "(expert parallelism's sentinel), dpa runs every expert it holds: make the two agree")
     if moe.glu == "clamped" and not all(isinstance(getattr(experts, a, None), (int, float)) for a in ("alpha", "limit")):
         raise UnsupportedModelError(f"unsupported experts in layers[{i}]: the clamped GLU needs numbers alpha, limit")
     router_params = {n for n, _ in router.named_parameters()}

@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .errors import UnsupportedModelError
+from .errors import NonFiniteError, UnsupportedModelError
 from .registry import Family, Mixer
 from .spec import get, is_projection, own_forward, weight_rows, why_not_projection
 
@@ -136,6 +136,8 @@ def disagreement(own: Callable[[], torch.Tensor], rule: Callable[[], torch.Tenso
     try:
         with torch.no_grad():
             return None if bool(same(own(), rule())) else ""
+    except NonFiniteError:  # the weights themselves: said as for any layer
+        raise
     except Exception as err:  # noqa: BLE001 -- any failure on the probe: not the module the rule describes
         return f" (on a probe it raised {type(err).__name__}: {str(err)[:200]})"
 

@@ -30,7 +30,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from .errors import UnsupportedModelError
+from .errors import NonFiniteError, UnsupportedModelError
 from .functions import Branch
 from .mixers import check_projections, disagreement, own_block
 from .registry import Mixer
@@ -234,7 +234,10 @@ class LinearisedScan(torch.autograd.Function):
 
 def agree(own: Tensor, copy: Tensor) -> bool:
     """Whether the block's own output and dpa's copy's agree, to the rounding of the module's float32 scan (or of a
-    bfloat16 / half model)."""
+    bfloat16 / half model). A value that is not finite is no disagreement: ``NonFiniteError``, as for any layer."""
+    if not (bool(torch.isfinite(own).all()) and bool(torch.isfinite(copy).all())):
+        raise NonFiniteError("non-finite activations (NaN or inf) in or into a Mamba-2 block (from its input or its "
+                             "weights); the model's weights or dtype overflow on this input (try float32)")
     tol = 1e-4 if own.dtype in (torch.float64, torch.float32) else 5e-2
     return own.shape == copy.shape and bool(torch.allclose(own.double(), copy.double(), rtol=tol,
                                                            atol=tol * float(copy.abs().max())))

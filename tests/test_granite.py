@@ -202,3 +202,22 @@ def test_rope_asked_for_by_a_config_the_model_was_not_built_with_is_refused(mode
     edited = copy.deepcopy(model)
     edited.config.position_embedding_type = "rope"
     _refused(edited, "position_embedding_type='rope'", "model.rotary_emb is None")
+
+
+def test_experts_told_to_skip_some_are_refused_by_name(model):
+    """The experts' forward skips every index at or above its own ``num_experts`` (expert parallelism's sentinel);
+    dpa runs every expert whose weights it holds, so the two must agree."""
+    edited = copy.deepcopy(model)
+    edited.model.layers[0].block_sparse_moe.experts.num_experts = 3
+    _refused(edited, "num_experts is 3 while it holds 4 experts' weights")
+
+
+@pytest.mark.parametrize("where", ["model.layers.1.shared_mlp.output_linear.weight", "model.embed_tokens.weight"])
+def test_a_nan_before_a_scan_layer_is_a_non_finite_error(model, where):
+    edited = copy.deepcopy(model)
+    with torch.no_grad():
+        edited.get_parameter(where).fill_(float("nan"))
+    before = _state(edited)
+    with pytest.raises(dpa.NonFiniteError, match="Mamba-2 block"):
+        dpa.attribute(edited, None, random_ids(6), target=TARGET)
+    assert _state(edited) == before

@@ -348,6 +348,30 @@ def test_granite_with_experts_save_html_names_its_units_and_experts(browser, tmp
                  "heads and scan units", experts=5)
 
 
+def test_mamba2_save_html_has_no_mlp_panel_to_fill(browser, tmp_path):  # noqa: F811
+    """Mamba-2 (three Mamba-2 blocks, no attention, no MLP) on a static page: every row is a scan row, a unit's
+    details name it, and the page says there are no MLP neurons instead of an empty panel; no console error."""
+    model = tiny_model("mamba2")
+    result = dpa.attribute(model, None, random_ids(9).tolist(), edges=True, neuron_positions=True,
+                           effective_targets=True)
+    path = save_html(CircuitWidget(result, model, None), tmp_path / "mamba2.html")
+    page, blocked, errors = open_offline(browser, path, 1400)
+    try:
+        widget_el = page.locator(".dpa-circuit")
+        heat = widget_el.locator("svg.dpa-heatmap").first
+        heat.locator("rect.dpa-head").nth(11).wait_for(timeout=30_000)
+        ticks = heat.locator("text.dpa-tick").all_text_contents()
+        assert {"L0 scan", "L1 scan", "L2 scan"} <= set(ticks) and "L1 attn" not in ticks, ticks
+        heat.locator('rect.dpa-head[data-layer="2"][data-head="1"]').click()
+        title = widget_el.locator(".dpa-detail .dpa-detail-title").first
+        title.wait_for(timeout=5_000)
+        assert title.inner_text().startswith("scan L2.S1 · "), title.inner_text()
+        assert "no MLP" in widget_el.inner_text()
+        finish_offline_page(page, widget_el, shots(tmp_path) / "save-html-mamba2-1400.png", 1400, errors, blocked)
+    finally:
+        page.close()
+
+
 def _hybrid_page(browser, tmp_path, family, kind, hover_l0_h3, title_l2_h1, caption, experts=0):  # noqa: F811
     model = tiny_model(family, 2)
     result = dpa.attribute(model, None, random_ids(9).tolist(), edges=True, neuron_positions=True,

@@ -118,13 +118,21 @@ def _methods(model: nn.Module, settings: Settings, methods) -> tuple[dict[str, C
 def check_ablation(settings: Settings, spec: ModelSpec) -> None:
     """The component benchmark ablates attention edges and heads through dpa's explicit attention path; a hybrid's
     mixer layers (LFM2's convolutions) have no attention probabilities to ablate: refused before any work is done
-    (its neurons alone are ablated as on any model)."""
-    if settings.unit == "component" and settings.component_units != "neurons" and spec.mixed:
+    (its neurons alone are ablated as on any model). A model whose layers have no MLP (Mamba-2's) has no neurons
+    to ablate either."""
+    if settings.unit != "component":
+        return
+    neurons = bool(spec.d_mlp or spec.n_experts)
+    if settings.component_units != "neurons" and spec.mixed:
         kinds = ", ".join(sorted(set(spec.layer_kinds) - {"attention"}))
+        runs = ("the input benchmark (unit='input') and the neurons alone (component_units='neurons') run on it"
+                if neurons else "the input benchmark (unit='input') runs on it")
         raise UnsupportedModelError(
             f"the component benchmark ablates attention edges and heads, and {spec.family} has {kinds} layers without "
-            "attention probabilities; the input benchmark (unit='input') and the neurons alone "
-            "(component_units='neurons') run on it")
+            f"attention probabilities; {runs}")
+    if not neurons:
+        raise UnsupportedModelError(f"the component benchmark's neurons are MLP neurons, and {spec.family}'s layers "
+                                    "have no MLP; the input benchmark (unit='input') runs on it")
 
 
 def _identity(settings: Settings, model: nn.Module, tokenizer) -> dict:
