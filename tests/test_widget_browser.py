@@ -366,8 +366,8 @@ def test_mamba2_save_html_has_no_mlp_panel_to_fill(browser, tmp_path):  # noqa: 
         title = widget_el.locator(".dpa-detail .dpa-detail-title").first
         title.wait_for(timeout=5_000)
         assert title.inner_text().startswith("scan L2.S1 · "), title.inner_text()
-        assert "no MLP" in widget_el.inner_text()
         finish_offline_page(page, widget_el, shots(tmp_path) / "save-html-mamba2-1400.png", 1400, errors, blocked)
+        assert "no MLP" in widget_el.inner_text()
     finally:
         page.close()
 

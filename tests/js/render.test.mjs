@@ -172,6 +172,18 @@ describe("render", () => {
     assert.match(el.querySelector(".dpa-detail").textContent, /details not exported for this head/);
   });
 
+  test("a model of scan layers alone and no MLP says so: units, not heads, and no neuron panel to fill", async () => {
+    const base = payload();
+    const data = { ...base, layer_kinds: base.head_scores.map(() => "scan"), unit_letters: { scan: "S", head: "H" },
+      d_mlp: 0, neuron_scores: base.head_scores.map(() => []), mlp_totals: base.head_scores.map(() => 0) };
+    const { el } = await mountStatic({ _data: data });
+    const captions = [...el.querySelectorAll(".dpa-caption")].map((c) => c.textContent).join(" | ");
+    assert.match(captions, /scan units \(layer × unit\)/);
+    assert.doesNotMatch(captions, /heads and scan/);
+    assert.match(el.querySelector(".dpa-no-mlp").textContent, /no MLP/);
+    assert.equal(el.querySelectorAll(".dpa-neuron").length, 0);
+  });
+
   test("the edge grid labels its query rows and key columns with the tokens", () => {
     const { model, el } = mount();
     model.set("_details", { "head:0:1": { kind: "head", layer: 0, index: 1, score: -0.2,

@@ -97,7 +97,8 @@ export function headsView(ctx) {
   for (const hd of axisTicks(data.n_heads, cell + 1, digits * 6 + 3)) {
     svg.append(h("text", { x: lay.colX(hd) + cell / 2, y: top - 4, "text-anchor": "middle", class: "dpa-axis dpa-tick", text: hd }));
   }
-  svg.append(h("text", { x: lay.colX(0) - 4, y: top - 4, "text-anchor": "end", class: "dpa-axis dpa-tick", text: "H" }));
+  const axis = !mixed || data.layer_kinds.includes("head") ? "H" : "U";  // heads, or units alone
+  svg.append(h("text", { x: lay.colX(0) - 4, y: top - 4, "text-anchor": "end", class: "dpa-axis dpa-tick", text: axis }));
   const groups = data.n_heads / lay.groupSize;
   if (lay.groupSize > 1) {
     const pitch = lay.groupSize > 0 && groups > 1 ? lay.colX(lay.groupSize) - lay.colX(0) : 100;
@@ -107,7 +108,8 @@ export function headsView(ctx) {
     }
   }
   const others = [...new Set((data.layer_kinds ?? []).filter((k) => k !== "head"))].join(", ");
-  const what = mixed ? `heads and ${others} units (layer × unit)` : "heads (layer × head)";
+  const heads = !mixed || data.layer_kinds.includes("head");  // (Mamba-2's layers: scan units alone)
+  const what = !mixed ? "heads (layer × head)" : heads ? `heads and ${others} units (layer × unit)` : `${others} units (layer × unit)`;
   const title = (cmp.level === "component" ? `heads · ${cmp.method}` : what) + " · summed over positions";
   return h("section", { class: "dpa-panel" }, [
     h("div", { class: "dpa-panel-head" }, [h("span", { class: "dpa-caption", text: title }), legend(max, "")]),

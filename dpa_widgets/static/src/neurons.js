@@ -35,6 +35,11 @@ function barKeys(ctx, svg, totals) {
 /** @param {Ctx} ctx */
 export function neuronsView(ctx) {
   const data = ctx.get("_data");
+  if (data.d_mlp === 0) {  // every layer one token-mixing block (Mamba-2's): no MLP, no neurons
+    return h("section", { class: "dpa-panel dpa-no-mlp" }, [
+      h("div", { class: "dpa-panel-head" }, [h("span", { class: "dpa-caption", text: "MLP neurons" })]),
+      h("p", { class: "dpa-muted", text: "no MLP: each layer of this model is one token-mixing block" })]);
+  }
   const totals = data.mlp_totals;
   const max = symmetricMax(totals);
   const { cell, top } = gridSize(data);
