@@ -1,0 +1,124 @@
+"""Mamba-2 (``mamba2``): every layer one Mamba-2 block (Bamba's, book: state-space-duality) and no MLP.
+
+The autograd suite (test_families_autograd), the circuit suite (test_circuit) and MIB's (test_mib) run the tiny
+Mamba-2 with the other families: each path against the plain recurrence, completeness, the flow identities, the
+one-pass evaluation against patching edge by edge. Here: what a model without attention and without an MLP changes
+around them -- no prompt is too long (the model reads no position), the layers' second block is absent everywhere
+(no neurons, no MIB MLP nodes with edges), what needs an MLP or attention probabilities refused by name with the model
+left as it was, the config's float32 residual on a float32 model, and the command line on a saved folder.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import dpa
+from dpa.mib.graph import Graph
+
+from .conftest import hf_logits, random_ids, tiny_model
+from .test_hybrid import _state
+
+TARGET = 5
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model("mamba2")
+
+
+def test_the_layers_are_scan_blocks_without_an_mlp(model):
+    spec = dpa.spec_for(model)
+    assert spec.layer_kinds == ("scan",) * 3 and spec.n_heads == 4 and spec.unit_width(0) == 16
+    assert spec.d_mlp == 0 and spec.n_experts == 0
+    res = dpa.attribute(model, None, random_ids(9), target=TARGET)
+    assert res.head_scores.shape == (3, 4) and res.neuron_scores.shape == (3, 0)
+    assert res.top_components(3)["positive"][0].kind == "scan"
+    assert "no MLP" in res.summary() and "MLP neurons" not in res.summary()
+
+
+def test_no_prompt_is_too_long_for_a_model_that_reads_no_position(model):
+    """Mamba-2's config has no max_position_embeddings: a prompt longer than any tiny model's context attributes,
+    and completes under conservative weights."""
+    ids = random_ids(150)
+    res = dpa.attribute(model, None, ids, target=TARGET, weights=dpa.PathWeights(0, 0, 1, 0.5, 0.5))
+    total = float(res.token_scores.sum()) + res.bias_share
+    assert total == pytest.approx(res.target_logit, rel=1e-8, abs=1e-10)
+    assert res.target_logit == pytest.approx(float(hf_logits(model, ids[None])[0, -1, TARGET]), rel=1e-12)
+
+
+def test_a_float32_residual_on_a_float32_model_is_the_models_own():
+    """The released configs keep the residual in float32 (``residual_in_fp32``): on a float32 model that is the
+    model as it is, and dpa's target is its logit."""
+    model = tiny_model("mamba2", dtype=torch.float32, residual_in_fp32=True)
+    ids = random_ids(9)
+    res = dpa.attribute(model, None, ids, target=TARGET, weights=dpa.PathWeights(0, 0, 1, 0.5, 0.5))
+    assert res.target_logit == pytest.approx(float(hf_logits(model, ids[None])[0, -1, TARGET]), rel=1e-5)
+    assert float(res.token_scores.sum()) + res.bias_share == pytest.approx(res.target_logit, rel=1e-4, abs=1e-5)
+
+
+def test_mibs_graph_has_no_mlp_edges(model):
+    graph = Graph.of(dpa.spec_for(model))
+    mlp_readers = [graph.mlp_reader(i) for i in range(3)]
+    mlp_writers = [graph.mlp(i) for i in range(3)]
+    assert not graph.exists[:, mlp_readers].any() and not graph.exists[mlp_writers].any()
+    assert graph.exists[:, graph.logits].sum() == 1 + 3 * 4  # the input and every unit
+
+
+def _refused(model, call, *needles, error=dpa.UnsupportedModelError):
+    before = _state(model)
+    with pytest.raises(error) as info:
+        call()
+    assert all(n in str(info.value) for n in needles), str(info.value)
+    assert _state(model) == before
+
+
+def test_what_needs_an_mlp_or_attention_is_refused_by_name(model, tmp_path):
+    from dpa.evaluate import Settings, evaluate
+    from dpa_widgets.verify import run
+
+    from .test_evaluate import tiny_dataset, word_tokenizer
+
+    ids = random_ids(7)
+    _refused(model, lambda: dpa.attribute(model, None, ids, target=TARGET, neuron_target="mid"),
+             "neuron_target='mid'", "mamba2's layers have no MLP")
+    res = dpa.attribute(model, None, ids, target=TARGET)
+    _refused(model, lambda: run(model, res, mode="disrupt", units="selection", k=1, head=[0, 1]),
+             r"L0.S1 is a scan unit")
+    tiny_dataset(model, tmp_path / "data", n=2)
+    common = dict(dataset="known_1000", min_probability=0.0, data_dir=str(tmp_path / "data"))
+    tok = word_tokenizer()
+    inputs = evaluate(model, tok, Settings(unit="input", methods=("dpa", "gradient"), **common), tmp_path / "in",
+                      progress=False, figures=False)
+    assert set(inputs["methods"]) == {"dpa", "gradient"} and inputs["n_evaluated"] >= 1
+    for units, needle in [("neurons", "layers have no MLP"), ("fine", "scan layers without attention")]:
+        settings = Settings(unit="component", component_units=units, methods=("dpa",), **common)
+        _refused(model, lambda s=settings: evaluate(model, tok, s, tmp_path / units, progress=False, figures=False),
+                 needle, "the input benchmark (unit='input') runs on it")
+
+
+def test_a_bias_inside_the_block_is_refused_by_name():
+    model = tiny_model("mamba2", use_bias=True)
+    _refused(model, lambda: dpa.attribute(model, None, random_ids(6), target=TARGET), "use_bias=True")
+
+
+def test_the_command_line_attributes_a_saved_mamba2(tmp_path, capsys):
+    from dpa.cli import main
+
+    from .test_evaluate import word_tokenizer
+
+    folder = tmp_path / "mamba2"
+    tiny_model("mamba2", dtype=torch.float32).save_pretrained(folder)
+    word_tokenizer().save_pretrained(folder)
+    out_json = tmp_path / "r.json"
+    assert main(["attribute", "w4 w5 w6 w7", "--model", str(folder), "--target", "w9", "--json", str(out_json)]) == 0
+    report = capsys.readouterr().out
+    assert "4 scan units per layer, no MLP" in report and "(scan units ranked together)" in report
+    assert json.loads(out_json.read_text())["layer_kinds"] == ["scan"] * 3
+    graph = tmp_path / "g.json"
+    assert main(["circuit", "w4 w5 w6 w7", "--model", str(folder), "--target", "w9", "--nodes", "20",
+                 "--json", str(graph)]) == 0
+    nodes = json.loads(graph.read_text())["nodes"]
+    assert any(".S" in n["label"] for n in nodes) and not any(".N" in n["label"] for n in nodes)
