@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from .errors import UnsupportedModelError
+from .expert_checks import check_experts, shared_width
 from .guard import checking
 from .mixers import check_inline_mlp, check_mixer, check_mixer_config, layer_kinds, mixer_layer_types
 from .multipliers import check_copies, multipliers
@@ -225,40 +226,6 @@ def _sliding_windows(config, family: Family) -> tuple[int | None, ...]:
     return tuple(window if t == "sliding_attention" else None for t in types)
 
 
-def check_experts(layer: nn.Module, family: Family, i: int) -> None:
-    """The experts dpa attributes must be exactly the ones it reads: transformers' fused layout (3-D
-    ``gate_up_proj`` and ``down_proj``, the flags ``use_experts_implementation`` sets), nothing else. A
-    layout or a parameter dpa does not read is refused by name: never a partial attribution."""
-    moe = family.moe
-    try:
-        experts, router = get(layer, moe.experts), get(layer, moe.router)
-    except AttributeError as err:
-        raise UnsupportedModelError(f"layers[{i}] has no mixture-of-experts block where the {family.model_type} "
-                                    f"description expects one ({err}; mlp_only_layers?)") from None
-    names = {n for n, _ in experts.named_parameters()}
-    layout = {"has_gate": True, "has_bias": moe.biases, "has_post_expert_norm": False}  # what dpa's experts read
-    for flag, want in layout.items():
-        if getattr(experts, flag, None) != want:
-            raise UnsupportedModelError(f"unsupported experts in layers[{i}]: {type(experts).__name__}.{flag} is "
-                                        f"{getattr(experts, flag, None)!r} (dpa reads experts with {flag}={want})")
-    read = {"gate_up_proj", "down_proj"} | ({"gate_up_proj_bias", "down_proj_bias"} if moe.biases else set())
-    if names != read or experts.gate_up_proj.dim() != 3:
-        raise UnsupportedModelError(f"unsupported experts in layers[{i}]: parameters {sorted(names)}; dpa reads "
-                                    f"exactly {', '.join(sorted(read))}, so it would miss the others")
-    count = getattr(experts, "num_experts", None)  # the experts' forward skips an index at or above it (a sentinel)
-    if isinstance(count, int) and count != experts.gate_up_proj.shape[0]:
-        raise UnsupportedModelError(
-            f"unsupported experts in layers[{i}]: {type(experts).__name__}.num_experts is {count} while it holds "
-            f"{experts.gate_up_proj.shape[0]} experts' weights; its forward skips the experts at or above num_experts "
-            "(expert parallelism's sentinel), dpa runs every expert it holds: make the two agree")
-    if moe.glu == "clamped" and not all(isinstance(getattr(experts, a, None), (int, float)) for a in ("alpha", "limit")):
-        raise UnsupportedModelError(f"unsupported experts in layers[{i}]: the clamped GLU needs numbers alpha, limit")
-    router_params = {n for n, _ in router.named_parameters()}
-    if router_params != ({"weight", "bias"} if moe.router_bias else {"weight"}):
-        raise UnsupportedModelError(f"unsupported router in layers[{i}]: parameters {sorted(router_params)} (the "
-                                    f"{family.model_type} description knows {'weight, bias' if moe.router_bias else 'weight'})")
-
-
 def _check_modules(model: nn.Module, family: Family) -> None:
     check_not_compiled("", model)
     forward = type(model).forward
@@ -411,7 +378,7 @@ def _checked_spec(model: nn.Module, config, family: Family) -> ModelSpec:
         down = experts.down_proj  # [expert d_model d_expert], or [expert d_expert d_model] transposed
         n_experts, d_expert = down.shape[0], down.shape[1 if getattr(experts, "is_transposed", False) else 2]
         if family.moe.shared:
-            d_shared = _shared_width(layers, family)
+            d_shared = shared_width(layers, family)
         d_mlp = n_experts * d_expert + d_shared
     else:
         d_mlp = in_features(get(first, family.neurons)) if family.mlp is not None else 0  # (Mamba-2: no MLP)
@@ -441,21 +408,6 @@ def _checked_spec(model: nn.Module, config, family: Family) -> ModelSpec:
             raise UnsupportedModelError(f"unsupported module: {path} has {weight_rows(get(first, path)).shape[0]} "
                                         f"outputs, not the {want} of {', '.join(names)} ({layout})")
     return spec
-
-
-def _shared_width(layers, family: Family) -> int:
-    """The shared expert's neurons (its down projection's inputs), the same on every layer, with its gate and up
-    projections of as many outputs each (or 2x, fused as [gate | up])."""
-    moe = family.moe
-    gate, up, down, _ = (f"{moe.shared}.{p}" for p in moe.shared_parts)
-    width = in_features(get(layers[0], down))
-    for i, layer in enumerate(layers):
-        rows = {p: weight_rows(get(layer, p)).shape[0] for p in (gate, up)}
-        want = {gate: 2 * width} if gate == up else {gate: width, up: width}
-        if in_features(get(layer, down)) != width or rows != want:
-            raise UnsupportedModelError(f"unsupported module: layers[{i}]'s shared expert has {rows} outputs and "
-                                        f"{in_features(get(layer, down))} neurons; dpa reads {want} and {width}")
-    return width
 
 
 # The attention modules' own copies of the head layout and soft-cap (what their forward runs with), by attribute name.

@@ -54,16 +54,16 @@ class Experts:
     #   read by: spec (LayerModules.shared_gate), experts
     shared_parts: tuple[str, str, str, str] = ("gate_proj", "up_proj", "down_proj", "act_fn")  # the shared expert's
     # gate and up projections (one fused projection, [gate | up], where both name it), down projection, activation
-    #   read by: spec (LayerModules.shared_glu: experts), families (checks them)
+    #   read by: spec (LayerModules.shared_glu: experts), families (checks them), expert_checks (shared_width)
     shared_beside: bool = False  # the shared expert is not inside the block: the layer adds its output to the
     # block's (Granite 4.0-H), so the MLP's write is the two outputs' sum (LayerModules.mlp_write)
     #   read by: spec (LayerModules.shared_beside: verify_circuit)
     glu: str = "act"  # act(gate) * up with the experts' act_fn; "clamped": GPT-OSS's (see experts.py)
-    #   read by: experts, families (checks)
+    #   read by: experts, expert_checks
     biases: bool = False  # the experts' projections carry biases (in the bias share)
-    #   read by: families (checks the experts' layout)
+    #   read by: expert_checks (the experts' layout)
     router_bias: bool = False  # the router's logits carry a bias (a control input: see experts.py)
-    #   read by: families (checks the router)
+    #   read by: expert_checks (the router)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,59 @@
+"""The checks that a model's mixture-of-experts blocks are the ones its family's description reads
+(``registry.Experts``): the experts' fused layout and flags, the router, the shared expert's projections."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from .errors import UnsupportedModelError
+from .registry import Family
+from .spec import get, in_features, weight_rows
+
+
+def check_experts(layer: nn.Module, family: Family, i: int) -> None:
+    """The experts dpa attributes must be exactly the ones it reads: transformers' fused layout (3-D
+    ``gate_up_proj`` and ``down_proj``, the flags ``use_experts_implementation`` sets), nothing else. A
+    layout or a parameter dpa does not read is refused by name: never a partial attribution."""
+    moe = family.moe
+    try:
+        experts, router = get(layer, moe.experts), get(layer, moe.router)
+    except AttributeError as err:
+        raise UnsupportedModelError(f"layers[{i}] has no mixture-of-experts block where the {family.model_type} "
+                                    f"description expects one ({err}; mlp_only_layers?)") from None
+    names = {n for n, _ in experts.named_parameters()}
+    layout = {"has_gate": True, "has_bias": moe.biases, "has_post_expert_norm": False}  # what dpa's experts read
+    for flag, want in layout.items():
+        if getattr(experts, flag, None) != want:
+            raise UnsupportedModelError(f"unsupported experts in layers[{i}]: {type(experts).__name__}.{flag} is "
+                                        f"{getattr(experts, flag, None)!r} (dpa reads experts with {flag}={want})")
+    read = {"gate_up_proj", "down_proj"} | ({"gate_up_proj_bias", "down_proj_bias"} if moe.biases else set())
+    if names != read or experts.gate_up_proj.dim() != 3:
+        raise UnsupportedModelError(f"unsupported experts in layers[{i}]: parameters {sorted(names)}; dpa reads "
+                                    f"exactly {', '.join(sorted(read))}, so it would miss the others")
+    count = getattr(experts, "num_experts", None)  # the experts' forward skips an index at or above it (a sentinel)
+    if isinstance(count, int) and count != experts.gate_up_proj.shape[0]:
+        raise UnsupportedModelError(
+            f"unsupported experts in layers[{i}]: {type(experts).__name__}.num_experts is {count} while it holds "
+            f"{experts.gate_up_proj.shape[0]} experts' weights; its forward skips the experts at or above num_experts "
+            "(expert parallelism's sentinel), dpa runs every expert it holds: make the two agree")
+    if moe.glu == "clamped" and not all(isinstance(getattr(experts, a, None), (int, float)) for a in ("alpha", "limit")):
+        raise UnsupportedModelError(f"unsupported experts in layers[{i}]: the clamped GLU needs numbers alpha, limit")
+    router_params = {n for n, _ in router.named_parameters()}
+    if router_params != ({"weight", "bias"} if moe.router_bias else {"weight"}):
+        raise UnsupportedModelError(f"unsupported router in layers[{i}]: parameters {sorted(router_params)} (the "
+                                    f"{family.model_type} description knows {'weight, bias' if moe.router_bias else 'weight'})")
+
+
+def shared_width(layers, family: Family) -> int:
+    """The shared expert's neurons (its down projection's inputs), the same on every layer, with its gate and up
+    projections of as many outputs each (or 2x, fused as [gate | up])."""
+    moe = family.moe
+    gate, up, down, _ = (f"{moe.shared}.{p}" for p in moe.shared_parts)
+    width = in_features(get(layers[0], down))
+    for i, layer in enumerate(layers):
+        rows = {p: weight_rows(get(layer, p)).shape[0] for p in (gate, up)}
+        want = {gate: 2 * width} if gate == up else {gate: width, up: width}
+        if in_features(get(layer, down)) != width or rows != want:
+            raise UnsupportedModelError(f"unsupported module: layers[{i}]'s shared expert has {rows} outputs and "
+                                        f"{in_features(get(layer, down))} neurons; dpa reads {want} and {width}")
+    return width
