@@ -5,6 +5,7 @@ Screenshots go to ``$DPA_SCREENSHOTS`` when set (to look at them), else to the t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -351,15 +352,7 @@ def test_granite_with_experts_save_html_names_its_units_and_experts(browser, tmp
 def test_mamba2_save_html_has_no_mlp_panel_to_fill(browser, tmp_path):  # noqa: F811
     """Mamba-2 (three Mamba-2 blocks, no attention, no MLP) on a static page: every row is a scan row, a unit's
     details name it, and the page says there are no MLP neurons instead of an empty panel; no console error."""
-    model = tiny_model("mamba2")
-    result = dpa.attribute(model, None, random_ids(9).tolist(), edges=True, neuron_positions=True,
-                           effective_targets=True)
-    path = save_html(CircuitWidget(result, model, None), tmp_path / "mamba2.html")
-    page, blocked, errors = open_offline(browser, path, 1400)
-    try:
-        widget_el = page.locator(".dpa-circuit")
-        heat = widget_el.locator("svg.dpa-heatmap").first
-        heat.locator("rect.dpa-head").nth(11).wait_for(timeout=30_000)
+    with _static_page(browser, tmp_path, tiny_model("mamba2")) as (page, widget_el, heat, blocked, errors):
         ticks = heat.locator("text.dpa-tick").all_text_contents()
         assert {"L0 scan", "L1 scan", "L2 scan"} <= set(ticks) and "L1 attn" not in ticks, ticks
         heat.locator('rect.dpa-head[data-layer="2"][data-head="1"]').click()
@@ -368,20 +361,27 @@ def test_mamba2_save_html_has_no_mlp_panel_to_fill(browser, tmp_path):  # noqa: 
         assert title.inner_text().startswith("scan L2.S1 · "), title.inner_text()
         finish_offline_page(page, widget_el, shots(tmp_path) / "save-html-mamba2-1400.png", 1400, errors, blocked)
         assert "no MLP" in widget_el.inner_text()
-    finally:
-        page.close()
 
 
-def _hybrid_page(browser, tmp_path, family, kind, hover_l0_h3, title_l2_h1, caption, experts=0):  # noqa: F811
-    model = tiny_model(family, 2)
+@contextlib.contextmanager
+def _static_page(browser, tmp_path, model):  # noqa: F811
+    """The model's attribution (edges, neuron positions, effective targets) saved as a static page and opened
+    offline at 1400 px, its head heatmap drawn: (page, widget, heatmap, blocked requests, console errors)."""
     result = dpa.attribute(model, None, random_ids(9).tolist(), edges=True, neuron_positions=True,
                            effective_targets=True)
-    path = save_html(CircuitWidget(result, model, None), tmp_path / f"{family}.html")
+    path = save_html(CircuitWidget(result, model, None), tmp_path / f"{model.config.model_type}.html")
     page, blocked, errors = open_offline(browser, path, 1400)
     try:
         widget_el = page.locator(".dpa-circuit")
         heat = widget_el.locator("svg.dpa-heatmap").first
         heat.locator("rect.dpa-head").nth(11).wait_for(timeout=30_000)
+        yield page, widget_el, heat, blocked, errors
+    finally:
+        page.close()
+
+
+def _hybrid_page(browser, tmp_path, family, kind, hover_l0_h3, title_l2_h1, caption, experts=0):  # noqa: F811
+    with _static_page(browser, tmp_path, tiny_model(family, 2)) as (page, widget_el, heat, blocked, errors):
         ticks = heat.locator("text.dpa-tick").all_text_contents()
         assert {f"L0 {kind}", "L1 attn", f"L2 {kind}"} <= set(ticks), ticks
         captions = widget_el.locator(".dpa-panel .dpa-caption").all_inner_texts()
@@ -402,8 +402,6 @@ def _hybrid_page(browser, tmp_path, family, kind, hover_l0_h3, title_l2_h1, capt
             assert widget_el.locator(".dpa-experts-panel rect.dpa-expert.dpa-shared").count() == 3
         name = "hybrid" if family == "lfm2" else kind if not experts else f"{kind}-experts"
         finish_offline_page(page, widget_el, shots(tmp_path) / f"save-html-{name}-1400.png", 1400, errors, blocked)
-    finally:
-        page.close()
 
 
 MOE_SETUP = f"""\
