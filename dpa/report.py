@@ -131,9 +131,10 @@ def describe_target(res: Attribution) -> str:
 
 
 def describe_weights(res: Attribution) -> str:
-    """The five path weights, named."""
+    """The five path weights, named (and the router's and experts' on a mixture of experts)."""
     w = res.weights
     return (f"query {w.query:g}, key {w.key:g}, value {w.value:g}, gate {w.gate:g}, up {w.up:g}"
+            + (f", router {w.router:g}, expert {w.expert:g}" if w.moe else "")
             + (" (the paper's default)" if w == type(w)() else ""))
 
 
@@ -313,6 +314,7 @@ def circuit_lines(circ) -> list[tuple[str, str]]:
     mixers = {k: kinds.count(k) for k in dict.fromkeys(kinds) if k != "head"}
     heads = kinds.count("head")
     neurons = sum(1 for n in circ.nodes if n.kind == "neuron")
+    experts = sum(1 for n in circ.nodes if n.kind == "expert")
     units = circ.units
     where = "at a position" if circ.positions else "over all positions"
     edges = int((circ.edges != 0).sum())
@@ -321,12 +323,19 @@ def circuit_lines(circ) -> list[tuple[str, str]]:
     rest = sum(abs(float(circ.edges[i, n.of])) for i, n in enumerate(circ.nodes) if n.kind == "rest" and n.of in units)
     gap = float(circ.in_gap[units].abs().sum())
     return [("model", circ.model_name), ("target", describe_target(circ)), ("weights μ", describe_weights(circ)),
-            ("graph", f"{_count(len(units), 'unit')} ({_count(heads, 'head')}, "
-                      + "".join(f"{_count(n, f'{k} unit')}, " for k, n in mixers.items())
-                      + f"{_count(neurons, 'neuron')}) {where}, "
+            ("graph", f"{_count(len(units), 'unit')} ({_kinds_counted(heads, mixers, neurons, experts)}) {where}, "
                       f"{_count(len(circ.tokens), 'token')}, {_count(edges, 'edge')}"),
             ("in-flow", f"of the units' |scores|, {rest / total:.1%} comes from units left out (rest nodes) and "
-                        f"{gap / total:.1%} from the control paths (query/key, gate: the in-flow gap)")]
+                        f"{gap / total:.1%} from the control paths (query/key, gate"
+                        + (", router" if experts else "") + ": the in-flow gap)")]
+
+
+def _kinds_counted(heads: int, mixers: dict[str, int], neurons: int, experts: int) -> str:
+    """"3 heads, 8 scan units, 19 experts": each kind the graph holds (heads and neurons also at zero where the
+    model has no other kind in their place)."""
+    parts = [("head", heads, not mixers), *((f"{k} unit", n, False) for k, n in mixers.items()),
+             ("expert", experts, False), ("neuron", neurons, not experts and not mixers)]
+    return ", ".join(_count(n, what) for what, n, always in parts if n or always) or "none"
 
 
 def circuit_report(circ, *, top: int = 10) -> str:

@@ -147,8 +147,10 @@ class Attribution(JsonRecord):
                        f"gate+up = {w.gate + w.up:g}; the paper has 1 and 1): the scores scale the target's "
                        "paths unevenly and are not the paper's DPA")
         if not self.conserves:
-            out.append("control paths on (query, key or gate weight > 0, or value != 1): the token scores need "
-                       f"not sum to the target (completeness gap {self.completeness_gap:+.3g})")
+            paths = ("query, key, gate or router weight > 0, or value or expert != 1" if w.moe else
+                     "query, key or gate weight > 0, or value != 1")
+            out.append(f"control paths on ({paths}): the token scores need not sum to the target (completeness gap "
+                       f"{self.completeness_gap:+.3g})")
         return out
 
     @property
