@@ -431,12 +431,18 @@ def _check_attention(layers, family: Family, spec: ModelSpec) -> None:
         if spec.kind(i) != "attention":  # a mixer block (LFM2's convolution): its own checks
             mixer = family.mixer(spec.kind(i))
             if mixer.rule == "scan":  # a Mamba-2 block: its units are n_heads groups of out_proj's input channels
-                inner = check_block(layer, mixer, spec.d_model, i).inner
-                if inner % spec.n_heads:
+                shape = check_block(layer, mixer, spec.d_model, i)
+                key = family.heads_key
+                if shape.inner % spec.n_heads:
                     raise UnsupportedModelError(
-                        f"unsupported model: layers[{i}].{mixer.heads} reads {inner} channels, not a multiple of "
-                        f"num_attention_heads={spec.n_heads}; dpa scores a {mixer.kind} layer's channels in the heads' "
-                        "place, n_heads groups of them")
+                        f"unsupported model: layers[{i}].{mixer.heads} reads {shape.inner} channels, not a multiple of "
+                        f"{key}={spec.n_heads}; dpa scores a {mixer.kind} layer's channels in the heads' place, "
+                        "n_heads groups of them")
+                if key != "num_attention_heads" and shape.heads != spec.n_heads:  # the units are the SSM heads
+                    raise UnsupportedModelError(
+                        f"unsupported model: layers[{i}].{mixer.module} runs {shape.heads} heads, while the config's "
+                        f"{key} is {spec.n_heads}; dpa scores each of the block's heads as a unit, so the two must "
+                        "agree (a config edited after loading?)")
                 continue
             check_mixer(layer, mixer, spec.d_model, i)
             if spec.d_model != spec.n_heads * spec.d_head:

@@ -337,11 +337,21 @@ def sampled_bits(p, samples: int) -> bytes:
 _SETTING_TYPES = (bool, int, float, str, type(None))
 
 
+def _plain(value) -> bool:
+    return isinstance(value, _SETTING_TYPES) or (isinstance(value, (tuple, list)) and all(_plain(v) for v in value))
+
+
+def _frozen(value):
+    """A setting as a value that a later in-place edit of the module's own cannot change (a list as a tuple)."""
+    return tuple(_frozen(v) for v in value) if isinstance(value, (tuple, list)) else value
+
+
 def plain_settings(module):
-    """One module's plain settings: its public attributes that are a bool, number, string or None (a norm's eps, an
-    attention's scaling or soft-cap, a head count), what its forward reads besides its tensors; not ``training``."""
-    return ((k, v) for k, v in module.__dict__.items()
-            if k[0] != "_" and k != "training" and isinstance(v, _SETTING_TYPES))
+    """One module's plain settings: its public attributes that are a bool, number, string or None, or a tuple or
+    list of them (a norm's eps, an attention's scaling or soft-cap, a head count, a Mamba-2 block's time_step_limit,
+    a convolution's padding), what its forward reads besides its tensors; not ``training``. Lists come as tuples."""
+    return ((k, _frozen(v)) for k, v in module.__dict__.items()
+            if k[0] != "_" and k != "training" and _plain(v))
 
 
 def module_settings(model) -> list[tuple[str, Any]]:

@@ -312,6 +312,8 @@ def _neurons(mods, spec, what: str):
     if mods.neurons is None:
         from .errors import UnsupportedModelError
 
+        if mods.mlp is None:
+            raise UnsupportedModelError(f"{what} needs MLP neurons, and {spec.family}'s layers have no MLP")
         raise UnsupportedModelError(f"{what} is not supported on a mixture of experts ({spec.family}) yet: its neurons "
                                     "are inside the experts; the DPA scores themselves (dpa.attribute) are")
     return mods.neurons

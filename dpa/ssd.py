@@ -299,8 +299,8 @@ def check_block(layer: nn.Module, mixer: Mixer, d_model: int, i: int) -> ScanSha
             or conv.stride != (1,) or conv.dilation != (1,)):
         raise UnsupportedModelError(
             f"unsupported module: {where}.conv1d is {type(conv).__name__ if conv is not None else 'missing'}"
-            + ("" if conv is None else f" of shape {tuple(conv.weight.shape)}, groups {conv.groups}, stride "
-               f"{getattr(conv, 'stride', None)}, dilation {getattr(conv, 'dilation', None)}")
+            + ("" if type(conv) is not nn.Conv1d else f" of shape {tuple(conv.weight.shape)}, groups {conv.groups}, "
+               f"stride {conv.stride}, dilation {conv.dilation}")
             + f"; the {mixer.kind} rule reads a depthwise nn.Conv1d over {s.conv} channels with {s.kernel} taps, "
             "stride 1 and dilation 1")
     want = {"in_proj.weight": (s.rows, d_model), "out_proj.weight": (d_model, s.inner),

@@ -220,7 +220,7 @@ def _first_order(circ, model: nn.Module, req, mods, dst, G: Tensor, write: Tenso
         rec = session.recording
         layer = dst.layer
         resid = {layer: rec.resid[layer][0].detach().to(dtype)}
-        mid = {layer: rec.mid[layer][0].detach().to(dtype)}
+        mid = {i: m[0].detach().to(dtype) for i, m in rec.mid.items() if i == layer}  # (none without an MLP)
         g, _, _ = pullback(session, mods[layer], layer, dst.block, [dst], [G], resid, mid, dict(rec.calls), dtype)
     return float((g[0] * write.to(dtype)).sum())
 

@@ -139,7 +139,8 @@ def compare(model: nn.Module, tokenizer, result: Attribution, method: str) -> di
                 "rho": _finite(spearman(result.token_scores, other.token_scores))}
     out = {"method": method, "level": level, "head_scores": other.head_scores.double().tolist(),
            "rho": _finite(spearman(result.head_scores, other.head_scores))}
-    if other.neuron_scores is not None and other.neuron_scores.shape == result.neuron_scores.shape:
+    if (other.neuron_scores is not None and other.neuron_scores.shape == result.neuron_scores.shape
+            and other.neuron_scores.numel() > 1):  # (a model without an MLP has none to rank)
         out["rho_neurons"] = _finite(spearman(result.neuron_scores, other.neuron_scores))
     return out
 

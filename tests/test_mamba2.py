@@ -10,7 +10,9 @@ left as it was, the config's float32 residual on a float32 model, and the comman
 
 from __future__ import annotations
 
+import copy
 import json
+import math
 
 import pytest
 import torch
@@ -122,3 +124,45 @@ def test_the_command_line_attributes_a_saved_mamba2(tmp_path, capsys):
                  "--json", str(graph)]) == 0
     nodes = json.loads(graph.read_text())["nodes"]
     assert any(".S" in n["label"] for n in nodes) and not any(".N" in n["label"] for n in nodes)
+
+
+def test_an_edge_between_two_scan_units_verifies(model):
+    """A unit -> unit edge runs its destination's block again on its recorded input (there is no mid-layer residual
+    on these layers); its first-order value is the edge, under weights that keep every path."""
+    circ = dpa.circuit(model, None, random_ids(6), target=TARGET, nodes=10)
+    pairs = [(u, d) for u in circ.units for d in circ.units if abs(float(circ.edges[u, d])) > 0]
+    u, d = max(pairs, key=lambda p: abs(float(circ.edges[p])))
+    out = circ.verify(model, None, (circ.nodes[u].label, circ.nodes[d].label))
+    assert all(math.isfinite(out[k]) for k in ("edge", "first_order", "direct", "target"))
+
+
+def test_edits_of_the_blocks_are_refused_by_name(model):
+    """A setting of the blocks edited after a circuit (a tuple: time_step_limit) makes verifying it refused; the
+    config's unit count must be the blocks' own head count; a wrapped convolution is not the block described."""
+    circ = dpa.circuit(model, None, random_ids(6), target=TARGET, nodes=6)
+    edited = copy.deepcopy(model)
+    circ_edited = dpa.circuit(edited, None, random_ids(6), target=TARGET, nodes=6)
+    for layer in edited.backbone.layers:
+        layer.mixer.time_step_limit = (0.01, 0.02)
+    _refused(edited, lambda: circ_edited.verify(edited, None, (circ.units[0], "target")),
+             "time_step_limit", error=dpa.ModelStateError)
+    edited = copy.deepcopy(model)
+    edited.config.num_heads = 8
+    _refused(edited, lambda: dpa.attribute(edited, None, random_ids(6), target=TARGET),
+             "runs 4 heads, while the config's num_heads is 8")
+    edited = copy.deepcopy(model)
+    edited.backbone.layers[1].mixer.conv1d = torch.nn.Sequential(edited.backbone.layers[1].mixer.conv1d)
+    _refused(edited, lambda: dpa.attribute(edited, None, random_ids(6), target=TARGET),
+             "layers[1].mixer.conv1d is Sequential")
+    _refused(model, lambda: dpa.baselines.component_gradient(model, None, random_ids(6), target=TARGET),
+             "needs MLP neurons", "mamba2's layers have no MLP")
+
+
+def test_the_widget_compares_what_applies(model):
+    from dpa_widgets import live
+
+    res = dpa.attribute(model, None, random_ids(6), target=TARGET)
+    offered = live.baseline_methods(dpa.spec_for(model))
+    assert "components:random" in offered and "components:dpa_mid" not in offered
+    out = live.compare(model, None, res, "components:random")
+    assert math.isfinite(out["rho"]) and "rho_neurons" not in out

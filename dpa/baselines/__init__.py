@@ -57,14 +57,15 @@ READ_ATTENTION = frozenset({last_layer_attention, mean_attention, attention_roll
 def supports(method, spec) -> bool:
     """Whether ``method`` (a function of ``INPUT_METHODS`` / ``COMPONENT_METHODS``, or a partial of one) handles
     the family of ``spec``. dpa_mid reads the residual stream between attention and the MLP and each neuron's
-    down projection: a model with parallel blocks (GPT-NeoX) or experts has neither."""
+    down projection: a model with parallel blocks (GPT-NeoX) or experts has neither, one without an MLP (Mamba-2)
+    no neurons at all."""
     from .internals import recomputes
 
     fn = getattr(method, "func", method)
     if spec.mixed and fn in READ_ATTENTION:
         return False
     if fn is dpa_mid:
-        return not spec.parallel and not spec.n_experts
+        return not spec.parallel and not spec.n_experts and spec.d_mlp > 0
     return fn not in RECOMPUTE_LAYERS or recomputes(spec)
 
 
