@@ -24,7 +24,6 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from .errors import UnsupportedModelError
 from .families import LayerModules, ModelSpec, norm_eps, weight_rows
 from .functions import ACTIVATION_RATIO, Branch, FrozenNorm, LinearisedActivation, Tap, is_one
 from .guard import wrap

@@ -19,7 +19,7 @@ BOOK_BUILD = pytest.StashKey[dict]()
 # each notebook that ran without error, so that the book build shows those outputs instead of executing it again.
 EXECUTED_NOTEBOOKS: dict = {}
 
-from dpa.tiny import FAMILIES as ALL_FAMILIES  # every family dpa supports: the autograd suite
+from dpa.tiny import FAMILIES as ALL_FAMILIES  # noqa: F401  (every family dpa supports: the autograd suite)
 from dpa.tiny import (HYBRID_FAMILIES, LAYOUTS, MHA_ONLY, MOE_FAMILIES, SCAN_FAMILIES, random_ids,  # noqa: F401
                       tiny_config, tiny_model)
 
