@@ -23,7 +23,7 @@ from .request import Request
 from .rules.attention import attention_mask, attention_output, attention_probs, heads
 from .rules.norm import GAIN, rms_scale
 from .rules.rope import apply_rope
-from .ssd import scan_edges
+from .scan_rules import scan_rule
 
 
 def scaling(spec: ModelSpec, attn: nn.Module) -> float:
@@ -133,10 +133,11 @@ def edge_scores(spec: ModelSpec, model: nn.Module, request: Request, recording, 
     head's output, W_O^h^T t_mid)."""
     out = []
     for i in range(spec.n_layers):
-        if spec.scans(i):  # a Mamba-2 block: the terms of its scan, from its recorded input
+        if spec.scans(i):  # a Mamba-2 or Mamba block: the terms of its scan, from its recorded input
             h, mask = recording.branches[("scan", i)]
             block = get(spec.layers(model)[i], spec.parts.mixer(spec.kind(i)).module)
-            out.append(scan_edges(block, h, mask, lam[i].to(h.device), spec.n_heads).to(request.device, dtype))
+            edges = scan_rule(spec, i).scan_edges(block, h, mask, lam[i].to(h.device), spec.n_heads)
+            out.append(edges.to(request.device, dtype))
             continue
         if spec.kind(i) != "attention":  # a mixer layer (LFM2's convolution): its own token-to-token terms
             out.append(mixer_edges(spec, spec.layers(model)[i], recording, i, lam[i].to(request.device, dtype)))

@@ -29,7 +29,7 @@ from .rules.norm import NORM_KINDS
 from .spec import (UNBOUNDED, LayerModules, ModelSpec, context_length, get, in_features, is_projection, layer_modules,
                    neuron_direction, norm_eps, own_forward, post_norms, rope_depends_on_length, rope_settings,
                    rope_switched, unread_parameters, weight_rows, why_not_projection)
-from .ssd import check_block
+from .scan_rules import RULES
 from .state_checks import check_not_compiled, module_state
 
 __all__ = ["BRANCHES", "FAMILIES", "LAYOUTS", "LENGTH_DEPENDENT_ROPE", "METADATA_KEYS", "ROPE_TYPES", "Experts",
@@ -369,8 +369,9 @@ def _checked_spec(model: nn.Module, config, family: Family) -> ModelSpec:
     first = layers[0] if attention is None else attention  # where the sizes are read
     n_heads = getattr(config, family.heads_key)
     # the output projection reads every head; with no attention layer, the mixers' units are n_heads groups of
-    # d_model / n_heads channels
-    d_head = (config.hidden_size if attention is None else in_features(get(attention, family.heads))) // n_heads
+    # their output projection's input channels (Mamba-2's SSM heads, Mamba's channels)
+    heads = family.heads if attention is not None else family.on_layer(_kinds(config, family, len(layers))[0]).heads
+    d_head = in_features(get(first, heads)) // n_heads
     n_kv_heads = getattr(config, "num_key_value_heads", None) or n_heads
     n_experts = d_expert = d_shared = 0
     if family.moe is not None:
@@ -431,7 +432,7 @@ def _check_attention(layers, family: Family, spec: ModelSpec) -> None:
         if spec.kind(i) != "attention":  # a mixer block (LFM2's convolution): its own checks
             mixer = family.mixer(spec.kind(i))
             if mixer.rule == "scan":  # a Mamba-2 block: its units are n_heads groups of out_proj's input channels
-                shape = check_block(layer, mixer, spec.d_model, i)
+                shape = RULES[mixer.scan].check_block(layer, mixer, spec.d_model, i)
                 key = family.heads_key
                 if shape.inner % spec.n_heads:
                     raise UnsupportedModelError(
@@ -440,9 +441,9 @@ def _check_attention(layers, family: Family, spec: ModelSpec) -> None:
                         "n_heads groups of them")
                 if key != "num_attention_heads" and shape.heads != spec.n_heads:  # the units are the SSM heads
                     raise UnsupportedModelError(
-                        f"unsupported model: layers[{i}].{mixer.module} runs {shape.heads} heads, while the config's "
-                        f"{key} is {spec.n_heads}; dpa scores each of the block's heads as a unit, so the two must "
-                        "agree (a config edited after loading?)")
+                        f"unsupported model: layers[{i}].{mixer.module} has {shape.heads} state-space units (a Mamba-2 "
+                        f"block's heads, a Mamba block's channels), while the config's {key} is {spec.n_heads}; dpa "
+                        "scores each of them as a unit, so the two must agree (a config edited after loading?)")
                 continue
             check_mixer(layer, mixer, spec.d_model, i)
             if spec.d_model != spec.n_heads * spec.d_head:

@@ -99,6 +99,8 @@ class Mixer:
     #   read by: spec (ModelSpec.scans: linearise, mib.forward), families (checks)
     book: str = "gated-short-convolution"  # the book's chapter that derives its rule, named in refusals
     #   read by: mixers (checks the config)
+    scan: str = "ssd"  # with rule "scan", which block: "ssd" Mamba-2's (ssd.py), "selective" Mamba's (selective.py)
+    #   read by: scan_rules (linearise, families, explicit), spec (MIB's readers: Mamba-2's only), mib.forward
 
 
 @dataclass(frozen=True)
@@ -375,10 +377,23 @@ MAMBA2 = Family(  # every layer one Mamba-2 block (Bamba's, book: state-space-du
                   factors=("value", "key", "query"), heads="mixer.out_proj", biases=("use_bias",), letter="S",
                   rule="scan", book="state-space-duality"),))
 
+MAMBA = Family(  # Mamba-2's layout with Mamba's block (book: selective-scan): a state-space model per channel, so
+    model_type="mamba", config_class="MambaConfig", layers="backbone.layers",  # each channel is a unit (the
+    embed="backbone.embeddings", final_norm="backbone.norm_f", attention="mixer", mlp=None, mid=None,  # config's
+    norms=("norm",), block_inputs=("norm",), branches={name: "mixer.in_proj" for name in ("query", "key", "value")},
+    activation=None, heads="mixer.out_proj", neurons=None, rotary=None, attention_types=(),  # intermediate_size)
+    heads_key="intermediate_size", context_key=None,
+    mixers=(Mixer("scan", "linear_attention", module="mixer", in_proj="mixer.in_proj",
+                  factors=("value", "key", "query"), heads="mixer.out_proj", biases=("use_bias",), letter="S",
+                  rule="scan", book="selective-scan", scan="selective"),))
+
+FALCON_MAMBA = replace(MAMBA, model_type="falcon_mamba", config_class="FalconMambaConfig")  # its block RMS-normalises
+# the step's input, B and C (without a gain): read by the block's own rule, the rest is Mamba's
+
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA2, GEMMA3, OLMO2, PHI3,
                                                           SMOLLM3, GPT2, GPT_NEOX, MIXTRAL, QWEN2_MOE,
                                                           QWEN3_MOE, OLMOE, GPT_OSS, LFM2, BAMBA,
-                                                          GRANITEMOEHYBRID, MAMBA2)}
+                                                          GRANITEMOEHYBRID, MAMBA2, MAMBA, FALCON_MAMBA)}
 # Each unit kind's letter in labels (L3.H2, L5.N812, L1.E3, a hybrid's convolution unit L0.C3), the mixers' from
 # their descriptions.
 MIXER_KINDS: tuple[str, ...] = tuple(dict.fromkeys(m.kind for f in FAMILIES.values() for m in f.mixers))

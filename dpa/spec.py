@@ -443,7 +443,8 @@ def factor_columns(block: nn.Module) -> dict[str, torch.Tensor]:
 def _layer_modules(layer: nn.Module, spec: ModelSpec, kind: str) -> LayerModules:
     p = spec.parts.on_layer(kind)
     columns = {name: spec.columns(name, kind) for name in p.branches}
-    if kind != "attention" and spec.parts.mixer(kind).rule == "scan":  # a Mamba-2 block: in_proj's [z | xBC | dt]
+    if kind != "attention" and spec.parts.mixer(kind).scan == "ssd" and spec.parts.mixer(kind).rule == "scan":
+        # a Mamba-2 block: in_proj's [z | xBC | dt]
         columns.update(factor_columns(get(layer, p.attention)))  # as the readers of MIB's graph see it
     return LayerModules(
         layer=layer, attention=get(layer, p.attention), norms=tuple(get(layer, n) for n in p.norms),

@@ -25,6 +25,7 @@ own input must be the block's output (``LinearisedScan``), which no probe of a s
 from __future__ import annotations
 
 import contextvars
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -35,6 +36,20 @@ from .functions import Branch
 from .mixers import check_projections, disagreement, own_block
 from .registry import Mixer
 from .spec import ScanShape, factor_columns, shape_of, weight_rows
+
+
+@dataclass(frozen=True)
+class ScanRule:
+    """A block dpa linearises whole with ``LinearisedScan`` (``Mixer.rule`` "scan"), one per ``Mixer.scan``: Mamba-2's
+    (here), Mamba's (selective.py). ``scan_block(block, h, mask, mu=None, bias=None)`` -> (output, out_proj's input
+    n), dpa's copy of the block; ``scan_edges(block, h, mask, lam, units)`` -> [batch unit query key];
+    ``check_block(layer, mixer, d_model, i)`` -> its shape (``inner`` channels, ``heads``)."""
+
+    name: str  # in refusals: "Mamba-2"
+    book: str  # the chapter that derives the rule
+    scan_block: Callable
+    scan_edges: Callable
+    check_block: Callable
 
 
 # While MIB's graph runs a Mamba-2 block with a separate input per reader (``mib.forward``), the block's key and value
@@ -52,7 +67,7 @@ def scan_block(block: nn.Module, h: Tensor | dict[str, Tensor], mask: Tensor | N
     s, z, x, B, C, step, a = _factors(block, h, mask, bias)
     dtype = x.dtype
     scaled = ((lambda tensor, name: tensor) if mu is None else
-              (lambda tensor, name: _weighted(tensor, getattr(mu, name))))
+              (lambda tensor, name: weighted(tensor, getattr(mu, name))))
     y = _scan(scaled(x, "value"), scaled(B, "key"), scaled(C, "query"), step, a, s) + _skip(block, x, s)
     gate = z * torch.sigmoid(z).detach()  # SiLU(z), sigmoid frozen
     yz = scaled(y, "up") * scaled(gate, "gate")
@@ -149,7 +164,7 @@ def wide(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _weighted(tensor: Tensor, mu: float) -> Tensor:
+def weighted(tensor: Tensor, mu: float) -> Tensor:
     return tensor if mu == 1 else Branch.apply(tensor, float(mu), None, None)
 
 
@@ -202,9 +217,9 @@ class LinearisedScan(torch.autograd.Function):
     computation. Refused by name where they differ."""
 
     @staticmethod
-    def forward(ctx, anchor, n, block, mask, mu, bias_sink, where, *inputs):
+    def forward(ctx, anchor, n, block, mask, mu, bias_sink, where, rule, *inputs):
         ctx.save_for_backward(n, *inputs)  # the block's input, or one per reader of MIB's graph (query, key, value)
-        ctx.block, ctx.mask, ctx.mu, ctx.bias_sink, ctx.where = block, mask, mu, bias_sink, where
+        ctx.block, ctx.mask, ctx.mu, ctx.bias_sink, ctx.where, ctx.rule = block, mask, mu, bias_sink, where, rule
         return n.view_as(n)
 
     @staticmethod
@@ -218,18 +233,18 @@ class LinearisedScan(torch.autograd.Function):
             leaf = leaves[0] if len(leaves) == 1 else dict(zip(("query", "key", "value"), leaves))
             bias = (None if conv_bias is None else  # one leaf per row: its gradient gives each one's share
                     conv_bias.detach().to(leaves[0]).expand(h.shape[0], -1).clone().requires_grad_(True))
-            _, n = scan_block(block, leaf, ctx.mask, ctx.mu, bias)
+            _, n = ctx.rule.scan_block(block, leaf, ctx.mask, ctx.mu, bias)
             if not agree(own, n.detach()):
                 raise UnsupportedModelError(
                     f"unsupported module: {ctx.where} ({type(block).__name__}) computed another output on this input "
-                    f"than the Mamba-2 block dpa linearises (relative difference {_difference(own, n):.2g}; its "
-                    "forward, a function it calls or a kernel patched, also behind a hook?): dpa refuses rather than "
-                    "attribute another computation with this rule (book: state-space-duality)")
+                    f"than the {ctx.rule.name} block dpa linearises (relative difference {_difference(own, n):.2g}; "
+                    "its forward, a function it calls or a kernel patched, also behind a hook?): dpa refuses rather "
+                    f"than attribute another computation with this rule (book: {ctx.rule.book})")
             grads = torch.autograd.grad(n, leaves + ([] if bias is None else [bias]), g.to(n.dtype), allow_unused=True)
         if bias is not None and ctx.bias_sink is not None and grads[-1] is not None:
             ctx.bias_sink((grads[-1] * bias.detach()).sum(-1))
         out = [torch.zeros_like(x) if gx is None else gx.to(x.dtype) for x, gx in zip(inputs, grads)]
-        return (None, None, None, None, None, None, None, *out)
+        return (None, None, None, None, None, None, None, None, *out)
 
 
 def agree(own: Tensor, copy: Tensor) -> bool:
@@ -248,11 +263,11 @@ def _difference(own: Tensor, copy: Tensor) -> float:
 
 
 def linearised_forward(own: Callable, block: nn.Module, anchor: Tensor, mu, bias_sink: Callable | None,
-                       where: str, keep: Callable | None = None) -> Callable:
-    """The forward that replaces a Mamba-2 block's inside dpa's context: its own forward gives out_proj's input n
-    (no graph; seen by a hook held for the call), ``LinearisedScan`` the rule up to n, and out_proj runs on it as
-    the block's forward ran it, with the unit tap on its input: the same value, checked against what the block's
-    forward returned. ``keep(h, mask)``: where the edge scores are asked for, the block's input is kept for them."""
+                       where: str, rule: ScanRule, keep: Callable | None = None) -> Callable:
+    """The forward that replaces a scan block's inside dpa's context (``rule``: Mamba-2's, or Mamba's): its own
+    forward gives out_proj's input n (no graph; seen by a hook held for the call), ``LinearisedScan`` the rule up to
+    n, and out_proj runs on it as the block's forward ran it, with the unit tap on its input: the same value, checked
+    against what the block's forward returned. ``keep(h, mask)``: where the edge scores are asked for, the block's input is kept for them."""
     def forward(hidden_states, *args, **kwargs):
         if keep is not None:
             keep(hidden_states.detach(), kwargs.get("attention_mask"))
@@ -265,10 +280,11 @@ def linearised_forward(own: Callable, block: nn.Module, anchor: Tensor, mu, bias
             handle.remove()
         if len(seen) != 1:
             raise UnsupportedModelError(f"unsupported module: {where}'s forward called out_proj {len(seen)} times; "
-                                        "the Mamba-2 block dpa linearises calls it once")
+                                        f"the {rule.name} block dpa linearises calls it once")
         readers = READERS.get().get(block)  # MIB's graph: a key and a value input besides the query's
         inputs = (hidden_states,) if readers is None else (hidden_states, readers["key"], readers["value"])
-        n = LinearisedScan.apply(anchor, seen[0], block, kwargs.get("attention_mask"), mu, bias_sink, where, *inputs)
+        n = LinearisedScan.apply(anchor, seen[0], block, kwargs.get("attention_mask"), mu, bias_sink, where, rule,
+                                 *inputs)
         out = block.out_proj(n)
         if not agree(value, out.detach()):  # its forward changed what out_proj gave (a hook, a wrapper)
             raise UnsupportedModelError(
@@ -294,15 +310,7 @@ def check_block(layer: nn.Module, mixer: Mixer, d_model: int, i: int) -> ScanSha
             f"groups, a norm over groups of {s.norm_group} and activation {getattr(block, 'activation', None)!r}; "
             "the rule reads heads x head_dim channels, whole heads per group and a SiLU after the convolution")
     check_projections(layer, mixer, {mixer.in_proj: (s.rows, d_model), mixer.heads: (d_model, s.inner)}, i)
-    conv = getattr(block, "conv1d", None)
-    if (type(conv) is not nn.Conv1d or conv.groups != s.conv or tuple(conv.weight.shape) != (s.conv, 1, s.kernel)
-            or conv.stride != (1,) or conv.dilation != (1,)):
-        raise UnsupportedModelError(
-            f"unsupported module: {where}.conv1d is {type(conv).__name__ if conv is not None else 'missing'}"
-            + ("" if type(conv) is not nn.Conv1d else f" of shape {tuple(conv.weight.shape)}, groups {conv.groups}, "
-               f"stride {conv.stride}, dilation {conv.dilation}")
-            + f"; the {mixer.kind} rule reads a depthwise nn.Conv1d over {s.conv} channels with {s.kernel} taps, "
-            "stride 1 and dilation 1")
+    conv = check_conv(block, where, mixer.kind, s.conv, s.kernel)
     want = {"in_proj.weight": (s.rows, d_model), "out_proj.weight": (d_model, s.inner),
             "conv1d.weight": (s.conv, 1, s.kernel),
             "dt_bias": (s.heads,), "A_log": (s.heads,), "D": (s.heads,), "norm.weight": (s.inner,)}
@@ -313,15 +321,29 @@ def check_block(layer: nn.Module, mixer: Mixer, d_model: int, i: int) -> ScanSha
         raise UnsupportedModelError(f"unsupported module: {where} holds the parameters {sorted(have)}; the "
                                     f"{mixer.kind} rule reads exactly {sorted(want)} with their shapes, so it would "
                                     "miss the others")
-    _check_computes(block, d_model, where, mixer.kind)
+    check_computes(block, d_model, where, mixer.kind, RULE)
     return s
 
 
-def _check_computes(block: nn.Module, d_model: int, where: str, kind: str) -> None:
-    """The block's own forward gives ``scan_block``'s value on a probe (two prompts of 7 positions, the second with
-    two padded ones): a patched forward, a patched function of its modelling file (its scan, its convolution, its
-    padding mask) or a kernel computing something else is refused by name. To float32's rounding: the module's
-    scan runs in float32 whatever the model's dtype."""
+def check_conv(block: nn.Module, where: str, kind: str, channels: int, kernel: int) -> nn.Conv1d:
+    """The block's ``conv1d`` is the depthwise causal convolution the scan rules read (a bias allowed)."""
+    conv = getattr(block, "conv1d", None)
+    if (type(conv) is not nn.Conv1d or conv.groups != channels or tuple(conv.weight.shape) != (channels, 1, kernel)
+            or conv.stride != (1,) or conv.dilation != (1,)):
+        raise UnsupportedModelError(
+            f"unsupported module: {where}.conv1d is {type(conv).__name__ if conv is not None else 'missing'}"
+            + ("" if type(conv) is not nn.Conv1d else f" of shape {tuple(conv.weight.shape)}, groups {conv.groups}, "
+               f"stride {conv.stride}, dilation {conv.dilation}")
+            + f"; the {kind} rule reads a depthwise nn.Conv1d over {channels} channels with {kernel} taps, "
+            "stride 1 and dilation 1")
+    return conv
+
+
+def check_computes(block: nn.Module, d_model: int, where: str, kind: str, rule: ScanRule) -> None:
+    """The block's own forward gives the rule's copy's value (``rule.scan_block``) on a probe (two prompts of 7
+    positions, the second with two padded ones): a patched forward, a patched function of its modelling file (its
+    scan, its convolution, its padding mask) or a kernel computing something else is refused by name. To float32's
+    rounding: the module's scan runs in float32 whatever the model's dtype."""
     w = weight_rows(block.in_proj)
     g = torch.Generator().manual_seed(0)
     h = torch.randn(2, 7, d_model, generator=g, dtype=torch.float64).to(w.device, w.dtype)
@@ -329,11 +351,14 @@ def _check_computes(block: nn.Module, d_model: int, where: str, kind: str) -> No
     mask[1, :2] = 0
     training, block.training = block.training, False  # as dpa runs it: the fused training path is not attributed
     try:
-        why = disagreement(lambda: block(h, attention_mask=mask), lambda: scan_block(block, h, mask)[0], agree)
+        why = disagreement(lambda: block(h, attention_mask=mask), lambda: rule.scan_block(block, h, mask)[0], agree)
     finally:
         block.training = training
     if why is not None:
         raise UnsupportedModelError(
-            f"unsupported module: {where} ({type(block).__name__}) does not compute the Mamba-2 block dpa linearises"
-            f"{why} (the {kind} rule, book: state-space-duality; its forward, or a function it calls, patched?): "
+            f"unsupported module: {where} ({type(block).__name__}) does not compute the {rule.name} block dpa "
+            f"linearises{why} (the {kind} rule, book: {rule.book}; its forward, or a function it calls, patched?): "
             "dpa refuses rather than attribute another computation with this rule")
+
+
+RULE = ScanRule("Mamba-2", "state-space-duality", scan_block, scan_edges, check_block)

@@ -12,12 +12,15 @@ import torch
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "smollm3", "olmo2", "phi3", "gpt2",
             "gpt_neox", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss")
-MHA_ONLY = ("gpt2", "gpt_neox", "mamba2")  # families whose configs have no KV-head setting
+MHA_ONLY = ("gpt2", "gpt_neox", "mamba2", "mamba", "falcon_mamba")  # families whose configs have no KV-head setting
 MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss", "granitemoehybrid")
 # Hybrid families: token mixers other than attention on some layers (book: Beyond attention). dpa.attribute covers
 # them; what reads attention probabilities (attention maps, head ablations) refuses their mixer layers by name.
-HYBRID_FAMILIES = ("lfm2", "bamba", "granitemoehybrid", "mamba2")  # (Mamba-2's: no attention, no MLP)
-SCAN_FAMILIES = ("bamba", "granitemoehybrid", "mamba2")  # with Mamba-2 blocks (dpa's own Function, ssd.py)
+HYBRID_FAMILIES = ("lfm2", "bamba", "granitemoehybrid", "mamba2", "mamba", "falcon_mamba")  # (the Mamba families:
+# no attention, no MLP)
+SCAN_FAMILIES = ("bamba", "granitemoehybrid", "mamba2", "mamba", "falcon_mamba")  # with Mamba-2 blocks (ssd.py) or
+# Mamba's (selective.py): dpa's own Function
+SELECTIVE_FAMILIES = ("mamba", "falcon_mamba")  # Mamba's blocks: MIB's graph cannot feed their readers apart
 LAYOUTS = {"mha": 4, "gqa": 2, "mqa": 1}  # KV heads for 4 query heads
 
 
@@ -91,6 +94,12 @@ def tiny_config(family: str, kv_heads: int = 2, **overrides):
                       n_groups=2, state_size=8, conv_kernel=4, chunk_size=4, layer_norm_epsilon=1e-2,
                       residual_in_fp32=False, tie_word_embeddings=False, pad_token_id=0, bos_token_id=1,
                       eos_token_id=2)  # (residual_in_fp32 would cast a float64 model's residual to float32)
+    if family in ("mamba", "falcon_mamba"):  # three Mamba blocks and no MLP: 64 channels (each a unit) with states of
+        kwargs = dict(vocab_size=96, hidden_size=32, num_hidden_layers=3, expand=2, state_size=8,  # 8, a step of
+                      conv_kernel=4, time_step_rank=4, layer_norm_epsilon=1e-2, residual_in_fp32=False,  # rank 4
+                      tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+        if family == "falcon_mamba":  # its norms of the step's input, B and C, with an eps that matters
+            kwargs.update(mixer_rms_eps=1e-2)
     if family == "gpt2":
         kwargs = dict(vocab_size=96, n_embd=32, n_inner=48, n_layer=3, n_head=4, n_positions=64,
                       bos_token_id=1, eos_token_id=2, layer_norm_epsilon=1e-2)

@@ -20,10 +20,11 @@ BOOK_BUILD = pytest.StashKey[dict]()
 EXECUTED_NOTEBOOKS: dict = {}
 
 from dpa.tiny import FAMILIES as ALL_FAMILIES  # noqa: F401  (every family dpa supports: the autograd suite)
-from dpa.tiny import (HYBRID_FAMILIES, LAYOUTS, MHA_ONLY, MOE_FAMILIES, SCAN_FAMILIES, random_ids,  # noqa: F401
-                      tiny_config, tiny_model)
+from dpa.tiny import (HYBRID_FAMILIES, LAYOUTS, MHA_ONLY, MOE_FAMILIES, SCAN_FAMILIES, SELECTIVE_FAMILIES,  # noqa: F401
+                      random_ids, tiny_config, tiny_model)
 
-EDGE_HYBRIDS = HYBRID_FAMILIES  # hybrids whose edges dpa computes (MIB's graph too): all of them
+# hybrids whose MIB graph dpa runs: all but Mamba's (dpa.circuit computes every hybrid's edges)
+EDGE_HYBRIDS = tuple(f for f in HYBRID_FAMILIES if f not in SELECTIVE_FAMILIES)
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")  # the SwiGLU families the book's hand rules are written for
 
@@ -101,6 +102,20 @@ def float64_norms():
     granite_router.forward = _keeping_float64(granite_router.forward)
     eager = modeling_gemma2.eager_attention_forward  # Gemma 2's softmax, too, rounds to float32
     modeling_gemma2.eager_attention_forward = _float64_eager(eager)
+    from transformers.models.falcon_mamba import modeling_falcon_mamba
+    from transformers.models.mamba import modeling_mamba
+
+    mamba_norms = [modeling_mamba.MambaRMSNorm, modeling_falcon_mamba.FalconMambaRMSNorm]
+    classes, originals = classes + mamba_norms, originals + [c.forward for c in mamba_norms]
+    for c in mamba_norms:
+        c.forward = _float64_rms_forward(c.forward)
+    weightless = modeling_falcon_mamba.FalconMambaWeightlessRMSNorm  # Falcon-Mamba's norms of B, C and the step's
+    classes, originals = classes + [weightless], originals + [weightless.forward]  # input: x.float() in float64
+    weightless.forward = _keeping_float64(weightless.forward)
+    selective = (modeling_mamba, modeling_falcon_mamba)  # Mamba blocks: the torch scan casts B and x to float32
+    selective_scans = [module.mamba_selective_scan for module in selective]
+    for module, scan in zip(selective, selective_scans):
+        module.mamba_selective_scan = _keeping_float64(scan)
     scans = (modeling_bamba, modeling_granite, modeling_mamba2)  # Mamba-2 blocks: their gated norm and their whole
     for gated in (modeling_bamba.BambaRMSNormGated, modeling_granite.GraniteMoeHybridRMSNormGated,  # scan: float32
                   modeling_mamba2.MambaRMSNormGated):
@@ -112,6 +127,8 @@ def float64_norms():
     yield
     for module, scan in zip(scans, chunk_scans):
         module.mamba2_chunk_scan = scan
+    for module, scan in zip(selective, selective_scans):
+        module.mamba_selective_scan = scan
     modeling_gemma2.eager_attention_forward = eager
     for c, f in zip(classes, originals):
         c.forward = f

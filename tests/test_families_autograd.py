@@ -111,8 +111,9 @@ def linearised(model, mu, moe=None):
             set_forward(mods.mlp, _inline_glu(mods, ratio))
         else:
             set_forward(mods.activation, lambda s: s * ratio(s).detach())
-        if mods.kind == "scan":  # a Mamba-2 block: its whole forward, linearised as a recurrence (_ssm_block)
-            set_forward(mods.attention, _ssm_block(mods.attention, weight))
+        if mods.kind == "scan":  # a Mamba-2 or Mamba block: its whole forward, linearised as a recurrence
+            block = mods.attention
+            set_forward(block, (_selective_block if hasattr(block, "x_proj") else _ssm_block)(block, weight))
         for module in {id(m): m for m in mods.branches.values()}.values():
             held = [n for n in names if mods.branches.get(n) is module]
             if mods.kind == "scan" and held[0] == "query":  # its in_proj: weighted inside _ssm_block
@@ -164,6 +165,42 @@ def _ssm_block(block, weight):
         grouped = yz.view(b, t, -1, block.norm.group_size)
         r = torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + block.norm.variance_epsilon).detach()
         return block.out_proj(block.norm.weight * (grouped * r).flatten(2))
+    return forward
+
+
+def _selective_block(block, weight):
+    """Mamba's block (transformers' ``MambaMixer``, ``FalconMambaMixer``), linearised, written here from its modeling
+    code: per channel a state s_t = exp(Delta_t A) s_{t-1} + Delta_t x_t B_t read by C_t, plus the skip D x_t, times
+    SiLU(z). Frozen: the step Delta, the sigmoids of the two SiLUs, Falcon-Mamba's norms' scales (of the step's
+    input, B and C). Weighted: x (value), B (key), C (query) in the scan, y (up) and SiLU(z) (gate); the skip at
+    weight one. A, D and the step's bias rounded to float32, as the module's forward makes them."""
+    def m(x, mu):
+        return mu * x + (1 - mu) * x.detach()
+
+    def rms(v, norm):  # FalconMambaWeightlessRMSNorm: v / rms(v), no gain
+        return v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + norm.eps).detach()
+
+    def forward(hidden_states, attention_mask=None, **_):
+        b, t, _ = hidden_states.shape
+        inner, n, rank = block.intermediate_size, block.ssm_state_size, block.time_step_rank
+        pad = (lambda x: x) if attention_mask is None else (lambda x: x * attention_mask[..., None])
+        xi, z = block.in_proj(pad(hidden_states)).chunk(2, dim=-1)
+        k = block.conv1d.weight.shape[-1]
+        u = torch.nn.functional.conv1d(xi.transpose(1, 2), block.conv1d.weight, block.conv1d.bias, padding=k - 1,
+                                       groups=inner)[..., :t].transpose(1, 2)
+        x = pad(u * torch.sigmoid(u).detach())
+        d, B, C = block.x_proj(x).split([rank, n, n], dim=-1)
+        if hasattr(block, "b_layernorm"):
+            d, B, C = rms(d, block.dt_layernorm), rms(B, block.b_layernorm), rms(C, block.c_layernorm)
+        dt = torch.nn.functional.softplus(d @ block.dt_proj.weight.T + block.dt_proj.bias.float().double()).detach()
+        a = -torch.exp(block.A_log.float()).double()  # [I N]
+        xs, Bs, Cs = m(x, weight["value"]), m(B, weight["key"]), m(C, weight["query"])
+        state, ys = torch.zeros(b, inner, n, dtype=x.dtype), []
+        for i in range(t):
+            state = state * torch.exp(dt[:, i, :, None] * a) + (dt[:, i] * xs[:, i])[..., None] * Bs[:, i, None, :]
+            ys.append((state * Cs[:, i, None, :]).sum(-1) + block.D.float().double() * x[:, i])
+        y = torch.stack(ys, dim=1)
+        return block.out_proj(m(y, weight["up"]) * m(z * RATIO["silu"](z).detach(), weight["gate"]))
     return forward
 
 

@@ -391,6 +391,13 @@ def check_graph_run(model: nn.Module, spec) -> None:
     o_proj's input, o_proj from its weights), the MLP, never the decoder stack's, the layers' or the attention's own
     forward as a whole. A class that replaces one of these forwards (a subclass with a forward of its own) may
     compute something those parts do not: refused by name rather than measured as another model."""
+    selective = [i for i in spec.scan_layers if spec.parts.mixer(spec.kind(i)).scan != "ssd"]
+    if selective:  # MIB's graph feeds each unit's readers their own inputs, through in_proj's columns
+        raise UnsupportedModelError(
+            f"MIB's graph does not run on {spec.family} yet: it gives each unit's query, key and value readers inputs "
+            f"of their own, and a Mamba block (layers {', '.join(map(str, selective))}) computes its B and C from x "
+            "after its convolution (book: selective-scan), so its readers cannot be fed apart; dpa.attribute and "
+            "dpa.circuit (its edges included) run on it")
     devices = sorted({str(t.device) for t in (*model.parameters(), *model.buffers())})
     if len(devices) > 1:  # the writers' outputs are kept side by side and summed per reader, on one device
         raise UnsupportedModelError(

@@ -1,11 +1,13 @@
-"""Mamba-2 (``mamba2``): every layer one Mamba-2 block (Bamba's, book: state-space-duality) and no MLP.
+"""The Mamba families: every layer one block and no MLP -- Mamba-2's (``mamba2``, Bamba's block, book:
+state-space-duality), Mamba's (``mamba``) and Falcon-Mamba's (``falcon_mamba``, book: selective-scan).
 
-The autograd suite (test_families_autograd), the circuit suite (test_circuit) and MIB's (test_mib) run the tiny
-Mamba-2 with the other families: each path against the plain recurrence, completeness, the flow identities, the
+The autograd suite (test_families_autograd), the circuit suite (test_circuit) and MIB's (test_mib, Mamba-2 only) run
+the tiny models with the other families: each path against the plain recurrence, completeness, the flow identities, the
 one-pass evaluation against patching edge by edge. Here: what a model without attention and without an MLP changes
 around them -- no prompt is too long (the model reads no position), the layers' second block is absent everywhere
 (no neurons, no MIB MLP nodes with edges), what needs an MLP or attention probabilities refused by name with the model
-left as it was, the config's float32 residual on a float32 model, and the command line on a saved folder.
+left as it was, the config's float32 residual on a float32 model, and the command line on a saved folder. Mamba's
+blocks: MIB's graph refused by name (it cannot feed their readers apart).
 """
 
 from __future__ import annotations
@@ -24,25 +26,28 @@ from .conftest import hf_logits, random_ids, tiny_model
 from .test_hybrid import _state
 
 TARGET = 5
+UNITS = {"mamba2": (4, 16), "mamba": (64, 1), "falcon_mamba": (64, 1)}  # units per layer and their channels
+FAMILIES = tuple(UNITS)
 
 
-@pytest.fixture(scope="module")
-def model():
-    return tiny_model("mamba2")
+@pytest.fixture(scope="module", params=FAMILIES)
+def model(request):
+    return tiny_model(request.param)
 
 
 def test_the_layers_are_scan_blocks_without_an_mlp(model):
     spec = dpa.spec_for(model)
-    assert spec.layer_kinds == ("scan",) * 3 and spec.n_heads == 4 and spec.unit_width(0) == 16
+    units, width = UNITS[spec.family]
+    assert spec.layer_kinds == ("scan",) * 3 and spec.n_heads == units and spec.unit_width(0) == width
     assert spec.d_mlp == 0 and spec.n_experts == 0
     res = dpa.attribute(model, None, random_ids(9), target=TARGET)
-    assert res.head_scores.shape == (3, 4) and res.neuron_scores.shape == (3, 0)
+    assert res.head_scores.shape == (3, units) and res.neuron_scores.shape == (3, 0)
     assert res.top_components(3)["positive"][0].kind == "scan"
     assert "no MLP" in res.summary() and "MLP neurons" not in res.summary()
 
 
 def test_no_prompt_is_too_long_for_a_model_that_reads_no_position(model):
-    """Mamba-2's config has no max_position_embeddings: a prompt longer than any tiny model's context attributes,
+    """These configs have no max_position_embeddings: a prompt longer than any tiny model's context attributes,
     and completes under conservative weights."""
     ids = random_ids(150)
     res = dpa.attribute(model, None, ids, target=TARGET, weights=dpa.PathWeights(0, 0, 1, 0.5, 0.5))
@@ -51,18 +56,26 @@ def test_no_prompt_is_too_long_for_a_model_that_reads_no_position(model):
     assert res.target_logit == pytest.approx(float(hf_logits(model, ids[None])[0, -1, TARGET]), rel=1e-12)
 
 
-def test_a_float32_residual_on_a_float32_model_is_the_models_own():
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_float32_residual_on_a_float32_model_is_the_models_own(family):
     """The released configs keep the residual in float32 (``residual_in_fp32``): on a float32 model that is the
     model as it is, and dpa's target is its logit."""
-    model = tiny_model("mamba2", dtype=torch.float32, residual_in_fp32=True)
+    model = tiny_model(family, dtype=torch.float32, residual_in_fp32=True)
     ids = random_ids(9)
     res = dpa.attribute(model, None, ids, target=TARGET, weights=dpa.PathWeights(0, 0, 1, 0.5, 0.5))
     assert res.target_logit == pytest.approx(float(hf_logits(model, ids[None])[0, -1, TARGET]), rel=1e-5)
     assert float(res.token_scores.sum()) + res.bias_share == pytest.approx(res.target_logit, rel=1e-4, abs=1e-5)
 
 
-def test_mibs_graph_has_no_mlp_edges(model):
-    graph = Graph.of(dpa.spec_for(model))
+def test_mibs_graph_has_no_mlp_edges_and_refuses_mambas_blocks(model, tmp_path):
+    spec = dpa.spec_for(model)
+    if spec.family != "mamba2":
+        from dpa.mib.forward import check_graph_run
+
+        _refused(model, lambda: check_graph_run(model, spec), f"MIB's graph does not run on {spec.family} yet",
+                 "computes its B and C from x after its convolution")
+        return
+    graph = Graph.of(spec)
     mlp_readers = [graph.mlp_reader(i) for i in range(3)]
     mlp_writers = [graph.mlp(i) for i in range(3)]
     assert not graph.exists[:, mlp_readers].any() and not graph.exists[mlp_writers].any()
@@ -84,8 +97,9 @@ def test_what_needs_an_mlp_or_attention_is_refused_by_name(model, tmp_path):
     from .test_evaluate import tiny_dataset, word_tokenizer
 
     ids = random_ids(7)
+    family = dpa.spec_for(model).family
     _refused(model, lambda: dpa.attribute(model, None, ids, target=TARGET, neuron_target="mid"),
-             "neuron_target='mid'", "mamba2's layers have no MLP")
+             "neuron_target='mid'", f"{family}'s layers have no MLP")
     res = dpa.attribute(model, None, ids, target=TARGET)
     _refused(model, lambda: run(model, res, mode="disrupt", units="selection", k=1, head=[0, 1]),
              r"L0.S1 is a scan unit")
@@ -101,23 +115,25 @@ def test_what_needs_an_mlp_or_attention_is_refused_by_name(model, tmp_path):
                  needle, "the input benchmark (unit='input') runs on it")
 
 
-def test_a_bias_inside_the_block_is_refused_by_name():
-    model = tiny_model("mamba2", use_bias=True)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_bias_inside_the_block_is_refused_by_name(family):
+    model = tiny_model(family, use_bias=True)
     _refused(model, lambda: dpa.attribute(model, None, random_ids(6), target=TARGET), "use_bias=True")
 
 
-def test_the_command_line_attributes_a_saved_mamba2(tmp_path, capsys):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_command_line_attributes_a_saved_model(family, tmp_path, capsys):
     from dpa.cli import main
 
     from .test_evaluate import word_tokenizer
 
-    folder = tmp_path / "mamba2"
-    tiny_model("mamba2", dtype=torch.float32).save_pretrained(folder)
+    folder = tmp_path / family
+    tiny_model(family, dtype=torch.float32).save_pretrained(folder)
     word_tokenizer().save_pretrained(folder)
     out_json = tmp_path / "r.json"
     assert main(["attribute", "w4 w5 w6 w7", "--model", str(folder), "--target", "w9", "--json", str(out_json)]) == 0
     report = capsys.readouterr().out
-    assert "4 scan units per layer, no MLP" in report and "(scan units ranked together)" in report
+    assert f"{UNITS[family][0]} scan units per layer, no MLP" in report and "(scan units ranked together)" in report
     assert json.loads(out_json.read_text())["layer_kinds"] == ["scan"] * 3
     graph = tmp_path / "g.json"
     assert main(["circuit", "w4 w5 w6 w7", "--model", str(folder), "--target", "w9", "--nodes", "20",
@@ -137,25 +153,32 @@ def test_an_edge_between_two_scan_units_verifies(model):
 
 
 def test_edits_of_the_blocks_are_refused_by_name(model):
-    """A setting of the blocks edited after a circuit (a tuple: time_step_limit) makes verifying it refused; the
-    config's unit count must be the blocks' own head count; a wrapped convolution is not the block described."""
+    """A setting of the blocks edited after a circuit (a tuple: Mamba-2's time_step_limit; a number: Mamba's
+    time_step_rank) makes verifying it refused; the config's unit count must be the blocks' own; a wrapped
+    convolution is not the block described."""
+    family = dpa.spec_for(model).family
     circ = dpa.circuit(model, None, random_ids(6), target=TARGET, nodes=6)
     edited = copy.deepcopy(model)
     circ_edited = dpa.circuit(edited, None, random_ids(6), target=TARGET, nodes=6)
+    setting, value = ("time_step_limit", (0.01, 0.02)) if family == "mamba2" else ("use_conv_bias", False)
     for layer in edited.backbone.layers:
-        layer.mixer.time_step_limit = (0.01, 0.02)
+        setattr(layer.mixer, setting, value)
     _refused(edited, lambda: circ_edited.verify(edited, None, (circ.units[0], "target")),
-             "time_step_limit", error=dpa.ModelStateError)
+             setting, error=dpa.ModelStateError)
     edited = copy.deepcopy(model)
-    edited.config.num_heads = 8
+    key = "num_heads" if family == "mamba2" else "intermediate_size"
+    units = getattr(edited.config, key)
+    setattr(edited.config, key, units // 2)
     _refused(edited, lambda: dpa.attribute(edited, None, random_ids(6), target=TARGET),
-             "runs 4 heads, while the config's num_heads is 8")
+             f"has {units} state-space units", f"while the config's {key} is {units // 2}")
     edited = copy.deepcopy(model)
     edited.backbone.layers[1].mixer.conv1d = torch.nn.Sequential(edited.backbone.layers[1].mixer.conv1d)
     _refused(edited, lambda: dpa.attribute(edited, None, random_ids(6), target=TARGET),
              "layers[1].mixer.conv1d is Sequential")
-    _refused(model, lambda: dpa.baselines.component_gradient(model, None, random_ids(6), target=TARGET),
-             "needs MLP neurons", "mamba2's layers have no MLP")
+    from dpa.baselines import component_gradient
+
+    _refused(model, lambda: component_gradient(model, None, random_ids(6), target=TARGET),
+             "needs MLP neurons", f"{family}'s layers have no MLP")
 
 
 def test_the_widget_compares_what_applies(model):

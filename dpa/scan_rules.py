@@ -1,0 +1,14 @@
+"""The blocks dpa linearises whole (``Mixer.rule`` "scan"), by ``Mixer.scan``: Mamba-2's state-space duality
+(ssd.py), Mamba's selective scan (selective.py). Each is an ``ssd.ScanRule``: dpa's copy of the block, its edge
+scores and its checks."""
+
+from __future__ import annotations
+
+from . import selective, ssd
+
+RULES: dict[str, ssd.ScanRule] = {"ssd": ssd.RULE, "selective": selective.RULE}
+
+
+def scan_rule(spec, index: int) -> ssd.ScanRule:
+    """Layer ``index``'s scan rule (``spec.scans(index)`` must hold)."""
+    return RULES[spec.parts.mixer(spec.kind(index)).scan]
