@@ -184,7 +184,11 @@ def check_block(layer: nn.Module, mixer: Mixer, d_model: int, i: int) -> Selecti
         want["conv1d.bias"] = (s.inner,)
     if s.norms:
         for name, size in zip(_NORMS, (s.rank, s.state, s.state)):
-            if isinstance(getattr(getattr(block, name), "weight", None), nn.Parameter):
+            norm = getattr(block, name)
+            if not isinstance(getattr(norm, "variance_epsilon", getattr(norm, "eps", None)), (int, float)):
+                raise UnsupportedModelError(f"unsupported module: {where}.{name} is {type(norm).__name__}; the rule "
+                                            "reads one of transformers' RMS norms there (its eps, its gain if any)")
+            if isinstance(getattr(norm, "weight", None), nn.Parameter):
                 want[f"{name}.weight"] = (size,)
     have = {n: tuple(p.shape) for n, p in block.named_parameters()}
     if have != want:

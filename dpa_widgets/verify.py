@@ -45,6 +45,9 @@ def run(model: nn.Module, result: Attribution, *, mode: str, units: str, k: int,
         heads = [tuple(head)] if head is not None else []
         neurons = [tuple(neuron)] if neuron is not None else []
     else:
+        if "head" not in result.unit_kinds and result.neuron_scores.shape[1] == 0:  # (Mamba: scan units alone)
+            raise InputError(f"ablation reaches attention heads and MLP neurons, and this model has neither (its "
+                             f"units: {', '.join(result.unit_kinds)}); verify tokens here (units='top_tokens')")
         top = result.top_components(k, kinds=("head", "neuron"))["positive"]
         heads = [(c.layer, c.index) for c in top if c.kind == "head"]
         neurons = [(c.layer, c.index) for c in top if c.kind == "neuron"]

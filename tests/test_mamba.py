@@ -189,3 +189,58 @@ def test_the_widget_compares_what_applies(model):
     assert "components:random" in offered and "components:dpa_mid" not in offered
     out = live.compare(model, None, res, "components:random")
     assert math.isfinite(out["rho"]) and "rho_neurons" not in out
+
+
+@pytest.mark.parametrize("family", ["mamba", "falcon_mamba", "mamba2"])
+def test_a_scan_off_by_a_little_at_one_position_is_refused(family, monkeypatch):
+    """transformers' scan changed by 5e-5 of the block's largest output at the last position only (ten times the
+    rounding dpa's copy is allowed there, far below the largest output's): refused by name, since the target would
+    count what the copy does not (the completeness gap was 1e-2 of the logit on this model). On the probe of the block
+or on the call's own input, whichever sees it first."""
+    from transformers.models.falcon_mamba import modeling_falcon_mamba
+    from transformers.models.mamba import modeling_mamba
+    from transformers.models.mamba2 import modeling_mamba2
+
+    module, name = {"mamba": (modeling_mamba, "mamba_selective_scan"),
+                    "falcon_mamba": (modeling_falcon_mamba, "mamba_selective_scan"),
+                    "mamba2": (modeling_mamba2, "mamba2_chunk_scan")}[family]
+    model = tiny_model(family, dtype=torch.float32)
+    ids = random_ids(12)
+    res = dpa.attribute(model, None, ids, target=TARGET)  # before the patch: the model's own logit
+    assert res.target_logit == pytest.approx(float(hf_logits(model, ids[None])[0, -1, TARGET]), rel=1e-6)
+    original = getattr(module, name)
+
+    def slipped(*args, **kwargs):
+        out = original(*args, **kwargs)
+        out = out[0] if isinstance(out, tuple) else out
+        last = out.clone()
+        if family == "mamba2":  # [b t heads head_dim]
+            last[:, -1] += 5e-5 * out.abs().max()
+        else:  # [b channels t]
+            last[..., -1] += 5e-5 * out.abs().max()
+        return last
+
+    monkeypatch.setattr(module, name, slipped)
+    _refused(model, lambda: dpa.attribute(model, None, ids, target=TARGET), "block dpa linearises")
+
+
+def test_what_is_not_the_block_described_is_refused_by_name():
+    """Falcon-Mamba's norm of B replaced by something that is not an RMS norm; a weight that is NaN (the message
+    names the block and the weight, not the dtype); the widget's verification of top components on a model with
+    neither heads nor neurons."""
+    from dpa_widgets.verify import run
+
+    model = tiny_model("falcon_mamba", dtype=torch.float32)
+    edited = copy.deepcopy(model)
+    edited.backbone.layers[1].mixer.b_layernorm = torch.nn.Identity()
+    _refused(edited, lambda: dpa.attribute(edited, None, random_ids(6), target=TARGET),
+             "layers[1].mixer.b_layernorm is Identity")
+    edited = copy.deepcopy(model)
+    with torch.no_grad():
+        edited.backbone.layers[1].mixer.A_log[3] = float("nan")
+    with pytest.raises(dpa.NonFiniteError) as info:
+        dpa.attribute(edited, None, random_ids(6), target=TARGET)
+    assert "Mamba block" in str(info.value) and "try float32" not in str(info.value), str(info.value)
+    res = dpa.attribute(model, None, random_ids(6), target=TARGET)
+    _refused(model, lambda: run(model, res, mode="disrupt", units="top_components", k=3),
+             "this model has neither (its units: scan)", error=dpa.InputError)

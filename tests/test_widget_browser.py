@@ -349,17 +349,21 @@ def test_granite_with_experts_save_html_names_its_units_and_experts(browser, tmp
                  "heads and scan units", experts=5)
 
 
-def test_mamba2_save_html_has_no_mlp_panel_to_fill(browser, tmp_path):  # noqa: F811
-    """Mamba-2 (three Mamba-2 blocks, no attention, no MLP) on a static page: every row is a scan row, a unit's
-    details name it, and the page says there are no MLP neurons instead of an empty panel; no console error."""
-    with _static_page(browser, tmp_path, tiny_model("mamba2")) as (page, widget_el, heat, blocked, errors):
+@pytest.mark.parametrize("family", ["mamba2", "mamba"])
+def test_mamba_save_html_has_no_mlp_panel_to_fill(browser, tmp_path, family):  # noqa: F811
+    """Mamba-2 and Mamba (three blocks, no attention, no MLP) on a static page: every row is a scan row, a unit's
+    details name it (a Mamba unit is one channel: 64 a row), and the page says there are no MLP neurons instead of an
+    empty panel; no console error."""
+    with _static_page(browser, tmp_path, tiny_model(family)) as (page, widget_el, heat, blocked, errors):
         ticks = heat.locator("text.dpa-tick").all_text_contents()
-        assert {"L0 scan", "L1 scan", "L2 scan"} <= set(ticks) and "L1 attn" not in ticks, ticks
+        rows = {"L0 scan", "L2 scan"} if family == "mamba" else {"L0 scan", "L1 scan", "L2 scan"}  # (64 units: 9 px
+        assert rows <= set(ticks) and not any("attn" in t for t in ticks), ticks  # rows, every other one named)
+        assert heat.locator('rect.dpa-head[data-layer="0"]').count() == (64 if family == "mamba" else 4)
         heat.locator('rect.dpa-head[data-layer="2"][data-head="1"]').click()
         title = widget_el.locator(".dpa-detail .dpa-detail-title").first
         title.wait_for(timeout=5_000)
         assert title.inner_text().startswith("scan L2.S1 · "), title.inner_text()
-        finish_offline_page(page, widget_el, shots(tmp_path) / "save-html-mamba2-1400.png", 1400, errors, blocked)
+        finish_offline_page(page, widget_el, shots(tmp_path) / f"save-html-{family}-1400.png", 1400, errors, blocked)
         assert "no MLP" in widget_el.inner_text()
 
 

@@ -59,8 +59,7 @@ function headKeys(ctx, svg, data, lay, locked) {
 function cellName(data, lay, c) {
   if (unitKind(data, c.layer) === "head") return `${headLabel(data, c.layer, c.head)} (KV group ${lay.group(c.head)})`;
   const width = (data.unit_widths || {})[unitKind(data, c.layer)];  // a convolution's, where d_model is known
-  const channels = width === 1 ? ` (channel ${c.head})` : width ? ` (channels ${c.head * width}–${(c.head + 1) * width - 1})` : "";
-  return headLabel(data, c.layer, c.head) + channels;  // (a Mamba block's units: one channel each)
+  return headLabel(data, c.layer, c.head) + (width ? ` (channels ${c.head * width}–${(c.head + 1) * width - 1})` : "");
 }
 
 /** @param {Ctx} ctx */
