@@ -96,21 +96,26 @@ def _factors(block: nn.Module, h: Tensor | dict[str, Tensor], mask: Tensor | Non
             p = p + x.new_zeros(*x.shape[:-1], w.shape[0]).index_add(-1, cols, x @ w[cols].T)
     h = h.to(dtype)
     z, xi, delta = p.split([s.inner, s.conv, s.heads], dim=-1)
-    conv = block.conv1d
-    t = h.shape[1]
-    u = nn.functional.conv1d(xi.transpose(1, 2), conv.weight.detach().to(dtype), padding=s.kernel - 1,
-                             groups=s.conv)[..., :t].transpose(1, 2)  # [b t conv]
-    if bias is not None:
-        u = u + bias[:, None, :]
-    elif conv.bias is not None:
-        u = u + conv.bias.detach().to(dtype)
-    v = u * torch.sigmoid(u).detach()  # SiLU(u) = u sigmoid(u), sigmoid frozen
-    if mask is not None:
-        v = v * m
+    v = conv_silu(block.conv1d, xi, bias, m)
     x, B, C = v.split([s.inner, s.groups * s.state, s.groups * s.state], dim=-1)
     step = nn.functional.softplus(delta + block.dt_bias.detach().to(dtype)).clamp(*s.limit).detach()  # [b t H]
     a = -torch.exp(block.A_log.detach().float()).to(dtype)  # the decay as the module's forward makes it
     return s, z, x, B, C, step, a
+
+
+def conv_silu(conv: nn.Conv1d, xi: Tensor, bias: Tensor | None, m: Tensor | None) -> Tensor:
+    """The block's depthwise causal convolution over ``xi`` [b t channels] and its SiLU, the sigmoid frozen: with
+    ``bias`` [b channels] (a leaf per prompt, for the bias share) in the convolution's bias's place where given;
+    padded positions (``m`` [b t 1] zero) zeroed after it, as the module's forward does."""
+    t = xi.shape[1]
+    u = nn.functional.conv1d(xi.transpose(1, 2), conv.weight.detach().to(xi.dtype), padding=conv.weight.shape[-1] - 1,
+                             groups=xi.shape[-1])[..., :t].transpose(1, 2)
+    if bias is not None:
+        u = u + bias[:, None, :]
+    elif conv.bias is not None:
+        u = u + conv.bias.detach().to(xi.dtype)
+    v = u * torch.sigmoid(u).detach()  # SiLU(u) = u sigmoid(u), sigmoid frozen
+    return v if m is None else v * m
 
 
 def _skip(block: nn.Module, x: Tensor, s: ScanShape) -> Tensor:
@@ -278,7 +283,8 @@ def linearised_forward(own: Callable, block: nn.Module, anchor: Tensor, mu, bias
     """The forward that replaces a scan block's inside dpa's context (``rule``: Mamba-2's, or Mamba's): its own
     forward gives out_proj's input n (no graph; seen by a hook held for the call), ``LinearisedScan`` the rule up to
     n, and out_proj runs on it as the block's forward ran it, with the unit tap on its input: the same value, checked
-    against what the block's forward returned. ``keep(h, mask)``: where the edge scores are asked for, the block's input is kept for them."""
+    against what the block's forward returned. ``keep(h, mask)``: where the edge scores are asked for, the block's
+    input is kept for them."""
     def forward(hidden_states, *args, **kwargs):
         if keep is not None:
             keep(hidden_states.detach(), kwargs.get("attention_mask"))
@@ -327,12 +333,7 @@ def check_block(layer: nn.Module, mixer: Mixer, d_model: int, i: int) -> ScanSha
             "dt_bias": (s.heads,), "A_log": (s.heads,), "D": (s.heads,), "norm.weight": (s.inner,)}
     if conv.bias is not None:
         want["conv1d.bias"] = (s.conv,)
-    have = {n: tuple(p.shape) for n, p in block.named_parameters()}
-    if have != want:
-        raise UnsupportedModelError(f"unsupported module: {where} holds the parameters {sorted(have)}; the "
-                                    f"{mixer.kind} rule reads exactly {sorted(want)} with their shapes, so it would "
-                                    "miss the others")
-    check_computes(block, d_model, where, mixer.kind, RULE)
+    check_computes(block, want, d_model, where, mixer.kind, RULE)
     return s
 
 
@@ -350,11 +351,17 @@ def check_conv(block: nn.Module, where: str, kind: str, channels: int, kernel: i
     return conv
 
 
-def check_computes(block: nn.Module, d_model: int, where: str, kind: str, rule: ScanRule) -> None:
-    """The block's own forward gives the rule's copy's value (``rule.scan_block``) on a probe (two prompts of 7
-    positions, the second with two padded ones): a patched forward, a patched function of its modelling file (its
-    scan, its convolution, its padding mask) or a kernel computing something else is refused by name. To float32's
-    rounding: the module's scan runs in float32 whatever the model's dtype."""
+def check_computes(block: nn.Module, want: dict[str, tuple[int, ...]], d_model: int, where: str, kind: str,
+                   rule: ScanRule) -> None:
+    """The block holds exactly the parameters ``want`` (name -> shape) the rule reads, and its own forward gives the
+    rule's copy's value (``rule.scan_block``) on a probe (two prompts of 7 positions, the second with two padded
+    ones): a patched forward, a patched function of its modelling file (its scan, its convolution, its padding mask)
+    or a kernel computing something else is refused by name. To float32's rounding: the module's scan runs in
+    float32 whatever the model's dtype."""
+    have = {n: tuple(p.shape) for n, p in block.named_parameters()}
+    if have != want:
+        raise UnsupportedModelError(f"unsupported module: {where} holds the parameters {sorted(have)}; the {kind} "
+                                    f"rule reads exactly {sorted(want)} with their shapes, so it would miss the others")
     w = weight_rows(block.in_proj)
     g = torch.Generator().manual_seed(0)
     h = torch.randn(2, 7, d_model, generator=g, dtype=torch.float64).to(w.device, w.dtype)
