@@ -67,9 +67,8 @@ def check_config(config) -> Family:
             f"unsupported config setting(s) {', '.join(unknown)} for model_type={model_type!r}: dpa does not know "
             "what they change, so it refuses to attribute rather than risk a wrong answer")
     activation_kind(config, family)
-    for key, want in family.fixed:
+    for key, want, why in family.fixed:
         if (getattr(config, key, want) or None) != (want or None):  # False, None and 0 all mean "off"
-            why = "bidirectional attention and cross-attention are not linearised"
             raise _config_error(key, getattr(config, key), f"the {model_type} description needs {want!r} ({why})")
     if getattr(config, "mlp_bias", False):
         raise _config_error("mlp_bias", True, "MLP biases are inputs no token owns")

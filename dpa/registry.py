@@ -183,7 +183,7 @@ class Family:
     # ^ the config key naming the activation, and each value this description linearises -> its kind (key None: the
     #   modelling code calls one activation whatever the config says, LFM2's F.silu: ((None, kind),))
     #   read by: families (ModelSpec.activation)
-    fixed: tuple[tuple[str, object], ...] = ()  # config settings the description needs at these values
+    fixed: tuple[tuple[str, object, str], ...] = ()  # config settings the description needs at these values, and why
     #   read by: families (checks the config)
     rope_layers: str | None = None  # config key listing, per layer, 1 where RoPE is applied (SmolLM3's NoPE layers)
     #   read by: families (ModelSpec.rotary_layers)
@@ -251,6 +251,7 @@ class Family:
         return replace(self, **changes)
 
 
+_ONE_LAYOUT = "dpa reads one MLP layout on every layer: all sparse, or all dense"  # (Family.fixed's why)
 LLAMA = Family("llama", "LlamaConfig")
 MISTRAL = LLAMA.with_(model_type="mistral", config_class="MistralConfig",
                       slides_every_layer=True)  # diff with Llama: a sliding window on every layer
@@ -267,7 +268,7 @@ GEMMA3 = LLAMA.with_(  # diff with Llama: GeGLU (tanh GELU), (1 + gamma) norms, 
     head_norms=("self_attn.q_norm", "self_attn.k_norm"),
     activation_config=("hidden_activation", (("gelu_pytorch_tanh", "gelu_tanh"), ("gelu", "gelu"))),
     mid="pre_feedforward_layernorm", softcap=("attn_logit_softcapping", "final_logit_softcapping"),
-    fixed=(("use_bidirectional_attention", False),))
+    fixed=(("use_bidirectional_attention", False, "bidirectional attention is not linearised"),))
 
 GEMMA2 = GEMMA3.with_(model_type="gemma2", config_class="Gemma2Config",  # diff with Gemma 3: no q/k norms;
                       head_norms=None)  # its soft-caps are on by default (attention 50, final logits 30)
@@ -297,7 +298,8 @@ GPT2 = Family(  # LayerNorm with biases, learned positions, one fused q/k/v proj
               "up": "mlp.c_fc"},
     fused=(("attn.c_attn", "blocks"),), activation="mlp.act", heads="attn.c_proj", neurons="mlp.c_proj",
     mid="ln_2", biases=True, gated=False, positions="transformer.wpe",
-    activation_config=("activation_function", _GELU), fixed=(("add_cross_attention", False),))
+    activation_config=("activation_function", _GELU),
+    fixed=(("add_cross_attention", False, "cross-attention is not linearised"),))
 
 GPT_NEOX = Family(  # Pythia: LayerNorm with biases, q/k/v fused per head, partial RoPE, parallel residuals
     model_type="gpt_neox", config_class="GPTNeoXConfig", layers="gpt_neox.layers", embed="gpt_neox.embed_in",
@@ -315,14 +317,14 @@ MIXTRAL = MISTRAL.with_(  # diff with Mistral: a mixture of experts in place of 
     neurons=None, moe=Experts())
 QWEN3_MOE = QWEN3.with_(model_type="qwen3_moe", config_class="Qwen3MoeConfig", branches=_MOE_BRANCHES,
                         activation="mlp.experts.act_fn", neurons=None, moe=Experts(),
-                        fixed=(("mlp_only_layers", []), ("decoder_sparse_step", 1)))  # every layer sparse
+                        fixed=(("mlp_only_layers", [], _ONE_LAYOUT), ("decoder_sparse_step", 1, _ONE_LAYOUT)))
 QWEN2_MOE = QWEN3_MOE.with_(model_type="qwen2_moe", config_class="Qwen2MoeConfig", head_norms=None,
                             biased_branches=("query", "key", "value"),
                             moe=Experts(shared="mlp.shared_expert", shared_gate="mlp.shared_expert_gate"))
 OLMOE = OLMO2.with_(  # pre-norms as Llama (not OLMo 2's post-norms), q/k norms over the projection, experts
     model_type="olmoe", config_class="OlmoeConfig", norms=LLAMA.norms, block_inputs=LLAMA.block_inputs,
     mid=LLAMA.mid, branches=_MOE_BRANCHES, activation="mlp.experts.act_fn", neurons=None, moe=Experts(),
-    fixed=(("clip_qkv", None),))
+    fixed=(("clip_qkv", None, "a clamp of q, k and v is not linearised"),))
 
 GPT_OSS = Family(  # experts with biases and a clamped swish GLU, a router with a bias, attention sinks, q/k/v/o
     model_type="gpt_oss", config_class="GptOssConfig", branches=_MOE_BRANCHES, activation=None,  # biases, local
@@ -390,10 +392,19 @@ MAMBA = Family(  # Mamba-2's layout with Mamba's block (book: selective-scan): a
 FALCON_MAMBA = replace(MAMBA, model_type="falcon_mamba", config_class="FalconMambaConfig")  # its block RMS-normalises
 # the step's input, B and C (without a gain): read by the block's own rule, the rest is Mamba's
 
+JAMBA = BAMBA.with_(  # diff with Bamba: Mamba's block (book: selective-scan; its step's input, B and C RMS-normalised
+    model_type="jamba", config_class="JambaConfig", partial_rotary=False,  # with gains) in the Mamba-2 block's
+    rotary=None,  # place, attention without any position embedding; dense layers only: the released models put
+    fixed=(("num_experts", 1, _ONE_LAYOUT),),  # experts on every other layer, and dpa reads one layout per model
+    mixers=(Mixer("scan", "linear_attention", module="mamba", in_proj="mamba.in_proj",
+                  factors=("value", "key", "query"), heads="mamba.out_proj", biases=("mamba_proj_bias",), letter="S",
+                  rule="scan", book="selective-scan", scan="selective"),))
+
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA2, GEMMA3, OLMO2, PHI3,
                                                           SMOLLM3, GPT2, GPT_NEOX, MIXTRAL, QWEN2_MOE,
                                                           QWEN3_MOE, OLMOE, GPT_OSS, LFM2, BAMBA,
-                                                          GRANITEMOEHYBRID, MAMBA2, MAMBA, FALCON_MAMBA)}
+                                                          GRANITEMOEHYBRID, MAMBA2, MAMBA, FALCON_MAMBA,
+                                                          JAMBA)}
 # Each unit kind's letter in labels (L3.H2, L5.N812, L1.E3, a hybrid's convolution unit L0.C3), the mixers' from
 # their descriptions.
 MIXER_KINDS: tuple[str, ...] = tuple(dict.fromkeys(m.kind for f in FAMILIES.values() for m in f.mixers))

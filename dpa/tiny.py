@@ -16,11 +16,11 @@ MHA_ONLY = ("gpt2", "gpt_neox", "mamba2", "mamba", "falcon_mamba")  # families w
 MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss", "granitemoehybrid")
 # Hybrid families: token mixers other than attention on some layers (book: Beyond attention). dpa.attribute covers
 # them; what reads attention probabilities (attention maps, head ablations) refuses their mixer layers by name.
-HYBRID_FAMILIES = ("lfm2", "bamba", "granitemoehybrid", "mamba2", "mamba", "falcon_mamba")  # (the Mamba families:
-# no attention, no MLP)
-SCAN_FAMILIES = ("bamba", "granitemoehybrid", "mamba2", "mamba", "falcon_mamba")  # with Mamba-2 blocks (ssd.py) or
-# Mamba's (selective.py): dpa's own Function
-SELECTIVE_FAMILIES = ("mamba", "falcon_mamba")  # Mamba's blocks: MIB's graph cannot feed their readers apart
+HYBRID_FAMILIES = ("lfm2", "bamba", "granitemoehybrid", "jamba", "mamba2", "mamba", "falcon_mamba")  # (the Mamba
+# families: no attention, no MLP)
+SCAN_FAMILIES = ("bamba", "granitemoehybrid", "jamba", "mamba2", "mamba", "falcon_mamba")  # with Mamba-2 blocks
+# (ssd.py) or Mamba's (selective.py): dpa's own Function
+SELECTIVE_FAMILIES = ("jamba", "mamba", "falcon_mamba")  # Mamba's blocks: MIB's graph cannot feed their readers apart
 LAYOUTS = {"mha": 4, "gqa": 2, "mqa": 1}  # KV heads for 4 query heads
 
 
@@ -73,6 +73,21 @@ def tiny_config(family: str, kv_heads: int = 2, **overrides):
             kwargs.update(num_local_experts=4, intermediate_size=12, swiglu_limit=0.3, sliding_window=5,
                           layer_types=["sliding_attention", "full_attention", "sliding_attention"],
                           rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    if family in HYBRID_FAMILIES:
+        kwargs = _hybrid(family, kwargs)
+    if family == "gpt2":
+        kwargs = dict(vocab_size=96, n_embd=32, n_inner=48, n_layer=3, n_head=4, n_positions=64,
+                      bos_token_id=1, eos_token_id=2, layer_norm_epsilon=1e-2)
+    if family == "gpt_neox":  # partial rotary (a quarter of each head, Pythia's), parallel residuals
+        kwargs.pop("head_dim"), kwargs.pop("num_key_value_heads"), kwargs.pop("rms_norm_eps")
+        kwargs.update(layer_norm_eps=1e-2, bos_token_id=1, eos_token_id=2,
+                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25})
+    kwargs.update(overrides)
+    return config_class(family)(**kwargs)
+
+
+def _hybrid(family: str, kwargs: dict) -> dict:
+    """``tiny_config``'s sizes for a hybrid family (book: Beyond attention), from the common ``kwargs``."""
     if family == "lfm2":  # convolution layers around an attention layer; the MLP's width as given (no auto-adjust)
         kwargs.pop("head_dim"), kwargs.pop("rms_norm_eps")
         kwargs.update(norm_eps=1e-2, layer_types=["conv", "full_attention", "conv"], conv_L_cache=3,
@@ -94,21 +109,17 @@ def tiny_config(family: str, kv_heads: int = 2, **overrides):
                       n_groups=2, state_size=8, conv_kernel=4, chunk_size=4, layer_norm_epsilon=1e-2,
                       residual_in_fp32=False, tie_word_embeddings=False, pad_token_id=0, bos_token_id=1,
                       eos_token_id=2)  # (residual_in_fp32 would cast a float64 model's residual to float32)
+    if family == "jamba":  # Mamba blocks around an attention layer (no position embedding), dense MLPs: 64 channels
+        kwargs.pop("head_dim")  # in 4 units of 16, states of 8, a step of rank 4
+        kwargs.update(attn_layer_period=2, attn_layer_offset=1, num_experts=1, mamba_d_state=8, mamba_d_conv=4,
+                      mamba_expand=2, mamba_dt_rank=4, pad_token_id=0, bos_token_id=1, eos_token_id=2)
     if family in ("mamba", "falcon_mamba"):  # three Mamba blocks and no MLP: 64 channels (each a unit) with states of
         kwargs = dict(vocab_size=96, hidden_size=32, num_hidden_layers=3, expand=2, state_size=8,  # 8, a step of
                       conv_kernel=4, time_step_rank=4, layer_norm_epsilon=1e-2, residual_in_fp32=False,  # rank 4
                       tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2)
         if family == "falcon_mamba":  # its norms of the step's input, B and C, with an eps that matters
             kwargs.update(mixer_rms_eps=1e-2)
-    if family == "gpt2":
-        kwargs = dict(vocab_size=96, n_embd=32, n_inner=48, n_layer=3, n_head=4, n_positions=64,
-                      bos_token_id=1, eos_token_id=2, layer_norm_epsilon=1e-2)
-    if family == "gpt_neox":  # partial rotary (a quarter of each head, Pythia's), parallel residuals
-        kwargs.pop("head_dim"), kwargs.pop("num_key_value_heads"), kwargs.pop("rms_norm_eps")
-        kwargs.update(layer_norm_eps=1e-2, bos_token_id=1, eos_token_id=2,
-                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25})
-    kwargs.update(overrides)
-    return config_class(family)(**kwargs)
+    return kwargs
 
 
 def tiny_model(family: str, kv_heads: int = 2, seed: int = 0, dtype: torch.dtype = torch.float64, **overrides):

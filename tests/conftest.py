@@ -105,14 +105,16 @@ def float64_norms():
     from transformers.models.falcon_mamba import modeling_falcon_mamba
     from transformers.models.mamba import modeling_mamba
 
-    mamba_norms = [modeling_mamba.MambaRMSNorm, modeling_falcon_mamba.FalconMambaRMSNorm]
+    from transformers.models.jamba import modeling_jamba
+
+    mamba_norms = [modeling_mamba.MambaRMSNorm, modeling_falcon_mamba.FalconMambaRMSNorm, modeling_jamba.JambaRMSNorm]
     classes, originals = classes + mamba_norms, originals + [c.forward for c in mamba_norms]
     for c in mamba_norms:
         c.forward = _float64_rms_forward(c.forward)
     weightless = modeling_falcon_mamba.FalconMambaWeightlessRMSNorm  # Falcon-Mamba's norms of B, C and the step's
     classes, originals = classes + [weightless], originals + [weightless.forward]  # input: x.float() in float64
     weightless.forward = _keeping_float64(weightless.forward)
-    selective = (modeling_mamba, modeling_falcon_mamba)  # Mamba blocks: the torch scan casts B and x to float32
+    selective = (modeling_mamba, modeling_falcon_mamba, modeling_jamba)  # Mamba blocks: the torch scan casts B and x
     selective_scans = [module.mamba_selective_scan for module in selective]
     for module, scan in zip(selective, selective_scans):
         module.mamba_selective_scan = _keeping_float64(scan)

@@ -44,7 +44,8 @@ DISPLAY = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Q
            "gemma3_text": "Gemma 3", "olmo2": "OLMo 2", "phi3": "Phi-3", "smollm3": "SmolLM3", "gpt2": "GPT-2",
            "gpt_neox": "GPT-NeoX", "mixtral": "Mixtral", "qwen2_moe": "Qwen2-MoE", "qwen3_moe": "Qwen3-MoE",
            "olmoe": "OLMoE", "gpt_oss": "GPT-OSS", "lfm2": "LFM2", "bamba": "Bamba",
-           "granitemoehybrid": "Granite 4.0-H", "mamba2": "Mamba-2", "mamba": "Mamba", "falcon_mamba": "Falcon-Mamba"}
+           "granitemoehybrid": "Granite 4.0-H", "mamba2": "Mamba-2", "mamba": "Mamba", "falcon_mamba": "Falcon-Mamba",
+           "jamba": "Jamba"}
 
 
 def test_every_family_list_is_the_codes():

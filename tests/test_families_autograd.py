@@ -169,15 +169,17 @@ def _ssm_block(block, weight):
 
 
 def _selective_block(block, weight):
-    """Mamba's block (transformers' ``MambaMixer``, ``FalconMambaMixer``), linearised, written here from its modeling
+    """Mamba's block (transformers' ``MambaMixer``, ``FalconMambaMixer``, ``JambaMambaMixer``), linearised, written here from its modeling
     code: per channel a state s_t = exp(Delta_t A) s_{t-1} + Delta_t x_t B_t read by C_t, plus the skip D x_t, times
-    SiLU(z). Frozen: the step Delta, the sigmoids of the two SiLUs, Falcon-Mamba's norms' scales (of the step's
-    input, B and C). Weighted: x (value), B (key), C (query) in the scan, y (up) and SiLU(z) (gate); the skip at
+    SiLU(z). Frozen: the step Delta, the sigmoids of the two SiLUs, Falcon-Mamba's and Jamba's norms' scales (of the
+    step's input, B and C). Weighted: x (value), B (key), C (query) in the scan, y (up) and SiLU(z) (gate); the skip at
     weight one. A, D and the step's bias rounded to float32, as the module's forward makes them."""
     def m(x, mu):
         return mu * x + (1 - mu) * x.detach()
 
-    def rms(v, norm):  # FalconMambaWeightlessRMSNorm: v / rms(v), no gain
+    def rms(v, norm):  # FalconMambaWeightlessRMSNorm: v / rms(v), no gain; JambaRMSNorm: times its weight
+        if hasattr(norm, "variance_epsilon"):
+            return norm.weight * v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon).detach()
         return v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + norm.eps).detach()
 
     def forward(hidden_states, attention_mask=None, **_):

@@ -1,0 +1,45 @@
+"""Jamba (``jamba``): Mamba's blocks (book: selective-scan; their step's input, B and C RMS-normalised with gains)
+on the layers ``layer_types`` marks ``linear_attention``, attention without any position embedding on the others,
+each followed by a SwiGLU MLP.
+
+The autograd suite (test_families_autograd) and the circuit suite (test_circuit) run the tiny Jamba with the other
+families. Here: its layout as dpa reads it, and what it refuses by name -- experts (every other layer of the
+released models: dpa reads one MLP layout per model), MIB's graph (a Mamba block's readers cannot be fed apart), a
+bias inside the block.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import dpa
+
+from .conftest import random_ids, tiny_model
+from .test_mamba import _refused
+
+TARGET = 5
+
+
+def test_the_layers_are_scan_attention_scan_each_with_an_mlp():
+    model = tiny_model("jamba")
+    spec = dpa.spec_for(model)
+    assert spec.layer_kinds == ("scan", "attention", "scan") and spec.n_heads == 4 and spec.unit_width(0) == 16
+    assert spec.d_mlp == 48 and spec.n_experts == 0 and not spec.rotary_layers
+    res = dpa.attribute(model, None, random_ids(9), target=TARGET, weights=dpa.PathWeights(0, 0, 1, 0.5, 0.5))
+    assert res.head_scores.shape == (3, 4) and res.neuron_scores.shape == (3, 48)
+    assert float(res.token_scores.sum()) + res.bias_share == pytest.approx(res.target_logit, rel=1e-9, abs=1e-11)
+
+
+@pytest.mark.parametrize("overrides, needle", [(dict(num_experts=4), "num_experts"),
+                                               (dict(mamba_proj_bias=True), "mamba_proj_bias=True")])
+def test_what_the_description_does_not_read_is_refused_by_name(overrides, needle):
+    model = tiny_model("jamba", **overrides)
+    _refused(model, lambda: dpa.attribute(model, None, random_ids(6), target=TARGET), needle)
+
+
+def test_mibs_graph_is_refused_by_name():
+    from dpa.mib.forward import check_graph_run
+
+    model = tiny_model("jamba")
+    _refused(model, lambda: check_graph_run(model, dpa.spec_for(model)), "MIB's graph does not run on jamba yet",
+             "layers 0, 2")
