@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .errors import InputError, InputTypeError, NonFiniteError
+from .errors import InputError, InputTypeError, NonFiniteError, non_finite_parameter
 from .explicit import edge_scores
 from .families import ModelSpec, layer_modules, weight_rows
 from .instrument import RECORDABLE, instrument
@@ -161,8 +161,10 @@ def run(model: nn.Module, req: Request, readouts: dict[str, Readout] | None = No
     names = ("tokens", "heads", "neurons", "bias")  # "the token scores", ...
     bad = [n for s in [scores, *(per_term or [])] for n in names if not finite(getattr(s, n))]
     if bad:
-        raise NonFiniteError(f"the {bad[0].removesuffix('s')} scores are not finite (NaN or inf): the path weights "
-                             f"{req.weights.as_tuple()} or the target overflow in {dtype}")
+        weight = non_finite_parameter(model)
+        raise NonFiniteError(f"the {bad[0].removesuffix('s')} scores are not finite (NaN or inf): " + (
+            f"the model's parameter {weight} is NaN or inf" if weight else
+            f"the path weights {req.weights.as_tuple()} or the target overflow in {dtype}"))
     return Run(scores=scores, values=values.detach(), probs=probs, capped=after_cap, term_rows=rows,
                term_values=term_values.detach(), per_term=per_term, term_capped=term_capped, out=out)
 
@@ -391,5 +393,7 @@ def _locate_non_finite(session) -> str:
         for h in handles:
             h.remove()
     where = found[0] if found else "the final norm or the unembedding"
-    return (f"non-finite activations (NaN or inf) in the output of {where}; the model's weights or dtype "
-            "overflow on this input (try float32)")
+    weight = non_finite_parameter(model)
+    return (f"non-finite activations (NaN or inf) in the output of {where}; " + (
+        f"the model's parameter {weight} is NaN or inf" if weight else
+        "the model's weights or dtype overflow on this input (try float32)"))

@@ -34,6 +34,14 @@ class NonFiniteError(DPAError, FloatingPointError):
     """NaN or infinite values appeared (weights, activations, targets or scores)."""
 
 
+def non_finite_parameter(module) -> str | None:
+    """The name of ``module``'s first parameter holding a NaN or an inf, or None: what a ``NonFiniteError`` names
+    first where it is the cause (only looked for once a value is found not finite)."""
+    import torch
+
+    return next((name for name, p in module.named_parameters() if not bool(torch.isfinite(p).all())), None)
+
+
 class ModelStateError(DPAError, RuntimeError):
     """The model is in a state dpa cannot attribute (e.g. already instrumented by this thread)."""
 

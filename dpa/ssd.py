@@ -31,7 +31,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from .errors import NonFiniteError, UnsupportedModelError
+from .errors import NonFiniteError, UnsupportedModelError, non_finite_parameter
 from .functions import Branch
 from .mixers import check_projections, disagreement, own_block
 from .registry import Mixer
@@ -239,7 +239,7 @@ class LinearisedScan(torch.autograd.Function):
             bias = (None if conv_bias is None else  # one leaf per row: its gradient gives each one's share
                     conv_bias.detach().to(leaves[0]).expand(h.shape[0], -1).clone().requires_grad_(True))
             _, n = ctx.rule.scan_block(block, leaf, ctx.mask, ctx.mu, bias)
-            if not agree(own, n.detach(), ctx.rule.name):
+            if not agree(own, n.detach(), ctx.rule.name, block, ctx.where):
                 raise UnsupportedModelError(
                     f"unsupported module: {ctx.where} ({type(block).__name__}) computed another output on this input "
                     f"than the {ctx.rule.name} block dpa linearises (relative difference {_difference(own, n):.2g}; "
@@ -257,16 +257,18 @@ AGREE = 3e-5  # float32 and float64 models: ten times the worst difference measu
 AGREE_HALF = 5e-2  # bfloat16 and half models
 
 
-def agree(own: Tensor, copy: Tensor, name: str = "scan") -> bool:
+def agree(own: Tensor, copy: Tensor, name: str = "scan", block: nn.Module | None = None, where: str = "") -> bool:
     """Whether the block's own output and dpa's copy's agree at every position, to the rounding of the module's
     float32 scan (or of a bfloat16 / half model): per position, to ``AGREE`` of that position's largest output (a
     thousandth of the largest anywhere at least). A value that is not finite is no disagreement:
-    ``NonFiniteError``, as for any layer."""
+    ``NonFiniteError``, naming the block's parameter that is NaN or inf where one is (``block``, at ``where``)."""
     if not (bool(torch.isfinite(own).all()) and bool(torch.isfinite(copy).all())):
+        weight = None if block is None else non_finite_parameter(block)
         half = own.dtype in (torch.bfloat16, torch.float16)
-        raise NonFiniteError(f"non-finite activations (NaN or inf) in or into a {name} block (from its input or its "
-                             "weights)" + ("; the model's dtype overflows on this input (try float32)" if half else
-                                           "; a weight or an activation is NaN or inf"))
+        raise NonFiniteError(f"non-finite activations (NaN or inf) in the {name} block {where}".rstrip() + (
+            f": its parameter {weight} is NaN or inf" if weight else
+            ": the model's dtype overflows on this input (try float32)" if half else
+            " (a weight or an activation is NaN or inf)"))
     return own.shape == copy.shape and _difference(own, copy) <= (AGREE if own.dtype in (torch.float64, torch.float32)
                                                                   else AGREE_HALF)
 
@@ -286,6 +288,9 @@ def linearised_forward(own: Callable, block: nn.Module, anchor: Tensor, mu, bias
     against what the block's forward returned. ``keep(h, mask)``: where the edge scores are asked for, the block's
     input is kept for them."""
     def forward(hidden_states, *args, **kwargs):
+        if not bool(torch.isfinite(hidden_states).all()):
+            raise NonFiniteError(f"non-finite activations (NaN or inf) reach {where} from its input (the embeddings "
+                                 "or an earlier layer: a weight NaN or inf there, or an overflow)")
         if keep is not None:
             keep(hidden_states.detach(), kwargs.get("attention_mask"))
         seen: list[Tensor] = []
@@ -303,7 +308,7 @@ def linearised_forward(own: Callable, block: nn.Module, anchor: Tensor, mu, bias
         n = LinearisedScan.apply(anchor, seen[0], block, kwargs.get("attention_mask"), mu, bias_sink, where, rule,
                                  *inputs)
         out = block.out_proj(n)
-        if not agree(value, out.detach(), rule.name):  # its forward changed what out_proj gave (a hook, a wrapper)
+        if not agree(value, out.detach(), rule.name, block, where):  # its forward changed out_proj's output
             raise UnsupportedModelError(
                 f"unsupported module: {where} ({type(block).__name__}) returned another output than its out_proj "
                 f"gave (relative difference {_difference(value, out):.2g}; its forward wrapped or patched, also "
@@ -370,7 +375,7 @@ def check_computes(block: nn.Module, want: dict[str, tuple[int, ...]], d_model: 
     training, block.training = block.training, False  # as dpa runs it: the fused training path is not attributed
     try:
         why = disagreement(lambda: block(h, attention_mask=mask), lambda: rule.scan_block(block, h, mask)[0],
-                           lambda own, copy: agree(own, copy, rule.name))
+                           lambda own, copy: agree(own, copy, rule.name, block, where))
     finally:
         block.training = training
     if why is not None:

@@ -32,6 +32,7 @@ def run(model: nn.Module, result: Attribution, *, mode: str, units: str, k: int,
     """
     check_choice("mode", mode, MODES)
     check_choice("units", units, UNITS)
+    _check_selection(result, head, neuron, token)
     if result.target.token_id is None:
         raise InputError("verification needs a token target (this result attributes a vector)")
     if units == "top_tokens":
@@ -52,6 +53,17 @@ def run(model: nn.Module, result: Attribution, *, mode: str, units: str, k: int,
         heads = [(c.layer, c.index) for c in top if c.kind == "head"]
         neurons = [(c.layer, c.index) for c in top if c.kind == "neuron"]
     return _components(model, result, mode, heads, neurons)
+
+
+def _check_selection(result: Attribution, head, neuron, token) -> None:
+    """A selected head [layer, head], neuron [layer, neuron] or token position must be one of the result's."""
+    layers, heads = result.head_scores.shape
+    for what, unit, size in (("head", head, heads), ("neuron", neuron, result.neuron_scores.shape[1])):
+        if unit is not None and not (len(unit) == 2 and 0 <= unit[0] < layers and 0 <= unit[1] < size):
+            raise InputError(f"the selected {what} {list(unit)} is not one of this result's: layers 0-{layers - 1}, "
+                             f"{what}s 0-{size - 1}" if size else f"this result has no {what}s")
+    if token is not None and not 0 <= token < len(result.token_ids):
+        raise InputError(f"the selected token {token} is not one of this result's positions 0-{len(result.token_ids) - 1}")
 
 
 def _product(probs, result: Attribution) -> torch.Tensor:

@@ -43,3 +43,28 @@ def test_mibs_graph_is_refused_by_name():
     model = tiny_model("jamba")
     _refused(model, lambda: check_graph_run(model, dpa.spec_for(model)), "MIB's graph does not run on jamba yet",
              "layers 0, 2")
+
+
+def test_a_nan_weight_is_named_and_a_selection_out_of_range_refused():
+    """A NaN weight that only the backward meets (attention's query, under sdpa) is named in the error; a Mamba
+    block's own; the widget's verification of a head, neuron or token the result does not have is an InputError."""
+    import copy
+
+    import torch
+    from dpa_widgets.verify import run
+
+    model = tiny_model("jamba")
+    for name, needle in [("model.layers.1.self_attn.q_proj.weight", "parameter model.layers.1.self_attn.q_proj"),
+                         ("model.layers.0.mamba.A_log", "block layers[0].mamba: its parameter A_log")]:
+        edited = copy.deepcopy(model)
+        with torch.no_grad():
+            edited.get_parameter(name).view(-1)[0] = float("nan")
+        with pytest.raises(dpa.NonFiniteError) as info:
+            dpa.attribute(edited, None, random_ids(6), target=TARGET)
+        assert needle in str(info.value), str(info.value)
+    res = dpa.attribute(model, None, random_ids(6), target=TARGET)
+    for selection, needle in [(dict(head=[1, 9]), "the selected head [1, 9]"),
+                              (dict(neuron=[7, 0]), "the selected neuron [7, 0]"),
+                              (dict(token=99), "the selected token 99")]:
+        _refused(model, lambda s=selection: run(model, res, mode="disrupt", units="selection", k=1, **s), needle,
+                 error=dpa.InputError)
