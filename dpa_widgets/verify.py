@@ -63,7 +63,8 @@ def _check_selection(result: Attribution, head, neuron, token) -> None:
             raise InputError(f"the selected {what} {list(unit)} is not one of this result's: layers 0-{layers - 1}, "
                              f"{what}s 0-{size - 1}" if size else f"this result has no {what}s")
     if token is not None and not 0 <= token < len(result.token_ids):
-        raise InputError(f"the selected token {token} is not one of this result's positions 0-{len(result.token_ids) - 1}")
+        raise InputError(f"the selected token {token} is not one of this result's positions "
+                         f"0-{len(result.token_ids) - 1}")
 
 
 def _product(probs, result: Attribution) -> torch.Tensor:
