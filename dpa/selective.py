@@ -68,32 +68,46 @@ def _eps(norm: nn.Module) -> float:
     return float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 0.0)))
 
 
-def _normed(norm: nn.Module, v: Tensor) -> Tensor:
-    """An RMS norm of the block's with its scale frozen: gain * v / rms(v). Falcon-Mamba's has no gain (its weight a
-    buffer its forward does not read); Jamba's has one."""
-    r = torch.rsqrt(v.detach().pow(2).mean(-1, keepdim=True) + _eps(norm))
+def _normed(norm: nn.Module, v: Tensor, freeze) -> Tensor:
+    """An RMS norm of the block's with its scale frozen (``freeze``): gain * v / rms(v). Falcon-Mamba's has no gain
+    (its weight a buffer its forward does not read); Jamba's has one."""
+    r = freeze(torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + _eps(norm)))
     gain = norm.weight if isinstance(getattr(norm, "weight", None), nn.Parameter) else None
     return v * r if gain is None else gain.detach().to(v.dtype) * (v * r)
 
 
-def _factors(block: nn.Module, h: Tensor, mask: Tensor | None, bias: Tensor | None) -> tuple:
+def _factors(block: nn.Module, h: Tensor | dict[str, Tensor], mask: Tensor | None, bias: Tensor | None,
+             frozen: bool = True) -> tuple:
     """The block from its input to the scan's factors: (z, x, B, C, the step Delta [b t I] frozen, the decay
     A [I N]), the convolution's SiLU with its sigmoid frozen. As the module's forward: padded positions zeroed before
-    in_proj and after the convolution; A, D and the step's bias rounded to float32."""
+    in_proj and after the convolution; A, D and the step's bias rounded to float32. ``h``: the input, or one per
+    reader of MIB's graph ("query": z and C, read at the output's position; "key": B and the step, written with
+    the input's position; "value": x, the content). ``frozen`` off: nothing detached (the block's own function)."""
     s = shape_of(block)
-    dtype = wide(h.dtype)
-    m = None if mask is None else mask.to(h.device, dtype)[..., None]
-    h = h.to(dtype) if m is None else h.to(dtype) * m
-    xi, z = (h @ weight_rows(block.in_proj).detach().to(dtype).T).split([s.inner, s.inner], dim=-1)
-    x = conv_silu(block.conv1d, xi, bias, m)  # [b t I]
-    d, B, C = (x @ weight_rows(block.x_proj).detach().to(dtype).T).split([s.rank, s.state, s.state], dim=-1)
+    inputs = h if isinstance(h, dict) else {"query": h, "key": h, "value": h}
+    freeze = (lambda t: t.detach()) if frozen else (lambda t: t)
+    dtype = wide(inputs["query"].dtype)
+    m = None if mask is None else mask.to(inputs["query"].device, dtype)[..., None]
+    w_in, w_x = (weight_rows(p).detach().to(dtype) for p in (block.in_proj, block.x_proj))
+    conv = {}
+    for name in dict.fromkeys(("query", "key", "value")):  # the content stream after the convolution, per reader
+        x = inputs[name].to(dtype) if m is None else inputs[name].to(dtype) * m
+        if name != "query" and inputs[name] is inputs["query"]:
+            conv[name] = conv["query"]
+            continue
+        xi = x @ w_in[:s.inner].T
+        conv[name] = conv_silu(block.conv1d, xi, bias, m, frozen)  # [b t I]
+        if name == "query":
+            z = x @ w_in[s.inner:].T
+    d, B = (conv["key"] @ w_x[:s.rank + s.state].T).split([s.rank, s.state], dim=-1)
+    C = conv["query"] @ w_x[s.rank + s.state:].T
     if s.norms:
-        d, B, C = (_normed(getattr(block, name), v) for name, v in zip(_NORMS, (d, B, C)))
+        d, B, C = (_normed(getattr(block, name), v, freeze) for name, v in zip(_NORMS, (d, B, C)))
     dt = block.dt_proj
-    step = nn.functional.softplus(d.detach() @ dt.weight.detach().to(dtype).T
-                                  + dt.bias.detach().float().to(dtype)).detach()  # [b t I]
+    step = freeze(nn.functional.softplus(freeze(d) @ dt.weight.detach().to(dtype).T
+                                         + dt.bias.detach().float().to(dtype)))  # [b t I]
     a = -torch.exp(block.A_log.detach().float()).to(dtype)  # [I N], the decay as the module's forward makes it
-    return s, z, x, B, C, step, a
+    return s, z, conv["value"], B, C, step, a
 
 
 def _skip(block: nn.Module, x: Tensor) -> Tensor:
@@ -113,19 +127,19 @@ def _scan(x: Tensor, B: Tensor, C: Tensor, step: Tensor, a: Tensor) -> Tensor:
     return torch.stack(ys, dim=1)
 
 
-def scan_block(block: nn.Module, h: Tensor, mask: Tensor | None, mu=None,
-               bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def scan_block(block: nn.Module, h: Tensor | dict[str, Tensor], mask: Tensor | None, mu=None,
+               bias: Tensor | None = None, frozen: bool = True) -> tuple[Tensor, Tensor]:
     """The block's output and out_proj's input n, written from the book (``ssd.scan_block``'s contract): its value,
-    and with ``mu`` the linearised graph whose gradient is the rule. ``bias`` [batch channel]: the convolution's bias
-    as a leaf per prompt (its gradient gives the bias share), else the block's own."""
-    if isinstance(h, dict):
-        raise UnsupportedModelError("a Mamba block computes B and C from x after its convolution, so MIB's graph "
-                                    "cannot give its readers separate inputs (book: selective-scan)")
-    _, z, x, B, C, step, a = _factors(block, h, mask, bias)
+    and with ``mu`` the linearised graph whose gradient is the rule. ``h``: the input, or one per reader of MIB's
+    graph (``_factors``). ``bias`` [batch channel]: the convolution's bias as a leaf per prompt (its gradient gives
+    the bias share), else the block's own. ``frozen`` off: nothing detached, the block's own function (MIB's graph
+    under the model's own backward)."""
+    _, z, x, B, C, step, a = _factors(block, h, mask, bias, frozen)
     scaled = ((lambda tensor, name: tensor) if mu is None else
               (lambda tensor, name: weighted(tensor, getattr(mu, name))))
     y = _scan(scaled(x, "value"), scaled(B, "key"), scaled(C, "query"), step, a) + _skip(block, x)
-    n = scaled(y, "up") * scaled(z * torch.sigmoid(z).detach(), "gate")  # SiLU(z), sigmoid frozen
+    sig = torch.sigmoid(z)
+    n = scaled(y, "up") * scaled(z * (sig.detach() if frozen else sig), "gate")  # SiLU(z), sigmoid frozen
     return n @ weight_rows(block.out_proj).detach().to(n.dtype).T, n
 
 
@@ -185,4 +199,4 @@ def check_block(layer: nn.Module, mixer: Mixer, d_model: int, i: int) -> Selecti
     return s
 
 
-RULE = ScanRule("Mamba", "selective-scan", scan_block, scan_edges, check_block)
+RULE = ScanRule("Mamba", "selective-scan", scan_block, scan_edges, check_block, apart=False)

@@ -50,6 +50,8 @@ class ScanRule:
     scan_block: Callable
     scan_edges: Callable
     check_block: Callable
+    apart: bool = True  # MIB's graph can feed the block's readers apart through in_proj's columns (Mamba-2); else
+    # (Mamba: B and C are read from x) the block's value there is its copy's, fed per reader (``readers_value``)
 
 
 # While MIB's graph runs a Mamba-2 block with a separate input per reader (``mib.forward``), the block's key and value
@@ -103,7 +105,7 @@ def _factors(block: nn.Module, h: Tensor | dict[str, Tensor], mask: Tensor | Non
     return s, z, x, B, C, step, a
 
 
-def conv_silu(conv: nn.Conv1d, xi: Tensor, bias: Tensor | None, m: Tensor | None) -> Tensor:
+def conv_silu(conv: nn.Conv1d, xi: Tensor, bias: Tensor | None, m: Tensor | None, frozen: bool = True) -> Tensor:
     """The block's depthwise causal convolution over ``xi`` [b t channels] and its SiLU, the sigmoid frozen: with
     ``bias`` [b channels] (a leaf per prompt, for the bias share) in the convolution's bias's place where given;
     padded positions (``m`` [b t 1] zero) zeroed after it, as the module's forward does."""
@@ -114,7 +116,8 @@ def conv_silu(conv: nn.Conv1d, xi: Tensor, bias: Tensor | None, m: Tensor | None
         u = u + bias[:, None, :]
     elif conv.bias is not None:
         u = u + conv.bias.detach().to(xi.dtype)
-    v = u * torch.sigmoid(u).detach()  # SiLU(u) = u sigmoid(u), sigmoid frozen
+    sig = torch.sigmoid(u)
+    v = u * (sig.detach() if frozen else sig)  # SiLU(u) = u sigmoid(u), sigmoid frozen (unless ``frozen`` is off)
     return v if m is None else v * m
 
 
@@ -239,17 +242,41 @@ class LinearisedScan(torch.autograd.Function):
             bias = (None if conv_bias is None else  # one leaf per row: its gradient gives each one's share
                     conv_bias.detach().to(leaves[0]).expand(h.shape[0], -1).clone().requires_grad_(True))
             _, n = ctx.rule.scan_block(block, leaf, ctx.mask, ctx.mu, bias)
-            if not agree(own, n.detach(), ctx.rule.name, block, ctx.where):
-                raise UnsupportedModelError(
-                    f"unsupported module: {ctx.where} ({type(block).__name__}) computed another output on this input "
-                    f"than the {ctx.rule.name} block dpa linearises (relative difference {_difference(own, n):.2g}; "
-                    "its forward, a function it calls or a kernel patched, also behind a hook?): dpa refuses rather "
-                    f"than attribute another computation with this rule (book: {ctx.rule.book})")
+            check_copy(block, own, n.detach(), ctx.rule, ctx.where)
             grads = torch.autograd.grad(n, leaves + ([] if bias is None else [bias]), g.to(n.dtype), allow_unused=True)
         if bias is not None and ctx.bias_sink is not None and grads[-1] is not None:
             ctx.bias_sink((grads[-1] * bias.detach()).sum(-1))
         out = [torch.zeros_like(x) if gx is None else gx.to(x.dtype) for x, gx in zip(inputs, grads)]
         return (None, None, None, None, None, None, None, None, *out)
+
+
+def check_copy(block: nn.Module, own: Tensor, copy: Tensor, rule: ScanRule, where: str) -> None:
+    """The block's own output (out_proj's input) on a call's input is its copy's (``agree``), else refused."""
+    if not agree(own, copy, rule.name, block, where):
+        raise UnsupportedModelError(
+            f"unsupported module: {where} ({type(block).__name__}) computed another output on this input than the "
+            f"{rule.name} block dpa linearises (relative difference {_difference(own, copy):.2g}; its forward, a "
+            "function it calls or a kernel patched, also behind a hook?): dpa refuses rather than attribute another "
+            f"computation with this rule (book: {rule.book})")
+
+
+def readers_value(block: nn.Module, rule: ScanRule, where: str) -> Callable:
+    """A forward hook for MIB's graph on a block whose readers in_proj cannot feed apart (``ScanRule.apart`` off):
+    the block ran on the query reader's input; its output is replaced by the copy's fed per reader (``READERS``),
+    nothing frozen, so that a gradient through it is the block's own (the model's backward: EAP, AtP). The block's
+    own output is first checked against the copy's on that same input. Where dpa's linearised forward already fed
+    the readers (``linearised_forward``), its output stands."""
+    def hook(_module, args, kwargs, output):
+        readers = READERS.get()[block]
+        if readers.pop("done", False):
+            return output
+        h = args[0] if args else kwargs["hidden_states"]
+        mask = kwargs.get("attention_mask")
+        with torch.no_grad():
+            check_copy(block, output, rule.scan_block(block, h, mask)[0], rule, where)
+        n = rule.scan_block(block, dict(readers, query=h), mask, frozen=False)[1]
+        return block.out_proj(n.to(output.dtype))  # (out_proj's input is where MIB's graph reads the units)
+    return hook
 
 
 AGREE = 3e-5  # float32 and float64 models: ten times the worst difference measured (per position, relative to the
@@ -305,10 +332,17 @@ def linearised_forward(own: Callable, block: nn.Module, anchor: Tensor, mu, bias
                                         f"the {rule.name} block dpa linearises calls it once")
         readers = READERS.get().get(block)  # MIB's graph: a key and a value input besides the query's
         inputs = (hidden_states,) if readers is None else (hidden_states, readers["key"], readers["value"])
-        n = LinearisedScan.apply(anchor, seen[0], block, kwargs.get("attention_mask"), mu, bias_sink, where, rule,
-                                 *inputs)
+        mask = kwargs.get("attention_mask")
+        copied = readers is not None and not rule.apart  # the value fed per reader is the copy's (Mamba's block)
+        n = seen[0]
+        if copied:
+            with torch.no_grad():
+                check_copy(block, seen[0], rule.scan_block(block, hidden_states, mask)[1], rule, where)
+                n = rule.scan_block(block, dict(readers, query=hidden_states), mask)[1].to(n.dtype)
+            readers["done"] = True  # (``readers_value``: nothing left to replace)
+        n = LinearisedScan.apply(anchor, n, block, mask, mu, bias_sink, where, rule, *inputs)
         out = block.out_proj(n)
-        if not agree(value, out.detach(), rule.name, block, where):  # its forward changed out_proj's output
+        if not copied and not agree(value, out.detach(), rule.name, block, where):  # its forward changed it
             raise UnsupportedModelError(
                 f"unsupported module: {where} ({type(block).__name__}) returned another output than its out_proj "
                 f"gave (relative difference {_difference(value, out):.2g}; its forward wrapped or patched, also "

@@ -23,8 +23,7 @@ from dpa.tiny import FAMILIES as ALL_FAMILIES  # noqa: F401  (every family dpa s
 from dpa.tiny import (HYBRID_FAMILIES, LAYOUTS, MHA_ONLY, MOE_FAMILIES, SCAN_FAMILIES, SELECTIVE_FAMILIES,  # noqa: F401
                       random_ids, tiny_config, tiny_model)
 
-# hybrids whose MIB graph dpa runs: all but Mamba's (dpa.circuit computes every hybrid's edges)
-EDGE_HYBRIDS = tuple(f for f in HYBRID_FAMILIES if f not in SELECTIVE_FAMILIES)
+EDGE_HYBRIDS = HYBRID_FAMILIES  # hybrids whose edges dpa computes (MIB's graph too): all of them
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")  # the SwiGLU families the book's hand rules are written for
 

@@ -2,10 +2,9 @@
 on the layers ``layer_types`` marks ``linear_attention``, attention without any position embedding on the others,
 each followed by a SwiGLU MLP.
 
-The autograd suite (test_families_autograd) and the circuit suite (test_circuit) run the tiny Jamba with the other
-families. Here: its layout as dpa reads it, and what it refuses by name -- experts (every other layer of the
-released models: dpa reads one MLP layout per model), MIB's graph (a Mamba block's readers cannot be fed apart), a
-bias inside the block.
+The autograd suite (test_families_autograd), the circuit suite (test_circuit) and MIB's (test_mib) run the tiny Jamba
+with the other families. Here: its layout as dpa reads it, and what it refuses by name -- experts (every other layer
+of the released models: dpa reads one MLP layout per model), a bias inside the block.
 """
 
 from __future__ import annotations
@@ -35,14 +34,6 @@ def test_the_layers_are_scan_attention_scan_each_with_an_mlp():
 def test_what_the_description_does_not_read_is_refused_by_name(overrides, needle):
     model = tiny_model("jamba", **overrides)
     _refused(model, lambda: dpa.attribute(model, None, random_ids(6), target=TARGET), needle)
-
-
-def test_mibs_graph_is_refused_by_name():
-    from dpa.mib.forward import check_graph_run
-
-    model = tiny_model("jamba")
-    _refused(model, lambda: check_graph_run(model, dpa.spec_for(model)), "MIB's graph does not run on jamba yet",
-             "layers 0, 2")
 
 
 def test_a_nan_weight_is_named_and_a_selection_out_of_range_refused():

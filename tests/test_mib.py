@@ -107,6 +107,11 @@ def _brute_run(model, spec, graph, layers, calls, ids, excluded, other):
                       for c, name in enumerate(("query", "key", "value"))}
             seen = {}
             hooks = []
+            if hasattr(m.attention, "x_proj"):  # a Mamba block: no column of in_proj is one reader's alone
+                seen["z"] = _mamba_readers(m.attention, normed, calls[i][1].get("attention_mask"))
+                w_o = weight_rows(m.heads)
+                terms.append(seen["z"][..., h * hd:(h + 1) * hd] @ w_o[:, h * hd:(h + 1) * hd].T)
+                continue
             for name in ("query", "key", "value"):
                 module = m.branches[name]
 
@@ -158,6 +163,35 @@ def _brute_run(model, spec, graph, layers, calls, ids, excluded, other):
     return logits, writes
 
 
+def _mamba_readers(block, normed, mask):
+    """A Mamba block (transformers' MambaMixer, FalconMambaMixer, JambaMambaMixer) written here from its modeling
+    code, each reader with its own input (MIB's graph): z and C from the query's, B and the step from the key's, the
+    content x (and its skip D x) from the value's. Returns out_proj's input."""
+    inner, n, rank, t = block.intermediate_size, block.ssm_state_size, block.time_step_rank, normed["query"].shape[1]
+    pad = (lambda v: v) if mask is None else (lambda v: v * mask[..., None])
+    k = block.conv1d.weight.shape[-1]
+
+    def stream(h):  # in_proj's first half, the causal depthwise convolution and its SiLU
+        xi = pad(h) @ block.in_proj.weight[:inner].T
+        u = torch.nn.functional.conv1d(xi.transpose(1, 2), block.conv1d.weight, block.conv1d.bias, padding=k - 1,
+                                       groups=inner)[..., :t].transpose(1, 2)
+        return pad(torch.nn.functional.silu(u))
+
+    xq, xk, xv = stream(normed["query"]), stream(normed["key"]), stream(normed["value"])
+    z = pad(normed["query"]) @ block.in_proj.weight[inner:].T
+    d, B, _ = block.x_proj(xk).split([rank, n, n], dim=-1)
+    C = block.x_proj(xq)[..., rank + n:]
+    if hasattr(block, "b_layernorm"):  # Falcon-Mamba's and Jamba's norms, the modules themselves
+        d, B, C = block.dt_layernorm(d), block.b_layernorm(B), block.c_layernorm(C)
+    dt = torch.nn.functional.softplus(d @ block.dt_proj.weight.T + block.dt_proj.bias.float().to(d.dtype))
+    a = -torch.exp(block.A_log.float()).to(d.dtype)
+    state, ys = torch.zeros(xv.shape[0], inner, n, dtype=xv.dtype), []
+    for i in range(t):
+        state = state * torch.exp(dt[:, i, :, None] * a) + (dt[:, i] * xv[:, i])[..., None] * B[:, i, None, :]
+        ys.append((state * C[:, i, None, :]).sum(-1) + block.D.float().to(xv.dtype) * xv[:, i])
+    return torch.stack(ys, dim=1) * torch.nn.functional.silu(z)
+
+
 class _Req:
     def __init__(self, spec):
         self.spec = spec
@@ -182,7 +216,9 @@ def _linear(model):
     spec = check_model(model)
     with torch.no_grad():
         for m in layer_modules(model, spec):
-            for name in ("query", "key"):
+            if hasattr(m.attention, "x_proj"):  # a Mamba block: its gate z zero, so that it writes nothing
+                weight_rows(m.attention.in_proj)[m.attention.intermediate_size:] = 0
+            for name in () if hasattr(m.attention, "x_proj") else ("query", "key"):
                 rows = m.columns.get(name)
                 w = weight_rows(m.branches[name])
                 if rows is None:
@@ -210,7 +246,8 @@ def _linear(model):
     return model
 
 
-LINEAR = [(f, kv) for f, kv in LAYOUT if f != "gemma2"] + [("gemma2", 4)]
+LINEAR = [(f, kv) for f, kv in LAYOUT if f not in ("gemma2", "mamba", "falcon_mamba")] + [("gemma2", 4)]  # (exact
+# patching of a sample of edges runs a forward per edge: 4 minutes on Mamba's 64 units a layer; Jamba runs the block)
 
 
 @pytest.mark.parametrize("family,kv", LINEAR, ids=lambda p: str(p))

@@ -39,7 +39,8 @@ from ..state_checks import check_not_compiled
 from ..instrument import Session, unembed
 from ..registry import MIXER_RULES
 from ..rules.norm import GAIN, rms_scale
-from ..ssd import READERS
+from ..scan_rules import RULES
+from ..ssd import READERS, readers_value
 from .graph import Graph
 
 
@@ -234,7 +235,7 @@ def _attention(m: LayerModules, spec, call: tuple[tuple, dict], ins: Tensor, whi
         first = {k: triples[copy_of.index(k)] for k in range(c)}
         inputs = {name: normed[torch.tensor([first[k][j] for k in range(c)], device=ins.device)].reshape(c * b, t, d)
                   for j, name in enumerate(BRANCHES)}
-        with _swapped_inputs(m, inputs), _hook(m.heads, pre=lambda _m, a: seen.__setitem__("z", a[0])):
+        with _swapped_inputs(m, inputs, spec), _hook(m.heads, pre=lambda _m, a: seen.__setitem__("z", a[0])):
             m.attention(inputs["query"], *_rows(args, c, b), **_rows(kwargs, c, b))
     z = seen["z"].view(c, b, t, n_heads, width)
     z = torch.stack([z[copy_of[h], :, :, h] for h in range(n_heads)])  # [H b t width]: each head from its copy
@@ -336,16 +337,22 @@ def _mlp(m: LayerModules, into: Tensor) -> Tensor:
 
 
 @contextmanager
-def _swapped_inputs(m: LayerModules, normed: dict[str, Tensor]):
+def _swapped_inputs(m: LayerModules, normed: dict[str, Tensor], spec):
     """While the attention module runs on the query input, its key and value projections read their own inputs:
     a projection of its own gets its input swapped; a fused one is run again on each input, and each branch's
-    columns are taken from its own run."""
+    columns are taken from its own run. A Mamba block, whose B and C are read from x after its convolution, cannot
+    be fed apart so: its output is its copy's, fed per reader (``ssd.readers_value``)."""
     groups: dict[nn.Module, list[str]] = {}
     for name in ("query", "key", "value"):
         groups.setdefault(m.branches[name], []).append(name)
     handles = []
-    scan = MIXER_RULES.get(m.kind) == "scan"  # dpa's copy of a Mamba-2 block reads them too
-    token = READERS.set({**READERS.get(), m.attention: normed}) if scan else None
+    scan = MIXER_RULES.get(m.kind) == "scan"  # dpa's copy of the block reads them too
+    token = READERS.set({**READERS.get(), m.attention: dict(normed)}) if scan else None
+    rule = RULES[spec.parts.mixer(m.kind).scan] if scan else None
+    if rule is not None and not rule.apart:
+        groups = {}  # (no column of in_proj is one reader's alone)
+        where = f"layers[{getattr(m.attention, 'layer_idx', '?')}].{spec.parts.mixer(m.kind).module}"
+        handles.append(m.attention.register_forward_hook(readers_value(m.attention, rule, where), with_kwargs=True))
     try:
         for module, names in groups.items():
             if names == ["query"]:
@@ -391,13 +398,14 @@ def check_graph_run(model: nn.Module, spec) -> None:
     o_proj's input, o_proj from its weights), the MLP, never the decoder stack's, the layers' or the attention's own
     forward as a whole. A class that replaces one of these forwards (a subclass with a forward of its own) may
     compute something those parts do not: refused by name rather than measured as another model."""
-    selective = [i for i in spec.scan_layers if spec.parts.mixer(spec.kind(i)).scan != "ssd"]
-    if selective:  # MIB's graph feeds each unit's readers their own inputs, through in_proj's columns
+    graph = Graph.of(spec)
+    cells = graph.n_writers * graph.n_readers
+    if cells > MAX_CELLS:  # (a Mamba model: a unit per channel, 1536 a layer on Mamba-130m)
         raise UnsupportedModelError(
-            f"MIB's graph does not run on {spec.family} yet: it gives each unit's query, key and value readers inputs "
-            f"of their own, and a Mamba block (layers {', '.join(map(str, selective))}) computes its B and C from x "
-            "after its convolution (book: selective-scan), so its readers cannot be fed apart; dpa.attribute and "
-            "dpa.circuit (its edges included) run on it")
+            f"MIB's graph of this model has {graph.n_writers:,} writers and {graph.n_readers:,} readers "
+            f"({spec.n_heads:,} units a layer): its edge scores alone would take {cells * 8 / 2**30:.0f} GiB in float64, beyond the "
+            f"{MAX_CELLS * 8 / 2**30:.0f} GiB dpa builds; dpa.attribute and dpa.circuit (its top units and their "
+            "edges) run on it")
     devices = sorted({str(t.device) for t in (*model.parameters(), *model.buffers())})
     if len(devices) > 1:  # the writers' outputs are kept side by side and summed per reader, on one device
         raise UnsupportedModelError(
@@ -414,6 +422,10 @@ def check_graph_run(model: nn.Module, spec) -> None:
                 f"{name} is a {type(module).__name__} whose forward is its own ({forward.__qualname__}, not "
                 "transformers'): MIB's graph runs the model part by part (norms, attention heads read at o_proj's "
                 "input, MLPs), not that forward, so what it changes would be missed; use the model's own class")
+
+
+MAX_CELLS = 2 ** 29  # writer x reader cells of the largest MIB graph dpa builds (4 GiB of float64 scores; Llama 3
+# 8B's has 3.3 million)
 
 
 @dataclass
