@@ -143,7 +143,8 @@ class Discovery:
 
     def summary(self) -> str:
         lines = [f"{self.method} edge scores on MIB's graph: {self.graph.n_edges} edges "
-                 f"({self.graph.n_layers} layers x {self.graph.n_heads} heads)"]
+                 f"({self.graph.n_layers} layers x {self.graph.n_heads} units: attention heads, or a token "
+                 "mixer's units)"]
         if self.faithfulness is not None:
             f = self.faithfulness
             lines.append(f"CPR {f.cpr:.3f} (higher is better)   CMD {f.cmd:.3f} (lower is better)")
