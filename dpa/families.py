@@ -430,7 +430,7 @@ def _check_attention(layers, family: Family, spec: ModelSpec) -> None:
     for i, layer in enumerate(layers):
         if spec.kind(i) != "attention":  # a mixer block (LFM2's convolution): its own checks
             mixer = family.mixer(spec.kind(i))
-            if mixer.rule == "scan":  # a Mamba-2 block: its units are n_heads groups of out_proj's input channels
+            if mixer.rule == "scan":  # a Mamba-2 or Mamba block: its units are n_heads groups of out_proj's input
                 shape = RULES[mixer.scan].check_block(layer, mixer, spec.d_model, i)
                 key = family.heads_key
                 if shape.inner % spec.n_heads:

@@ -289,9 +289,10 @@ def linearise_layer(session, i: int, mods: LayerModules, hook, override) -> None
 
 
 def _linearise_scan(session, i: int, mods: LayerModules, override, bias_sink) -> None:
-    """A Mamba-2 or Mamba block (``Mixer.rule`` "scan"): its own forward for the value, dpa's Function for the rule up to its
-    output projection's input (``ssd.LinearisedScan``), where the unit tap reads as on attention's heads. Where the
-    edge scores are asked for (the branches recorded), its input is kept for them (``ssd.scan_edges``)."""
+    """A Mamba-2 or Mamba block (``Mixer.rule`` "scan"): its own forward for the value, dpa's Function for the rule
+    up to its output projection's input (``ssd.LinearisedScan``), where the unit tap reads as on attention's heads.
+    Where the edge scores are asked for (the branches recorded), its input is kept for them (the rule's
+    ``scan_edges``)."""
     from .scan_rules import scan_rule
     from .ssd import linearised_forward
 

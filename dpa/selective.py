@@ -90,7 +90,7 @@ def _factors(block: nn.Module, h: Tensor | dict[str, Tensor], mask: Tensor | Non
     m = None if mask is None else mask.to(inputs["query"].device, dtype)[..., None]
     w_in, w_x = (weight_rows(p).detach().to(dtype) for p in (block.in_proj, block.x_proj))
     conv = {}
-    for name in dict.fromkeys(("query", "key", "value")):  # the content stream after the convolution, per reader
+    for name in ("query", "key", "value"):  # the content stream after the convolution, per reader
         x = inputs[name].to(dtype) if m is None else inputs[name].to(dtype) * m
         if name != "query" and inputs[name] is inputs["query"]:
             conv[name] = conv["query"]

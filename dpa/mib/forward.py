@@ -403,9 +403,9 @@ def check_graph_run(model: nn.Module, spec) -> None:
     if cells > MAX_CELLS:  # (a Mamba model: a unit per channel, 1536 a layer on Mamba-130m)
         raise UnsupportedModelError(
             f"MIB's graph of this model has {graph.n_writers:,} writers and {graph.n_readers:,} readers "
-            f"({spec.n_heads:,} units a layer): its edge scores alone would take {cells * 8 / 2**30:.0f} GiB in float64, beyond the "
-            f"{MAX_CELLS * 8 / 2**30:.0f} GiB dpa builds; dpa.attribute and dpa.circuit (its top units and their "
-            "edges) run on it")
+            f"({spec.n_heads:,} units a layer): its edge scores alone would take {cells * 8 / 2**30:.0f} GiB in "
+            f"float64, beyond the {MAX_CELLS * 8 / 2**30:.0f} GiB dpa builds; dpa.attribute and dpa.circuit (its "
+            "top units and their edges) run on it")
     devices = sorted({str(t.device) for t in (*model.parameters(), *model.buffers())})
     if len(devices) > 1:  # the writers' outputs are kept side by side and summed per reader, on one device
         raise UnsupportedModelError(
