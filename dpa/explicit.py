@@ -56,11 +56,15 @@ def attention_forward(spec: ModelSpec, request: Request, mods: LayerModules, ind
     def forward(hidden_states: Tensor, position_embeddings=None, *args, **kwargs) -> tuple[Tensor, Tensor]:
         x = hidden_states  # [batch pos d_model], normalised by the decoder layer
         b, t = x.shape[:2]
+        gate = None
         if mods.branches["query"] is mods.branches["value"]:  # one fused projection: called once, sliced
             out = mods.branches["query"](x)
             q, k, v = (mods.output(name, out) for name in ("query", "key", "value"))
         else:
-            q, k, v = (mods.project(name, x) for name in ("query", "key", "value"))
+            out = mods.branches["query"](x)
+            q, k, v = mods.output("query", out), mods.project("key", x), mods.project("value", x)
+            if "output_gate" in mods.columns:  # Qwen3-Next: each head's output times sigmoid of its gate
+                gate = torch.sigmoid(mods.output("output_gate", out))
         if mods.head_norms and spec.parts.head_norms_over != "head":  # OLMo 2: over the whole projection
             q, k = mods.head_norms[0](q), mods.head_norms[1](k)
         q, k = q.view(b, t, spec.n_heads, -1), k.view(b, t, spec.n_kv_heads, -1)
@@ -80,7 +84,7 @@ def attention_forward(spec: ModelSpec, request: Request, mods: LayerModules, ind
             probs = probs * keep.to(probs.dtype)
         recording.probs[index] = probs
         z = attention_output(probs, heads(v, spec.n_kv_heads))
-        return mods.heads(z), probs
+        return mods.heads(z if gate is None else z * gate), probs
 
     return forward
 
@@ -146,7 +150,11 @@ def edge_scores(spec: ModelSpec, model: nn.Module, request: Request, recording, 
         v = heads(recording.branches[("value", i)].to(request.device, dtype), spec.n_kv_heads)  # [b kv k d]
         b, h, t, _ = probs.shape
         kv = spec.n_kv_heads
-        lam_h = heads(lam[i].to(request.device, dtype), h).reshape(b, kv, h // kv, t, -1)  # [b kv g q d]
+        lam_i = lam[i].to(request.device, dtype)
+        gate = recording.branches.get(("output_gate", i))
+        if gate is not None:  # the target on each head's output before its (frozen) gate
+            lam_i = lam_i * torch.sigmoid(gate.to(request.device, dtype))
+        lam_h = heads(lam_i, h).reshape(b, kv, h // kv, t, -1)  # [b kv g q d]
         lam_v = torch.einsum("bkgid,bkjd->bkgij", lam_h, v).reshape(b, h, t, t)
         out.append(probs * lam_v)
     return torch.stack(out, dim=1)

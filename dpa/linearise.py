@@ -312,8 +312,11 @@ def _projection(mods: LayerModules, names: list[str], factors: dict, share: Call
     module = mods.branches[names[0]]
     bias = module.bias.detach() if getattr(module, "bias", None) is not None else None
     up = names[-1] == "up" and reduce is not None
-    fused = len(names) > 1
-    if fused:  # one factor per output feature; the up branch's tap reads its columns only
+    gate = "query" in names and "output_gate" in mods.columns  # [q | gate] per head (Qwen3-Next): the gate frozen
+    fused = len(names) > 1 or gate
+    recorded = (*names, "output_gate") if gate else names
+    if fused:  # one factor per output feature (features of no branch, an output gate's, get none: frozen); the up
+        # branch's tap reads its columns only
         width = weight_rows(module).shape[0]
         vector = torch.zeros(width, dtype=module.weight.dtype, device=module.weight.device)
         for name in names:
@@ -329,7 +332,7 @@ def _projection(mods: LayerModules, names: list[str], factors: dict, share: Call
 
     def post(out):
         if store is not None:
-            for name in names:
+            for name in recorded:
                 store[(name, i)] = mods.output(name, out).detach()
         if factor is None:
             return out.detach()

@@ -99,7 +99,8 @@ class Mixer:
     #   read by: spec (ModelSpec.scans: linearise, mib.forward), families (checks)
     book: str = "gated-short-convolution"  # the book's chapter that derives its rule, named in refusals
     #   read by: mixers (checks the config)
-    scan: str = "ssd"  # with rule "scan", which block: "ssd" Mamba-2's (ssd.py), "selective" Mamba's (selective.py)
+    scan: str = "ssd"  # with rule "scan", which block: "ssd" Mamba-2's (ssd.py), "selective" Mamba's (selective.py),
+    # "delta" Qwen3-Next's Gated DeltaNet (delta.py)
     #   read by: scan_rules (linearise, families, explicit), spec (MIB's readers: Mamba-2's only), mib.forward
 
 
@@ -208,6 +209,9 @@ class Family:
     #   read by: spec (LayerModules.sinks: explicit, linearise)
     rope_pairs: bool = False  # the rotary module's cos/sin hold one value per rotated pair (GPT-OSS), not per feature
     #   read by: explicit
+    output_gate: bool = False  # each head's output is gated by sigmoid of its own second half of the query projection,
+    # [q | gate] per head (Qwen3-Next's gated attention): the gate is a control, frozen (book: gated-delta-rule)
+    #   read by: spec (ModelSpec.columns: linearise freezes the gate's features, explicit, mib.forward), families
     mixers: tuple[Mixer, ...] = ()  # token mixers other than attention, on the layers the config's layer_types marks
     #   read by: mixers (ModelSpec.layer_kinds, the config's checks), registry (Family.mixer: spec, families, mixers)
     attention_types: tuple[str, ...] = ("full_attention", "sliding_attention")  # the layer_types of its attention
@@ -400,11 +404,24 @@ JAMBA = BAMBA.with_(  # diff with Bamba: Mamba's block (book: selective-scan; it
                   factors=("value", "key", "query"), heads="mamba.out_proj", biases=("mamba_proj_bias",), letter="S",
                   rule="scan", book="selective-scan", scan="selective"),))
 
+QWEN3_NEXT = QWEN3.with_(  # diff with Qwen 3: Gated DeltaNets in place of attention on the layers marked
+    model_type="qwen3_next", config_class="Qwen3NextConfig",  # "linear_attention" (book: gated-delta-rule), each
+    norm_kind="rms_1p", partial_rotary=True, output_gate=True,  # head's attention output gated by a sigmoid of its
+    attention_types=("full_attention",),  # second half of q_proj, (1 + gamma) norms; dense MLPs (num_experts 0)
+    mixers=(Mixer("delta", "linear_attention", module="linear_attn", in_proj="linear_attn.in_proj_qkvz",
+                  factors=("query", "key", "value"), heads="linear_attn.out_proj", letter="D", rule="scan",
+                  book="gated-delta-rule", scan="delta"),))
+QWEN3_NEXT = QWEN3_NEXT.with_(variant=("num_experts", QWEN3_NEXT.with_(  # with experts (the released models): a
+    # sparse block with a shared expert behind a sigmoid gate (Qwen2-MoE's) on every layer
+    branches=_MOE_BRANCHES, activation="mlp.experts.act_fn", neurons=None,
+    moe=Experts(shared="mlp.shared_expert", shared_gate="mlp.shared_expert_gate"),
+    fixed=(("mlp_only_layers", [], _ONE_LAYOUT), ("decoder_sparse_step", 1, _ONE_LAYOUT)))))
+
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA2, GEMMA3, OLMO2, PHI3,
                                                           SMOLLM3, GPT2, GPT_NEOX, MIXTRAL, QWEN2_MOE,
                                                           QWEN3_MOE, OLMOE, GPT_OSS, LFM2, BAMBA,
                                                           GRANITEMOEHYBRID, MAMBA2, MAMBA, FALCON_MAMBA,
-                                                          JAMBA)}
+                                                          JAMBA, QWEN3_NEXT)}
 # Each unit kind's letter in labels (L3.H2, L5.N812, L1.E3, a hybrid's convolution unit L0.C3), the mixers' from
 # their descriptions.
 MIXER_KINDS: tuple[str, ...] = tuple(dict.fromkeys(m.kind for f in FAMILIES.values() for m in f.mixers))

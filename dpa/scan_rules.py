@@ -1,12 +1,13 @@
 """The blocks dpa linearises whole (``Mixer.rule`` "scan"), by ``Mixer.scan``: Mamba-2's state-space duality
-(ssd.py), Mamba's selective scan (selective.py). Each is an ``ssd.ScanRule``: dpa's copy of the block, its edge
+(ssd.py), Mamba's selective scan (selective.py),
+Qwen3-Next's Gated DeltaNet (delta.py). Each is an ``ssd.ScanRule``: dpa's copy of the block, its edge
 scores and its checks."""
 
 from __future__ import annotations
 
-from . import selective, ssd
+from . import delta, selective, ssd
 
-RULES: dict[str, ssd.ScanRule] = {"ssd": ssd.RULE, "selective": selective.RULE}
+RULES: dict[str, ssd.ScanRule] = {"ssd": ssd.RULE, "selective": selective.RULE, "delta": delta.RULE}
 
 
 def scan_rule(spec, index: int) -> ssd.ScanRule:

@@ -97,6 +97,9 @@ class ModelSpec:
         if kind != "attention" and name in ("query", "key", "value"):
             k = self.parts.mixer(kind).factors.index(name)
             return slice(k * self.d_model, (k + 1) * self.d_model)
+        if self.parts.output_gate and name in ("query", "output_gate"):  # [q | gate] of head 0, head 1, ... (Qwen3-Next)
+            half = 0 if name == "query" else self.d_head
+            return (torch.arange(self.n_heads)[:, None] * 2 * self.d_head + half + torch.arange(self.d_head)).flatten()
         path = self.parts.branches[name]
         layout = dict(self.parts.fused).get(path)
         if layout is None:
@@ -443,6 +446,8 @@ def factor_columns(block: nn.Module) -> dict[str, torch.Tensor]:
 def _layer_modules(layer: nn.Module, spec: ModelSpec, kind: str) -> LayerModules:
     p = spec.parts.on_layer(kind)
     columns = {name: spec.columns(name, kind) for name in p.branches}
+    if p.output_gate and kind == "attention":  # the query projection's gate features (Qwen3-Next's gated attention)
+        columns["output_gate"] = spec.columns("output_gate")
     if kind != "attention" and spec.parts.mixer(kind).scan == "ssd" and spec.parts.mixer(kind).rule == "scan":
         # a Mamba-2 block: in_proj's [z | xBC | dt]
         columns.update(factor_columns(get(layer, p.attention)))  # as the readers of MIB's graph see it

@@ -401,7 +401,7 @@ def check_computes(block: nn.Module, want: dict[str, tuple[int, ...]], d_model: 
     if have != want:
         raise UnsupportedModelError(f"unsupported module: {where} holds the parameters {sorted(have)}; the {kind} "
                                     f"rule reads exactly {sorted(want)} with their shapes, so it would miss the others")
-    w = weight_rows(block.in_proj)
+    w = weight_rows(block.out_proj)  # (the probe in the block's dtype and on its device)
     g = torch.Generator().manual_seed(0)
     h = torch.randn(2, 7, d_model, generator=g, dtype=torch.float64).to(w.device, w.dtype)
     mask = torch.ones(2, 7, dtype=torch.long, device=w.device)

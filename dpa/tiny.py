@@ -13,13 +13,13 @@ import torch
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "smollm3", "olmo2", "phi3", "gpt2",
             "gpt_neox", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss")
 MHA_ONLY = ("gpt2", "gpt_neox", "mamba2", "mamba", "falcon_mamba")  # families whose configs have no KV-head setting
-MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss", "granitemoehybrid")
+MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss", "granitemoehybrid", "qwen3_next")
 # Hybrid families: token mixers other than attention on some layers (book: Beyond attention). dpa.attribute covers
 # them; what reads attention probabilities (attention maps, head ablations) refuses their mixer layers by name.
-HYBRID_FAMILIES = ("lfm2", "bamba", "granitemoehybrid", "jamba", "mamba2", "mamba", "falcon_mamba")  # (the Mamba
-# families: no attention, no MLP)
-SCAN_FAMILIES = ("bamba", "granitemoehybrid", "jamba", "mamba2", "mamba", "falcon_mamba")  # with Mamba-2 blocks
-# (ssd.py) or Mamba's (selective.py): dpa's own Function
+HYBRID_FAMILIES = ("lfm2", "bamba", "granitemoehybrid", "jamba", "mamba2", "mamba", "falcon_mamba",  # (the Mamba
+                   "qwen3_next")  # families: no attention, no MLP)
+SCAN_FAMILIES = ("bamba", "granitemoehybrid", "jamba", "mamba2", "mamba", "falcon_mamba", "qwen3_next")  # with
+# Mamba-2 blocks (ssd.py), Mamba's (selective.py) or Gated DeltaNets (delta.py): dpa's own Function
 SELECTIVE_FAMILIES = ("jamba", "mamba", "falcon_mamba")  # Mamba's blocks: MIB's graph cannot feed their readers apart
 LAYOUTS = {"mha": 4, "gqa": 2, "mqa": 1}  # KV heads for 4 query heads
 
@@ -113,6 +113,13 @@ def _hybrid(family: str, kwargs: dict) -> dict:
         kwargs.pop("head_dim")  # in 4 units of 16, states of 8, a step of rank 4
         kwargs.update(attn_layer_period=2, attn_layer_offset=1, num_experts=1, mamba_d_state=8, mamba_d_conv=4,
                       mamba_expand=2, mamba_dt_rank=4, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    if family == "qwen3_next":  # Gated DeltaNets around a gated attention layer: 2 key heads of 8, each read by 2
+        kwargs.update(layer_types=["linear_attention", "full_attention", "linear_attention"],  # value heads of 8 (a
+                      linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,  # unit each), a
+                      linear_value_head_dim=8, linear_conv_kernel_dim=3, num_experts=4,  # convolution of 3; four
+                      num_experts_per_tok=2, moe_intermediate_size=12, shared_expert_intermediate_size=16,  # experts,
+                      norm_topk_prob=True, pad_token_id=0, bos_token_id=1, eos_token_id=2)  # two per token, a
+        # gated shared expert (num_experts=0: the dense layout); a quarter of each head rotated (its default)
     if family in ("mamba", "falcon_mamba"):  # three Mamba blocks and no MLP: 64 channels (each a unit) with states of
         kwargs = dict(vocab_size=96, hidden_size=32, num_hidden_layers=3, expand=2, state_size=8,  # 8, a step of
                       conv_kernel=4, time_step_rank=4, layer_norm_epsilon=1e-2, residual_in_fp32=False,  # rank 4

@@ -76,7 +76,9 @@ def float64_norms():
     originals = [c.forward for c in classes]
     for c, f in zip(classes, originals):
         c.forward = _float64_rms_forward(f)
-    for gemma in (modeling_gemma3.Gemma3RMSNorm, modeling_gemma2.Gemma2RMSNorm):
+    from transformers.models.qwen3_next import modeling_qwen3_next
+
+    for gemma in (modeling_gemma3.Gemma3RMSNorm, modeling_gemma2.Gemma2RMSNorm, modeling_qwen3_next.Qwen3NextRMSNorm):
         classes, originals = classes + [gemma], originals + [gemma.forward]
         gemma.forward = _float64_gemma_rms_forward(gemma.forward)
     from transformers.models.mixtral import modeling_mixtral
@@ -92,7 +94,8 @@ def float64_norms():
     for c in moe_norms:
         c.forward = _float64_rms_forward(c.forward)
     routers = [modeling_mixtral.MixtralTopKRouter, modeling_qwen2_moe.Qwen2MoeTopKRouter,
-               modeling_qwen3_moe.Qwen3MoeTopKRouter, modeling_olmoe.OlmoeTopKRouter]
+               modeling_qwen3_moe.Qwen3MoeTopKRouter, modeling_olmoe.OlmoeTopKRouter,
+               modeling_qwen3_next.Qwen3NextTopKRouter]
     classes, originals = classes + routers, originals + [r.forward for r in routers]
     for r in routers:  # the routers' softmax rounds to float32 too
         r.forward = _float64_router(r.forward)
@@ -125,7 +128,13 @@ def float64_norms():
     chunk_scans = [module.mamba2_chunk_scan for module in scans]
     for module, scan in zip(scans, chunk_scans):
         module.mamba2_chunk_scan = _keeping_float64(scan)
+    delta_gated = modeling_qwen3_next.Qwen3NextRMSNormGated  # Gated DeltaNets: their gated norm and their whole
+    classes, originals = classes + [delta_gated], originals + [delta_gated.forward]  # delta rule in float32
+    delta_gated.forward = _keeping_float64(delta_gated.forward)
+    delta_rule = modeling_qwen3_next.torch_chunk_gated_delta_rule
+    modeling_qwen3_next.torch_chunk_gated_delta_rule = _keeping_float64(delta_rule)
     yield
+    modeling_qwen3_next.torch_chunk_gated_delta_rule = delta_rule
     for module, scan in zip(scans, chunk_scans):
         module.mamba2_chunk_scan = scan
     for module, scan in zip(selective, selective_scans):

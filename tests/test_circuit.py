@@ -15,6 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch.autograd import forward_ad
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import dpa
 from dpa.circuit import circuit
@@ -335,7 +336,8 @@ def patched_change(ref, circ, u, d):
                     hooks.append((_tap(m, b), lambda _m, a, k, key=(li, b): captured.__setitem__(key, a[0]), True))
                 if v.kind == "target" or (li, b) != (v.layer, v.block):
                     hooks.append((_reader(m, b), _detach_dual, True))
-        value = ref._run(hooks)
+        with sdpa_kernel(SDPBackend.MATH):  # (sdpa's fused CPU kernel has no forward mode)
+            value = ref._run(hooks)
         if v.kind == "target":
             s = value
         else:

@@ -114,9 +114,16 @@ def linearised(model, mu, moe=None):
         if mods.kind == "scan":  # a Mamba-2 or Mamba block: its whole forward, linearised as a recurrence
             block = mods.attention
             set_forward(block, (_selective_block if hasattr(block, "x_proj") else _ssm_block)(block, weight))
+        if mods.kind == "delta":  # a Gated DeltaNet: its whole forward, linearised as a recurrence
+            set_forward(mods.attention, _delta_block(mods.attention, weight))
         for module in {id(m): m for m in mods.branches.values()}.values():
             held = [n for n in names if mods.branches.get(n) is module]
-            if mods.kind == "scan" and held[0] == "query":  # its in_proj: weighted inside _ssm_block
+            if mods.kind in ("scan", "delta") and held[0] == "query":  # its in_proj: weighted inside the block's
+                continue
+            if held == ["query"] and module.weight.shape[0] == 2 * spec.n_heads * spec.d_head:  # Qwen3-Next's gated
+                m = torch.zeros(spec.n_heads, 2, spec.d_head, dtype=torch.float64)  # attention: q_proj's output is
+                m[:, 0] = weight["query"]  # [q | gate] per head (its view(..., head_dim * 2).chunk(2)); the gate,
+                set_forward(module, scaled(module, m.flatten()))  # a sigmoid of it times the head's output, frozen
                 continue
             if len(held) == 1 or not parts.gated and held == ["gate", "up"]:
                 set_forward(module, scaled(module, weight[held[0]]))
@@ -203,6 +210,55 @@ def _selective_block(block, weight):
             ys.append((state * Cs[:, i, None, :]).sum(-1) + block.D.float().double() * x[:, i])
         y = torch.stack(ys, dim=1)
         return block.out_proj(m(y, weight["up"]) * m(z * RATIO["silu"](z).detach(), weight["gate"]))
+    return forward
+
+
+def _delta_block(block, weight):
+    """Qwen3-Next's Gated DeltaNet (transformers' ``Qwen3NextGatedDeltaNet``), linearised, written here from its
+    modeling code as the recurrence over positions (transformers' ``torch_recurrent_gated_delta_rule``): per value head
+    a state decayed by alpha_t, the memory under the key erased by beta_t and beta_t k_t v_t^T written, read by q_t;
+    then the gated norm. Frozen: alpha and beta, the L2 scales of q and k, the key where it erases, the convolution's
+    sigmoids, the gated norm's scale and SiLU(z)'s sigmoid. Weighted: q (query), the written k (key), v (value) in
+    the rule; its output (up) and SiLU(z) (gate) at the norm. A_log and a rounded to float32, as the forward does."""
+    def m(x, mu):
+        return mu * x + (1 - mu) * x.detach()
+
+    def unit(x):  # L2-normalised with the scale frozen (transformers' l2norm, eps 1e-6)
+        return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6).detach()
+
+    def forward(hidden_states, attention_mask=None, **_):
+        b, t, _ = hidden_states.shape
+        hk, hv, dk, dv = block.num_k_heads, block.num_v_heads, block.head_k_dim, block.head_v_dim
+        g = hv // hk
+        if attention_mask is not None:
+            hidden_states = hidden_states * attention_mask[..., None]
+        q, k, v, z = block.in_proj_qkvz(hidden_states).view(b, t, hk, -1).split([dk, dk, g * dv, g * dv], dim=-1)
+        bb, a = block.in_proj_ba(hidden_states).view(b, t, hk, -1).split([g, g], dim=-1)
+        mixed = torch.cat([q.reshape(b, t, -1), k.reshape(b, t, -1), v.reshape(b, t, -1)], dim=-1)
+        kernel = block.conv1d.weight.shape[-1]
+        u = torch.nn.functional.conv1d(mixed.transpose(1, 2), block.conv1d.weight, block.conv1d.bias,
+                                       padding=kernel - 1, groups=mixed.shape[-1])[..., :t].transpose(1, 2)
+        q, k, v = (u * torch.sigmoid(u).detach()).split([hk * dk, hk * dk, hv * dv], dim=-1)
+        per_value = lambda x: x.reshape(b, t, hk, dk).repeat_interleave(g, dim=2)  # noqa: E731
+        erase = unit(per_value(k)).detach()
+        q = unit(per_value(m(q, weight["query"]))) / dk ** 0.5
+        k, v = unit(per_value(m(k, weight["key"]))), m(v, weight["value"]).reshape(b, t, hv, dv)
+        beta = torch.sigmoid(bb.reshape(b, t, hv)).detach()
+        alpha = torch.exp(-block.A_log.float().exp() * torch.nn.functional.softplus(
+            a.reshape(b, t, hv).float() + block.dt_bias)).detach()
+        state, outs = torch.zeros(b, hv, dk, dv, dtype=v.dtype), []
+        for i in range(t):
+            state = state * alpha[:, i, :, None, None]
+            memory = (state * erase[:, i, :, :, None]).sum(-2)  # what the state holds under the key
+            be = beta[:, i, :, None, None]
+            state = state - be * erase[:, i, :, :, None] * memory[:, :, None, :] + be * k[:, i, :, :, None] * \
+                v[:, i, :, None, :]
+            outs.append((state * q[:, i, :, :, None]).sum(-2))
+        o = torch.stack(outs, dim=1)  # [b t hv dv]
+        r = torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + block.norm.variance_epsilon).detach()
+        z = z.reshape(b, t, hv, dv)
+        y = block.norm.weight * m(o, weight["up"]) * r * m(z * RATIO["silu"](z).detach(), weight["gate"])
+        return block.out_proj(y.reshape(b, t, -1))
     return forward
 
 
@@ -450,7 +506,7 @@ def test_the_explicit_attention_path_reproduces_the_model(model):
     prompts = [random_ids(11, seed=1), random_ids(7, seed=2)]
     req = request.build(model, None, prompts)
     if req.spec.mixed:  # a hybrid's mixer layers have no attention probabilities: refused by name, model untouched
-        with pytest.raises(dpa.UnsupportedModelError, match=r"layers\[0\] is a (conv|scan) layer"):
+        with pytest.raises(dpa.UnsupportedModelError, match=r"layers\[0\] is a (conv|scan|delta) layer"):
             with instrument(model, req, explicit=True) as session:
                 session.forward()
         assert "forward" not in vars(layer_modules(model, req.spec)[1].attention)

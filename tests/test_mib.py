@@ -107,8 +107,10 @@ def _brute_run(model, spec, graph, layers, calls, ids, excluded, other):
                       for c, name in enumerate(("query", "key", "value"))}
             seen = {}
             hooks = []
-            if hasattr(m.attention, "x_proj"):  # a Mamba block: no column of in_proj is one reader's alone
-                seen["z"] = _mamba_readers(m.attention, normed, calls[i][1].get("attention_mask"))
+            readers = (_mamba_readers if hasattr(m.attention, "x_proj") else  # a Mamba block or a Gated DeltaNet:
+                       _delta_readers if hasattr(m.attention, "in_proj_ba") else None)  # no column of its input
+            if readers is not None:  # projection is one reader's alone
+                seen["z"] = readers(m.attention, normed, calls[i][1].get("attention_mask"))
                 w_o = weight_rows(m.heads)
                 terms.append(seen["z"][..., h * hd:(h + 1) * hd] @ w_o[:, h * hd:(h + 1) * hd].T)
                 continue
@@ -192,6 +194,45 @@ def _mamba_readers(block, normed, mask):
     return torch.stack(ys, dim=1) * torch.nn.functional.silu(z)
 
 
+def _delta_readers(block, normed, mask):
+    """A Gated DeltaNet (transformers' Qwen3NextGatedDeltaNet) written here from its modeling code, each reader with
+    its own input (MIB's graph): q and the gate z from the query's, k, beta and the decay from the key's, the content v
+    from the value's. The recurrence as transformers' torch_recurrent_gated_delta_rule runs it. Returns out_proj's
+    input."""
+    hk, hv, dk, dv = block.num_k_heads, block.num_v_heads, block.head_k_dim, block.head_v_dim
+    g, t = hv // hk, normed["query"].shape[1]
+    pad = (lambda v: v) if mask is None else (lambda v: v * mask[..., None])
+    kernel = block.conv1d.weight.shape[-1]
+
+    def parts(h):  # q, k, v, z [b t hk *] and b, a [b t hk g] of one input
+        b_ = h.shape[0]
+        return (*block.in_proj_qkvz(pad(h)).view(b_, t, hk, -1).split([dk, dk, g * dv, g * dv], dim=-1),
+                *block.in_proj_ba(pad(h)).view(b_, t, hk, -1).split([g, g], dim=-1))
+
+    (q, _, _, z, _, _), (_, k, _, _, bb, a), (_, _, v, _, _, _) = (parts(normed[n]) for n in ("query", "key", "value"))
+    b_ = q.shape[0]
+    mixed = torch.cat([x.reshape(b_, t, -1) for x in (q, k, v)], dim=-1)
+    u = torch.nn.functional.conv1d(mixed.transpose(1, 2), block.conv1d.weight, block.conv1d.bias, padding=kernel - 1,
+                                   groups=mixed.shape[-1])[..., :t].transpose(1, 2)
+    q, k, v = torch.nn.functional.silu(u).split([hk * dk, hk * dk, hv * dv], dim=-1)
+    unit = lambda x: x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)  # noqa: E731
+    q, k = (unit(x.reshape(b_, t, hk, dk).repeat_interleave(g, dim=2)) for x in (q, k))
+    q, v = q / dk ** 0.5, v.reshape(b_, t, hv, dv)
+    beta = torch.sigmoid(bb.reshape(b_, t, hv))
+    alpha = torch.exp(-block.A_log.float().exp() * torch.nn.functional.softplus(a.reshape(b_, t, hv).float()
+                                                                                 + block.dt_bias))
+    state, outs = torch.zeros(b_, hv, dk, dv, dtype=v.dtype), []
+    for i in range(t):
+        state = state * alpha[:, i, :, None, None]
+        delta = (v[:, i] - (state * k[:, i, :, :, None]).sum(-2)) * beta[:, i, :, None]
+        state = state + k[:, i, :, :, None] * delta[:, :, None, :]
+        outs.append((state * q[:, i, :, :, None]).sum(-2))
+    o = torch.stack(outs, dim=1)
+    z = z.reshape(b_, t, hv, dv)
+    y = block.norm.weight * o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + block.norm.variance_epsilon)
+    return (y * torch.nn.functional.silu(z)).reshape(b_, t, -1)
+
+
 class _Req:
     def __init__(self, spec):
         self.spec = spec
@@ -218,7 +259,14 @@ def _linear(model):
         for m in layer_modules(model, spec):
             if hasattr(m.attention, "x_proj"):  # a Mamba block: its gate z zero, so that it writes nothing
                 weight_rows(m.attention.in_proj)[m.attention.intermediate_size:] = 0
-            for name in () if hasattr(m.attention, "x_proj") else ("query", "key"):
+            if hasattr(m.attention, "in_proj_ba"):  # a Gated DeltaNet: its gate z zero (its rows per key head)
+                block = m.attention
+                rows = weight_rows(block.in_proj_qkvz).view(block.num_k_heads, -1, spec.d_model)
+                rows[:, 2 * block.head_k_dim + block.num_v_heads // block.num_k_heads * block.head_v_dim:] = 0
+            if "output_gate" in m.columns:  # gated attention (Qwen3-Next): every head's gate sigmoid(0) = 1/2
+                weight_rows(m.branches["query"])[m.columns["output_gate"]] = 0
+            for name in () if hasattr(m.attention, "x_proj") or hasattr(m.attention, "in_proj_ba") else ("query",
+                                                                                                        "key"):
                 rows = m.columns.get(name)
                 w = weight_rows(m.branches[name])
                 if rows is None:

@@ -293,6 +293,8 @@ def _sliced(m: LayerModules, spec, normed: Tensor, triples: list[tuple], copy_of
         cols = m.columns.get(name)
         if cols is None:
             return idx
+        if name == "query" and "output_gate" in m.columns:  # the heads' output gates, read with their queries
+            return torch.cat([cols.to(device)[idx], m.columns["output_gate"].to(device)[idx]])
         return idx + (cols.start or 0) if isinstance(cols, slice) else cols.to(device)[idx]
 
     def forward_of(module: nn.Module, names: list[str]) -> Callable:
