@@ -52,6 +52,9 @@ class ScanRule:
     check_block: Callable
     apart: bool = True  # MIB's graph can feed the block's readers apart through in_proj's columns (Mamba-2); else
     # (Mamba: B and C are read from x) the block's value there is its copy's, fed per reader (``readers_value``)
+    rounding: Callable | None = None  # (block, h, mask) -> how far the block's own float32 arithmetic may stray from
+    # the copy on this input (per position, relative: ``agree``), where that grows with the input (the delta rule's
+    # cumulative decays); None: ``AGREE``
 
 
 # While MIB's graph runs a Mamba-2 block with a separate input per reader (``mib.forward``), the block's key and value
@@ -242,7 +245,7 @@ class LinearisedScan(torch.autograd.Function):
             bias = (None if conv_bias is None else  # one leaf per row: its gradient gives each one's share
                     conv_bias.detach().to(leaves[0]).expand(h.shape[0], -1).clone().requires_grad_(True))
             _, n = ctx.rule.scan_block(block, leaf, ctx.mask, ctx.mu, bias)
-            check_copy(block, own, n.detach(), ctx.rule, ctx.where)
+            check_copy(block, own, n.detach(), ctx.rule, ctx.where, h, ctx.mask)
             grads = torch.autograd.grad(n, leaves + ([] if bias is None else [bias]), g.to(n.dtype), allow_unused=True)
         if bias is not None and ctx.bias_sink is not None and grads[-1] is not None:
             ctx.bias_sink((grads[-1] * bias.detach()).sum(-1))
@@ -250,9 +253,11 @@ class LinearisedScan(torch.autograd.Function):
         return (None, None, None, None, None, None, None, None, *out)
 
 
-def check_copy(block: nn.Module, own: Tensor, copy: Tensor, rule: ScanRule, where: str) -> None:
-    """The block's own output (out_proj's input) on a call's input is its copy's (``agree``), else refused."""
-    if not agree(own, copy, rule.name, block, where):
+def check_copy(block: nn.Module, own: Tensor, copy: Tensor, rule: ScanRule, where: str, h: Tensor,
+               mask: Tensor | None) -> None:
+    """The block's own output (out_proj's input) on a call's input ``h`` is its copy's (``agree``, to the rule's
+    ``rounding`` on that input where it has one), else refused."""
+    if not agree(own, copy, rule.name, block, where, tolerance(rule, block, h, mask)):
         raise UnsupportedModelError(
             f"unsupported module: {where} ({type(block).__name__}) computed another output on this input than the "
             f"{rule.name} block dpa linearises (relative difference {_difference(own, copy):.2g}; its forward, a "
@@ -273,7 +278,7 @@ def readers_value(block: nn.Module, rule: ScanRule, where: str) -> Callable:
         h = args[0] if args else kwargs["hidden_states"]
         mask = kwargs.get("attention_mask")
         with torch.no_grad():
-            check_copy(block, output, rule.scan_block(block, h, mask)[0], rule, where)
+            check_copy(block, output, rule.scan_block(block, h, mask)[0], rule, where, h, mask)
         n = rule.scan_block(block, dict(readers, query=h), mask, frozen=False)[1]
         return block.out_proj(n.to(output.dtype))  # (out_proj's input is where MIB's graph reads the units)
     return hook
@@ -284,10 +289,17 @@ AGREE = 3e-5  # float32 and float64 models: ten times the worst difference measu
 AGREE_HALF = 5e-2  # bfloat16 and half models
 
 
-def agree(own: Tensor, copy: Tensor, name: str = "scan", block: nn.Module | None = None, where: str = "") -> bool:
+def tolerance(rule: ScanRule, block: nn.Module, h: Tensor, mask: Tensor | None) -> float | None:
+    """How far the block's own output may stray from its copy's on the input ``h`` (``ScanRule.rounding``)."""
+    return None if rule.rounding is None else float(rule.rounding(block, h, mask))
+
+
+def agree(own: Tensor, copy: Tensor, name: str = "scan", block: nn.Module | None = None, where: str = "",
+          slack: float | None = None) -> bool:
     """Whether the block's own output and dpa's copy's agree at every position, to the rounding of the module's
     float32 scan (or of a bfloat16 / half model): per position, to ``AGREE`` of that position's largest output (a
-    thousandth of the largest anywhere at least). A value that is not finite is no disagreement:
+    thousandth of the largest anywhere at least), or to ``slack`` where that is larger (the rule's ``rounding`` on
+    this input). A value that is not finite is no disagreement:
     ``NonFiniteError``, naming the block's parameter that is NaN or inf where one is (``block``, at ``where``)."""
     if not (bool(torch.isfinite(own).all()) and bool(torch.isfinite(copy).all())):
         weight = None if block is None else non_finite_parameter(block)
@@ -296,8 +308,8 @@ def agree(own: Tensor, copy: Tensor, name: str = "scan", block: nn.Module | None
             f": its parameter {weight} is NaN or inf" if weight else
             ": the model's dtype overflows on this input (try float32)" if half else
             " (a weight or an activation is NaN or inf)"))
-    return own.shape == copy.shape and _difference(own, copy) <= (AGREE if own.dtype in (torch.float64, torch.float32)
-                                                                  else AGREE_HALF)
+    bound = AGREE if own.dtype in (torch.float64, torch.float32) else AGREE_HALF
+    return own.shape == copy.shape and _difference(own, copy) <= max(bound, slack or 0.0)
 
 
 def _difference(own: Tensor, copy: Tensor) -> float:
@@ -337,7 +349,8 @@ def linearised_forward(own: Callable, block: nn.Module, anchor: Tensor, mu, bias
         n = seen[0]
         if copied:
             with torch.no_grad():
-                check_copy(block, seen[0], rule.scan_block(block, hidden_states, mask)[1], rule, where)
+                check_copy(block, seen[0], rule.scan_block(block, hidden_states, mask)[1], rule, where, hidden_states,
+                           mask)
                 n = rule.scan_block(block, dict(readers, query=hidden_states), mask)[1].to(n.dtype)
             readers["done"] = True  # (``readers_value``: nothing left to replace)
         n = LinearisedScan.apply(anchor, n, block, mask, mu, bias_sink, where, rule, *inputs)
@@ -409,7 +422,8 @@ def check_computes(block: nn.Module, want: dict[str, tuple[int, ...]], d_model: 
     training, block.training = block.training, False  # as dpa runs it: the fused training path is not attributed
     try:
         why = disagreement(lambda: block(h, attention_mask=mask), lambda: rule.scan_block(block, h, mask)[0],
-                           lambda own, copy: agree(own, copy, rule.name, block, where))
+                           lambda own, copy: agree(own, copy, rule.name, block, where,
+                                                   tolerance(rule, block, h, mask)))
     finally:
         block.training = training
     if why is not None:
