@@ -204,7 +204,8 @@ def test_model_state_after_a_refused_explicit_call_is_unchanged(model):
     assert _state(model) == before
 
 
-@pytest.mark.parametrize("family, kind", [("lfm2", "conv"), ("bamba", "scan"), ("granitemoehybrid", "scan")])
+@pytest.mark.parametrize("family, kind", [("lfm2", "conv"), ("bamba", "scan"), ("granitemoehybrid", "scan"),
+                                          ("qwen3_next", "delta")])
 def test_the_benchmark_runs_what_a_hybrid_has_and_refuses_head_ablations_before_any_work(family, kind, tmp_path):
     from dpa.evaluate import Settings, evaluate
 
@@ -296,7 +297,8 @@ def test_verifying_the_top_components_ablates_heads_and_neurons_only(model):
     assert any(c.kind == "conv" for c in res.top_components(4)["positive"])  # they were among the top: left out
 
 
-@pytest.mark.parametrize("family, letter", [("lfm2", "C"), ("bamba", "S"), ("granitemoehybrid", "S")])
+@pytest.mark.parametrize("family, letter", [("lfm2", "C"), ("bamba", "S"), ("granitemoehybrid", "S"),
+                                            ("qwen3_next", "D")])
 def test_verification_refuses_what_ablation_cannot_reach_before_any_work(family, letter):
     """A selected mixer unit, or "recover" (which would ablate every unit but the selection, the mixer's included),
     is refused by name; "disrupt" on an attention head runs."""
@@ -314,6 +316,7 @@ def test_verification_refuses_what_ablation_cannot_reach_before_any_work(family,
 
 
 @pytest.mark.parametrize("family, kind, letter", [("lfm2", "conv", "C"), ("bamba", "scan", "S"),
+                                                  ("qwen3_next", "delta", "D"),
                                                   ("granitemoehybrid", "scan", "S")])
 def test_the_command_line_attributes_a_saved_hybrid(family, kind, letter, tmp_path, capsys):
     """``dpa attribute`` and ``dpa circuit`` on a hybrid's folder (random weights, a word-level tokenizer): the report
@@ -330,7 +333,8 @@ def test_the_command_line_attributes_a_saved_hybrid(family, kind, letter, tmp_pa
     assert main(["attribute", "w4 w5 w6 w7", "--model", str(folder), "--target", "w9", "--json", str(out_json),
                  "--top", "40"]) == 0
     report = capsys.readouterr().out
-    listed = "attention heads, experts and" if family == "granitemoehybrid" else "attention heads and"  # (its experts)
+    listed = ("attention heads, experts and" if family in ("granitemoehybrid", "qwen3_next")  # (their experts)
+              else "attention heads and")
     assert f"{kind} L" in report and f"{kind} units, {listed} MLP neurons" in report
     assert json.loads(out_json.read_text())["layer_kinds"] == [kind, "head", kind]
     graph = tmp_path / "g.json"
