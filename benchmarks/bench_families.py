@@ -4,7 +4,8 @@
 
 One row per family kind and size: an attention model (Llama, the reference), and each kind of token mixer dpa
 linearises beside attention (LFM2's gated short convolution: "conv"; Bamba's Mamba-2 block: "scan"), and Mamba's
-selective scan ("selective", every layer a Mamba block). Each model is built from its family's
+selective scan ("selective", every layer a Mamba block), and Qwen3-Next's Gated DeltaNet ("delta", three to each gated
+attention layer). Each model is built from its family's
 config (``dpa.tiny.tiny_config``) with random weights in float32, no checkpoint needed: the cost of DPA against a
 gradient depends on the shapes, not on the values. Per row: the median seconds of a forward + autograd gradient of
 the target logit with respect to the embeddings (the bar) and of ``dpa.attribute`` with its defaults; the ratio is
@@ -32,7 +33,13 @@ KINDS = {
     "conv": ("lfm2", {}),  # LFM2's pattern: two convolution layers to each attention layer
     "scan": ("bamba", {}),  # Mamba-2 blocks, two to each attention layer; SSM heads of 64 channels, one group
     "selective": ("mamba", {}),  # Mamba blocks alone (no attention, no MLP): 2 x d_model channels, states of 16
+    "delta": ("qwen3_next", {"num_experts": 0}),  # Gated DeltaNets, three to each gated attention layer, dense MLPs
 }
+# a Gated DeltaNet's sizes per size: key heads, value heads (two per key head), their widths (d_model channels)
+DELTA_SIZES = {"tiny": dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                            linear_value_head_dim=16, linear_conv_kernel_dim=4),
+               "mid": dict(linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=64,
+                           linear_value_head_dim=64, linear_conv_kernel_dim=4)}
 # a Mamba-2 block's sizes per size: (SSM heads of 64 channels: 2 x d_model inner, state size, chunk)
 SCAN_SIZES = {"tiny": dict(mamba_n_heads=2, mamba_d_head=64, mamba_d_state=16, mamba_chunk_size=16),
               "mid": dict(mamba_n_heads=16, mamba_d_head=64, mamba_d_state=64, mamba_chunk_size=64)}
@@ -55,6 +62,9 @@ def build(kind: str, size: str) -> torch.nn.Module:
         overrides["layer_types"] = ["full_attention" if i % 3 == 2 else "conv" for i in range(layers)]
     if family == "bamba":
         overrides.update(SCAN_SIZES[size], mamba_n_groups=1, attn_layer_indices=list(range(2, layers, 3)))
+    if family == "qwen3_next":
+        overrides.update(DELTA_SIZES[size], layer_types=["full_attention" if i % 4 == 3 else "linear_attention"
+                                                         for i in range(layers)])
     if family == "mamba":  # its own config's keys: the inner width is 2 x d_model, the step's rank d_model / 16
         overrides = dict(hidden_size=sizes["hidden_size"], num_hidden_layers=layers, vocab_size=sizes["vocab_size"],
                          state_size=16, time_step_rank=-(-sizes["hidden_size"] // 16))

@@ -349,6 +349,14 @@ def test_granite_with_experts_save_html_names_its_units_and_experts(browser, tmp
                  "heads and scan units", experts=5)
 
 
+def test_qwen3_next_save_html_names_its_delta_units_and_experts(browser, tmp_path):  # noqa: F811
+    """Qwen3-Next (Gated DeltaNet, gated attention, Gated DeltaNet; four routed experts and a gated shared one) on a
+    static page: the delta rows say their kind, their units are named D, and the experts' panel has the shared
+    slot."""
+    _hybrid_page(browser, tmp_path, "qwen3_next", "delta", "delta L0.D3: ", "delta L2.D1 · ",
+                 "heads and delta units", experts=5)
+
+
 @pytest.mark.parametrize("family", ["mamba2", "mamba"])
 def test_mamba_save_html_has_no_mlp_panel_to_fill(browser, tmp_path, family):  # noqa: F811
     """Mamba-2 and Mamba (three blocks, no attention, no MLP) on a static page: every row is a scan row, a unit's
