@@ -32,7 +32,7 @@ from .errors import UnsupportedModelError
 from .mixers import check_projections, own_block
 from .registry import Mixer
 from .spec import weight_rows
-from .ssd import ScanRule, check_computes, check_conv, conv_silu, weighted, wide
+from .ssd import ScanRule, check_computes, check_conv, conv_silu, scaler, wide
 
 
 @dataclass(frozen=True)
@@ -162,15 +162,11 @@ def _gated_norm(block: nn.Module, o: Tensor, z: Tensor, freeze) -> tuple[Tensor,
 
 def scan_block(block: nn.Module, h: Tensor | dict[str, Tensor], mask: Tensor | None, mu=None,
                bias: Tensor | None = None, frozen: bool = True) -> tuple[Tensor, Tensor]:
-    """The block's output and out_proj's input n, written from the book (``ssd.scan_block``'s contract): its value,
-    and with ``mu`` the linearised graph whose gradient is the rule. ``h``: the input, or one per reader of MIB's
-    graph (``_factors``). ``bias`` [batch channel]: the convolution's bias as a leaf per prompt (its gradient gives
-    the bias share), else the block's own. ``frozen`` off: nothing detached, the block's own function (MIB's graph
-    under the model's own backward)."""
+    """The block's output and out_proj's input n, written from the book: ``selective.scan_block``'s contract (``h``
+    one input or one per reader, ``bias`` a leaf per prompt, ``frozen`` off for the block's own function)."""
     freeze = (lambda t: t.detach()) if frozen else (lambda t: t)
     s, q, k, v, z, alpha, beta = _factors(block, h, mask, bias, frozen)
-    scaled = ((lambda tensor, name: tensor) if mu is None else
-              (lambda tensor, name: weighted(tensor, getattr(mu, name))))
+    scaled = scaler(mu)
     q_hat, k_hat = _normed(scaled(q, "query"), scaled(k, "key"), s, freeze)
     erase = freeze(_normed(q, k, s, freeze)[1])  # the key inside the transitions: a control, frozen
     o = _rule(q_hat, k_hat, _heads(scaled(v, "value"), s.v_heads, s), alpha, beta, erase)

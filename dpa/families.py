@@ -425,8 +425,8 @@ def _check_attention(layers, family: Family, spec: ModelSpec) -> None:
     if family.softcap:
         settings[family.softcap[0]] = lambda s: s.attn_softcap
     fused = {path for path, _ in family.fused}
-    rows = {"query": spec.n_heads * spec.d_head * (2 if family.output_gate else 1), "key": spec.n_kv_heads * spec.d_head,
-            "value": spec.n_kv_heads * spec.d_head}
+    rows = {"query": spec.n_heads * spec.d_head * (2 if family.output_gate else 1),  # (with a gate per head: twice)
+            "key": spec.n_kv_heads * spec.d_head, "value": spec.n_kv_heads * spec.d_head}
     for i, layer in enumerate(layers):
         if spec.kind(i) != "attention":  # a mixer block (LFM2's convolution): its own checks
             mixer = family.mixer(spec.kind(i))

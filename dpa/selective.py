@@ -31,7 +31,7 @@ from .errors import UnsupportedModelError
 from .mixers import check_projections, own_block
 from .registry import Mixer
 from .spec import weight_rows
-from .ssd import ScanRule, check_computes, check_conv, conv_silu, weighted, wide
+from .ssd import ScanRule, check_computes, check_conv, conv_silu, scaler, wide
 
 
 @dataclass(frozen=True)
@@ -135,8 +135,7 @@ def scan_block(block: nn.Module, h: Tensor | dict[str, Tensor], mask: Tensor | N
     the bias share), else the block's own. ``frozen`` off: nothing detached, the block's own function (MIB's graph
     under the model's own backward)."""
     _, z, x, B, C, step, a = _factors(block, h, mask, bias, frozen)
-    scaled = ((lambda tensor, name: tensor) if mu is None else
-              (lambda tensor, name: weighted(tensor, getattr(mu, name))))
+    scaled = scaler(mu)
     y = _scan(scaled(x, "value"), scaled(B, "key"), scaled(C, "query"), step, a) + _skip(block, x)
     sig = torch.sigmoid(z)
     n = scaled(y, "up") * scaled(z * (sig.detach() if frozen else sig), "gate")  # SiLU(z), sigmoid frozen

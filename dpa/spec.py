@@ -97,7 +97,7 @@ class ModelSpec:
         if kind != "attention" and name in ("query", "key", "value"):
             k = self.parts.mixer(kind).factors.index(name)
             return slice(k * self.d_model, (k + 1) * self.d_model)
-        if self.parts.output_gate and name in ("query", "output_gate"):  # [q | gate] of head 0, head 1, ... (Qwen3-Next)
+        if self.parts.output_gate and name in ("query", "output_gate"):  # [q | gate] of head 0, head 1, ...
             half = 0 if name == "query" else self.d_head
             return (torch.arange(self.n_heads)[:, None] * 2 * self.d_head + half + torch.arange(self.d_head)).flatten()
         path = self.parts.branches[name]

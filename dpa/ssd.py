@@ -71,8 +71,7 @@ def scan_block(block: nn.Module, h: Tensor | dict[str, Tensor], mask: Tensor | N
     share), else the block's own."""
     s, z, x, B, C, step, a = _factors(block, h, mask, bias)
     dtype = x.dtype
-    scaled = ((lambda tensor, name: tensor) if mu is None else
-              (lambda tensor, name: weighted(tensor, getattr(mu, name))))
+    scaled = scaler(mu)
     y = _scan(scaled(x, "value"), scaled(B, "key"), scaled(C, "query"), step, a, s) + _skip(block, x, s)
     gate = z * torch.sigmoid(z).detach()  # SiLU(z), sigmoid frozen
     yz = scaled(y, "up") * scaled(gate, "gate")
@@ -177,6 +176,12 @@ def wide(dtype: torch.dtype) -> torch.dtype:
 
 def weighted(tensor: Tensor, mu: float) -> Tensor:
     return tensor if mu == 1 else Branch.apply(tensor, float(mu), None, None)
+
+
+def scaler(mu) -> Callable[[Tensor, str], Tensor]:
+    """(tensor, name) -> the tensor, its gradient times the path weight ``mu.name`` (the identity without ``mu``: the
+    copy's value alone)."""
+    return (lambda tensor, name: tensor) if mu is None else (lambda tensor, name: weighted(tensor, getattr(mu, name)))
 
 
 def _scan(x: Tensor, B: Tensor, C: Tensor, step: Tensor, a: Tensor, s: ScanShape) -> Tensor:
