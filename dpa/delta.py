@@ -67,6 +67,8 @@ class DeltaShape:
 
 
 _ATTRIBUTES = ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim", "conv_kernel_size")
+CHUNK = 64  # the positions of one chunk of transformers' torch_chunk_gated_delta_rule (its default, which the module
+# does not change), and of dpa's copy
 L2_EPS = 1e-6  # transformers' l2norm of q and k (its own, fixed in the code; not the config's rms_norm_eps)
 
 
@@ -93,7 +95,7 @@ def _weights(block: nn.Module, s: DeltaShape, dtype: torch.dtype) -> tuple[Tenso
 def _factors(block: nn.Module, h: Tensor | dict[str, Tensor], mask: Tensor | None, bias: Tensor | None,
              frozen: bool = True) -> tuple:
     """The block from its input to the delta rule's factors: (q, k, v after the convolution's SiLU, its sigmoid
-    frozen [b t *], z [b t H_v D_v], alpha and beta [b t H_v] frozen). As the module's forward: padded positions
+    frozen [b t *], z [b t H_v D_v], g = log alpha and beta [b t H_v] frozen). As the module's forward: padded positions
     zeroed before the projections; A_log and a rounded to float32. ``h``: the input, or one per reader of MIB's graph
     ("query": q and z, read at the output's position; "key": k, alpha and beta, written with the input's position;
     "value": v, the content). ``frozen`` off: nothing detached (the block's own function)."""
@@ -108,7 +110,7 @@ def _factors(block: nn.Module, h: Tensor | dict[str, Tensor], mask: Tensor | Non
     q, k, v = conv_silu(block.conv1d, mixed, bias, None, frozen).split([s.k_heads * s.k_dim] * 2 + [s.inner], -1)
     z = x["query"] @ w_z.T
     beta = freeze(torch.sigmoid(x["key"] @ w_b.T))
-    return s, q, k, v, z, freeze(torch.exp(_decay(block, x["key"] @ w_a.T))), beta
+    return s, q, k, v, z, freeze(_decay(block, x["key"] @ w_a.T)), beta
 
 
 def _decay(block: nn.Module, a: Tensor) -> Tensor:
@@ -140,18 +142,44 @@ def _normed(q: Tensor, k: Tensor, s: DeltaShape, freeze) -> tuple[Tensor, Tensor
     return q * rho_q / s.k_dim ** 0.5, k * rho_k
 
 
-def _rule(q: Tensor, k: Tensor, v: Tensor, alpha: Tensor, beta: Tensor, erase: Tensor) -> Tensor:
+def _rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, erase: Tensor) -> Tensor:
     """o_t = S_t^T q_t with S_t = alpha_t (S_{t-1} - beta_t e_t (e_t^T S_{t-1})) + beta_t k_t v_t^T per value head
-    [b t H_v D_v]: the recurrence as transformers' loop runs it, the erasing key ``erase`` apart from the written
-    ``k`` (frozen under the rule)."""
-    b, t, heads, d_k = q.shape
-    state, outs = q.new_zeros(b, heads, d_k, v.shape[-1]), []
-    for i in range(t):
-        e, be = erase[:, i], beta[:, i, :, None, None]
-        state = state - be * e[..., None] * torch.einsum("bhk,bhkv->bhv", e, state)[..., None, :]
-        state = alpha[:, i, :, None, None] * state + be * k[:, i, :, :, None] * v[:, i, :, None, :]
-        outs.append(torch.einsum("bhkv,bhk->bhv", state, q[:, i]))
-    return torch.stack(outs, dim=1)
+    [b t H_v D_v], alpha = exp(g), the erasing key ``erase`` apart from the written ``k`` (frozen under the rule); by
+    chunks of ``CHUNK`` positions, as transformers' chunked rule, so that time and memory grow linearly with the length
+    and the positions of a chunk run at once. Within a chunk, with gamma_t the decay since its start and S_0 the state
+    entering it, the erased parts r_t = alpha_t S_{t-1}^T e_t solve the lower-triangular system
+    r_t + sum_{i<t} (gamma_t / gamma_i) beta_i (e_t . e_i) r_i = gamma_t S_0^T e_t + sum_{i<t} (gamma_t / gamma_i)
+    beta_i (e_t . k_i) v_i, and then o_t = gamma_t S_0^T q_t + sum_{i<=t} (gamma_t / gamma_i) beta_i ((q_t . k_i) v_i
+    - (q_t . e_i) r_i): the recurrence unrolled within the chunk (book: gated-delta-rule, eq-gdr-unrolled)."""
+    b, t, heads, _ = q.shape
+    c = CHUNK
+    n = -(-t // c)
+
+    def chunks(x: Tensor) -> Tensor:  # [b t H ...] -> [b H n c ...], zeros after the last position (no write, no decay)
+        if n * c > t:
+            x = torch.cat([x, x.new_zeros(b, n * c - t, *x.shape[2:])], dim=1)
+        return x.view(b, n, c, *x.shape[2:]).movedim(3, 1)
+
+    q, k, v, e, g, beta = (chunks(x) for x in (q, k, v, erase, g, beta))
+    cum = g.cumsum(-1)  # [b H n c]: log gamma_t within each chunk
+    causal = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
+    decay = torch.exp(torch.where(causal, cum[..., :, None] - cum[..., None, :], float("-inf")))  # gamma_t / gamma_i
+    weight = decay * beta[..., None, :]  # [b H n c c]: (t, i) -> (gamma_t / gamma_i) beta_i for i <= t
+    strict = weight * torch.ones(c, c, dtype=torch.bool, device=q.device).tril(-1)  # i < t
+    system = torch.eye(c, dtype=q.dtype, device=q.device) + strict * (e @ e.transpose(-1, -2))
+    from_values = (strict * (e @ k.transpose(-1, -2))) @ v  # [b H n c D_v]
+    reads_k, reads_e = weight * (q @ k.transpose(-1, -2)), weight * (q @ e.transpose(-1, -2))
+    gamma = torch.exp(cum)[..., None]  # [b H n c 1]
+    state, outs = q.new_zeros(b, heads, q.shape[-1], v.shape[-1]), []
+    for j in range(n):
+        erased = torch.linalg.solve_triangular(system[:, :, j], gamma[:, :, j] * (e[:, :, j] @ state)
+                                               + from_values[:, :, j], upper=False, unitriangular=True)
+        outs.append(gamma[:, :, j] * (q[:, :, j] @ state) + reads_k[:, :, j] @ v[:, :, j]
+                    - reads_e[:, :, j] @ erased)
+        last = (torch.exp(cum[:, :, j, -1:] - cum[:, :, j]) * beta[:, :, j])[..., None]  # (gamma_C / gamma_i) beta_i
+        state = (torch.exp(cum[:, :, j, -1])[..., None, None] * state + (k[:, :, j] * last).transpose(-1, -2)
+                 @ v[:, :, j] - (e[:, :, j] * last).transpose(-1, -2) @ erased)
+    return torch.stack(outs, dim=2).movedim(1, 3).reshape(b, n * c, heads, -1)[:, :t]
 
 
 def _gated_norm(block: nn.Module, o: Tensor, z: Tensor, freeze) -> tuple[Tensor, Tensor]:
@@ -165,11 +193,11 @@ def scan_block(block: nn.Module, h: Tensor | dict[str, Tensor], mask: Tensor | N
     """The block's output and out_proj's input n, written from the book: ``selective.scan_block``'s contract (``h``
     one input or one per reader, ``bias`` a leaf per prompt, ``frozen`` off for the block's own function)."""
     freeze = (lambda t: t.detach()) if frozen else (lambda t: t)
-    s, q, k, v, z, alpha, beta = _factors(block, h, mask, bias, frozen)
+    s, q, k, v, z, g, beta = _factors(block, h, mask, bias, frozen)
     scaled = scaler(mu)
     q_hat, k_hat = _normed(scaled(q, "query"), scaled(k, "key"), s, freeze)
     erase = freeze(_normed(q, k, s, freeze)[1])  # the key inside the transitions: a control, frozen
-    o = _rule(q_hat, k_hat, _heads(scaled(v, "value"), s.v_heads, s), alpha, beta, erase)
+    o = _rule(q_hat, k_hat, _heads(scaled(v, "value"), s.v_heads, s), g, beta, erase)
     z = z.view(*z.shape[:2], s.v_heads, s.v_dim)
     r, sig = _gated_norm(block, o.detach() if frozen else o, z, freeze)
     y = block.norm.weight.detach().to(o.dtype) * (scaled(o, "up") * r) * scaled(z * sig, "gate")
@@ -186,10 +214,11 @@ def scan_edges(block: nn.Module, h: Tensor, mask: Tensor | None, lam: Tensor, un
     queries' reads back through the transitions, P_{t,s}^T q^_t for every t at once, are carried from the last key to
     the first: memory [b t H_v D_k]."""
     with torch.no_grad():
-        s, q, k, v, z, alpha, beta = _factors(block, h, mask, None)
+        s, q, k, v, z, g, beta = _factors(block, h, mask, None)
+        alpha = torch.exp(g)
         q_hat, k_hat = _normed(q, k, s, lambda t: t)
         v = _heads(v, s.v_heads, s)
-        o = _rule(q_hat, k_hat, v, alpha, beta, k_hat)
+        o = _rule(q_hat, k_hat, v, g, beta, k_hat)
         z = z.view(*z.shape[:2], s.v_heads, s.v_dim)
         r, sig = _gated_norm(block, o, z, lambda t: t)
         b, t, heads, d_v = v.shape
@@ -240,10 +269,6 @@ def check_block(layer: nn.Module, mixer: Mixer, d_model: int, i: int) -> DeltaSh
         want["conv1d.bias"] = (s.conv,)
     check_computes(block, want, d_model, where, mixer.kind, RULE)
     return s
-
-
-CHUNK = 64  # the positions of one chunk of transformers' torch_chunk_gated_delta_rule (its default, which the module
-# does not change)
 
 
 def rounding(block: nn.Module, h: Tensor, mask: Tensor | None) -> float:
