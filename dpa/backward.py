@@ -145,7 +145,13 @@ def run(model: nn.Module, req: Request, readouts: dict[str, Readout] | None = No
     record = set().union(*(r.record for r in readouts.values()))
     scores = Scores.empty(spec, req.batch, req.n_tokens, dtype, req.device, positions)
     with instrument(model, req, weights=req.weights, scores=scores, record=record, lean=lean) as session:
-        hidden = session.forward()  # [batch pos d_model], the model's own values
+        try:
+            hidden = session.forward()  # [batch pos d_model], the model's own values
+        except NonFiniteError as err:  # met inside a block (a scan block's input): name the parameter where one is
+            weight = None if "parameter" in str(err) else non_finite_parameter(model)
+            if weight is None:
+                raise
+            raise NonFiniteError(f"{err}; the model's parameter {weight} is NaN or inf") from None
         final, probs, logits, rows = _final(session, req, hidden, dtype, probabilities)
         terms, u, term_values, values, term_capped, after_cap = _values(model, req, final, probs, logits, rows, dtype)
         per_term, out = None, {}

@@ -270,6 +270,7 @@ def _check_modules(model: nn.Module, family: Family) -> None:
     except AttributeError as err:  # a block wrapped or replaced by a module without the family's parts
         raise UnsupportedModelError(f"unsupported module: a decoder layer does not have the modules of a "
                                     f"{family.model_type} layer ({err}); dpa reads and linearises them by name") from None
+    _check_own_forwards(model, family, layers)
     where: dict[int, str] = {}
     for i, layer in enumerate(layers):  # dpa's rules and taps are per module object: one object, one place
         for name, m in layer.named_modules(remove_duplicate=False):
@@ -280,6 +281,30 @@ def _check_modules(model: nn.Module, family: Family) -> None:
                                             "scores each place of the model apart, so a module used twice would get "
                                             "one place's scores for both: give each place its own copy "
                                             "(copy.deepcopy) before attributing")
+
+
+def _check_own_forwards(model: nn.Module, family: Family, layers) -> None:
+    """The decoder stack, each layer, each attention module and each MLP run their own forwards in dpa's calls, with
+    dpa's rules on the modules inside them: a class replacing one of those forwards (a subclass with a forward of its
+    own) may compute something the rules do not describe (a nonlinearity on a block's output, another scale), which
+    autograd would then carry through unlinearised. Refused by name. (A mixer block's: ``mixers.own_block``.)"""
+    kinds = _kinds(model.config, family, len(layers))
+    parts = [("the decoder stack", get(model, family.layers.rsplit(".", 1)[0]))]
+    for i, layer in enumerate(layers):
+        on = family.on_layer(kinds[i])
+        parts.append((f"layers[{i}]", layer))
+        if kinds[i] == "attention":
+            parts.append((f"layers[{i}]'s attention", get(layer, family.attention)))
+        if on.mlp is not None:
+            parts.append((f"layers[{i}]'s MLP", get(layer, on.mlp)))
+    for name, module in parts:
+        if own_forward(module):
+            forward = type(module).forward
+            raise UnsupportedModelError(
+                f"unsupported module: {name} is a {type(module).__name__} whose forward is its own "
+                f"({getattr(forward, '__qualname__', forward)}, not transformers'): dpa linearises the modules inside "
+                "it and lets that forward run, so what it changes would be attributed with rules derived for "
+                "another computation; use the model's own class")
 
 
 def _kinds(config, family: Family, n: int) -> tuple[str, ...]:

@@ -140,6 +140,19 @@ def _guard(owner: threading.Thread) -> Callable:
     return pre
 
 
+def owned(fn: Callable, owner: threading.Thread | None = None) -> Callable:
+    """A hook that acts in the call's own thread (``owner``, by default the one registering it) and the autograd
+    engine's only: another thread's forward that was already inside a module when the call began passes it
+    untouched, rather than write into what the call records (it is refused at the next module dpa overrides)."""
+    owner = threading.current_thread() if owner is None else owner
+
+    def hook(*args):
+        if threading.current_thread() is owner or torch._C._current_autograd_node() is not None:
+            return fn(*args)
+        return None
+    return hook
+
+
 # --- putting the model back: every step runs, whatever interrupts it ---
 
 _MISSING = object()

@@ -40,7 +40,8 @@ from torch.utils.checkpoint import checkpoint
 
 from .errors import UnsupportedModelError
 from .families import ModelSpec, check_experts, get, layer_modules, own_forward, rope_depends_on_length, spec_for
-from .guard import check_all_ran, hold, model_state, put_config, release_memory, release_memory_hook, run_all, wrap
+from .guard import (check_all_ran, hold, model_state, owned, put_config, release_memory, release_memory_hook, run_all,
+                    wrap)
 from .linearise import BANDED_FROM, Scores, Tap, band, freeze_norm, keep_input, linearise_layer, temper
 from .request import Request
 from .rotary import each_prompt_alone
@@ -164,8 +165,8 @@ def instrument(model: nn.Module, request: Request, *, weights: PathWeights | Non
         session = Session(model, request, weights, scores, recording, set(record))
         session.overridden = override
         handles: list = []  # removed with the rest by guard.model_state (hook dictionaries as they were)
-        hook = lambda module, fn, pre=False: handles.append(  # noqa: E731
-            module.register_forward_pre_hook(fn) if pre else module.register_forward_hook(fn))
+        hook = lambda module, fn, pre=False: handles.append(  # noqa: E731  (another thread's forward: untouched)
+            module.register_forward_pre_hook(owned(fn)) if pre else module.register_forward_hook(owned(fn)))
         layers = layer_modules(model, spec)
 
         if scores is not None:

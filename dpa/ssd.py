@@ -33,6 +33,7 @@ from torch import Tensor, nn
 
 from .errors import NonFiniteError, UnsupportedModelError, non_finite_parameter
 from .functions import Branch
+from .guard import owned
 from .mixers import check_projections, disagreement, own_block
 from .registry import Mixer
 from .spec import ScanShape, factor_columns, shape_of, weight_rows
@@ -53,8 +54,8 @@ class ScanRule:
     apart: bool = True  # MIB's graph can feed the block's readers apart through in_proj's columns (Mamba-2); else
     # (Mamba: B and C are read from x) the block's value there is its copy's, fed per reader (``readers_value``)
     rounding: Callable | None = None  # (block, h, mask) -> how far the block's own float32 arithmetic may stray from
-    # the copy on this input (per position, relative: ``agree``), where that grows with the input (the delta rule's
-    # cumulative decays); None: ``AGREE``
+    # the copy on this input (relative to each position's largest output, broadcast against out_proj's input: per
+    # prompt and channel), where that grows with the input (the delta rule's cumulative decays); None: ``AGREE``
 
 
 # While MIB's graph runs a Mamba-2 block with a separate input per reader (``mib.forward``), the block's key and value
@@ -294,17 +295,17 @@ AGREE = 3e-5  # float32 and float64 models: ten times the worst difference measu
 AGREE_HALF = 5e-2  # bfloat16 and half models
 
 
-def tolerance(rule: ScanRule, block: nn.Module, h: Tensor, mask: Tensor | None) -> float | None:
+def tolerance(rule: ScanRule, block: nn.Module, h: Tensor, mask: Tensor | None) -> Tensor | None:
     """How far the block's own output may stray from its copy's on the input ``h`` (``ScanRule.rounding``)."""
-    return None if rule.rounding is None else float(rule.rounding(block, h, mask))
+    return None if rule.rounding is None else rule.rounding(block, h, mask)
 
 
 def agree(own: Tensor, copy: Tensor, name: str = "scan", block: nn.Module | None = None, where: str = "",
-          slack: float | None = None) -> bool:
+          slack: Tensor | None = None) -> bool:
     """Whether the block's own output and dpa's copy's agree at every position, to the rounding of the module's
     float32 scan (or of a bfloat16 / half model): per position, to ``AGREE`` of that position's largest output (a
     thousandth of the largest anywhere at least), or to ``slack`` where that is larger (the rule's ``rounding`` on
-    this input). A value that is not finite is no disagreement:
+    this input, broadcast against the output). A value that is not finite is no disagreement:
     ``NonFiniteError``, naming the block's parameter that is NaN or inf where one is (``block``, at ``where``)."""
     if not (bool(torch.isfinite(own).all()) and bool(torch.isfinite(copy).all())):
         weight = None if block is None else non_finite_parameter(block)
@@ -314,14 +315,24 @@ def agree(own: Tensor, copy: Tensor, name: str = "scan", block: nn.Module | None
             ": the model's dtype overflows on this input (try float32)" if half else
             " (a weight or an activation is NaN or inf)"))
     bound = AGREE if own.dtype in (torch.float64, torch.float32) else AGREE_HALF
-    return own.shape == copy.shape and _difference(own, copy) <= max(bound, slack or 0.0)
+    if own.shape != copy.shape:
+        return False
+    if slack is None:
+        return _difference(own, copy) <= bound
+    return bool((_relative(own, copy) <= slack.to(own.device, torch.float64).clamp_min(bound)).all())
 
 
 def _difference(own: Tensor, copy: Tensor) -> float:
     """The largest difference, relative to the largest output at its position (``agree``)."""
+    return float(_relative(own, copy).max())
+
+
+def _relative(own: Tensor, copy: Tensor) -> Tensor:
+    """Each difference, relative to the largest output at its position (a thousandth of the largest anywhere at
+    least)."""
     own, copy = own.detach().double(), copy.detach().double()
     scale = copy.abs().amax(-1, keepdim=True).clamp_min(1e-3 * float(copy.abs().max())).clamp_min(1e-300)
-    return float(((own - copy).abs() / scale).max())
+    return (own - copy).abs() / scale
 
 
 def linearised_forward(own: Callable, block: nn.Module, anchor: Tensor, mu, bias_sink: Callable | None,
@@ -338,7 +349,7 @@ def linearised_forward(own: Callable, block: nn.Module, anchor: Tensor, mu, bias
         if keep is not None:
             keep(hidden_states.detach(), kwargs.get("attention_mask"))
         seen: list[Tensor] = []
-        handle = block.out_proj.register_forward_pre_hook(lambda _m, a: seen.append(a[0]))
+        handle = block.out_proj.register_forward_pre_hook(owned(lambda _m, a: seen.append(a[0])))  # (this thread's)
         try:
             with torch.no_grad():
                 value = own(hidden_states, *args, **kwargs)

@@ -535,7 +535,8 @@ def test_a_token_added_to_the_tokenizer_but_not_the_model_is_refused_by_name():
 
 def test_a_forward_that_skips_the_activation_module_is_refused(monkeypatch):
     """A class-level patch computing SwiGLU in one expression (as fused-kernel libraries do) never calls act_fn:
-    its scores would leave the gate path unlinearised. Refused by name, the model left as it was."""
+    its scores would leave the gate path unlinearised. Refused by name (the MLP's forward is not transformers'), the
+    model left as it was."""
     from torch.nn import functional as F
     from transformers.models.llama import modeling_llama
 
@@ -543,7 +544,7 @@ def test_a_forward_that_skips_the_activation_module_is_refused(monkeypatch):
     before = dpa.attribute(model, None, random_ids(7), target=5)
     monkeypatch.setattr(modeling_llama.LlamaMLP, "forward",
                         lambda self, x: self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x)))
-    with pytest.raises(UnsupportedModelError, match=r"model\.layers\.0\.mlp\.act_fn.*did not run"):
+    with pytest.raises(UnsupportedModelError, match=r"layers\[0\]'s MLP is a LlamaMLP whose forward is its own"):
         dpa.attribute(model, None, random_ids(7), target=5)
     monkeypatch.undo()
     after = dpa.attribute(model, None, random_ids(7), target=5)
@@ -627,10 +628,11 @@ def test_a_wrapped_block_is_refused_by_name(path):
         attribute(model)
 
 
-def test_an_attention_class_whose_forward_is_patched_is_refused_where_alpha_is_recomputed(monkeypatch):
+def test_an_attention_class_whose_forward_is_patched_is_refused(monkeypatch):
     """The explicit attention path (edge ablations, the gradient baselines, activation patching) recomputes alpha
-    from the module's weights in place of its forward: a class whose forward was patched (here: doubling the
-    output) would be missed, so it is refused by name; dpa.attribute runs that forward and is right."""
+    from the module's weights in place of its forward, and dpa.attribute runs that forward with the rules on the
+    modules inside it: a class whose forward was patched (here: doubling the output; a tanh there would be carried
+    through unlinearised) is refused by name by both."""
     from transformers.models.llama import modeling_llama
 
     from dpa import baselines
@@ -643,7 +645,9 @@ def test_an_attention_class_whose_forward_is_patched_is_refused_where_alpha_is_r
         with pytest.raises(UnsupportedModelError, match=r"layers\[0\]'s attention is a LlamaAttention whose forward "
                                                          "is its own"):
             method(model, None, IDS, TARGET)
-    attribute(model)  # runs the patched forward itself
+    with pytest.raises(UnsupportedModelError, match=r"layers\[0\]'s attention is a LlamaAttention whose forward "
+                                                     "is its own"):
+        attribute(model)
 
 
 @pytest.mark.parametrize("part", ["lm_head", "embed_tokens"])

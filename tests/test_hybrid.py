@@ -248,7 +248,7 @@ def test_patches_made_after_a_first_call_are_refused_by_name(patch, monkeypatch)
     ids = random_ids(7)
     dpa.attribute(model, None, ids, target=TARGET)
     conv_fn = lfm2.causal_conv1d_fn
-    change = {"mlp class": (lfm2.Lfm2MLP, "forward", _gelu_mlp, "does not compute w2"),
+    change = {"mlp class": (lfm2.Lfm2MLP, "forward", _gelu_mlp, "MLP is a Lfm2MLP whose forward is its own"),
               "conv class wrapped": (lfm2.Lfm2ShortConv, "forward", _tanh_of(lfm2.Lfm2ShortConv.forward),
                                      "forward is its own"),
               "conv function": (lfm2, "causal_conv1d_fn", lambda h, w, b=None, activation=None, **k:
