@@ -290,17 +290,19 @@ def rounding(block: nn.Module, h: Tensor, mask: Tensor | None) -> Tensor:
         g = torch.cat([g, g.new_zeros(b, n * CHUNK - t, heads)], 1).view(b, n, CHUNK, heads)
         cum = torch.cat([g.new_zeros(b, n, 1, heads), g.cumsum(2)], 2)  # [b n 1+C H], G = 0 before the chunk
         later = torch.ones(CHUNK + 1, CHUNK + 1, dtype=torch.bool, device=g.device).tril(-1)[None, :, :, None]
-        worst = g.new_zeros(b, heads)
+        written = torch.ones(CHUNK + 1, CHUNK + 1, dtype=torch.bool, device=g.device).tril()[None, :, :, None]
+        written[:, :, 0] = False  # i <= t, i a position (not the state entering the chunk)
+        worst, carried = g.new_zeros(b, heads), g.new_zeros(b, heads)
         for j in range(n):  # a chunk at a time: [b 1+C 1+C H] (G_t - G_i), not the whole input's pairs at once
             G = cum[:, j, :1 + min(CHUNK, t - j * CHUNK)]  # (the zeros padding the last chunk read no decay)
-            pairs = later[:, :G.shape[1], :G.shape[1]]
+            m = G.shape[1]
             size = G.abs()[:, :, None] + G.abs()[:, None, :]
-            gap = (G[:, :, None] - G[:, None, :]).clamp(max=0)
-            worst = torch.maximum(worst, torch.where(pairs, size * torch.exp(gap), 0).amax((1, 2)))
-        alpha, held = torch.exp(g.flatten(1, 2)[:, :t]), g.new_zeros(b, heads)
-        for step in range(t):  # the terms a head's state holds, weighed by their decays: sum_i gamma_t / gamma_i
-            held = alpha[:, step] * held + 1
-            worst = torch.maximum(worst, held)
+            decay = torch.exp((G[:, :, None] - G[:, None, :]).clamp(max=0))
+            worst = torch.maximum(worst, torch.where(later[:, :m, :m], size * decay, 0).amax((1, 2)))
+            # the terms a head's state holds, weighed by their decays: sum_{i <= t} gamma_t / gamma_i, the chunk's
+            # own and those carried into it
+            held = torch.exp(G[:, 1:]) * carried[:, None] + torch.where(written[:, :m, :m], decay, 0).sum(2)[:, 1:]
+            worst, carried = torch.maximum(worst, held.amax(1)), held[:, -1]
         width = shape_of(block).v_dim
         bound = 10 * RATIO * torch.finfo(torch.float32).eps * worst
         return bound.repeat_interleave(width, dim=-1)[:, None, :]
