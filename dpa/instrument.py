@@ -39,7 +39,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from .errors import UnsupportedModelError
-from .families import ModelSpec, check_experts, get, layer_modules, own_forward, rope_depends_on_length, spec_for
+from .families import ModelSpec, check_experts, get, layer_modules, rope_depends_on_length, spec_for
 from .guard import (check_all_ran, hold, model_state, owned, put_config, release_memory, release_memory_hook, run_all,
                     wrap)
 from .linearise import BANDED_FROM, Scores, Tap, band, freeze_norm, keep_input, linearise_layer, temper
@@ -233,14 +233,7 @@ def _instrument_layer(session: Session, i: int, mods, hook: Callable, handles: l
     elif explicit or attn_keep is not None:
         from .explicit import attention_forward
 
-        if own_forward(mods.attention):  # dpa's recomputation stands in for that forward: it would be missed
-            forward = type(mods.attention).forward
-            raise UnsupportedModelError(
-                f"layers[{i}]'s attention is a {type(mods.attention).__name__} whose forward is its own "
-                f"({getattr(forward, '__qualname__', forward)}, not transformers'): this computation recomputes "
-                "the attention probabilities from the module's weights in place of its forward (edge scores, "
-                "ablations, the gradient baselines), so what that forward changes would be missed; use the "
-                "model's own class")
+        # (an attention module whose forward is its own was refused by the model's checks: families._check_own_forwards)
         keep = (attn_keep or {}).get(i)
         override(mods.attention, attention_forward(spec, request, mods, i, keep, recording, temperature))
     else:
