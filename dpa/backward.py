@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .errors import InputError, InputTypeError, NonFiniteError, non_finite_parameter
+from .errors import InputError, InputTypeError, NonFiniteError, non_finite_cause
 from .explicit import edge_scores
 from .families import ModelSpec, layer_modules, weight_rows
 from .instrument import RECORDABLE, instrument
@@ -148,10 +148,10 @@ def run(model: nn.Module, req: Request, readouts: dict[str, Readout] | None = No
         try:
             hidden = session.forward()  # [batch pos d_model], the model's own values
         except NonFiniteError as err:  # met inside a block (a scan block's input): name the parameter where one is
-            weight = None if "parameter" in str(err) else non_finite_parameter(model)
-            if weight is None:
+            cause = None if "parameter" in str(err) else non_finite_cause(model)
+            if cause is None:
                 raise
-            raise NonFiniteError(f"{err}; the model's parameter {weight} is NaN or inf") from None
+            raise NonFiniteError(f"{err}; {cause}") from None
         final, probs, logits, rows = _final(session, req, hidden, dtype, probabilities)
         terms, u, term_values, values, term_capped, after_cap = _values(model, req, final, probs, logits, rows, dtype)
         per_term, out = None, {}
@@ -167,10 +167,8 @@ def run(model: nn.Module, req: Request, readouts: dict[str, Readout] | None = No
     names = ("tokens", "heads", "neurons", "bias")  # "the token scores", ...
     bad = [n for s in [scores, *(per_term or [])] for n in names if not finite(getattr(s, n))]
     if bad:
-        weight = non_finite_parameter(model)
-        raise NonFiniteError(f"the {bad[0].removesuffix('s')} scores are not finite (NaN or inf): " + (
-            f"the model's parameter {weight} is NaN or inf" if weight else
-            f"the path weights {req.weights.as_tuple()} or the target overflow in {dtype}"))
+        raise NonFiniteError(f"the {bad[0].removesuffix('s')} scores are not finite (NaN or inf): " + non_finite_cause(
+            model, f"the path weights {req.weights.as_tuple()} or the target overflow in {dtype}"))
     return Run(scores=scores, values=values.detach(), probs=probs, capped=after_cap, term_rows=rows,
                term_values=term_values.detach(), per_term=per_term, term_capped=term_capped, out=out)
 
@@ -399,7 +397,5 @@ def _locate_non_finite(session) -> str:
         for h in handles:
             h.remove()
     where = found[0] if found else "the final norm or the unembedding"
-    weight = non_finite_parameter(model)
-    return (f"non-finite activations (NaN or inf) in the output of {where}; " + (
-        f"the model's parameter {weight} is NaN or inf" if weight else
-        "the model's weights or dtype overflow on this input (try float32)"))
+    return f"non-finite activations (NaN or inf) in the output of {where}; " + non_finite_cause(
+        model, "the model's weights or dtype overflow on this input (try float32)")

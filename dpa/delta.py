@@ -137,9 +137,13 @@ def _heads(x: Tensor, n: int, s: DeltaShape) -> Tensor:
 
 def _normed(q: Tensor, k: Tensor, s: DeltaShape, freeze) -> tuple[Tensor, Tensor]:
     """q^ = q rho_q / sqrt(D_k) and k^ = k rho_k per value head, the L2 scales rho frozen (``freeze``)."""
-    q, k = _heads(q, s.k_heads, s), _heads(k, s.k_heads, s)
-    rho_q, rho_k = (freeze(torch.rsqrt((x * x).sum(-1, keepdim=True) + L2_EPS)) for x in (q, k))
-    return q * rho_q / s.k_dim ** 0.5, k * rho_k
+    return _unit(q, s, freeze) / s.k_dim ** 0.5, _unit(k, s, freeze)
+
+
+def _unit(x: Tensor, s: DeltaShape, freeze) -> Tensor:
+    """x [b t H_k*D_k] L2-normalised per value head [b t H_v D_k], its scale rho frozen (``freeze``)."""
+    x = _heads(x, s.k_heads, s)
+    return x * freeze(torch.rsqrt((x * x).sum(-1, keepdim=True) + L2_EPS))
 
 
 def _rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, erase: Tensor) -> Tensor:
@@ -196,7 +200,7 @@ def scan_block(block: nn.Module, h: Tensor | dict[str, Tensor], mask: Tensor | N
     s, q, k, v, z, g, beta = _factors(block, h, mask, bias, frozen)
     scaled = scaler(mu)
     q_hat, k_hat = _normed(scaled(q, "query"), scaled(k, "key"), s, freeze)
-    erase = freeze(_normed(q, k, s, freeze)[1])  # the key inside the transitions: a control, frozen
+    erase = freeze(_unit(k, s, freeze))  # the key inside the transitions: a control, frozen
     o = _rule(q_hat, k_hat, _heads(scaled(v, "value"), s.v_heads, s), g, beta, erase)
     z = z.view(*z.shape[:2], s.v_heads, s.v_dim)
     r, sig = _gated_norm(block, o.detach() if frozen else o, z, freeze)

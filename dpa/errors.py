@@ -42,6 +42,12 @@ def non_finite_parameter(module) -> str | None:
     return next((name for name, p in module.named_parameters() if not bool(torch.isfinite(p).all())), None)
 
 
+def non_finite_cause(model, otherwise: str | None = None) -> str | None:
+    """"the model's parameter X is NaN or inf" for ``model``'s first such parameter, else ``otherwise``."""
+    weight = non_finite_parameter(model)
+    return f"the model's parameter {weight} is NaN or inf" if weight else otherwise
+
+
 class ModelStateError(DPAError, RuntimeError):
     """The model is in a state dpa cannot attribute (e.g. already instrumented by this thread)."""
 

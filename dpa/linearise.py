@@ -312,9 +312,9 @@ def _projection(mods: LayerModules, names: list[str], factors: dict, share: Call
     module = mods.branches[names[0]]
     bias = module.bias.detach() if getattr(module, "bias", None) is not None else None
     up = names[-1] == "up" and reduce is not None
-    gate = "query" in names and "output_gate" in mods.columns  # [q | gate] per head (Qwen3-Next): the gate frozen
-    fused = len(names) > 1 or gate
-    recorded = (*names, "output_gate") if gate else names
+    gated = "query" in names and "output_gate" in mods.columns  # [q | gate] per head (Qwen3-Next): the gate frozen
+    fused = len(names) > 1 or gated
+    recorded = (*names, "output_gate") if gated else names
     if fused:  # one factor per output feature (features of no branch, an output gate's, get none: frozen); the up
         # branch's tap reads its columns only
         width = weight_rows(module).shape[0]

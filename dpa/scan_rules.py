@@ -1,7 +1,6 @@
 """The blocks dpa linearises whole (``Mixer.rule`` "scan"), by ``Mixer.scan``: Mamba-2's state-space duality
-(ssd.py), Mamba's selective scan (selective.py),
-Qwen3-Next's Gated DeltaNet (delta.py). Each is an ``ssd.ScanRule``: dpa's copy of the block, its edge
-scores and its checks."""
+(ssd.py), Mamba's selective scan (selective.py), Qwen3-Next's Gated DeltaNet (delta.py). Each is an
+``ssd.ScanRule``: dpa's copy of the block, its edge scores and its checks."""
 
 from __future__ import annotations
 

@@ -98,8 +98,7 @@ class ModelSpec:
             k = self.parts.mixer(kind).factors.index(name)
             return slice(k * self.d_model, (k + 1) * self.d_model)
         if self.parts.output_gate and name in ("query", "output_gate"):  # [q | gate] of head 0, head 1, ...
-            half = 0 if name == "query" else self.d_head
-            return (torch.arange(self.n_heads)[:, None] * 2 * self.d_head + half + torch.arange(self.d_head)).flatten()
+            return self._per_head(("query", "output_gate"), name)
         path = self.parts.branches[name]
         layout = dict(self.parts.fused).get(path)
         if layout is None:
@@ -109,8 +108,13 @@ class ModelSpec:
         q, kv = self.n_heads * self.d_head, self.n_kv_heads * self.d_head
         if layout == "blocks":
             return {"query": slice(0, q), "key": slice(q, q + kv), "value": slice(q + kv, q + 2 * kv)}[name]
-        offset = ("query", "key", "value").index(name) * self.d_head  # per_head: [q k v] of head 0, head 1, ...
-        return (torch.arange(self.n_heads)[:, None] * 3 * self.d_head + offset + torch.arange(self.d_head)).flatten()
+        return self._per_head(("query", "key", "value"), name)  # per_head: [q k v] of head 0, head 1, ...
+
+    def _per_head(self, parts: tuple[str, ...], name: str) -> torch.Tensor:
+        """The output features of part ``name`` of a projection laid out per head, each head's ``parts`` in turn."""
+        offset = parts.index(name) * self.d_head
+        return (torch.arange(self.n_heads)[:, None] * len(parts) * self.d_head + offset
+                + torch.arange(self.d_head)).flatten()
 
     # Module access by the description's paths: the only place module names are read.
     def layers(self, model: nn.Module) -> nn.ModuleList:
