@@ -92,12 +92,13 @@ class MidNeurons(Readout):
     record = frozenset({"mid", "neuron_inputs"})
 
     def tensors(self, rec, spec):
-        return [rec.mid[i] for i in range(spec.n_layers)]
+        return [rec.mid[i] for i in range(spec.n_layers) if spec.has_mlp(i)]  # (Nemotron-H: its MLP layers')
 
     def adjust(self, ctx, grads):
         rec = ctx.session.recording
-        for i, mods in enumerate(layer_modules(ctx.model, ctx.spec)):
-            lam = grads[i].to(ctx.dtype) @ weight_rows(mods.neurons).detach().to(ctx.dtype)  # [batch pos d_mlp]
+        with_mlp = [(i, mods) for i, mods in enumerate(layer_modules(ctx.model, ctx.spec)) if ctx.spec.has_mlp(i)]
+        for (i, mods), grad in zip(with_mlp, grads):
+            lam = grad.to(ctx.dtype) @ weight_rows(mods.neurons).detach().to(ctx.dtype)  # [batch pos d_mlp]
             lam = lam * ctx.spec.residual_multiplier  # the MLP's output joins the stream scaled (Granite)
             ctx.scores.parts[("neuron_positions", i)] = [rec.neuron_inputs[i].detach().to(ctx.dtype) * lam]
 
@@ -109,10 +110,11 @@ class Edges(Readout):
     record = frozenset({"branches", "head_inputs", "rope"})
 
     def tensors(self, rec, spec):
-        return [rec.head_inputs[i] for i in range(spec.n_layers)]
+        return [rec.head_inputs[i] for i in spec.mixing_layers]  # (Nemotron-H's MLP layers: no units, no edges)
 
     def read(self, ctx, grads):
-        return edge_scores(ctx.spec, ctx.model, ctx.req, ctx.session.recording, grads, ctx.dtype)
+        lam = dict(zip(ctx.spec.mixing_layers, grads))
+        return edge_scores(ctx.spec, ctx.model, ctx.req, ctx.session.recording, lam, ctx.dtype)
 
 
 @dataclass

@@ -129,14 +129,19 @@ def _head_norm(norm: nn.Module, x: Tensor, kind: str) -> Tensor:
     return (x * rms_scale(x, eps)).to(x.dtype) * GAIN[kind](norm.weight.detach().to(x.device))
 
 
-def edge_scores(spec: ModelSpec, model: nn.Module, request: Request, recording, lam: list[Tensor],
+def edge_scores(spec: ModelSpec, model: nn.Module, request: Request, recording, lam: dict[int, Tensor],
                 dtype: torch.dtype) -> Tensor:
     """alpha_{h,i,j} (lambda_{h,i} . v_{h,j}) for every layer: [batch layer head query key].
 
     lam[l] is the gradient at layer l's o_proj input [batch pos head*d_head] (the target on each
-    head's output, W_O^h^T t_mid)."""
+    head's output, W_O^h^T t_mid), for each layer with a token mixer: a layer without (Nemotron-H's MLP layers)
+    has no edges (zeros)."""
     out = []
+    b, t = request.batch, request.n_tokens
     for i in range(spec.n_layers):
+        if i not in lam:
+            out.append(torch.zeros(b, spec.n_heads, t, t, device=request.device, dtype=dtype))
+            continue
         if spec.scans(i):  # a Mamba-2 or Mamba block: the terms of its scan, from its recorded input
             h, mask = recording.branches[("scan", i)]
             block = get(spec.layers(model)[i], spec.parts.mixer(spec.kind(i)).module)

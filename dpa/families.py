@@ -130,8 +130,13 @@ def check_activations(model: nn.Module, family: Family, kind: str) -> None:
     moe = family.moe
     paths = [p for p in (family.activation, moe and moe.shared and f"{moe.shared}.{moe.shared_parts[3]}") if p]
     key, _ = family.activation_config
-    for i, layer in enumerate(get(model, family.layers)):
-        if family.activation is None and family.moe is None and family.mlp is not None:  # called inline (LFM2)
+    layers = get(model, family.layers)
+    kinds = _kinds(model.config, family, len(layers))
+    for i, layer in enumerate(layers):
+        on = family.on_layer(kinds[i])  # (one block per layer, Nemotron-H's: the MLP layers' alone)
+        if on.mlp is None:
+            continue
+        if on.activation is None and on.moe is None:  # called inline (LFM2)
             check_inline_mlp(layer, family, kind, i)
         for path in paths:
             module = get(layer, path)
@@ -388,14 +393,16 @@ def _checked_spec(model: nn.Module, config, family: Family) -> ModelSpec:
     check_activations(model, family, activation_kind(config, family))
     check_norms(model, family)
     layers = get(model, family.layers)
-    attention = next((layer for layer, kind in zip(layers, _kinds(config, family, len(layers)))
-                      if kind == "attention"), None)  # the first attention layer: its head sizes and biases
-    first = layers[0] if attention is None else attention  # where the sizes are read
+    kinds = _kinds(config, family, len(layers))
+    attention = next((layer for layer, kind in zip(layers, kinds) if kind == "attention"), None)  # the first
+    # attention layer: its head sizes and biases; else the first with a token mixer
+    first, kind = (attention, "attention") if attention is not None else next(
+        ((layer, kind) for layer, kind in zip(layers, kinds) if family.on_layer(kind).heads), (layers[0], kinds[0]))
     n_heads = getattr(config, family.heads_key)
     # the output projection reads every head; with no attention layer, the mixers' units are n_heads groups of
     # their output projection's input channels (Mamba-2's SSM heads, Mamba's channels)
-    heads = family.heads if attention is not None else family.on_layer(_kinds(config, family, len(layers))[0]).heads
-    d_head = in_features(get(first, heads)) // n_heads
+    heads = family.on_layer(kind).heads
+    d_head = in_features(get(first, heads)) // n_heads if heads else 0
     n_kv_heads = getattr(config, "num_key_value_heads", None) or n_heads
     n_experts = d_expert = d_shared = 0
     if family.moe is not None:
@@ -406,7 +413,8 @@ def _checked_spec(model: nn.Module, config, family: Family) -> ModelSpec:
             d_shared = shared_width(layers, family)
         d_mlp = n_experts * d_expert + d_shared
     else:
-        d_mlp = in_features(get(first, family.neurons)) if family.mlp is not None else 0  # (Mamba-2: no MLP)
+        with_mlp = next((layer for layer, kind in zip(layers, kinds) if family.on_layer(kind).mlp), None)
+        d_mlp = in_features(get(with_mlp, family.neurons)) if with_mlp is not None else 0  # (Mamba-2: no MLP)
     spec = ModelSpec(
         family=family.model_type, parts=family,
         n_layers=config.num_hidden_layers, d_model=config.hidden_size, d_mlp=d_mlp,
@@ -419,8 +427,9 @@ def _checked_spec(model: nn.Module, config, family: Family) -> ModelSpec:
         final_softcap=getattr(config, family.softcap[1], None) if family.softcap else None,
         parallel=bool(getattr(config, family.parallel, False)) if family.parallel else False,
         n_experts=n_experts, d_expert=d_expert, d_shared=d_shared, layer_kinds=layer_kinds(config, family),
-        unit_widths=tuple(in_features(get(layer, family.on_layer(kind).heads)) // n_heads for layer, kind in
-                          zip(layers, _kinds(config, family, len(layers)))) if family.mixers else (),
+        unit_widths=tuple(in_features(get(layer, family.on_layer(kind).heads)) // n_heads
+                          if family.on_layer(kind).heads else d_head  # (an MLP layer: no units)
+                          for layer, kind in zip(layers, kinds)) if family.mixers else (),
         **multipliers(config, family),
     )
     check_copies(model, family, spec)
@@ -453,6 +462,8 @@ def _check_attention(layers, family: Family, spec: ModelSpec) -> None:
     rows = {"query": spec.n_heads * spec.d_head * (2 if family.output_gate else 1),  # (with a gate per head: twice)
             "key": spec.n_kv_heads * spec.d_head, "value": spec.n_kv_heads * spec.d_head}
     for i, layer in enumerate(layers):
+        if not spec.mixes(i):  # an MLP layer (Nemotron-H's): no token mixer
+            continue
         if spec.kind(i) != "attention":  # a mixer block (LFM2's convolution): its own checks
             mixer = family.mixer(spec.kind(i))
             if mixer.rule == "scan":  # a Mamba-2 or Mamba block: its units are n_heads groups of out_proj's input

@@ -37,6 +37,8 @@ ACTIVATION_RATIO: dict[str, Callable[[Tensor], Tensor]] = {
     "silu": torch.sigmoid,  # SiLU(s) = s * sigmoid(s)
     "gelu_tanh": _gelu_tanh_ratio,  # Gemma's GeGLU, GPT-2's gelu_new
     "gelu": _gelu_ratio,  # GPT-NeoX
+    "relu2": torch.relu,  # Nemotron-H's squared ReLU: relu(s)^2 = s * relu(s), the ratio relu(s) frozen (book:
+    # beyond-swiglu), not the gradient 2 relu(s), which counts the block twice (Euler: degree 2)
 }
 
 

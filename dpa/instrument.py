@@ -195,10 +195,11 @@ def _instrument_layer(session: Session, i: int, mods, hook: Callable, handles: l
     ablation masks, the attention path (explicit, tempered or banded) and lean mode's checkpoint."""
     model, request, spec = session.model, session.request, session.request.spec
     weights, recording, record = session.weights, session.recording, session.record
-    if "rope" in record or explicit or attn_keep is not None:
+    mixes = mods.attention is not None  # (Nemotron-H's MLP layers have no token mixer)
+    if mixes and ("rope" in record or explicit or attn_keep is not None):
         handles.append(mods.attention.register_forward_pre_hook(_keep_rope(recording.rope, i),
                                                                 with_kwargs=True))
-    if "calls" in record:
+    if "calls" in record and mixes:
         handles.append(mods.attention.register_forward_pre_hook(_keep_call(recording.calls, i),
                                                                 with_kwargs=True))
     if "resid" in record:
@@ -215,7 +216,8 @@ def _instrument_layer(session: Session, i: int, mods, hook: Callable, handles: l
         if "neuron_inputs" in record:
             hook(_neurons(mods, spec, "recording neuron inputs"), keep_input(recording.neuron_inputs, i),
                  pre=True)
-    if neuron_keep and neuron_keep.get(i) is not None:
+    if neuron_keep and neuron_keep.get(i) is not None and (mods.mlp is not None or not spec.d_mlp):  # (a layer
+        # without an MLP in a model with MLPs, Nemotron-H's: its row of neurons holds none, nothing to ablate)
         if mods.experts is not None and weights is None:  # the experts' neurons, inside dpa's loop
             from .experts import mask_experts
 
@@ -223,7 +225,9 @@ def _instrument_layer(session: Session, i: int, mods, hook: Callable, handles: l
         else:
             hook(_neurons(mods, spec, "ablating neurons"), _mask_input(neuron_keep[i]), pre=True)
     temperature = 1.0 if weights is None else weights.temperature
-    if mods.kind != "attention":  # a mixer block (LFM2's convolution) runs its own forward: no softmax to temper
+    if not mixes:
+        pass
+    elif mods.kind != "attention":  # a mixer block (LFM2's convolution) runs its own forward: no softmax to temper
         keep = (attn_keep or {}).get(i)  # a mask that keeps every edge leaves the block as it is
         if explicit or (keep is not None and not bool((keep != 0).all())):  # alpha asked for, or an edge removed
             raise UnsupportedModelError(
@@ -264,7 +268,7 @@ def banded_attention(model: nn.Module, n_tokens: int) -> Iterator[None]:
     try:
         for i, mods in enumerate(layer_modules(model, spec)):
             attention = mods.attention
-            if banded(spec, i, n_tokens):
+            if attention is not None and banded(spec, i, n_tokens):
                 undo.append(functools.partial(put_config, attention, attention.__dict__.get("config")))
                 band(attention, spec.sliding_windows[i])
         yield

@@ -225,7 +225,7 @@ def linearise_layer(session, i: int, mods: LayerModules, hook, override) -> None
     store = rec.branches if "branches" in session.record else None
     projections: dict[nn.Module, list[str]] = {}
     mlp_branches = () if moe or mods.mlp is None else ("gate", "up") if gated else ("up",)
-    for name in (() if scan else ("query", "key", "value")) + mlp_branches:
+    for name in (() if scan or mods.attention is None else ("query", "key", "value")) + mlp_branches:
         projections.setdefault(mods.branches[name], []).append(name)
     factors, gate_factor = f.branch, f.activation
     n_heads = spec.n_heads
@@ -252,7 +252,8 @@ def linearise_layer(session, i: int, mods: LayerModules, hook, override) -> None
     out_bias = lambda module: (lambda out: Branch.apply(out, 1.0, module.bias.detach(), share(1.0)))  # noqa: E731
     if scan:
         _linearise_scan(session, i, mods, override, bias_sink)
-    wrap(override, mods.heads, pre=heads, post=out_bias(mods.heads) if mods.heads.bias is not None else None)
+    if mods.heads is not None:  # (none where the layer's one block is an MLP: Nemotron-H's)
+        wrap(override, mods.heads, pre=heads, post=out_bias(mods.heads) if mods.heads.bias is not None else None)
     if mods.mlp is None:  # a layer of one block (Mamba-2's): no MLP
         return
     if moe:

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from .errors import NonFiniteError, UnsupportedModelError
-from .registry import Family, Mixer
+from .registry import MLP_LAYER, Family, Mixer
 from .spec import get, is_projection, own_forward, weight_rows, why_not_projection
 
 
@@ -27,6 +27,8 @@ def layer_kinds(config, family: Family) -> tuple[str, ...]:
     if not family.mixers:
         return ()
     by_type = {m.layer_type: m.kind for m in family.mixers}
+    if family.mlp_layers is not None:  # one block per layer: this type's block is an MLP (no token mixer)
+        by_type[family.mlp_layers] = MLP_LAYER
     types = list(getattr(config, "layer_types", None) or [])
     if len(types) != config.num_hidden_layers:
         raise UnsupportedModelError(f"unsupported config: layer_types has {len(types)} entries for "
@@ -35,8 +37,9 @@ def layer_kinds(config, family: Family) -> tuple[str, ...]:
 
 
 def mixer_layer_types(family: Family) -> tuple[str, ...]:
-    """The ``layer_types`` values of the family's mixer layers (accepted besides full and sliding attention)."""
-    return tuple(m.layer_type for m in family.mixers)
+    """The ``layer_types`` values of the family's mixer layers and MLP layers (accepted besides full and sliding
+    attention)."""
+    return tuple(m.layer_type for m in family.mixers) + ((family.mlp_layers,) if family.mlp_layers else ())
 
 
 def check_mixer_config(config, family: Family) -> None:

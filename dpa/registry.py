@@ -230,6 +230,11 @@ class Family:
     context_key: str | None = "max_position_embeddings"  # the config key of the longest prompt; None: the model
     # reads no position (a recurrent model), so no length is refused for being too long
     #   read by: families (ModelSpec.max_positions), request (sizes_of)
+    mlp_layers: str | None = None  # the config's layer_types value of layers whose one block is the MLP (Nemotron-H's
+    # "mlp"): every layer then holds ONE block after its one norm, a token mixer or an MLP, at the same path (the
+    # description's attention and MLP paths both name it); ``on_layer`` keeps the block the layer has, and a layer
+    # of this type has no token mixer (its kind is MLP_LAYER: no units in its row of head scores)
+    #   read by: registry (Family.on_layer), mixers (ModelSpec.layer_kinds), families (the sizes)
     variant: tuple[str, Family] | None = None  # (config key, description): the description of this model_type's
     # models whose config sets the key to a non-zero value (Granite 4.0-H's num_local_experts: experts and a
     # shared MLP beside them, where the dense models have the MLP alone)
@@ -242,7 +247,16 @@ class Family:
     def on_layer(self, kind: str) -> Family:
         """The description of a layer whose token mixer is ``kind``: this one for attention; for a ``Mixer``'s, its
         paths in the attention's places (the module, the query/key/value branches on its fused ``in_proj``, the
-        unit tap), no head norms, sinks or rotary."""
+        unit tap), no head norms, sinks or rotary. In a family of one block per layer (``mlp_layers``), a layer of
+        kind MLP_LAYER has the MLP alone (no token mixer, its one norm the MLP's input), the others no MLP."""
+        if self.mlp_layers is not None:
+            mlp = {name: path for name, path in self.branches.items() if name in ("gate", "up")}
+            if kind == MLP_LAYER:
+                return replace(self, attention=None, heads=None, branches=mlp, head_norms=None, sinks=None,
+                               block_inputs=("", *self.block_inputs), mid=self.block_inputs[0], mixers=(),
+                               mlp_layers=None)
+            self = replace(self, mlp=None, neurons=None, activation=None, mid=None, mlp_layers=None,
+                           branches={name: path for name, path in self.branches.items() if name not in mlp})
         mixer = self.mixer(kind)
         if mixer is None:
             return self
@@ -255,6 +269,7 @@ class Family:
         return replace(self, **changes)
 
 
+MLP_LAYER = "mlp"  # the kind of a layer with no token mixer, its one block an MLP (Family.mlp_layers: Nemotron-H's)
 _ONE_LAYOUT = "dpa reads one MLP layout on every layer: all sparse, or all dense"  # (Family.fixed's why)
 LLAMA = Family("llama", "LlamaConfig")
 MISTRAL = LLAMA.with_(model_type="mistral", config_class="MistralConfig",
@@ -417,11 +432,23 @@ QWEN3_NEXT = QWEN3_NEXT.with_(variant=("num_experts", QWEN3_NEXT.with_(  # with 
     moe=Experts(shared="mlp.shared_expert", shared_gate="mlp.shared_expert_gate"),
     fixed=(("mlp_only_layers", [], _ONE_LAYOUT), ("decoder_sparse_step", 1, _ONE_LAYOUT)))))
 
+NEMOTRON_H = Family(  # one block per layer after one norm (Mamba-2's layout), by the config's layer_types: a Mamba-2
+    model_type="nemotron_h", config_class="NemotronHConfig", embed="model.embeddings",  # block (Bamba's rule), an
+    final_norm="model.norm_f", attention="mixer", mlp="mixer", norms=("norm",), block_inputs=("norm",),  # attention
+    branches={"query": "mixer.q_proj", "key": "mixer.k_proj", "value": "mixer.v_proj", "gate": "mixer.up_proj",
+              "up": "mixer.up_proj"}, activation="mixer.act_fn", heads="mixer.o_proj", neurons="mixer.down_proj",
+    mid=None, rotary=None, gated=False, attention_types=("full_attention",), mlp_layers=MLP_LAYER,  # block without
+    activation_config=("mlp_hidden_act", (("relu2", "relu2"),)),  # position embeddings, or an MLP relu(up x)^2
+    fixed=(("num_nextn_predict_layers", 0, "the multi-token prediction layers are not attributed"),),  # (non-gated)
+    mixers=(Mixer("scan", "linear_attention", module="mixer", in_proj="mixer.in_proj",
+                  factors=("value", "key", "query"), heads="mixer.out_proj", biases=("use_bias",), letter="S",
+                  rule="scan", book="state-space-duality"),))
+
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA2, GEMMA3, OLMO2, PHI3,
                                                           SMOLLM3, GPT2, GPT_NEOX, MIXTRAL, QWEN2_MOE,
                                                           QWEN3_MOE, OLMOE, GPT_OSS, LFM2, BAMBA,
                                                           GRANITEMOEHYBRID, MAMBA2, MAMBA, FALCON_MAMBA,
-                                                          JAMBA, QWEN3_NEXT)}
+                                                          JAMBA, QWEN3_NEXT, NEMOTRON_H)}
 # Each unit kind's letter in labels (L3.H2, L5.N812, L1.E3, a hybrid's convolution unit L0.C3), the mixers' from
 # their descriptions.
 MIXER_KINDS: tuple[str, ...] = tuple(dict.fromkeys(m.kind for f in FAMILIES.values() for m in f.mixers))

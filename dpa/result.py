@@ -14,7 +14,7 @@ from torch import Tensor
 
 from .checks import check_choice, check_int
 from .errors import InputError, InputTypeError
-from .registry import MIXER_KINDS
+from .registry import MIXER_KINDS, MLP_LAYER
 from .files import check_run_config, model_identity, run_folder, write_text  # noqa: F401  (their old home)
 from .records import Component, NeuronTop, TargetInfo, TargetTerm  # noqa: F401  (importable from here)
 from .result_json import (FIELDS, SCORE_DTYPES, SCORE_DTYPES_NAMES, SCORES, as_lists, encode_json, json_source,
@@ -91,7 +91,8 @@ class Attribution(JsonRecord):
     d_expert: int | None = None  # neurons per routed expert: neuron n of a layer is neuron n % d_expert of expert
     # n // d_expert (the shared expert's after the routed experts'); None for a dense model
     layer_kinds: list[str] | None = None  # per layer, what its head_scores row scores: "head" (attention heads) or a
-    # mixer's unit kind (LFM2's "conv": channel groups of a convolution layer); None: every layer attention
+    # mixer's unit kind (LFM2's "conv": channel groups of a convolution layer), or "mlp" where the layer's one block is
+    # an MLP (Nemotron-H's: a row of zeros, no units); None: every layer attention
     neuron_top: NeuronTop | None = None  # a result read from a file saved with top_neurons=k: the neurons kept
     # (neuron_scores is then None)
 
@@ -171,7 +172,8 @@ class Attribution(JsonRecord):
     def unit_kinds(self) -> tuple[str, ...]:
         """The kinds of unit ``head_scores`` holds, in layer order: ("head",), or on a hybrid also its mixers'
         ("head", "conv")."""
-        return tuple(dict.fromkeys(self.layer_kinds or ["head"]))
+        return tuple(k for k in dict.fromkeys(self.layer_kinds or ["head"]) if k != MLP_LAYER)  # (an MLP layer's
+        # row holds no unit: Nemotron-H's)
 
     def top_components(self, k: int = 10, kinds: tuple[str, ...] | None = None) -> dict[str, list[Component]]:
         """The k most positive and k most negative heads, neurons (and experts, on a mixture-of-experts model),
@@ -318,7 +320,7 @@ class Attribution(JsonRecord):
             if t is not None and any(w is not None and w != g for w, g in zip(shape, t.shape)):
                 return f"{name} has shape {tuple(t.shape)}, expected {tuple('?' if w is None else w for w in shape)}"
         if self.layer_kinds is not None:
-            known = ("head", *MIXER_KINDS)
+            known = ("head", *MIXER_KINDS, MLP_LAYER)
             if len(self.layer_kinds) != layers or not set(self.layer_kinds) <= set(known):
                 return (f"layer_kinds must be {layers} entries, one per layer, each one of {', '.join(known)}; got "
                         f"{self.layer_kinds!r}")

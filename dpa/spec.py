@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from .errors import UnsupportedModelError
-from .registry import LENGTH_DEPENDENT_ROPE, Family
+from .registry import LENGTH_DEPENDENT_ROPE, MLP_LAYER, Family
 
 
 @dataclass(frozen=True)
@@ -63,8 +63,22 @@ class ModelSpec:
         """Whether layer ``index``'s token mixer is a block dpa's Function linearises whole (``Mixer.rule`` "scan",
         Mamba-2): its edge scores are its scan's terms (``ssd.scan_edges``); MIB's graph reads its in_proj's features
         per reader (``factor_columns``)."""
-        kind = self.kind(index)
-        return kind != "attention" and self.parts.mixer(kind).rule == "scan"
+        mixer = self.parts.mixer(self.kind(index))
+        return mixer is not None and mixer.rule == "scan"
+
+    def mixes(self, index: int) -> bool:
+        """Whether layer ``index`` has a token mixer (attention or a ``Mixer``): not where its one block is an MLP
+        (``Family.mlp_layers``, Nemotron-H's), whose row of head scores holds no unit."""
+        return self.kind(index) != MLP_LAYER
+
+    def has_mlp(self, index: int) -> bool:
+        """Whether layer ``index`` has an MLP (or experts): not Mamba-2's layers, nor Nemotron-H's mixer layers."""
+        return self.parts.on_layer(self.kind(index)).mlp is not None
+
+    @property
+    def mixing_layers(self) -> tuple[int, ...]:
+        """The layers with a token mixer (``mixes``): every layer but Nemotron-H's MLP layers."""
+        return tuple(i for i in range(self.n_layers) if self.mixes(i))
 
     @property
     def scan_layers(self) -> tuple[int, ...]:
@@ -160,7 +174,7 @@ def unread_parameters(layer: nn.Module, family: Family) -> list[str]:
     on flags of their own (Granite's ``block_sparse_moe`` whenever its layer's ``has_experts``), whatever the
     config says now, so a layer holding one is refused by name (families)."""
     moe = family.moe
-    paths = {family.attention, family.mlp or "", family.heads, *family.norms, *family.branches.values(),
+    paths = {family.attention or "", family.mlp or "", family.heads or "", *family.norms, *family.branches.values(),
              *(family.head_norms or ()), *([family.neurons] if family.neurons else []),
              *([moe.router, moe.experts, moe.shared or "", moe.shared_gate or ""] if moe else [])} - {""}
     return [name for name, _ in layer.named_parameters()
@@ -283,13 +297,13 @@ class LayerModules:
     """One decoder layer's modules, looked up once from the description's paths."""
 
     layer: nn.Module
-    attention: nn.Module
+    attention: nn.Module | None  # None where the layer has no token mixer (Nemotron-H's MLP layers)
     norms: tuple[nn.Module, ...]
-    block_inputs: tuple[nn.Module, ...]
+    block_inputs: tuple[nn.Module | None, ...]  # (attention's, MLP's); None for a block the layer lacks
     head_norms: tuple[nn.Module, ...]
     branches: dict[str, nn.Module]
     activation: nn.Module | None  # None where the experts' GLU is written inline (GPT-OSS)
-    heads: nn.Module
+    heads: nn.Module | None  # None where the layer has no token mixer
     neurons: nn.Module | None  # None for a mixture of experts (its neurons are inside ``experts``)
     mid: nn.Module | None  # None where the layer has no MLP (Mamba-2's)
     mlp: nn.Module | None = None  # the MLP (or sparse) block, called on its normalised input by the circuit graphs
@@ -452,15 +466,17 @@ def _layer_modules(layer: nn.Module, spec: ModelSpec, kind: str) -> LayerModules
     columns = {name: spec.columns(name, kind) for name in p.branches}
     if p.output_gate and kind == "attention":  # the query projection's gate features (Qwen3-Next's gated attention)
         columns["output_gate"] = spec.columns("output_gate")
-    if kind != "attention" and spec.parts.mixer(kind).scan == "ssd" and spec.parts.mixer(kind).rule == "scan":
+    mixer = spec.parts.mixer(kind)
+    if mixer is not None and mixer.scan == "ssd" and mixer.rule == "scan":
         # a Mamba-2 block: in_proj's [z | xBC | dt]
         columns.update(factor_columns(get(layer, p.attention)))  # as the readers of MIB's graph see it
     return LayerModules(
-        layer=layer, attention=get(layer, p.attention), norms=tuple(get(layer, n) for n in p.norms),
-        block_inputs=tuple(get(layer, n) for n in p.block_inputs),
+        layer=layer, attention=get(layer, p.attention) if p.attention else None,
+        norms=tuple(get(layer, n) for n in p.norms),
+        block_inputs=tuple(get(layer, n) if n else None for n in p.block_inputs),  # "": the layer has no such block
         head_norms=tuple(get(layer, n) for n in (p.head_norms or ())),
         branches={name: get(layer, path) for name, path in p.branches.items()},
-        activation=get(layer, p.activation) if p.activation else None, heads=get(layer, p.heads),
+        activation=get(layer, p.activation) if p.activation else None, heads=get(layer, p.heads) if p.heads else None,
         neurons=get(layer, p.neurons) if p.neurons else None, mid=get(layer, p.mid) if p.mid else None,
         mlp=get(layer, p.mlp) if p.mlp else None,
         post_norms=post_norms(layer, p),

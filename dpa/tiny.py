@@ -17,8 +17,9 @@ MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss", "granit
 # Hybrid families: token mixers other than attention on some layers (book: Beyond attention). dpa.attribute covers
 # them; what reads attention probabilities (attention maps, head ablations) refuses their mixer layers by name.
 HYBRID_FAMILIES = ("lfm2", "bamba", "granitemoehybrid", "jamba", "mamba2", "mamba", "falcon_mamba",  # (the Mamba
-                   "qwen3_next")  # families: no attention, no MLP)
-SCAN_FAMILIES = ("bamba", "granitemoehybrid", "jamba", "mamba2", "mamba", "falcon_mamba", "qwen3_next")  # with
+                   "qwen3_next", "nemotron_h")  # families: no attention, no MLP)
+SCAN_FAMILIES = ("bamba", "granitemoehybrid", "jamba", "mamba2", "mamba", "falcon_mamba", "qwen3_next",  # with
+                 "nemotron_h")
 # Mamba-2 blocks (ssd.py), Mamba's (selective.py) or Gated DeltaNets (delta.py): dpa's own Function
 SELECTIVE_FAMILIES = ("jamba", "mamba", "falcon_mamba")  # Mamba's blocks: MIB's graph cannot feed their readers apart
 LAYOUTS = {"mha": 4, "gqa": 2, "mqa": 1}  # KV heads for 4 query heads
@@ -120,6 +121,11 @@ def _hybrid(family: str, kwargs: dict) -> dict:
                       num_experts_per_tok=2, moe_intermediate_size=12, shared_expert_intermediate_size=16,  # experts,
                       norm_topk_prob=True, pad_token_id=0, bos_token_id=1, eos_token_id=2)  # two per token, a
         # gated shared expert (num_experts=0: the dense layout); a quarter of each head rotated (its default)
+    if family == "nemotron_h":  # one block per layer: a Mamba-2 block (4 SSM heads of 16 channels in 2 groups, chunks
+        kwargs.pop("rms_norm_eps")  # of 4, the convolution's bias), a squared-ReLU MLP, an attention layer (no
+        kwargs.update(layers_block_type=["linear_attention", "mlp", "full_attention"], mamba_num_heads=4,  # RoPE)
+                      mamba_head_dim=16, n_groups=2, ssm_state_size=8, conv_kernel=4, chunk_size=4,
+                      layer_norm_epsilon=1e-2, pad_token_id=0, bos_token_id=1, eos_token_id=2)
     if family in ("mamba", "falcon_mamba"):  # three Mamba blocks and no MLP: 64 channels (each a unit) with states of
         kwargs = dict(vocab_size=96, hidden_size=32, num_hidden_layers=3, expand=2, state_size=8,  # 8, a step of
                       conv_kernel=4, time_step_rank=4, layer_norm_epsilon=1e-2, residual_in_fp32=False,  # rank 4

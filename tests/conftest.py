@@ -128,6 +128,16 @@ def float64_norms():
     chunk_scans = [module.mamba2_chunk_scan for module in scans]
     for module, scan in zip(scans, chunk_scans):
         module.mamba2_chunk_scan = _keeping_float64(scan)
+    from transformers.models.nemotron_h import modeling_nemotron_h
+
+    nemotron = modeling_nemotron_h.NemotronHRMSNorm  # Nemotron-H: its norms, its blocks' gated norm and scan in
+    classes, originals = classes + [nemotron], originals + [nemotron.forward]  # float32
+    nemotron.forward = _float64_rms_forward(nemotron.forward)
+    nemotron_gated = modeling_nemotron_h.NemotronHRMSNormGated
+    classes, originals = classes + [nemotron_gated], originals + [nemotron_gated.forward]
+    nemotron_gated.forward = _float64_gated_norm(nemotron_gated.forward)
+    scans, chunk_scans = scans + (modeling_nemotron_h,), chunk_scans + [modeling_nemotron_h.mamba2_chunk_scan]
+    modeling_nemotron_h.mamba2_chunk_scan = _keeping_float64(modeling_nemotron_h.mamba2_chunk_scan)
     delta_gated = modeling_qwen3_next.Qwen3NextRMSNormGated  # Gated DeltaNets: their gated norm and their whole
     classes, originals = classes + [delta_gated], originals + [delta_gated.forward]  # delta rule in float32
     delta_gated.forward = _keeping_float64(delta_gated.forward)

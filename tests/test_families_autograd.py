@@ -43,7 +43,8 @@ def path_weights(model, path):
 # diagonal each norm multiplies by besides 1/rms.
 RATIO = {"silu": torch.sigmoid,
          "gelu_tanh": lambda s: 0.5 * (1 + torch.tanh(math.sqrt(2 / math.pi) * (s + 0.044715 * s ** 3))),
-         "gelu": lambda s: 0.5 * (1 + torch.erf(s / math.sqrt(2)))}
+         "gelu": lambda s: 0.5 * (1 + torch.erf(s / math.sqrt(2))),
+         "relu2": lambda s: s.clamp(min=0)}  # relu(s)^2 = s * max(s, 0)
 GAIN = {"rms": lambda w: w, "rms_1p": lambda w: 1 + w, "layer": lambda w: w}
 CLAMPED = {"alpha": 1.0}  # times the experts' own alpha in the reference's clamped GLU (GPT-OSS)
 
@@ -94,8 +95,6 @@ def linearised(model, mu, moe=None):
     set_forward(spec.final_norm(model), frozen_norm(spec.final_norm(model)))
     names = ("query", "key", "value", "gate", "up", "router", "expert")
     weight = dict(zip(names, mu))
-    if not parts.gated:  # one branch s = W1 x: the gate and up paths both reach it
-        weight = {**weight, "gate": weight["gate"] + weight["up"], "up": weight["gate"] + weight["up"]}
     for mods in layer_modules(model, spec):
         for norm in (*mods.norms, *mods.head_norms):
             set_forward(norm, frozen_norm(norm))
@@ -125,7 +124,10 @@ def linearised(model, mu, moe=None):
                 m[:, 0] = weight["query"]  # [q | gate] per head (its view(..., head_dim * 2).chunk(2)); the gate,
                 set_forward(module, scaled(module, m.flatten()))  # a sigmoid of it times the head's output, frozen
                 continue
-            if len(held) == 1 or not parts.gated and held == ["gate", "up"]:
+            if not parts.gated and held == ["gate", "up"]:  # one branch s = W1 x: the gate and up paths both reach it
+                set_forward(module, scaled(module, weight["gate"] + weight["up"]))  # (a mixer's gate and up inside
+                continue  # its block keep their own weights: Nemotron-H's Mamba-2 blocks)
+            if len(held) == 1:
                 set_forward(module, scaled(module, weight[held[0]]))
                 continue
             m = torch.zeros(sum(mods.weight(n).shape[0] for n in held), dtype=torch.float64)
@@ -381,7 +383,8 @@ def autograd_scores(model, ids, mu, target=TARGET):
 
     handles, moe = [], {}
     for i, mods in enumerate(layer_modules(model, spec)):
-        handles.append(mods.heads.register_forward_pre_hook(keep(z, i)))
+        if mods.heads is not None:  # (Nemotron-H's MLP layers have no token mixer, no units)
+            handles.append(mods.heads.register_forward_pre_hook(keep(z, i)))
         if mods.neurons is not None:
             handles.append(mods.neurons.register_forward_pre_hook(keep(a, i)))
     if spec.positions(model) is not None:
@@ -393,15 +396,16 @@ def autograd_scores(model, ids, mu, target=TARGET):
     finally:
         for h in handles:
             h.remove()
-    heads = torch.stack([(z[i] * z[i].grad)[0].view(len(ids), spec.n_heads, -1).sum((0, 2))
-                         for i in range(spec.n_layers)])
+    heads = torch.stack([(z[i] * z[i].grad)[0].view(len(ids), spec.n_heads, -1).sum((0, 2)) if i in z else
+                         torch.zeros(spec.n_heads, dtype=torch.float64) for i in range(spec.n_layers)])
     if moe:
         experts, neurons = (torch.stack(x) for x in zip(*(_moe_scores(spec, moe[i], len(ids))
                                                           for i in range(spec.n_layers))))
     elif spec.d_mlp == 0:  # layers of one block each (Mamba-2's): no neurons
         experts, neurons = None, torch.zeros(spec.n_layers, 0, dtype=torch.float64)
     else:
-        experts, neurons = None, torch.stack([(a[i] * a[i].grad)[0].sum(0) for i in range(spec.n_layers)])
+        experts, neurons = None, torch.stack([(a[i] * a[i].grad)[0].sum(0) if i in a else  # (a layer with no MLP)
+                                              torch.zeros(spec.d_mlp, dtype=torch.float64) for i in range(spec.n_layers)])
     positions = (pos[0] * pos[0].grad).sum(-1).reshape(-1) if pos else None
     return (emb * emb.grad)[0].sum(-1), heads, neurons, positions, experts
 
@@ -509,7 +513,7 @@ def test_the_explicit_attention_path_reproduces_the_model(model):
         with pytest.raises(dpa.UnsupportedModelError, match=r"layers\[0\] is a (conv|scan|delta) layer"):
             with instrument(model, req, explicit=True) as session:
                 session.forward()
-        assert "forward" not in vars(layer_modules(model, req.spec)[1].attention)
+        assert all("forward" not in vars(m.attention) for m in layer_modules(model, req.spec) if m.attention is not None)
         return
     with torch.no_grad(), instrument(model, req, explicit=True) as session:
         ours = logits_at(model, req, session.forward())
