@@ -81,11 +81,12 @@ class GraphReadout(backward.Readout):
         self.record = frozenset({"resid", "mid", "head_inputs", "calls"} | (set() if experts else {"neuron_inputs"}))
 
     def tensors(self, rec, spec: ModelSpec) -> list[Tensor]:
-        """Whose gradients the DPA backward must return: the final residual (t^(L)), every o_proj and down input."""
-        mlp = ([rec.resid[i + 1] for i in range(spec.n_layers)] if spec.n_experts  # an expert's G: t at the layer's
-               else [rec.neuron_inputs[i] for i in range(spec.n_layers)] if spec.d_mlp  # output; a neuron's: at the
-               else [])  # down input; none without an MLP (Mamba-2's layers)
-        return [rec.resid[spec.n_layers]] + [rec.head_inputs[i] for i in range(spec.n_layers)] + mlp
+        """Whose gradients the DPA backward must return: the final residual (t^(L)), every o_proj and down input
+        (``_taps``: of the layers that have them)."""
+        heads, mlps = _taps(spec)
+        mlp = ([rec.resid[i + 1] for i in mlps] if spec.n_experts  # an expert's G: t at the layer's output; a
+               else [rec.neuron_inputs[i] for i in mlps])  # neuron's: at the down input
+        return [rec.resid[spec.n_layers]] + [rec.head_inputs[i] for i in heads] + mlp
 
     def read(self, ctx: backward.Context, grads: list[Tensor]) -> dict:
         return build_graph(ctx.session, grads, ctx.directions[0], float(ctx.values[0]), self.n_units, self.positions)
@@ -107,21 +108,28 @@ class _Recorded:
     per: dict
 
 
+def _taps(spec: ModelSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The layers with a unit tap in each block: a token mixer's (all but Nemotron-H's MLP layers), an MLP's or
+    experts' (none in Mamba-2's layers, Nemotron-H's MLP layers alone)."""
+    return spec.mixing_layers, tuple(i for i in range(spec.n_layers) if spec.d_mlp and spec.has_mlp(i))
+
+
 def _recorded(session, grads: list[Tensor], dtype) -> _Recorded:
     spec, rec, L = session.spec, session.recording, session.spec.n_layers
     t_len = session.request.n_tokens
-    z = {(i, 0): rec.head_inputs[i][0].detach().to(CPU, dtype) for i in range(L)}
-    big = {(i, b): grads[1 + b * L + i][0].to(CPU, dtype) for b in (0, 1) for i in range(L) if 1 + b * L + i < len(grads)}
+    heads, mlps = _taps(spec)
+    z = {(i, 0): rec.head_inputs[i][0].detach().to(CPU, dtype) for i in heads}
+    big = {key: g[0].to(CPU, dtype) for key, g in zip([(i, 0) for i in heads] + [(i, 1) for i in mlps], grads[1:])}
     if spec.n_experts and spec.residual_multiplier != 1:  # an expert's G at the block's output: t^(i+1) times the
-        big.update({(i, 1): big[(i, 1)] * spec.residual_multiplier for i in range(L)})  # scale the layer puts on it
-    per = {0: torch.stack([(z[(i, 0)] * big[(i, 0)]).view(t_len, spec.n_heads, -1).sum(-1) for i in range(L)])}
+        big.update({(i, 1): big[(i, 1)] * spec.residual_multiplier for i in mlps})  # scale the layer puts on it
+    none = lambda width: torch.zeros(t_len, width, dtype=dtype)  # noqa: E731  (a layer without the block)
+    per = {0: torch.stack([(z[(i, 0)] * big[(i, 0)]).view(t_len, spec.n_heads, -1).sum(-1) if i in heads
+                           else none(spec.n_heads) for i in range(L)])}
     if spec.n_experts:  # an expert's score from its router tap (the same as its term . t)
         per[1] = session.scores.expert_positions[0].to(CPU, dtype)
-    elif not spec.d_mlp:  # layers without an MLP (Mamba-2's): no units in their second block
-        per[1] = torch.zeros(L, t_len, 0, dtype=dtype)
-    else:
-        z.update({(i, 1): rec.neuron_inputs[i][0].detach().to(CPU, dtype) for i in range(L)})
-        per[1] = torch.stack([z[(i, 1)] * big[(i, 1)] for i in range(L)])
+    else:  # (layers without an MLP, Mamba-2's: no units in their second block)
+        z.update({(i, 1): rec.neuron_inputs[i][0].detach().to(CPU, dtype) for i in mlps})
+        per[1] = torch.stack([z[(i, 1)] * big[(i, 1)] if i in mlps else none(spec.d_mlp) for i in range(L)])
     return _Recorded(resid={i: rec.resid[i][0].detach().to(CPU, dtype) for i in range(L + 1)},
                      mid={i: m[0].detach().to(CPU, dtype) for i, m in rec.mid.items()}, calls=dict(rec.calls), z=z,
                      big=big, t_final=grads[0][0].to(CPU, dtype), per=per)
@@ -206,11 +214,15 @@ def _select(per: dict[int, Tensor], n_units: int | None, positions: bool, spec: 
     """The units with the largest |score| (all with ``n_units=None``), in graph order: layer, block, position."""
     flat = {b: (per[b] if positions else per[b].sum(1, keepdim=True)) for b in (0, 1)}  # [layer pos|1 unit]
     sizes = [flat[0].numel(), flat[1].numel()]
-    if n_units is None and sum(sizes) > MAX_UNITS:
-        raise InputError(f"nodes=None keeps all {sum(sizes)} units of this model and prompt, and the edge matrix "
+    heads, mlps = _taps(spec)  # the units that exist: not a row of a block the layer lacks (Nemotron-H's)
+    exists = [torch.zeros(spec.n_layers, dtype=torch.bool).index_fill_(0, torch.tensor(layers, dtype=torch.long), True)
+              [:, None, None].expand_as(flat[b]).flatten() for b, layers in enumerate((heads, mlps))]
+    real = int(sum(e.sum() for e in exists))
+    if n_units is None and real > MAX_UNITS:
+        raise InputError(f"nodes=None keeps all {real} units of this model and prompt, and the edge matrix "
                          f"would not fit; keep fewer (nodes=64) or use positions=False")
-    both = torch.cat([flat[0].flatten(), flat[1].flatten()]).abs()
-    k = both.numel() if n_units is None else min(n_units, both.numel())
+    both = torch.cat([flat[0].flatten(), flat[1].flatten()]).abs().masked_fill(~torch.cat(exists), -1.0)
+    k = real if n_units is None else min(n_units, real)
     picked = _top(both, k)
     out = []
     for j in picked:

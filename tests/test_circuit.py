@@ -54,8 +54,9 @@ def _reader(mods, block):
 
 
 def _blocks(mods):
-    """The layer's blocks: attention (or its mixer) and the MLP, or the mixer alone (Mamba-2's layers)."""
-    return (0, 1) if mods.mlp is not None else (0,)
+    """The layer's blocks: attention (or its mixer) and the MLP, or the mixer alone (Mamba-2's layers), or the MLP
+    alone (Nemotron-H's MLP layers)."""
+    return tuple(b for b, block in enumerate((mods.attention, mods.mlp)) if block is not None)
 
 
 def _tap(mods, block):
@@ -101,7 +102,7 @@ class Reference:
                 out.retain_grad()
                 z[key] = out
             return post
-        hooks = [(m.heads, keep((i, 0)), True) for i, m in enumerate(self.mods)]
+        hooks = [(m.heads, keep((i, 0)), True) for i, m in enumerate(self.mods) if m.heads is not None]
         hooks += [(m.neurons, keep((i, 1)), True) for i, m in enumerate(self.mods) if m.neurons is not None]
         hooks += [(m.layer, keep_out((i, 1)), False) for i, m in enumerate(self.mods) if m.neurons is None]
         self._run(hooks).backward()

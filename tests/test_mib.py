@@ -68,7 +68,7 @@ def _brute(model, pairs, kept):
     calls = {}
     hooks = [m.attention.register_forward_pre_hook(
         lambda _m, a, k, i=i: calls.__setitem__(i, (a[1:], {x: v for x, v in k.items() if x != "hidden_states"})),
-        with_kwargs=True) for i, m in enumerate(layers)]
+        with_kwargs=True) for i, m in enumerate(layers) if m.attention is not None]
     out = []
     try:
         for row in range(len(pairs)):
@@ -99,6 +99,13 @@ def _brute_run(model, spec, graph, layers, calls, ids, excluded, other):
         return inp
 
     for i, m in enumerate(layers):
+        if m.attention is None:  # a layer without a token mixer (Nemotron-H's MLP layers): its heads write nothing
+            writes.extend([torch.zeros_like(x)] * spec.n_heads)
+            into = read(x, graph.mlp_reader(i), graph.below(i, 1))
+            y = m.mlp(m.block_inputs[1](into))
+            writes.append(y)
+            x = x + y
+            continue
         hd = weight_rows(m.heads).shape[1] // spec.n_heads  # a unit's channels (a Mamba-2 block's: its own width)
         norm = m.block_inputs[0] if m.block_inputs else (lambda v: v)
         terms = []
@@ -265,8 +272,8 @@ def _linear(model):
                 rows[:, 2 * block.head_k_dim + block.num_v_heads // block.num_k_heads * block.head_v_dim:] = 0
             if "output_gate" in m.columns:  # gated attention (Qwen3-Next): every head's gate sigmoid(0) = 1/2
                 weight_rows(m.branches["query"])[m.columns["output_gate"]] = 0
-            for name in () if hasattr(m.attention, "x_proj") or hasattr(m.attention, "in_proj_ba") else ("query",
-                                                                                                        "key"):
+            for name in () if m.attention is None or hasattr(m.attention, "x_proj") or hasattr(  # (Nemotron-H's MLP
+                    m.attention, "in_proj_ba") else ("query", "key"):  # layers have no token mixer)
                 rows = m.columns.get(name)
                 w = weight_rows(m.branches[name])
                 if rows is None:

@@ -81,7 +81,11 @@ def run(session: Session, graph: Graph, layers: list[LayerModules], args: dict, 
     for i, m in enumerate(layers):
         ins, which = patch.inputs(x, graph.attention_readers(i), graph.below(i, 0), distinct=not leaves)
         ins = ins.clone() if leaves else ins  # [3H b t d] leaves for the readers' gradients
-        heads, block = _attention(m, spec, args[i], ins, which, b)
+        if m.attention is not None:
+            heads, block = _attention(m, spec, args[i], ins, which, b)
+        else:  # a layer without a token mixer (Nemotron-H's MLP layers): its head nodes write nothing
+            block = torch.zeros_like(x)
+            heads = block[None].expand(spec.n_heads, *block.shape)
         heads, block = heads * spec.residual_multiplier, block * spec.residual_multiplier  # what joins the stream
         writes.extend(heads.detach().unbind(0))
         mid = x + block
@@ -415,7 +419,7 @@ def check_graph_run(model: nn.Module, spec) -> None:
             "map): load it on one device (dpa.attribute and dpa.circuit take a split model)")
     modules = [("the decoder stack", spec.base(model))]
     for i, m in enumerate(layer_modules(model, spec)):
-        modules += [(f"layers[{i}]", m.layer), (f"layers[{i}]'s attention", m.attention)]
+        modules += [(f"layers[{i}]", m.layer)] + ([(f"layers[{i}]'s attention", m.attention)] if m.attention else [])
     for name, module in modules:
         check_not_compiled(name, module)
         forward = type(module).forward

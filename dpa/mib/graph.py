@@ -11,7 +11,7 @@ Indexing. Writer 0 is the input; layer l's heads are 1 + l (H + 1) + h, its MLP 
 readers are l (3H + 1) + c H + h for c = 0, 1, 2 (q, k, v) and l (3H + 1) + 3H for its MLP; the logits are last.
 ``exists[w, r]``: whether the edge w -> r is in the graph. A parallel block (GPT-NeoX's parallel residual) has
 no edge from a layer's heads to its own MLP. A model whose layers have no MLP (Mamba-2's) keeps the MLP nodes'
-indices, without an edge.
+indices, without an edge; so does a layer of one block (Nemotron-H's) for the nodes of the block it lacks.
 """
 
 from __future__ import annotations
@@ -33,11 +33,16 @@ class Graph:
     n_heads: int
     parallel: bool = False
     mlps: bool = True  # False: the layers have no MLP (Mamba-2's): its nodes keep their indices, with no edges
+    absent: frozenset[tuple[int, int]] = frozenset()  # (layer, block) of a block a layer lacks where others have it
+    # (Nemotron-H's: one block per layer, 0 its token mixer, 1 its MLP): its nodes keep their indices, with no edges
 
     @classmethod
     def of(cls, spec) -> Graph:
         """The graph of a checked model (``dpa.request.check_model``)."""
-        return cls(spec.n_layers, spec.n_heads, bool(spec.parallel), bool(spec.d_mlp or spec.n_experts))
+        mlps = bool(spec.d_mlp or spec.n_experts)
+        absent = frozenset({(i, 0) for i in range(spec.n_layers) if not spec.mixes(i)}
+                           | {(i, 1) for i in range(spec.n_layers) if mlps and not spec.has_mlp(i)})
+        return cls(spec.n_layers, spec.n_heads, bool(spec.parallel), mlps, absent)
 
     # --- sizes and indices ---
     @property
@@ -87,6 +92,10 @@ class Graph:
         out[:, self.logits] = True
         if not self.mlps:  # no MLP writes either
             out[[self.mlp(layer) for layer in range(self.n_layers)]] = False
+        for layer, block in self.absent:  # a block the layer lacks: neither read nor written
+            writers = [self.head(layer, h) for h in range(self.n_heads)] if block == 0 else [self.mlp(layer)]
+            out[writers] = False
+            out[:, self.attention_readers(layer) if block == 0 else self.mlp_reader(layer)] = False
         return out
 
     @property

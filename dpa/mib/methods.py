@@ -152,10 +152,11 @@ def _read(graph: Graph, moved: Tensor, grads: list[Tensor]) -> Tensor:
     for i in range(graph.n_layers):
         att, mlp = grads[2 * i], grads[2 * i + 1]
         below = graph.below(i, 0)
-        out[:below, graph.attention_readers(i)] = torch.einsum(
-            "wbtd,rbtd->wr", moved[:below].to(wide), att.to(wide)).double()
+        if (i, 0) not in graph.absent:  # (a layer without a token mixer: its readers read nothing)
+            out[:below, graph.attention_readers(i)] = torch.einsum(
+                "wbtd,rbtd->wr", moved[:below].to(wide), att.to(wide)).double()
         below = graph.below(i, 1)
-        if graph.mlps:  # (without an MLP, its reader reads nothing)
+        if graph.mlps and (i, 1) not in graph.absent:  # (without an MLP, its reader reads nothing)
             out[:below, graph.mlp_reader(i)] = torch.einsum("wbtd,btd->w", moved[:below].to(wide),
                                                             mlp.to(wide)).double()
     out[:, graph.logits] = torch.einsum("wbtd,btd->w", moved.to(wide), grads[-1].to(wide)).double()
