@@ -21,11 +21,11 @@ from torch import nn
 from .errors import UnsupportedModelError
 from .expert_checks import check_experts, shared_width
 from .guard import checking
-from .mixers import check_inline_mlp, check_mixer, check_mixer_config, layer_kinds, mixer_layer_types
+from .mixers import check_mixer, check_mixer_config, every_layer_kind as _kinds, layer_kinds, mixer_layer_types
+from .module_checks import check_activations, check_norms
 from .multipliers import check_copies, multipliers
 from .registry import (BRANCHES, FAMILIES, LAYOUTS, LENGTH_DEPENDENT_ROPE, METADATA_KEYS, ROPE_TYPES, Experts,
                        Family)
-from .rules.norm import NORM_KINDS
 from .spec import (UNBOUNDED, LayerModules, ModelSpec, context_length, get, in_features, is_projection, layer_modules,
                    neuron_direction, norm_eps, own_forward, post_norms, rope_depends_on_length, rope_settings,
                    rope_switched, unread_parameters, weight_rows, why_not_projection)
@@ -103,91 +103,6 @@ def activation_kind(config, family: Family) -> str:
         raise _config_error(key, value, f"the {family.model_type} description linearises "
                             f"{', '.join(kinds)} (the gate rule depends on the activation)")
     return kinds[value]
-
-
-def _computes(module: nn.Module, kind: str) -> bool:
-    """Whether an activation module computes the activation ``kind`` (s * ratio(s), functions.ACTIVATION_RATIO):
-    its own forward on a probe over [-8, 8] in float64, against the formula."""
-    from .functions import ACTIVATION_RATIO
-
-    s = torch.linspace(-8, 8, 161, dtype=torch.float64)
-    try:
-        with torch.no_grad():
-            out = module.forward(s)
-    except Exception:  # noqa: BLE001 -- a module that cannot run on the probe computes no kind dpa knows
-        return False
-    want = s * ACTIVATION_RATIO[kind](s)
-    return isinstance(out, torch.Tensor) and out.shape == s.shape and torch.allclose(
-        out.to(torch.float64), want, rtol=1e-6, atol=1e-9)
-
-
-def check_activations(model: nn.Module, family: Family, kind: str) -> None:
-    """Every activation module dpa linearises must compute the kind the config names (``activation_kind``):
-    the gate rule's frozen factor is that kind's, while the value is the module's own. A module computing
-    another function (``mlp.act_fn = nn.GELU()`` in a SiLU model) is refused by name, never linearised wrongly."""
-    from .functions import ACTIVATION_RATIO
-
-    moe = family.moe
-    paths = [p for p in (family.activation, moe and moe.shared and f"{moe.shared}.{moe.shared_parts[3]}") if p]
-    key, _ = family.activation_config
-    layers = get(model, family.layers)
-    kinds = _kinds(model.config, family, len(layers))
-    for i, layer in enumerate(layers):
-        on = family.on_layer(kinds[i])  # (one block per layer, Nemotron-H's: the MLP layers' alone)
-        if on.mlp is None:
-            continue
-        if on.activation is None and on.moe is None:  # called inline (LFM2)
-            check_inline_mlp(layer, family, kind, i)
-        for path in paths:
-            module = get(layer, path)
-            if not _computes(module, kind):
-                other = [k for k in ACTIVATION_RATIO if k != kind and _computes(module, k)]
-                found = f"it computes {other[0]}" if other else "it computes none of " + ", ".join(ACTIVATION_RATIO)
-                raise UnsupportedModelError(
-                    f"unsupported module: layers[{i}].{path} is a {type(module).__name__} that does not compute "
-                    f"{kind}, the activation the config names ({key}={getattr(model.config, key, None)!r}); {found}. "
-                    "dpa linearises the activation the config names, so it refuses rather than attribute with "
-                    "another activation's gate rule")
-
-
-def check_norms(model: nn.Module, family: Family) -> None:
-    """Every norm dpa freezes must compute its kind's arithmetic (``rules.norm.NORM_KINDS``) with its own weight
-    (and bias) and epsilon: the frozen backward is built from them, the value is the module's own. A norm computing
-    something else (a subclass with another forward, an adapter) is refused by name. Checked on a probe [4, width]
-    in the norm's dtype and device against the arithmetic in float64, to the dtype's rounding."""
-    arithmetic = NORM_KINDS[family.norm_kind]
-    layers = get(model, family.layers)
-    kinds = _kinds(model.config, family, len(layers))
-    where = [(f"layers[{i}].{path}", get(layer, path)) for i, layer in enumerate(layers)
-             for path in (*family.norms, *(family.on_layer(kinds[i]).head_norms or ()))] + [
-        (family.final_norm, get(model, family.final_norm))]
-    probes: dict = {}
-    for name, norm in where:
-        w = getattr(norm, "weight", None)
-        if not isinstance(w, torch.Tensor) or w.dim() != 1:
-            raise UnsupportedModelError(f"unsupported module: {name} is a {type(norm).__name__} without a 1-D weight "
-                                        f"(the {family.norm_kind} norm of the {family.model_type} description has one)")
-        key = (w.shape[0], w.dtype, w.device)
-        if key not in probes:
-            g = torch.Generator().manual_seed(0)
-            probes[key] = (3 * torch.randn(4, w.shape[0], generator=g, dtype=torch.float64)).to(w.device, w.dtype)
-        x = probes[key]
-        beta = getattr(norm, "bias", None)
-        with torch.no_grad():
-            try:
-                own = norm.forward(x)
-            except Exception as err:  # noqa: BLE001
-                raise UnsupportedModelError(f"unsupported module: {name} ({type(norm).__name__}) does not run as a "
-                                            f"norm over its weight's width ({err})") from None
-            extra = () if beta is None else (beta.detach().double(),)
-            want = arithmetic(x.double(), w.detach().double(), norm_eps(norm), *extra)[0]
-        miss = (own.double() - want).norm() / want.norm() if isinstance(own, torch.Tensor) and own.shape == x.shape \
-            else float("inf")
-        if not miss <= 1e-5 + 16 * torch.finfo(w.dtype).eps:
-            raise UnsupportedModelError(
-                f"unsupported module: {name} is a {type(norm).__name__} that does not compute the "
-                f"{family.norm_kind} norm of its weight (relative difference {float(miss):.2g} on a probe); dpa "
-                "freezes a norm from its weight and epsilon, so it refuses a norm that computes something else")
 
 
 def _is_bookkeeping(key: str, value) -> bool:
@@ -270,11 +185,17 @@ def _check_modules(model: nn.Module, family: Family) -> None:
         if not p.is_floating_point():
             raise UnsupportedModelError(f"unsupported module: {name} is quantized ({p.dtype}); load the model in a "
                                         "float dtype")
+    kinds = _kinds(model.config, family, len(layers))
+    at: list[int] = []  # the layer being checked
     try:
-        _check_layers(layers, family, _kinds(model.config, family, len(layers)))
+        _check_layers(layers, family, kinds, at)
     except AttributeError as err:  # a block wrapped or replaced by a module without the family's parts
-        raise UnsupportedModelError(f"unsupported module: a decoder layer does not have the modules of a "
-                                    f"{family.model_type} layer ({err}); dpa reads and linearises them by name") from None
+        i = at[-1] if at else 0
+        kind = (f"; the config's layer_types makes it {'an' if kinds[i][0] in 'aeiou' else 'a'} {kinds[i]} layer"
+                if family.mixers else "")
+        raise UnsupportedModelError(f"unsupported module: layers[{i}] does not have the modules of a "
+                                    f"{family.model_type} layer ({err}{kind}); dpa reads and linearises them by "
+                                    "name") from None
     _check_own_forwards(model, family, layers)
     where: dict[int, str] = {}
     for i, layer in enumerate(layers):  # dpa's rules and taps are per module object: one object, one place
@@ -312,15 +233,10 @@ def _check_own_forwards(model: nn.Module, family: Family, layers) -> None:
                 "another computation; use the model's own class")
 
 
-def _kinds(config, family: Family, n: int) -> tuple[str, ...]:
-    """Each of the n layers' token mixer (``mixers.layer_kinds``), "attention" throughout for a family without
-    mixers."""
-    return layer_kinds(config, family) or ("attention",) * n
-
-
-def _check_layers(layers, model_family: Family, kinds: tuple[str, ...]) -> None:
+def _check_layers(layers, model_family: Family, kinds: tuple[str, ...], at: list[int]) -> None:
     layer_norm = model_family.norm_kind == "layer"
     for i, layer in enumerate(layers):
+        at.append(i)
         family = model_family.on_layer(kinds[i])  # a mixer layer: its block's paths in the attention's places
         for branch, path in family.branches.items():
             proj = get(layer, path)
@@ -351,6 +267,7 @@ def _check_layers(layers, model_family: Family, kinds: tuple[str, ...]) -> None:
                 raise UnsupportedModelError(f"unsupported module: layers[{i}].{path} is a {type(norm).__name__}, "
                                             f"not the {family.norm_kind} norm of the {family.model_type} description")
     for i, layer in enumerate(layers):  # last: a layer without the family's modules, or compiled, says so first
+        at.append(i)
         check_not_compiled(f"{model_family.layers}.{i}", layer)
         unread = unread_parameters(layer, model_family.on_layer(kinds[i]))
         if unread:

@@ -36,6 +36,11 @@ def layer_kinds(config, family: Family) -> tuple[str, ...]:
     return tuple(by_type.get(t, "attention") for t in types)
 
 
+def every_layer_kind(config, family: Family, n: int) -> tuple[str, ...]:
+    """Each of the n layers' kind (``layer_kinds``), "attention" throughout for a family without mixers."""
+    return layer_kinds(config, family) or ("attention",) * n
+
+
 def mixer_layer_types(family: Family) -> tuple[str, ...]:
     """The ``layer_types`` values of the family's mixer layers and MLP layers (accepted besides full and sliding
     attention)."""

@@ -166,7 +166,7 @@ class Family:
     #   read by: spec (LayerModules.branches: linearise, instrument, explicit, mib.forward, baselines.internals),
     #            families
     activation: str | None = "mlp.act_fn"  # None on a dense MLP: its forward calls the activation as a function
-    #   read by: spec (LayerModules.activation: linearise, baselines.internals), families (checks it computes its kind)
+    #   read by: spec (LayerModules.activation: linearise, baselines.internals), module_checks (checks it computes its kind)
     heads: str = "self_attn.o_proj"
     #   read by: spec (LayerModules.heads: linearise's head tap, explicit, circuit_graph, mib.forward, verify_circuit),
     #            families
@@ -234,7 +234,7 @@ class Family:
     # "mlp"): every layer then holds ONE block after its one norm, a token mixer or an MLP, at the same path (the
     # description's attention and MLP paths both name it); ``on_layer`` keeps the block the layer has, and a layer
     # of this type has no token mixer (its kind is MLP_LAYER: no units in its row of head scores)
-    #   read by: registry (Family.on_layer), mixers (ModelSpec.layer_kinds), families (the sizes)
+    #   read by: registry (Family.on_layer), mixers (ModelSpec.layer_kinds)
     variant: tuple[str, Family] | None = None  # (config key, description): the description of this model_type's
     # models whose config sets the key to a non-zero value (Granite 4.0-H's num_local_experts: experts and a
     # shared MLP beside them, where the dense models have the MLP alone)

@@ -124,16 +124,19 @@ def _check_ablatable(result: Attribution, mode: str, heads: list[tuple[int, int]
     would ablate every unit but the selection, mixer units included."""
     if result.layer_kinds is None:
         return
-    from dpa.registry import UNIT_LETTERS
+    from dpa.registry import MLP_LAYER, UNIT_LETTERS
 
-    mixers = sorted({k for k in result.layer_kinds if k != "head"})
+    mixers = sorted({k for k in result.layer_kinds if k not in ("head", MLP_LAYER)})
     for layer, head in heads:
         kind = result.layer_kinds[layer]
+        if kind == MLP_LAYER:
+            raise InputError(f"layer {layer} has no token mixer (its one block is an MLP), so no unit {head} to "
+                             "ablate: select a head of an attention layer, or a neuron")
         if kind != "head":
             raise UnsupportedModelError(f"L{layer}.{UNIT_LETTERS[kind]}{head} is a {kind} unit: verification by "
                                         "ablation reaches attention heads and neurons only (a mixer block has no "
                                         "attention probabilities to mask)")
-    if mode == "recover":
+    if mode == "recover" and mixers:
         raise UnsupportedModelError(f"recover ablates every unit but the selection, and this model's "
                                     f"{', '.join(mixers)} units cannot be ablated (no attention probabilities to "
                                     "mask): use disrupt, which ablates the selection alone")

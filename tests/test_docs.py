@@ -45,7 +45,8 @@ DISPLAY = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Q
            "gpt_neox": "GPT-NeoX", "mixtral": "Mixtral", "qwen2_moe": "Qwen2-MoE", "qwen3_moe": "Qwen3-MoE",
            "olmoe": "OLMoE", "gpt_oss": "GPT-OSS", "lfm2": "LFM2", "bamba": "Bamba",
            "granitemoehybrid": "Granite 4.0-H", "mamba2": "Mamba-2", "mamba": "Mamba", "falcon_mamba": "Falcon-Mamba",
-           "jamba": "Jamba", "qwen3_next": "Qwen3-Next"}
+           "jamba": "Jamba", "qwen3_next": "Qwen3-Next",
+           "nemotron_h": "Nemotron-H"}
 
 
 def test_every_family_list_is_the_codes():

@@ -1,0 +1,204 @@
+"""Nemotron-H (``nemotron_h``, dense: Nemotron-H 4B/8B/47B, Nemotron Nano 9B v2): ONE block per layer after one norm,
+by the config's ``layers_block_type`` -- a Mamba-2 block (book: state-space-duality), attention without position
+embeddings, or a non-gated MLP ``down(relu(up x)^2)`` (book: beyond-swiglu, the squared ReLU: s * relu(s) with the
+ratio relu(s) frozen).
+
+The autograd suite (test_families_autograd: each path against autograd through the model's own modules, the forward
+oracle, completeness to 1e-10, lean = full), the circuit suite (test_circuit) and MIB's (test_mib: one pass against
+patching edge by edge, EAP exact on a linear model) run the tiny Nemotron-H with the other families. Here: its layout
+as dpa reads it (a layer without a token mixer has no units: a row of zeros, no circuit node, no MIB edge; a layer
+without an MLP has no neurons), what a squared ReLU's rule is, the entry points (evaluation, verification, the
+command line), and what the description does not read refused by name with the model left as it was.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+
+import dpa
+from dpa.families import layer_modules
+
+from .conftest import random_ids, tiny_model
+from .test_hybrid import _state
+
+TARGET = 5
+CONSERVATIVE = dpa.PathWeights(0, 0, 1, 0.5, 0.5)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model("nemotron_h")
+
+
+def test_the_layers_and_their_blocks(model):
+    spec = dpa.spec_for(model)
+    assert spec.layer_kinds == ("scan", "mlp", "attention") and spec.mixing_layers == (0, 2)
+    assert [spec.has_mlp(i) for i in range(3)] == [False, True, False] and spec.d_mlp == 48
+    assert spec.activation == "relu2" and not spec.parts.gated
+    mods = layer_modules(model, spec)
+    layers = model.model.layers
+    assert mods[0].attention is layers[0].mixer and mods[0].heads is layers[0].mixer.out_proj and mods[0].mlp is None
+    assert mods[1].attention is None and mods[1].heads is None and mods[1].mlp is layers[1].mixer
+    assert mods[1].block_inputs == (None, layers[1].norm) and mods[1].neurons is layers[1].mixer.down_proj
+    assert mods[2].heads is layers[2].mixer.o_proj and mods[2].neurons is None
+
+
+def test_a_layer_without_a_block_has_no_units_and_the_target_is_conserved(model):
+    ids = random_ids(9)
+    res = dpa.attribute(model, None, ids, target=TARGET, weights=CONSERVATIVE, edges=True)
+    assert res.layer_kinds == ["scan", "mlp", "head"] and res.unit_kinds == ("scan", "head")
+    assert res.conserves and float(res.token_scores.sum()) + res.bias_share == pytest.approx(
+        res.target_logit, rel=1e-9, abs=1e-11)
+    assert not res.head_scores[1].any() and res.head_scores[0].abs().sum() > 0 and res.head_scores[2].abs().sum() > 0
+    assert not res.neuron_scores[0].any() and not res.neuron_scores[2].any() and res.neuron_scores[1].abs().sum() > 0
+    assert not res.edge_scores[1].any()
+    torch.testing.assert_close(res.edge_scores.sum(-1).sum(-1), res.head_scores, rtol=1e-9, atol=1e-12)
+    top = res.top_components(40)
+    picked = top["positive"] + top["negative"]
+    assert all(c.layer != 1 for c in picked if c.kind != "neuron") and all(c.layer == 1 for c in picked
+                                                                          if c.kind == "neuron")
+    with pytest.raises(dpa.InputError, match="kinds must hold"):
+        res.top_components(3, kinds=("mlp",))
+
+
+def test_the_squared_relu_is_linearised_with_its_ratio_frozen(model):
+    """relu(s)^2 = s * relu(s): dpa freezes relu(s) (the ratio of every activation's value to its input), so a
+    neuron's score is a . grad_a and the MLP's neurons add up to what the MLP writes onto the target; the gradient
+    2 relu(s) would count the MLP twice (Euler: the square is homogeneous of degree 2)."""
+    from dpa.functions import ACTIVATION_RATIO
+
+    s = torch.linspace(-3, 3, 61, dtype=torch.float64)
+    torch.testing.assert_close(s * ACTIVATION_RATIO["relu2"](s), torch.relu(s) ** 2, rtol=0, atol=0)
+    ids = random_ids(9)
+    only_mlp = dpa.attribute(model, None, ids, target=TARGET, weights=dpa.PathWeights(0, 0, 1, 0.5, 0.5),
+                             neuron_positions=True)
+    torch.testing.assert_close(only_mlp.neuron_position_scores.sum(1), only_mlp.neuron_scores, rtol=1e-12, atol=1e-14)
+    # the MLP layer's neurons sum to its write's share of the target, the same for any split of gate and up
+    other = dpa.attribute(model, None, ids, target=TARGET, weights=dpa.PathWeights(0, 0, 1, 1.0, 0.0))
+    torch.testing.assert_close(other.neuron_scores, only_mlp.neuron_scores, rtol=1e-9, atol=1e-12)
+
+
+def test_a_padded_batch_float32_and_lean_memory(model):
+    prompts = [random_ids(11, seed=1), random_ids(6, seed=2), random_ids(1, seed=3)]
+    batch = dpa.attribute(model, None, prompts, target=TARGET, edges=True)
+    for p, res in zip(prompts, batch):
+        alone = dpa.attribute(model, None, p, target=TARGET, edges=True)
+        for name in ("token_scores", "head_scores", "neuron_scores", "edge_scores"):
+            torch.testing.assert_close(getattr(res, name), getattr(alone, name), rtol=1e-9, atol=1e-11)
+    ids = random_ids(13)
+    lean = dpa.attribute(model, None, ids, target=TARGET, memory="lean")
+    full = dpa.attribute(model, None, ids, target=TARGET, memory="full")
+    torch.testing.assert_close(lean.neuron_scores, full.neuron_scores, rtol=1e-12, atol=1e-14)
+    narrow = dpa.attribute(copy.deepcopy(model).float(), None, ids, target=TARGET)
+    torch.testing.assert_close(narrow.token_scores.double(), full.token_scores, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(narrow.neuron_scores.double(), full.neuron_scores, rtol=1e-4, atol=1e-5)
+
+
+def test_the_circuit_and_mibs_graph_have_no_node_of_a_block_a_layer_lacks(model):
+    from dpa.mib.graph import Graph
+
+    circ = dpa.circuit(model, None, random_ids(7), target=TARGET, nodes=None)
+    units = [n for n in circ.nodes if n.kind in ("head", "neuron")]
+    assert {(n.layer, n.kind) for n in units} == {(0, "head"), (1, "neuron"), (2, "head")}
+    assert len(units) == 7 * (4 + 48 + 4)
+    graph = Graph.of(dpa.spec_for(model))
+    assert graph.absent == {(1, 0), (0, 1), (2, 1)}
+    heads_1 = [graph.head(1, h) for h in range(4)]
+    assert not graph.exists[heads_1].any() and not graph.exists[:, graph.attention_readers(1)].any()
+    assert not graph.exists[graph.mlp(0)].any() and not graph.exists[:, graph.mlp_reader(2)].any()
+    assert graph.exists[graph.mlp(1), graph.reads(2, 0, 1)] and graph.exists[graph.head(0, 2), graph.mlp_reader(1)]
+
+
+def test_the_benchmark_and_verification_run_what_the_model_has(model, tmp_path):
+    from dpa.evaluate import Settings, evaluate
+    from dpa_widgets.verify import run
+
+    from .test_evaluate import tiny_dataset, word_tokenizer
+
+    tok = word_tokenizer()
+    tiny_dataset(model, tmp_path / "data", n=2)
+    common = dict(dataset="known_1000", min_probability=0.0, data_dir=str(tmp_path / "data"))
+    inputs = evaluate(model, tok, Settings(unit="input", methods=("dpa", "gradient"), **common), tmp_path / "in",
+                      progress=False, figures=False)
+    assert inputs["n_evaluated"] >= 1
+    neurons = evaluate(model, tok, Settings(unit="component", component_units="neurons", methods=("dpa",), **common),
+                       tmp_path / "neurons", progress=False, figures=False)
+    assert neurons["n_evaluated"] == inputs["n_evaluated"]
+    with pytest.raises(dpa.UnsupportedModelError, match="scan layers without attention probabilities"):
+        evaluate(model, tok, Settings(unit="component", methods=("dpa",), **common), tmp_path / "heads",
+                 progress=False, figures=False)
+    res = dpa.attribute(model, None, random_ids(7), target=TARGET)
+    before = _state(model)
+    with pytest.raises(dpa.UnsupportedModelError, match=r"L0\.S1 is a scan unit"):
+        run(model, res, mode="disrupt", units="selection", k=1, head=[0, 1])
+    with pytest.raises(dpa.InputError, match=r"layer 1 has no token mixer"):
+        run(model, res, mode="disrupt", units="selection", k=1, head=[1, 1])
+    assert _state(model) == before
+    assert run(model, res, mode="disrupt", units="selection", k=1, head=[2, 1])["units"] == ["L2.H1"]
+    out = run(model, res, mode="disrupt", units="top_components", k=4)
+    assert all(u.startswith(("L2.H", "L1.N")) for u in out["units"])
+
+
+def test_the_command_line_attributes_a_saved_model(tmp_path, capsys):
+    from dpa.cli import main
+
+    from .test_evaluate import word_tokenizer
+
+    folder = tmp_path / "nemotron_h"
+    tiny_model("nemotron_h", 2, dtype=torch.float32).save_pretrained(folder)
+    word_tokenizer().save_pretrained(folder)
+    out_json = tmp_path / "r.json"
+    assert main(["attribute", "w4 w5 w6 w7", "--model", str(folder), "--target", "w9", "--json", str(out_json),
+                 "--top", "40"]) == 0
+    report = capsys.readouterr().out
+    assert "scan L0" in report and "neuron L1" in report and "head L2" in report
+    saved = json.loads(out_json.read_text())
+    assert saved["layer_kinds"] == ["scan", "mlp", "head"]
+    back = dpa.Attribution.from_json(out_json)
+    assert back.unit_kinds == ("scan", "head")
+    graph = tmp_path / "g.json"
+    assert main(["circuit", "w4 w5 w6 w7", "--model", str(folder), "--target", "w9", "--nodes", "200",
+                 "--json", str(graph)]) == 0
+    labels = [n["label"] for n in json.loads(graph.read_text())["nodes"]]
+    assert any(".S" in x for x in labels) and not any(x.startswith(("L1.H", "L1.S", "L0.N", "L2.N")) for x in labels)
+
+
+@pytest.mark.parametrize("overrides, needle", [
+    (dict(layers_block_type=["linear_attention", "moe", "full_attention"]), r"layer_types\[1\]='moe'"),
+    (dict(mlp_hidden_act="silu"), "mlp_hidden_act"),
+    (dict(use_bias=True), "use_bias"),
+    (dict(num_nextn_predict_layers=1), "num_nextn_predict_layers"),
+])
+def test_what_the_description_does_not_read_is_refused_by_name(overrides, needle):
+    try:
+        model = tiny_model("nemotron_h", **overrides)
+    except Exception as err:  # noqa: BLE001 -- a config transformers itself cannot build: nothing for dpa to read
+        pytest.skip(f"transformers does not build it: {err}")
+    before = _state(model)
+    with pytest.raises(dpa.UnsupportedModelError, match=needle):
+        dpa.attribute(model, None, random_ids(6), target=TARGET)
+    assert _state(model) == before
+
+
+@pytest.mark.parametrize("edit, needle", [
+    ("relu activation", r"layers\[1\]\.mixer\.act_fn is a ReLU.* does not compute relu2"),
+    ("kinds swapped", r"layers\[1\] does not have the modules .* makes it an attention layer"),
+    ("mlp where the config says attention", r"layers\[2\] does not have the modules .*q_proj"),
+])
+def test_an_edited_model_is_refused_by_name(edit, needle):
+    model = tiny_model("nemotron_h")
+    layers = model.model.layers
+    if edit == "relu activation":
+        layers[1].mixer.act_fn = torch.nn.ReLU()
+    elif edit == "kinds swapped":  # the config edited after loading: dpa reads each layer's kind there
+        model.config.layers_block_type = ["linear_attention", "full_attention", "mlp"]
+    else:
+        layers[2].mixer = copy.deepcopy(layers[1].mixer)
+    before = _state(model)
+    with pytest.raises(dpa.UnsupportedModelError, match=needle):
+        dpa.attribute(model, None, random_ids(6), target=TARGET)
+    assert _state(model) == before
