@@ -5,7 +5,8 @@
 One row per family kind and size: an attention model (Llama, the reference), and each kind of token mixer dpa
 linearises beside attention (LFM2's gated short convolution: "conv"; Bamba's Mamba-2 block: "scan"), and Mamba's
 selective scan ("selective", every layer a Mamba block), and Qwen3-Next's Gated DeltaNet ("delta", three to each gated
-attention layer). Each model is built from its family's
+attention layer), and Nemotron-H's layers of one block each ("blocks": Mamba-2 blocks, squared-ReLU MLPs, attention).
+Each model is built from its family's
 config (``dpa.tiny.tiny_config``) with random weights in float32, no checkpoint needed: the cost of DPA against a
 gradient depends on the shapes, not on the values. Per row: the median seconds of a forward + autograd gradient of
 the target logit with respect to the embeddings (the bar) and of ``dpa.attribute`` with its defaults; the ratio is
@@ -34,7 +35,10 @@ KINDS = {
     "scan": ("bamba", {}),  # Mamba-2 blocks, two to each attention layer; SSM heads of 64 channels, one group
     "selective": ("mamba", {}),  # Mamba blocks alone (no attention, no MLP): 2 x d_model channels, states of 16
     "delta": ("qwen3_next", {"num_experts": 0}),  # Gated DeltaNets, three to each gated attention layer, dense MLPs
+    "blocks": ("nemotron_h", {}),  # one block per layer (Nemotron-H's): Mamba-2 blocks, squared-ReLU MLPs, attention
 }
+BLOCKS = ("linear_attention", "mlp", "linear_attention", "mlp", "full_attention", "mlp")  # Nemotron-H's pattern: a
+# block of each kind between MLPs, two Mamba-2 blocks to each attention layer
 # a Gated DeltaNet's sizes per size: key heads, value heads (two per key head), their widths (d_model channels)
 DELTA_SIZES = {"tiny": dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
                             linear_value_head_dim=16, linear_conv_kernel_dim=4),
@@ -65,6 +69,13 @@ def build(kind: str, size: str) -> torch.nn.Module:
     if family == "qwen3_next":
         overrides.update(DELTA_SIZES[size], layer_types=["full_attention" if i % 4 == 3 else "linear_attention"
                                                          for i in range(layers)])
+    if family == "nemotron_h":  # Bamba's Mamba-2 sizes under Nemotron-H's keys; whole heads of d_model / heads
+        scan = SCAN_SIZES[size]
+        overrides.update(layers_block_type=[BLOCKS[i % len(BLOCKS)] for i in range(layers)], n_groups=1,
+                         mamba_num_heads=scan["mamba_n_heads"], mamba_head_dim=scan["mamba_d_head"],
+                         ssm_state_size=scan["mamba_d_state"], chunk_size=scan["mamba_chunk_size"],
+                         head_dim=sizes["hidden_size"] // sizes["num_attention_heads"])
+        return tiny_model(family, sizes["num_key_value_heads"], dtype=torch.float32, **overrides)
     if family == "mamba":  # its own config's keys: the inner width is 2 x d_model, the step's rank d_model / 16
         overrides = dict(hidden_size=sizes["hidden_size"], num_hidden_layers=layers, vocab_size=sizes["vocab_size"],
                          state_size=16, time_step_rank=-(-sizes["hidden_size"] // 16))
@@ -115,13 +126,13 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     torch.manual_seed(0)
     rows = []
-    print(f"{'kind':<10} {'family':<7} {'size':<5} {'tokens':>6} {'gradient s':>11} {'dpa s':>8} "
+    print(f"{'kind':<10} {'family':<10} {'size':<5} {'tokens':>6} {'gradient s':>11} {'dpa s':>8} "
           f"{'dpa / gradient':>15}")
     for kind in args.kinds:
         for size in args.sizes:
             r = measure(kind, size, args.repeats)
             rows.append(r)
-            print(f"{kind:<10} {r['family']:<7} {size:<5} {r['tokens']:>6} {r['gradient_s']:>11.4f} {r['dpa_s']:>8.4f} "
+            print(f"{kind:<10} {r['family']:<10} {size:<5} {r['tokens']:>6} {r['gradient_s']:>11.4f} {r['dpa_s']:>8.4f} "
                   f"{r['dpa_over_gradient']:>15.2f}", flush=True)
     if args.out is not None:
         out = {"machine": machine_label(torch.device("cpu")), "dtype": "torch.float32",

@@ -357,6 +357,29 @@ def test_qwen3_next_save_html_names_its_delta_units_and_experts(browser, tmp_pat
                  "heads and delta units", experts=5)
 
 
+def test_nemotron_h_save_html_leaves_the_mlp_layer_without_units(browser, tmp_path):  # noqa: F811
+    """Nemotron-H (a Mamba-2 block, an MLP, attention: one block per layer) on a static page: the rows say their kind,
+    the MLP layer's row has no cells (it has no token mixer), the caption lists heads and scan units only, and the
+    neurons listed are the MLP layer's."""
+    with _static_page(browser, tmp_path, tiny_model("nemotron_h", 2), cells=8) as (page, widget_el, heat, blocked,
+                                                                                  errors):
+        ticks = heat.locator("text.dpa-tick").all_text_contents()
+        assert {"L0 scan", "L1 mlp", "L2 attn"} <= set(ticks), ticks
+        assert heat.locator('rect.dpa-head[data-layer="1"]').count() == 0
+        assert heat.locator('rect.dpa-head[data-layer="0"]').count() == 4
+        captions = widget_el.locator(".dpa-panel .dpa-caption").all_inner_texts()
+        assert any("heads and scan units (layer × unit)" in c for c in captions), captions
+        heat.locator('rect.dpa-head[data-layer="0"][data-head="3"]').hover()
+        assert widget_el.locator(".dpa-hover").inner_text().startswith("scan L0.S3: ")
+        labels = widget_el.locator(".dpa-neuron span:nth-child(2)").all_inner_texts()
+        assert labels and all(t.startswith("L1.N") for t in labels), labels
+        heat.locator('rect.dpa-head[data-layer="2"][data-head="1"]').click()
+        title = widget_el.locator(".dpa-detail .dpa-detail-title").first
+        title.wait_for(timeout=5_000)
+        assert title.inner_text().startswith("head L2.H1 · "), title.inner_text()
+        finish_offline_page(page, widget_el, shots(tmp_path) / "save-html-nemotron-h-1400.png", 1400, errors, blocked)
+
+
 @pytest.mark.parametrize("family", ["mamba2", "mamba"])
 def test_mamba_save_html_has_no_mlp_panel_to_fill(browser, tmp_path, family):  # noqa: F811
     """Mamba-2 and Mamba (three blocks, no attention, no MLP) on a static page: every row is a scan row, a unit's
@@ -376,7 +399,7 @@ def test_mamba_save_html_has_no_mlp_panel_to_fill(browser, tmp_path, family):  #
 
 
 @contextlib.contextmanager
-def _static_page(browser, tmp_path, model):  # noqa: F811
+def _static_page(browser, tmp_path, model, cells=12):  # noqa: F811
     """The model's attribution (edges, neuron positions, effective targets) saved as a static page and opened
     offline at 1400 px, its head heatmap drawn: (page, widget, heatmap, blocked requests, console errors)."""
     result = dpa.attribute(model, None, random_ids(9).tolist(), edges=True, neuron_positions=True,
@@ -386,7 +409,7 @@ def _static_page(browser, tmp_path, model):  # noqa: F811
     try:
         widget_el = page.locator(".dpa-circuit")
         heat = widget_el.locator("svg.dpa-heatmap").first
-        heat.locator("rect.dpa-head").nth(11).wait_for(timeout=30_000)
+        heat.locator("rect.dpa-head").nth(cells - 1).wait_for(timeout=30_000)
         yield page, widget_el, heat, blocked, errors
     finally:
         page.close()

@@ -30,6 +30,7 @@ function headKeys(ctx, svg, data, lay, locked) {
   const down = lay.rowY(Math.min(1, data.n_layers - 1)) >= lay.rowY(0) ? 1 : -1;  // which way the layers run
   const mark = () => {
     svg.querySelectorAll(".dpa-cursor").forEach((n) => n.classList.remove("dpa-cursor"));
+    if (unitKind(data, cur[0]) === "mlp") return ctx.setHover(`L${cur[0]} is an MLP layer: no units`);
     svg.querySelector(`rect.dpa-head[data-layer="${cur[0]}"][data-head="${cur[1]}"]`)?.classList.add("dpa-cursor");
     ctx.setHover(`${unitKind(data, cur[0])} ${headLabel(data, cur[0], cur[1])}: ${formatScore(data.head_scores[cur[0]][cur[1]])} summed over positions` +
       " · Enter selects");
@@ -46,6 +47,7 @@ function headKeys(ctx, svg, data, lay, locked) {
     },
     mark,
     act: () => {
+      if (unitKind(data, cur[0]) === "mlp") return;
       const same = locked && locked[0] === cur[0] && locked[1] === cur[1];
       ctx.ui.headCursor = cur;
       ctx.setTrait("selected_head", same ? null : [cur[0], cur[1]]);
@@ -75,6 +77,7 @@ export function headsView(ctx) {
   const locked = ctx.get("selected_head");
   const routed = routedHeads(ctx);
   for (const c of lay.cells) {
+    if (unitKind(data, c.layer) === "mlp") continue;  // a layer whose one block is an MLP (Nemotron-H's): no units
     const v = scores[c.layer][c.head];
     const isSel = locked && locked[0] === c.layer && locked[1] === c.head;
     const r = h("rect", {
@@ -107,7 +110,7 @@ export function headsView(ctx) {
         [h("title", { text: `KV group ${g}: heads ${g * lay.groupSize}–${(g + 1) * lay.groupSize - 1} share keys and values` })]));
     }
   }
-  const others = [...new Set((data.layer_kinds ?? []).filter((k) => k !== "head"))].join(", ");
+  const others = [...new Set((data.layer_kinds ?? []).filter((k) => k !== "head" && k !== "mlp"))].join(", ");
   const heads = !mixed || data.layer_kinds.includes("head");  // (Mamba-2's layers: scan units alone)
   const what = !mixed ? "heads (layer × head)" : heads ? `heads and ${others} units (layer × unit)` : `${others} units (layer × unit)`;
   const title = (cmp.level === "component" ? `heads · ${cmp.method}` : what) + " · summed over positions";
