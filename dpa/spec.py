@@ -97,6 +97,15 @@ class ModelSpec:
         return any(k != "attention" for k in self.layer_kinds)
 
     @property
+    def non_attention(self) -> str:
+        """The layers that are not attention, for refusals: "scan layers", "conv layers", and "layers whose one
+        block is an MLP" (Nemotron-H's)."""
+        kinds = sorted(set(self.layer_kinds) - {"attention", MLP_LAYER})
+        parts = ([f"{', '.join(kinds)} layers"] if kinds else []) + (
+            ["layers whose one block is an MLP"] if MLP_LAYER in self.layer_kinds else [])
+        return " and ".join(parts)
+
+    @property
     def expert_slots(self) -> int:
         """Expert scores per layer: the routed experts, then the shared expert where there is one."""
         return self.n_experts + (1 if self.d_shared else 0)

@@ -180,6 +180,37 @@ class _KeepFloat64(torch.overrides.TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+SCORES = ("token_scores", "head_scores", "neuron_scores", "expert_scores", "edge_scores")
+
+
+def check_batch_lean_and_float32(model, target: int, float32: bool = True) -> None:
+    """A padded batch of three prompts (11, 6 and 1 tokens) gives each prompt its scores alone (edges too), lean
+    memory the full run's, and a float32 copy the float64 scores to float32's rounding: the per-family files of the
+    hybrids call it on their tiny model."""
+    import copy
+
+    import dpa
+
+    prompts = [random_ids(11, seed=1), random_ids(6, seed=2), random_ids(1, seed=3)]
+    batch = dpa.attribute(model, None, prompts, target=target, edges=True)
+    for p, res in zip(prompts, batch):
+        alone = dpa.attribute(model, None, p, target=target, edges=True)
+        for name in SCORES:
+            if getattr(alone, name) is not None:
+                torch.testing.assert_close(getattr(res, name), getattr(alone, name), rtol=1e-9, atol=1e-11)
+        assert res.bias_share == pytest.approx(alone.bias_share, rel=1e-9, abs=1e-12)
+    ids = random_ids(13)  # (not a multiple of a Mamba-2 block's chunk of 4)
+    lean = dpa.attribute(model, None, ids, target=target, memory="lean")
+    full = dpa.attribute(model, None, ids, target=target, memory="full")
+    for name in SCORES[:4]:
+        if getattr(full, name) is not None:
+            torch.testing.assert_close(getattr(lean, name), getattr(full, name), rtol=1e-12, atol=1e-14)
+    if float32:
+        narrow = dpa.attribute(copy.deepcopy(model).float(), None, ids, target=target)
+        for name in SCORES[:3]:
+            torch.testing.assert_close(getattr(narrow, name).double(), getattr(full, name), rtol=1e-4, atol=1e-5)
+
+
 def hf_logits(model, ids: torch.Tensor, **kwargs) -> torch.Tensor:
     """``model(ids).logits``; where the forward casts a float64 model's logits to float32 (Mamba-2's ``.float()``
     after its lm_head), the lm_head's output before that cast (checked to be what was cast)."""

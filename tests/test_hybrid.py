@@ -221,7 +221,7 @@ def test_the_benchmark_runs_what_a_hybrid_has_and_refuses_head_ablations_before_
     neurons = evaluate(model, tok, Settings(unit="component", component_units="neurons", methods=("dpa",), **common),
                        tmp_path / "neurons", progress=False, figures=False)
     assert neurons["n_evaluated"] == inputs["n_evaluated"]
-    with pytest.raises(dpa.UnsupportedModelError, match=f"{kind} layers without attention probabilities"):
+    with pytest.raises(dpa.UnsupportedModelError, match=f"{kind} layers, without attention probabilities"):
         evaluate(model, tok, Settings(unit="component", methods=("dpa",), **common), tmp_path / "heads",
                  progress=False, figures=False)
     assert not (tmp_path / "heads").exists() or not any((tmp_path / "heads").iterdir())

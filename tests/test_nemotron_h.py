@@ -22,7 +22,7 @@ import torch
 import dpa
 from dpa.families import layer_modules
 
-from .conftest import random_ids, tiny_model
+from .conftest import check_batch_lean_and_float32, random_ids, tiny_model
 from .test_hybrid import _state
 
 TARGET = 5
@@ -83,19 +83,7 @@ def test_the_squared_relu_is_linearised_with_its_ratio_frozen(model):
 
 
 def test_a_padded_batch_float32_and_lean_memory(model):
-    prompts = [random_ids(11, seed=1), random_ids(6, seed=2), random_ids(1, seed=3)]
-    batch = dpa.attribute(model, None, prompts, target=TARGET, edges=True)
-    for p, res in zip(prompts, batch):
-        alone = dpa.attribute(model, None, p, target=TARGET, edges=True)
-        for name in ("token_scores", "head_scores", "neuron_scores", "edge_scores"):
-            torch.testing.assert_close(getattr(res, name), getattr(alone, name), rtol=1e-9, atol=1e-11)
-    ids = random_ids(13)
-    lean = dpa.attribute(model, None, ids, target=TARGET, memory="lean")
-    full = dpa.attribute(model, None, ids, target=TARGET, memory="full")
-    torch.testing.assert_close(lean.neuron_scores, full.neuron_scores, rtol=1e-12, atol=1e-14)
-    narrow = dpa.attribute(copy.deepcopy(model).float(), None, ids, target=TARGET)
-    torch.testing.assert_close(narrow.token_scores.double(), full.token_scores, rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(narrow.neuron_scores.double(), full.neuron_scores, rtol=1e-4, atol=1e-5)
+    check_batch_lean_and_float32(model, TARGET)
 
 
 def test_the_circuit_and_mibs_graph_have_no_node_of_a_block_a_layer_lacks(model):
@@ -128,7 +116,8 @@ def test_the_benchmark_and_verification_run_what_the_model_has(model, tmp_path):
     neurons = evaluate(model, tok, Settings(unit="component", component_units="neurons", methods=("dpa",), **common),
                        tmp_path / "neurons", progress=False, figures=False)
     assert neurons["n_evaluated"] == inputs["n_evaluated"]
-    with pytest.raises(dpa.UnsupportedModelError, match="scan layers without attention probabilities"):
+    with pytest.raises(dpa.UnsupportedModelError,
+                       match="scan layers and layers whose one block is an MLP, without attention probabilities"):
         evaluate(model, tok, Settings(unit="component", methods=("dpa",), **common), tmp_path / "heads",
                  progress=False, figures=False)
     res = dpa.attribute(model, None, random_ids(7), target=TARGET)

@@ -13,14 +13,13 @@ name with the model left as it was.
 
 from __future__ import annotations
 
-import copy
 
 import pytest
 import torch
 
 import dpa
 
-from .conftest import random_ids, tiny_model
+from .conftest import check_batch_lean_and_float32, random_ids, tiny_model
 from .test_hybrid import _lambda_at, _state
 
 TARGET = 5
@@ -96,19 +95,7 @@ def test_delta_edges_are_the_blocks_own_rule_run_one_key_at_a_time(model, monkey
 
 
 def test_a_padded_batch_float32_and_lean_memory(model):
-    prompts = [random_ids(11, seed=1), random_ids(6, seed=2), random_ids(1, seed=3)]
-    batch = dpa.attribute(model, None, prompts, target=TARGET, edges=True)
-    for p, res in zip(prompts, batch):
-        alone = dpa.attribute(model, None, p, target=TARGET, edges=True)
-        for name in ("token_scores", "head_scores", "neuron_scores", "expert_scores", "edge_scores"):
-            torch.testing.assert_close(getattr(res, name), getattr(alone, name), rtol=1e-9, atol=1e-11)
-    ids = random_ids(13)
-    lean = dpa.attribute(model, None, ids, target=TARGET, memory="lean")
-    full = dpa.attribute(model, None, ids, target=TARGET, memory="full")
-    torch.testing.assert_close(lean.head_scores, full.head_scores, rtol=1e-12, atol=1e-14)
-    narrow = dpa.attribute(copy.deepcopy(model).float(), None, ids, target=TARGET)
-    torch.testing.assert_close(narrow.token_scores.double(), full.token_scores, rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(narrow.head_scores.double(), full.head_scores, rtol=1e-4, atol=1e-5)
+    check_batch_lean_and_float32(model, TARGET)
 
 
 def test_the_agreement_check_reads_the_call_and_allows_the_modules_own_rounding(monkeypatch):

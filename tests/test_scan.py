@@ -20,7 +20,7 @@ import torch
 import dpa
 from dpa.families import layer_modules
 
-from .conftest import random_ids, tiny_model
+from .conftest import check_batch_lean_and_float32, random_ids, tiny_model
 from .test_families_autograd import autograd_scores, pre_cap_logits
 from .test_hybrid import _state
 
@@ -80,13 +80,7 @@ def test_the_report_says_which_weights_conserve_on_a_model_of_scans():
 
 
 def test_a_padded_batch_gives_each_prompt_its_scores_alone(model):
-    prompts = [random_ids(11, seed=1), random_ids(6, seed=2), random_ids(1, seed=3)]
-    batch = dpa.attribute(model, None, prompts, target=TARGET, edges=True)
-    for p, res in zip(prompts, batch):
-        alone = dpa.attribute(model, None, p, target=TARGET, edges=True)
-        for name in ("token_scores", "head_scores", "neuron_scores", "edge_scores"):
-            torch.testing.assert_close(getattr(res, name), getattr(alone, name), rtol=1e-9, atol=1e-11)
-        assert res.bias_share == pytest.approx(alone.bias_share, rel=1e-9, abs=1e-12)
+    check_batch_lean_and_float32(model, TARGET, float32=False)
 
 
 def test_lean_memory_effective_targets_and_neuron_positions(model):

@@ -54,7 +54,7 @@ def layout_problem(spec) -> str | None:
     are a gain times r, before and/or after each block."""
     parts: Family = spec.parts
     if spec.mixed:
-        return f"token mixers other than attention ({', '.join(sorted(set(spec.layer_kinds) - {'attention'}))} layers)"
+        return f"layers other than attention ({spec.non_attention})"
     if getattr(parts, "moe", None) is not None:
         return "a mixture of experts in place of the MLP"
     if parts.activation is None:

@@ -124,12 +124,11 @@ def check_ablation(settings: Settings, spec: ModelSpec) -> None:
         return
     neurons = bool(spec.d_mlp or spec.n_experts)
     if settings.component_units != "neurons" and spec.mixed:
-        kinds = ", ".join(sorted(set(spec.layer_kinds) - {"attention"}))
         runs = ("the input benchmark (unit='input') and the neurons alone (component_units='neurons') run on it"
                 if neurons else "the input benchmark (unit='input') runs on it")
         raise UnsupportedModelError(
-            f"the component benchmark ablates attention edges and heads, and {spec.family} has {kinds} layers without "
-            f"attention probabilities; {runs}")
+            f"the component benchmark ablates attention edges and heads, and {spec.family} has {spec.non_attention}, "
+            f"without attention probabilities; {runs}")
     if not neurons:
         raise UnsupportedModelError(f"the component benchmark's neurons are MLP neurons, and {spec.family}'s layers "
                                     "have no MLP; the input benchmark (unit='input') runs on it")
