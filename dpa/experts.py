@@ -24,8 +24,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from .families import LayerModules
-from .functions import ACTIVATION_RATIO, Branch, LinearisedActivation, Tap
+from .families import LayerModules, own_forward
+from .functions import ACTIVATION_RATIO, Branch, LinearisedActivation, Tap, agreeing
 from .guard import wrap
 
 
@@ -94,7 +94,13 @@ class LinearisedExperts:
         the neuron tap u . grad_u. GPT-OSS's clamped GLU: act as above, and up' = min(max(u, -limit), limit) + 1,
         linearised as u * rho(u) (rho frozen) plus the constant 1, an input no token owns (bias share)."""
         mu = self.mu
-        own = self.act_value if self.clamped else (act or self.experts.act_fn).forward
+        if self.clamped:  # (GPT-OSS's: written inline, no activation module)
+            own = self.act_value
+        else:
+            module = act or self.experts.act_fn
+            own = module.forward
+            if own_forward(module):  # code not transformers': checked on every call
+                own = agreeing(own, lambda s: s * self.ratio(s), f"an expert's {type(module).__name__}")
         if mu.gate == 0:
             with torch.no_grad():
                 a = own(gate)

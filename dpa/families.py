@@ -168,6 +168,10 @@ def _check_modules(model: nn.Module, family: Family) -> None:
         raise UnsupportedModelError(f"unsupported module: {family.layers} holds {n} layers, while the config's "
                                     f"num_hidden_layers is {model.config.num_hidden_layers}; dpa attributes the layers "
                                     "the model runs, so the two must agree (set num_hidden_layers when removing layers)")
+    if getattr(get(model, family.embed), "max_norm", None) is not None:
+        raise UnsupportedModelError(
+            f"unsupported module: {family.embed} has max_norm={get(model, family.embed).max_norm}: an embedding with "
+            "a max_norm rescales its weight's rows in place on every forward, so attributing would change the model")
     if not is_projection(unembed):
         raise UnsupportedModelError(f"unsupported module: {family.unembed} is {why_not_projection(unembed)}; dpa "
                                     "reads the unembedding's weight for the target direction")
@@ -197,6 +201,7 @@ def _check_modules(model: nn.Module, family: Family) -> None:
                                     f"{family.model_type} layer ({err}{kind}); dpa reads and linearises them by "
                                     "name") from None
     _check_own_forwards(model, family, layers)
+    _check_dispatch(model.config, family, layers, kinds)
     where: dict[int, str] = {}
     for i, layer in enumerate(layers):  # dpa's rules and taps are per module object: one object, one place
         for name, m in layer.named_modules(remove_duplicate=False):
@@ -207,6 +212,26 @@ def _check_modules(model: nn.Module, family: Family) -> None:
                                             "scores each place of the model apart, so a module used twice would get "
                                             "one place's scores for both: give each place its own copy "
                                             "(copy.deepcopy) before attributing")
+
+
+def _check_dispatch(config, family: Family, layers, kinds: tuple[str, ...]) -> None:
+    """A hybrid's decoder layer runs the block its own record names (transformers' ``block_type``, the config's
+    layer type when it was built; LFM2's ``is_attention_layer``), while dpa reads each layer's kind from the config:
+    an attribute edited since (or a config edited since) would have the layer run one block and dpa linearise
+    another. Refused by name."""
+    types = list(getattr(config, "layer_types", None) or [])
+    for i, layer in enumerate(layers):
+        own = layer.__dict__.get("block_type")
+        if isinstance(own, str) and i < len(types) and own != types[i]:
+            raise UnsupportedModelError(
+                f"unsupported model: layers[{i}].block_type is {own!r}, while the config's layer_types[{i}] is "
+                f"{types[i]!r}; the layer runs the block its block_type names and dpa reads the config's (a layer or "
+                "a config edited after loading?): make the two agree, or load the model again")
+        flag = layer.__dict__.get("is_attention_layer")
+        if isinstance(flag, bool) and flag != (kinds[i] == "attention"):
+            raise UnsupportedModelError(
+                f"unsupported model: layers[{i}].is_attention_layer is {flag}, while the config makes it a {kinds[i]} "
+                "layer; the layer runs the block its flag names and dpa reads the config's: make the two agree")
 
 
 def _check_own_forwards(model: nn.Module, family: Family, layers) -> None:
@@ -330,8 +355,15 @@ def _checked_spec(model: nn.Module, config, family: Family) -> ModelSpec:
             d_shared = shared_width(layers, family)
         d_mlp = n_experts * d_expert + d_shared
     else:
-        with_mlp = next((layer for layer, kind in zip(layers, kinds) if family.on_layer(kind).mlp), None)
-        d_mlp = in_features(get(with_mlp, family.neurons)) if with_mlp is not None else 0  # (Mamba-2: no MLP)
+        with_mlp = [(i, layer) for i, (layer, kind) in enumerate(zip(layers, kinds)) if family.on_layer(kind).mlp]
+        d_mlp = in_features(get(with_mlp[0][1], family.neurons)) if with_mlp else 0  # (Mamba-2: no MLP)
+        for i, layer in with_mlp:  # one row of neuron scores per layer: every MLP as wide
+            if in_features(get(layer, family.neurons)) != d_mlp:
+                raise UnsupportedModelError(
+                    f"unsupported model: layers[{i}].{family.neurons} reads {in_features(get(layer, family.neurons))} "
+                    f"neurons, while layers[{with_mlp[0][0]}]'s reads {d_mlp}; dpa scores every layer's neurons in one "
+                    "row of the same width, so MLPs of different widths (a model pruned layer by layer?) are not "
+                    "supported")
     spec = ModelSpec(
         family=family.model_type, parts=family,
         n_layers=config.num_hidden_layers, d_model=config.hidden_size, d_mlp=d_mlp,
@@ -362,7 +394,9 @@ def _checked_spec(model: nn.Module, config, family: Family) -> ModelSpec:
 
 
 # The attention modules' own copies of the head layout and soft-cap (what their forward runs with), by attribute name.
-_ATTENTION_SETTINGS = {"head_dim": lambda s: s.d_head, "head_size": lambda s: s.d_head, "num_heads": lambda s: s.n_heads,
+_ATTENTION_SETTINGS = {"is_causal": lambda s: True,  # (False: transformers' sdpa and flash kernels attend both ways)
+                       "head_dim": lambda s: s.d_head, "head_size": lambda s: s.d_head,
+                       "num_heads": lambda s: s.n_heads,
                        "num_attention_heads": lambda s: s.n_heads, "num_key_value_heads": lambda s: s.n_kv_heads,
                        "num_key_value_groups": lambda s: s.n_heads // s.n_kv_heads}
 
@@ -409,6 +443,11 @@ def _check_attention(layers, family: Family, spec: ModelSpec) -> None:
             have = getattr(attn, name, _ABSENT)
             if have is _ABSENT or isinstance(have, (nn.Module, torch.Tensor)):
                 continue
+            if name == "is_causal" and have is not True:
+                raise UnsupportedModelError(
+                    f"unsupported model: layers[{i}].{family.attention}.is_causal is {have!r}: transformers' attention "
+                    "kernels read it, and the module would attend to later positions too, while dpa's rules, edges and "
+                    "ablations are those of causal attention (a module edited after loading?)")
             if have != value(spec):
                 raise UnsupportedModelError(
                     f"unsupported model: layers[{i}].{family.attention}.{name} is {have!r}, while the config gives "

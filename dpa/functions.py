@@ -42,6 +42,34 @@ ACTIVATION_RATIO: dict[str, Callable[[Tensor], Tensor]] = {
 }
 
 
+def agreeing(own: Callable[[Tensor], Tensor], rule: Callable[[Tensor], Tensor],
+             what: str) -> Callable[[Tensor], Tensor]:
+    """``own`` (a module's forward whose code is not transformers': a class of someone else's, a patch), checked on
+    every call's own input against ``rule``, the arithmetic dpa's frozen backward is derived for, elementwise to the
+    rounding of the dtype or of float32, the coarser: a module that agrees on the model check's probe but not on this
+    input (an activation or a norm clamped beyond the probe's range) is refused by name, never linearised with
+    another function's rule. ``what`` names it in the refusal."""
+    def run(x: Tensor) -> Tensor:
+        out = own(x)
+        with torch.no_grad():
+            want = rule(x)
+            eps = max(torch.finfo(out.dtype).eps, torch.finfo(torch.float32).eps)  # (float64 models' norms: float32)
+            scale = want.abs() + want.abs().mean(-1, keepdim=True) + x.abs()
+            miss = (out.to(want.dtype) - want).abs() - 64 * eps * scale
+            if bool((miss > 0).any()):
+                from .errors import UnsupportedModelError
+
+                at = int(miss.flatten().argmax())
+                raise UnsupportedModelError(
+                    f"unsupported module: {what} computed {float(out.flatten()[at]):.6g} where the arithmetic dpa's "
+                    f"rule is derived for gives {float(want.flatten()[at]):.6g}, on this call's input "
+                    f"({float(x.flatten()[at]):.6g}); "
+                    "it agreed on the model check's probe but not here (a clamp beyond the probe's range?): dpa "
+                    "refuses rather than linearise another function with this rule")
+        return out
+    return run
+
+
 # --- the three changes and the taps, as autograd Functions (forward: identity on the model's value) ---
 
 class FrozenNorm(torch.autograd.Function):

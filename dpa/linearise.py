@@ -24,8 +24,8 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from .families import LayerModules, ModelSpec, norm_eps, weight_rows
-from .functions import ACTIVATION_RATIO, Branch, FrozenNorm, LinearisedActivation, Tap, is_one
+from .families import LayerModules, ModelSpec, norm_eps, own_forward, weight_rows
+from .functions import ACTIVATION_RATIO, Branch, FrozenNorm, LinearisedActivation, Tap, agreeing, is_one
 from .guard import wrap
 from .mixers import ACTIVATIONS, glu
 from .rules.norm import GAIN, NORM_KINDS
@@ -139,7 +139,10 @@ def freeze_norm(norm: nn.Module, kind: str, factor: float = 1.0,
     beta = None if beta is None else beta.detach()
     arithmetic = NORM_KINDS[kind]
     value = (lambda x: arithmetic(x, gamma, eps)) if beta is None else (lambda x: arithmetic(x, gamma, eps, beta))
-    own = None if replicates(norm, value) else norm.forward
+    if own_forward(norm):  # code not transformers' (a class of someone else's, a patch): checked on every input
+        own = agreeing(norm.forward, lambda x: value(x)[0], f"a {type(norm).__name__} frozen as a {kind} norm")
+    else:
+        own = None if replicates(norm, value) else norm.forward
     gain = GAIN[kind](gamma)
     pull = gain if factor == 1 else gain * factor
     share = None if beta is None else beta * factor
@@ -265,6 +268,9 @@ def linearise_layer(session, i: int, mods: LayerModules, hook, override) -> None
     # the module's own forward gives the value; an MLP calling its activation as a function (LFM2) is run as
     # down(act(gate x) * up x) through its own projections, checked to be its value bit for bit (mixers.glu)
     own = mods.activation.forward if mods.activation is not None else ACTIVATIONS[spec.activation]
+    if mods.activation is not None and own_forward(mods.activation):  # code not transformers': checked on every call
+        own = agreeing(own, lambda s: s * ratio(s),
+                       f"layers[{i}]'s {type(mods.activation).__name__} (as {spec.activation})")
 
     def act(s):
         if store is not None:

@@ -666,3 +666,61 @@ def test_a_compiled_model_is_refused_as_compiled():
     model = torch.compile(tiny_model("llama", 2))
     with pytest.raises(ModelStateError, match="is a torch.compile'd module"):
         attribute(model)
+
+
+class _ClampedSilu(nn.Module):
+    """SiLU on the model check's probe ([-8, 8]) and beyond it up to 9; clamped at 9 past that."""
+
+    def forward(self, s):
+        return torch.nn.functional.silu(s.clamp(max=9.0))
+
+
+class _ClampedRMSNorm(nn.Module):
+    """An RMSNorm whose input is clamped to +-15 first (an fp16-style safety clamp): the arithmetic on the probe."""
+
+    def __init__(self, norm):
+        super().__init__()
+        self.weight, self.variance_epsilon = norm.weight, norm.variance_epsilon
+
+    def forward(self, x):
+        x = x.clamp(-15, 15)
+        return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+
+
+@pytest.mark.parametrize("edit, match", [
+    ("activation clamped beyond the probe", r"layers\[1\]'s _ClampedSilu \(as silu\) computed"),
+    ("norm clamped beyond the probe", r"a _ClampedRMSNorm frozen as a rms norm computed"),
+    ("non-causal attention", r"layers\[0\]\.self_attn\.is_causal is False"),
+    ("embedding with max_norm", r"model\.embed_tokens has max_norm=0\.5"),
+    ("MLPs of two widths", r"layers\[1\]\.mlp\.down_proj reads 20 neurons, while layers\[0\]'s reads 48"),
+])
+def test_what_the_checks_probe_is_also_checked_on_the_call(edit, match):
+    """A module that agrees with its rule on the model check's probe but computes another function on a call's own
+    input (a clamp beyond the probe's range) is refused on that call, as are module settings no probe sees: a
+    non-causal attention module (transformers' kernels attend both ways), an embedding that renormalises its rows in
+    place, MLPs of different widths. The model is left as it was."""
+    from transformers.models.llama.modeling_llama import LlamaMLP
+
+    model = tiny_model("llama", 2)
+    layers = model.model.layers
+    if edit == "activation clamped beyond the probe":
+        layers[1].mlp.act_fn = _ClampedSilu()
+        layers[1].mlp.gate_proj.weight.data.mul_(80)  # pre-activations beyond 9 on this input
+    elif edit == "norm clamped beyond the probe":
+        layers[1].post_attention_layernorm = _ClampedRMSNorm(layers[1].post_attention_layernorm)
+        model.model.embed_tokens.weight.data.mul_(60)
+    elif edit == "non-causal attention":
+        layers[0].self_attn.is_causal = False
+    elif edit == "embedding with max_norm":
+        old = model.model.embed_tokens
+        model.model.embed_tokens = nn.Embedding(96, 32, max_norm=0.5, dtype=torch.float64)
+        model.model.embed_tokens.weight = old.weight
+    else:
+        layers[1].mlp = LlamaMLP(model.config).double()
+        layers[1].mlp.gate_proj, layers[1].mlp.up_proj = (nn.Linear(32, 20, bias=False, dtype=torch.float64)
+                                                          for _ in range(2))
+        layers[1].mlp.down_proj = nn.Linear(20, 32, bias=False, dtype=torch.float64)
+    before = state(model)
+    with pytest.raises(UnsupportedModelError, match=match):
+        attribute(model, weights=dpa.PathWeights(0, 0, 1, 0.5, 0.5))
+    assert_state(model, before)

@@ -351,3 +351,19 @@ def test_a_layer_appended_without_the_config_is_refused_by_name():
     model.model.layers.append(copy.deepcopy(model.model.layers[1]))
     with pytest.raises(dpa.UnsupportedModelError, match="holds 4 layers, while the config's num_hidden_layers is 3"):
         dpa.attribute(model, None, random_ids(5), target=TARGET)
+
+
+@pytest.mark.parametrize("family, attribute, value, match", [
+    ("lfm2", "is_attention_layer", True, r"layers\[0\]\.is_attention_layer is True, while the config makes it a conv"),
+    ("bamba", "block_type", "full_attention", r"layers\[0\]\.block_type is 'full_attention'"),
+    ("qwen3_next", "block_type", "full_attention", r"layers\[0\]\.block_type is 'full_attention'"),
+])
+def test_a_layers_own_record_of_its_block_must_be_the_configs(family, attribute, value, match):
+    """A hybrid's layer runs the block its own attribute names (set from the config when it was built); dpa reads the
+    config's layer types: an attribute edited since is refused by name, the model left as it was."""
+    model = tiny_model(family, 2)
+    setattr(model.model.layers[0], attribute, value)
+    before = _state(model)
+    with pytest.raises(dpa.UnsupportedModelError, match=match):
+        dpa.attribute(model, None, [random_ids(6, seed=1), random_ids(6, seed=2)], target=TARGET)
+    assert _state(model) == before

@@ -105,7 +105,7 @@ def test_what_needs_an_mlp_or_attention_is_refused_by_name(model, tmp_path):
     inputs = evaluate(model, tok, Settings(unit="input", methods=("dpa", "gradient"), **common), tmp_path / "in",
                       progress=False, figures=False)
     assert set(inputs["methods"]) == {"dpa", "gradient"} and inputs["n_evaluated"] >= 1
-    for units, needle in [("neurons", "layers have no MLP"), ("fine", "scan layers without attention")]:
+    for units, needle in [("neurons", "layers have no MLP"), ("fine", "scan layers, without attention")]:
         settings = Settings(unit="component", component_units=units, methods=("dpa",), **common)
         _refused(model, lambda s=settings: evaluate(model, tok, s, tmp_path / units, progress=False, figures=False),
                  needle, "the input benchmark (unit='input') runs on it")

@@ -177,12 +177,15 @@ def test_what_the_description_does_not_read_is_refused_by_name(overrides, needle
     ("relu activation", r"layers\[1\]\.mixer\.act_fn is a ReLU.* does not compute relu2"),
     ("kinds swapped", r"layers\[1\] does not have the modules .* makes it an attention layer"),
     ("mlp where the config says attention", r"layers\[2\] does not have the modules .*q_proj"),
+    ("block_type edited", r"layers\[0\]\.block_type is 'full_attention', while the config's layer_types\[0\]"),
 ])
 def test_an_edited_model_is_refused_by_name(edit, needle):
     model = tiny_model("nemotron_h")
     layers = model.model.layers
     if edit == "relu activation":
         layers[1].mixer.act_fn = torch.nn.ReLU()
+    elif edit == "block_type edited":  # what the layer's forward dispatches on (two prompts: it would run attention
+        layers[0].block_type = "full_attention"  # on the Mamba-2 block and unpack the batch as its output)
     elif edit == "kinds swapped":  # the config edited after loading: dpa reads each layer's kind there
         model.config.layers_block_type = ["linear_attention", "full_attention", "mlp"]
     else:
