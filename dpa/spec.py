@@ -75,6 +75,15 @@ class ModelSpec:
         """Whether layer ``index`` has an MLP (or experts): not Mamba-2's layers, nor Nemotron-H's mixer layers."""
         return self.parts.on_layer(self.kind(index)).mlp is not None
 
+    def lacks(self, kind: str, layer: int) -> str | None:
+        """Why layer ``layer`` has no unit of ``kind`` ("head": a token mixer's unit; "neuron"), for the refusal of a
+        selection of one (a verification, a neuron's logit effect); None where it has them."""
+        if kind == "head" and not self.mixes(layer):
+            return f"layer {layer} has no token mixer (its one block is an MLP), so no head or unit"
+        if kind == "neuron" and self.d_mlp and not self.has_mlp(layer):
+            return f"layer {layer} has no MLP (its one block is a token mixer), so no neuron"
+        return None
+
     @property
     def mixing_layers(self) -> tuple[int, ...]:
         """The layers with a token mixer (``mixes``): every layer but Nemotron-H's MLP layers."""

@@ -275,11 +275,28 @@ class CircuitWidget(UserTraits, anywidget.AnyWidget):
 
     @t.validate("selected_head")
     def _valid_head(self, proposal):
-        return self._in_range(proposal["value"], self._data.get("n_layers", 0), self._data.get("n_heads", 0), "head")
+        value = self._in_range(proposal["value"], self._data.get("n_layers", 0), self._data.get("n_heads", 0), "head")
+        return self._exists(value, "head")
 
     @t.validate("selected_neuron")
     def _valid_neuron(self, proposal):
-        return self._in_range(proposal["value"], self._data.get("n_layers", 0), self._data.get("d_mlp", 0), "neuron")
+        value = self._in_range(proposal["value"], self._data.get("n_layers", 0), self._data.get("d_mlp", 0), "neuron")
+        return self._exists(value, "neuron")
+
+    def _exists(self, value, what: str):
+        """A unit of a block its layer has (Nemotron-H's layers hold one block): known from the model, or, for a
+        head on a static page, from the layer's kind."""
+        if value is None:
+            return value
+        if self.model is not None:
+            missing = dpa.spec_for(self.model).lacks(what, value[0])
+        else:
+            kinds = self._data.get("layer_kinds") or []
+            missing = (f"layer {value[0]} has no token mixer (its one block is an MLP), so no head or unit"
+                       if what == "head" and value[0] < len(kinds) and kinds[value[0]] == "mlp" else None)
+        if missing:
+            raise TraitValueError(f"selected_{what} {list(value)}: {missing}")
+        return value
 
     @t.validate("selected_expert")
     def _valid_expert(self, proposal):

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+import dpa
 from dpa import Attribution, InputError, UnsupportedModelError
 from dpa.checks import check_choice
 
@@ -101,6 +102,11 @@ def _components(model: nn.Module, result: Attribution, mode: str, heads: list[tu
     n_layers, n_heads = result.head_scores.shape
     d_mlp = result.neuron_scores.shape[1]
     _check_ablatable(result, mode, heads)
+    spec = dpa.spec_for(model)
+    for kind, units in (("head", heads), ("neuron", neurons)):  # (Nemotron-H's layers of one block)
+        missing = next((f"{spec.lacks(kind, l)} {i} to ablate" for l, i in units if spec.lacks(kind, l)), None)
+        if missing:
+            raise InputError(missing + "; select a unit of a layer that has it")
     chosen_h = torch.zeros(n_layers, n_heads, dtype=torch.bool)
     chosen_n = torch.zeros(n_layers, d_mlp, dtype=torch.bool)
     for l, h in heads:
@@ -129,9 +135,8 @@ def _check_ablatable(result: Attribution, mode: str, heads: list[tuple[int, int]
     mixers = sorted({k for k in result.layer_kinds if k not in ("head", MLP_LAYER)})
     for layer, head in heads:
         kind = result.layer_kinds[layer]
-        if kind == MLP_LAYER:
-            raise InputError(f"layer {layer} has no token mixer (its one block is an MLP), so no unit {head} to "
-                             "ablate: select a head of an attention layer, or a neuron")
+        if kind == MLP_LAYER:  # (no unit at all: the model's check, in _components, names it)
+            continue
         if kind != "head":
             raise UnsupportedModelError(f"L{layer}.{UNIT_LETTERS[kind]}{head} is a {kind} unit: verification by "
                                         "ablation reaches attention heads and neurons only (a mixer block has no "

@@ -130,6 +130,39 @@ def test_the_benchmark_and_verification_run_what_the_model_has(model, tmp_path):
     assert run(model, res, mode="disrupt", units="selection", k=1, head=[2, 1])["units"] == ["L2.H1"]
     out = run(model, res, mode="disrupt", units="top_components", k=4)
     assert all(u.startswith(("L2.H", "L1.N")) for u in out["units"])
+    with pytest.raises(dpa.InputError, match=r"layer 0 has no MLP \(its one block is a token mixer\), so no neuron 5"):
+        run(model, res, mode="disrupt", units="selection", k=1, neuron=[0, 5])
+    assert _state(model) == before
+
+
+def test_units_a_layer_lacks_are_never_selected_ranked_or_ablated(model):
+    """The benchmark's units, the random baseline, the widget's selection and a neuron's logit effect know which
+    layers have heads and which have neurons."""
+    from traitlets import TraitError
+
+    from dpa.baselines import random_component
+    from dpa.evaluate.curves import component_units, unit_layers
+    from dpa.evaluate.prompts import Sample
+    from dpa.lens import neuron_logit_effect
+    from dpa_widgets import CircuitWidget
+
+    spec = dpa.spec_for(model)
+    sample = Sample("x", [4, 20, 40, 60, 7, 9], [True] * 6, 5, None)
+    assert unit_layers(spec) == ((0, 2), (1,))
+    assert component_units(sample, 3, 4, 48, "neurons", layers=unit_layers(spec)).n == 6 * 48
+    coarse = component_units(sample, 3, 4, 48, "coarse", layers=unit_layers(spec))
+    assert (len(coarse.attn_index), len(coarse.neuron_index)) == (8, 48)
+    rand = random_component(model, None, random_ids(6), target=TARGET)
+    assert not rand.neuron_scores[[0, 2]].any() and not rand.head_scores[1].any()
+    res = dpa.attribute(model, None, random_ids(6), target=TARGET)
+    widget = CircuitWidget(res, model, None)
+    with pytest.raises(TraitError, match=r"layer 1 has no token mixer"):
+        widget.selected_head = [1, 1]
+    with pytest.raises(TraitError, match=r"layer 0 has no MLP"):
+        widget.selected_neuron = [0, 3]
+    widget.selected_neuron = [1, 3]
+    with pytest.raises(dpa.InputError, match=r"layer 2 has no MLP"):
+        neuron_logit_effect(model, 2, 3)
 
 
 def test_the_command_line_attributes_a_saved_model(tmp_path, capsys):

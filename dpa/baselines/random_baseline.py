@@ -30,4 +30,7 @@ def random_component(model: nn.Module, tokenizer, prompt: Prompt, target=None, *
     gen = torch.Generator().manual_seed(seed_for(req, check_int("seed", seed)))
     edges = torch.rand(spec.n_layers, spec.n_heads, t, t, generator=gen) * causal(t)
     neurons = torch.rand(spec.n_layers, t, spec.d_mlp, generator=gen)
+    for i in range(spec.n_layers):  # none for a unit a layer lacks (Nemotron-H's layers of one block)
+        edges[i] *= spec.mixes(i)
+        neurons[i] *= spec.has_mlp(i)
     return result(model, req, "random", edge_scores=edges, neuron_position_scores=neurons)

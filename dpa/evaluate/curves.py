@@ -225,9 +225,12 @@ GRANULARITIES = ("fine", "coarse", "edges", "neurons")
 
 def component_units(sample: Sample, n_layers: int, n_heads: int, d_mlp: int,
                     granularity: Literal["fine", "coarse", "edges", "neurons"] = "fine", *,
-                    protocol: Protocol = "clean", method: str | None = None) -> ComponentUnits:
+                    protocol: Protocol = "clean", method: str | None = None,
+                    layers: tuple[tuple[int, ...], tuple[int, ...]] | None = None) -> ComponentUnits:
     """The units of a component run. ``edges`` and ``neurons`` are the fine units of one kind only:
-    the other kind is never ablated (in recovery as in disruption).
+    the other kind is never ablated (in recovery as in disruption). ``layers``: the layers with heads and the
+    layers with neurons, where not every layer has both (``unit_layers``: Nemotron-H's one block per layer); the
+    others' rows hold no unit, so none of theirs is ranked, counted or ablated.
 
     ``protocol="paper"`` gives the paper's unit set for ``method`` (see the module docstring): fine
     edges over every (query, key) pair of context positions, and one kind only for a method in
@@ -259,11 +262,26 @@ def component_units(sample: Sample, n_layers: int, n_heads: int, d_mlp: int,
         attn = edge.expand(n_layers, n_heads, t, t).flatten().nonzero().flatten()
         neuron = context[None, :, None].expand(n_layers, t, d_mlp).flatten().nonzero().flatten()
         units = ComponentUnits((n_layers, n_heads, t, t), (n_layers, t, d_mlp), attn, neuron)
+    if layers is not None:  # only the units that exist: a row of a block the layer lacks holds none
+        for name, shape, have in (("attn_index", units.attn_shape, layers[0]),
+                                  ("neuron_index", units.neuron_shape, layers[1])):
+            index = getattr(units, name)
+            per_layer = math.prod(shape[1:])
+            setattr(units, name, index[torch.isin(index // per_layer, torch.tensor(have, dtype=torch.long))])
     if kind == "edges":
         units.neuron_index = units.neuron_index[:0]
     elif kind == "neurons":
         units.attn_index = units.attn_index[:0]
     return units
+
+
+def unit_layers(spec) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """The layers with heads and the layers with neurons of a model where some layer lacks one of the two blocks
+    (Nemotron-H's: a token mixer or an MLP per layer), for ``component_units``; None where every layer has both."""
+    mlps = tuple(i for i in range(spec.n_layers) if spec.has_mlp(i))
+    if spec.mixing_layers == tuple(range(spec.n_layers)) and (mlps == tuple(range(spec.n_layers)) or not mlps):
+        return None
+    return spec.mixing_layers, mlps
 
 
 def component_scores(attribution: Attribution, units: ComponentUnits) -> Tensor:

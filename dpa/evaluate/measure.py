@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ..families import spec_for
-from .curves import ONE_KIND, ComponentUnits, component_curves, component_units, input_curves
+from .curves import ONE_KIND, ComponentUnits, component_curves, component_units, input_curves, unit_layers
 from .settings import Settings
 
 
@@ -27,9 +27,10 @@ def sample_units(sample, spec, settings: Settings) -> dict[str | None, tuple[Com
     """A sample's (clean, paper) unit sets, keyed by the kind a method scores: None for both kinds,
     or a method of ``ONE_KIND``, whose paper units hold its own kind alone."""
     args = (sample, spec.n_layers, spec.n_heads, spec.d_mlp, settings.component_units)
-    clean = component_units(*args)
+    layers = unit_layers(spec)  # (Nemotron-H's layers of one block: the units that exist)
+    clean = component_units(*args, layers=layers)
     kinds = [None] + [m for m, kind in ONE_KIND.items() if settings.component_units in ("fine", "coarse", kind)]
-    return {m: (clean, component_units(*args, protocol="paper", method=m)) for m in kinds}
+    return {m: (clean, component_units(*args, protocol="paper", method=m, layers=layers)) for m in kinds}
 
 
 def measure(model, tokenizer, settings: Settings, sample, index: int, name: str, fn,

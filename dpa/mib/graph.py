@@ -41,7 +41,8 @@ class Graph:
         """The graph of a checked model (``dpa.request.check_model``)."""
         mlps = bool(spec.d_mlp or spec.n_experts)
         absent = frozenset({(i, 0) for i in range(spec.n_layers) if not spec.mixes(i)}
-                           | {(i, 1) for i in range(spec.n_layers) if mlps and not spec.has_mlp(i)})
+                           | {(i, 1) for i in range(spec.n_layers) if mlps and not spec.has_mlp(i)}
+                           ) if spec.parts.mlp_layers is not None else frozenset()  # (layers of one block)
         return cls(spec.n_layers, spec.n_heads, bool(spec.parallel), mlps, absent)
 
     # --- sizes and indices ---
