@@ -104,7 +104,8 @@ def _components(model: nn.Module, result: Attribution, mode: str, heads: list[tu
     _check_ablatable(result, mode, heads)
     spec = dpa.spec_for(model)
     for kind, units in (("head", heads), ("neuron", neurons)):  # (Nemotron-H's layers of one block)
-        missing = next((f"{spec.lacks(kind, l)} {i} to ablate" for l, i in units if spec.lacks(kind, l)), None)
+        missing = next((f"{spec.lacks(kind, layer)} {i} to ablate" for layer, i in units if spec.lacks(kind, layer)),
+                       None)
         if missing:
             raise InputError(missing + "; select a unit of a layer that has it")
     chosen_h = torch.zeros(n_layers, n_heads, dtype=torch.bool)
