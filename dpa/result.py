@@ -250,7 +250,8 @@ class Attribution(JsonRecord):
         if top_neurons is not None:
             top_neurons = check_int("top_neurons", top_neurons, low=1)
         top = self.neuron_top if self.neuron_top is None or top_neurons is None else self.neuron_top.smaller(top_neurons)
-        if top_neurons is not None and self.neuron_scores is not None:
+        if top_neurons is not None and self.neuron_scores is not None and self.neuron_scores.shape[1]:  # (none to
+            # keep a top of where the layers have no MLP, Mamba-2's: the empty rows are written as they are)
             top = NeuronTop.of(self.neuron_scores, top_neurons)
             out["neuron_scores"] = None
             out["neuron_position_scores"] = None

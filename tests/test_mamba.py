@@ -251,3 +251,13 @@ def test_a_mib_graph_too_large_to_build_is_refused_by_name(model):
 
     spec = replace(dpa.spec_for(model), n_layers=24, n_heads=1536)
     _refused(model, lambda: check_graph_run(model, spec), "36,889 writers and 110,617 readers", "dpa.circuit")
+
+
+def test_a_result_without_neurons_round_trips_through_json(model, tmp_path):
+    """What ``dpa attribute --json`` writes (the top 16 neurons of each layer) on a model whose layers have no MLP:
+    the empty neuron rows are written as they are, and the file reads back."""
+    res = dpa.attribute(model, None, random_ids(6), target=TARGET)
+    res.to_json(tmp_path / "r.json", top_neurons=16)
+    back = dpa.Attribution.from_json(tmp_path / "r.json")
+    assert back.neuron_scores.shape == (3, 0) and back.layer_kinds == res.layer_kinds
+    torch.testing.assert_close(back.head_scores.double(), res.head_scores.double(), rtol=1e-6, atol=1e-7)
