@@ -213,7 +213,8 @@ def _instrument_layer(session: Session, i: int, mods, hook: Callable, handles: l
         if "branches" in record:  # each branch's part of its (possibly fused) projection's output
             for name, module in mods.branches.items():
                 hook(module, _keep_output(recording.branches, (name, i), functools.partial(mods.output, name)))
-        if "neuron_inputs" in record:
+        if "neuron_inputs" in record and (mods.mlp is not None or not spec.d_mlp):  # (a layer without an MLP in a
+            # model with MLPs, Nemotron-H's: no neurons to record)
             hook(_neurons(mods, spec, "recording neuron inputs"), keep_input(recording.neuron_inputs, i),
                  pre=True)
     if neuron_keep and neuron_keep.get(i) is not None and (mods.mlp is not None or not spec.d_mlp):  # (a layer
@@ -225,8 +226,13 @@ def _instrument_layer(session: Session, i: int, mods, hook: Callable, handles: l
         else:
             hook(_neurons(mods, spec, "ablating neurons"), _mask_input(neuron_keep[i]), pre=True)
     temperature = 1.0 if weights is None else weights.temperature
-    if not mixes:
-        pass
+    if not mixes:  # a layer whose one block is an MLP (Nemotron-H's): no attention to read or ablate
+        keep = (attn_keep or {}).get(i)
+        if explicit or (keep is not None and not bool((keep != 0).all())):
+            raise UnsupportedModelError(
+                f"layers[{i}] has no token mixer (its one block is an MLP, {spec.family}): this computation (the "
+                "gradient baselines, attention maps, ablating its heads) reads or masks every layer's attention "
+                "probabilities, and it has none; dpa.attribute's token, unit and neuron scores cover it")
     elif mods.kind != "attention":  # a mixer block (LFM2's convolution) runs its own forward: no softmax to temper
         keep = (attn_keep or {}).get(i)  # a mask that keeps every edge leaves the block as it is
         if explicit or (keep is not None and not bool((keep != 0).all())):  # alpha asked for, or an edge removed

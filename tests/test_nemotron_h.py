@@ -227,3 +227,24 @@ def test_an_edited_model_is_refused_by_name(edit, needle):
     with pytest.raises(dpa.UnsupportedModelError, match=needle):
         dpa.attribute(model, None, random_ids(6), target=TARGET)
     assert _state(model) == before
+
+
+@pytest.mark.parametrize("pattern", [["full_attention"], ["mlp", "mlp"], ["linear_attention", "mlp", "full_attention"],
+                                     ["full_attention", "mlp"]])
+def test_each_baseline_runs_exactly_what_the_layers_have_or_is_refused_by_name(pattern):
+    """Every baseline either runs or refuses by name on any pattern of layers of one block; a run never scores a unit
+    a layer lacks (activation patching ablates only the units that exist)."""
+    from dpa import baselines
+
+    model = tiny_model("nemotron_h", layers_block_type=pattern, num_hidden_layers=len(pattern))
+    spec = dpa.spec_for(model)
+    for fn in (*baselines.INPUT_METHODS.values(), *baselines.COMPONENT_METHODS.values()):
+        before = _state(model)
+        try:
+            res = fn(model, None, random_ids(5), target=TARGET)
+        except dpa.DPAError:
+            assert _state(model) == before
+            continue
+        for i in range(len(pattern)):
+            assert spec.mixes(i) or not res.head_scores[i].any(), (fn, i)
+            assert spec.has_mlp(i) or not res.neuron_scores[i].any(), (fn, i)

@@ -201,7 +201,8 @@ def forward_internals(model: nn.Module, req: Request, decompose: bool = False) -
             if mods[i].columns.get(name) is not None and out.shape[-1] == weight_rows(mods[i].branches[name]).shape[0]:
                 rec.branches[(name, i)] = mods[i].output(name, out)
         probs = [probs_from_recording(spec, model, req, rec, i) for i in range(spec.n_layers)]
-    layers = [Layer(probs=probs[i], resid_pre=rec.resid[i], resid_mid=rec.mid[i]) for i in range(spec.n_layers)]
+    layers = [Layer(probs=probs[i], resid_pre=rec.resid[i], resid_mid=rec.mid.get(i, rec.resid[i + 1]))  # (a layer
+              for i in range(spec.n_layers)]  # without an MLP: the residual after its attention is its output)
     cap = Internals(layers=layers, embeddings=rec.resid[0], resid_final=rec.resid[spec.n_layers])
     if decompose:
         _decompose(spec, cap, mods, rec.branches, where)

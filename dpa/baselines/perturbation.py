@@ -53,14 +53,20 @@ def _metric(model: nn.Module, req: Request, batch: int, attn: dict, neurons: dic
 
 
 def _unit_batches(spec, t: int, units: str, batch_size: int, device) -> Iterator[tuple[str, Tensor]]:
-    """(kind, flat indices) batches: kind 'attn' indexes [layer head (query key)], 'mlp' [layer (pos) d_mlp]."""
+    """(kind, flat indices) batches: kind 'attn' indexes [layer head (query key)], 'mlp' [layer (pos) d_mlp]; only
+    the units a layer has (none of a block it lacks: Nemotron-H's layers of one block)."""
     if units == "coarse":
-        yield from (("attn", b) for b in torch.arange(spec.n_layers * spec.n_heads, device=device).split(batch_size))
-        yield from (("mlp", b) for b in torch.arange(spec.n_layers * spec.d_mlp, device=device).split(batch_size))
-        return
-    edges = causal(t, device).expand(spec.n_layers, spec.n_heads, t, t).flatten().nonzero().flatten()
-    yield from (("attn", b) for b in edges.split(batch_size))
-    yield from (("mlp", b) for b in torch.arange(spec.n_layers * t * spec.d_mlp, device=device).split(batch_size))
+        attn = torch.arange(spec.n_layers * spec.n_heads, device=device)
+        mlp = torch.arange(spec.n_layers * spec.d_mlp, device=device)
+    else:
+        attn = causal(t, device).expand(spec.n_layers, spec.n_heads, t, t).flatten().nonzero().flatten()
+        mlp = torch.arange(spec.n_layers * t * spec.d_mlp, device=device)
+    for kind, idx, has in (("attn", attn, spec.mixes), ("mlp", mlp, spec.has_mlp)):
+        per_layer = max(1, (spec.n_heads * (1 if units == "coarse" else t * t)) if kind == "attn"
+                        else spec.d_mlp * (1 if units == "coarse" else t))
+        layers = torch.tensor([i for i in range(spec.n_layers) if has(i)], dtype=torch.long, device=device)
+        idx = idx[torch.isin(idx // per_layer, layers)]
+        yield from ((kind, b) for b in idx.split(batch_size) if len(b))
 
 
 def _keeps(kind: str, idx: Tensor, spec, t: int, units: str, dtype) -> dict[int, Tensor]:
