@@ -53,7 +53,9 @@ def check_activations(model: nn.Module, family: Family, kind: str) -> None:
                 other = [k for k in ACTIVATION_RATIO if k != kind and _computes(module, k)]
                 found = f"it computes {other[0]}" if other else "it computes none of " + ", ".join(ACTIVATION_RATIO)
                 raise UnsupportedModelError(
-                    f"unsupported module: layers[{i}].{path} is a {type(module).__name__} that does not compute "
+                    f"unsupported module: layers[{i}].{path} is a {type(module).__name__}"
+                    f"{' whose forward was replaced on the instance' if 'forward' in vars(module) else ''}"
+                    " that does not compute "
                     f"{kind}, the activation the config names ({key}={getattr(model.config, key, None)!r}); {found}. "
                     "dpa linearises the activation the config names, so it refuses rather than attribute with "
                     "another activation's gate rule")
