@@ -264,6 +264,15 @@ def linearise_layer(session, i: int, mods: LayerModules, hook, override) -> None
 
         linearise_experts(session, i, mods, override, f)
         return
+    _linearise_dense_mlp(session, i, mods, hook, override, gate_factor, (store, reduce, neuron_sink), out_bias)
+
+
+def _linearise_dense_mlp(session, i: int, mods: LayerModules, hook, override, gate_factor: float | None,
+                         taps: tuple, out_bias: Callable) -> None:
+    """A dense MLP's activation linearised (its ratio frozen, times the gate's factor; None: cut), the neuron tap on
+    its output where the MLP is not gated, the down projection's bias share, the neuron inputs recorded."""
+    spec, rec, gated = session.spec, session.recording, session.spec.parts.gated
+    store, reduce, neuron_sink = taps
     ratio = ACTIVATION_RATIO[spec.activation]
     # the module's own forward gives the value; an MLP calling its activation as a function (LFM2) is run as
     # down(act(gate x) * up x) through its own projections, checked to be its value bit for bit (mixers.glu)

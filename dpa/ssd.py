@@ -36,7 +36,8 @@ from .functions import Branch
 from .guard import owned
 from .mixers import check_projections, disagreement, own_block
 from .registry import Mixer
-from .spec import ScanShape, factor_columns, shape_of, weight_rows
+from .spec import weight_rows
+from .ssd_shape import ScanShape, factor_columns, shape_of
 
 
 @dataclass(frozen=True)

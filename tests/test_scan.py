@@ -344,7 +344,7 @@ def test_the_widget_payload_names_the_scan_units(model):
 @pytest.mark.parametrize("closed", ["query", "key", "value"])
 def test_mibs_readers_of_a_scan_unit_carry_their_factors(family, closed):
     """MIB's graph gives a scan unit three readers, as a head: the query reads z and C, the key B and the step, the
-    value x (``spec.factor_columns``). DPA's edges into a reader whose factors' paths are all closed vanish, the others
+    value x (``ssd_shape.factor_columns``). DPA's edges into a reader whose factors' paths are all closed vanish, the others
     do not: each reader's gradient is its own factors' (the DPA edges summing to the units' scores is test_mib's). The
     query's z is the gate (mu_gate), the value's x also feeds the skip D x (weight one: D zeroed here)."""
     from dpa.mib.graph import Graph
