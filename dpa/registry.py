@@ -166,7 +166,8 @@ class Family:
     #   read by: spec (LayerModules.branches: linearise, instrument, explicit, mib.forward, baselines.internals),
     #            families
     activation: str | None = "mlp.act_fn"  # None on a dense MLP: its forward calls the activation as a function
-    #   read by: spec (LayerModules.activation: linearise, baselines.internals), module_checks (checks it computes its kind)
+    #   read by: spec (LayerModules.activation: linearise, baselines.internals),
+    #            module_checks (checks it computes its kind)
     heads: str = "self_attn.o_proj"
     #   read by: spec (LayerModules.heads: linearise's head tap, explicit, circuit_graph, mib.forward, verify_circuit),
     #            families
@@ -215,6 +216,9 @@ class Family:
     mixers: tuple[Mixer, ...] = ()  # token mixers other than attention, on the layers the config's layer_types marks
     #   read by: mixers (ModelSpec.layer_kinds, the config's checks), registry (Family.mixer: spec, families, mixers)
     attention_types: tuple[str, ...] = ("full_attention", "sliding_attention")  # the layer_types of its attention
+    #   read by: families (checks the config)
+    refused_types: tuple[tuple[str, str], ...] = ()  # (layer type, why): layer types of this model_type that dpa
+    # knows and does not describe yet, refused with the reason (Nemotron-H's "moe")
     #   read by: families (checks the config)
     multipliers: tuple[tuple[str, str], ...] = ()  # (which, config key): scalars the model's forward multiplies by
     # (Granite's): "embedding", the embeddings after the embedding module; "residual", each block's output before it
@@ -440,6 +444,9 @@ NEMOTRON_H = Family(  # one block per layer after one norm (Mamba-2's layout), b
     mid=None, rotary=None, gated=False, attention_types=("full_attention",), mlp_layers=MLP_LAYER,  # block without
     activation_config=("mlp_hidden_act", (("relu2", "relu2"),)),  # position embeddings, or an MLP relu(up x)^2
     fixed=(("num_nextn_predict_layers", 0, "the multi-token prediction layers are not attributed"),),  # (non-gated)
+    refused_types=(("moe", "Nemotron 3's mixture-of-experts layers (a sigmoid router with a correction bias over "
+                            "grouped experts, squared-ReLU experts, latent projections, a shared expert) are not "
+                            "described yet, nor an MLP layout that differs from layer to layer"),),
     mixers=(Mixer("scan", "linear_attention", module="mixer", in_proj="mixer.in_proj",
                   factors=("value", "key", "query"), heads="mixer.out_proj", biases=("use_bias",), letter="S",
                   rule="scan", book="state-space-duality"),))

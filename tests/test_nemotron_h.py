@@ -190,7 +190,8 @@ def test_the_command_line_attributes_a_saved_model(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("overrides, needle", [
-    (dict(layers_block_type=["linear_attention", "moe", "full_attention"]), r"layer_types\[1\]='moe'"),
+    (dict(layers_block_type=["linear_attention", "moe", "full_attention"]),
+     r"layer_types\[1\]='moe': Nemotron 3's mixture-of-experts layers"),
     (dict(mlp_hidden_act="silu"), "mlp_hidden_act"),
     (dict(use_bias=True), "use_bias"),
     (dict(num_nextn_predict_layers=1), "num_nextn_predict_layers"),
