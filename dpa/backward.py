@@ -92,13 +92,13 @@ class MidNeurons(Readout):
     record = frozenset({"mid", "neuron_inputs"})
 
     def tensors(self, rec, spec):
-        return [rec.mid[i] for i in range(spec.n_layers) if spec.has_mlp(i)]  # (Nemotron-H: its MLP layers')
+        return [rec.mid[i] for i in spec.neuron_layers]  # (Nemotron-H: its MLP layers')
 
     def adjust(self, ctx, grads):
         rec = ctx.session.recording
-        with_mlp = [(i, mods) for i, mods in enumerate(layer_modules(ctx.model, ctx.spec)) if ctx.spec.has_mlp(i)]
-        for (i, mods), grad in zip(with_mlp, grads):
-            lam = grad.to(ctx.dtype) @ weight_rows(mods.neurons).detach().to(ctx.dtype)  # [batch pos d_mlp]
+        mods = layer_modules(ctx.model, ctx.spec)
+        for i, grad in zip(ctx.spec.neuron_layers, grads):
+            lam = grad.to(ctx.dtype) @ weight_rows(mods[i].neurons).detach().to(ctx.dtype)  # [batch pos d_mlp]
             lam = lam * ctx.spec.residual_multiplier  # the MLP's output joins the stream scaled (Granite)
             ctx.scores.parts[("neuron_positions", i)] = [rec.neuron_inputs[i].detach().to(ctx.dtype) * lam]
 

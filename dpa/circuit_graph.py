@@ -111,7 +111,7 @@ class _Recorded:
 def _taps(spec: ModelSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The layers with a unit tap in each block: a token mixer's (all but Nemotron-H's MLP layers), an MLP's or
     experts' (none in Mamba-2's layers, Nemotron-H's MLP layers alone)."""
-    return spec.mixing_layers, tuple(i for i in range(spec.n_layers) if spec.d_mlp and spec.has_mlp(i))
+    return spec.mixing_layers, spec.neuron_layers
 
 
 def _recorded(session, grads: list[Tensor], dtype) -> _Recorded:

@@ -19,6 +19,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from .errors import UnsupportedModelError
 from .rules.norm import rms_scale
 
 
@@ -57,8 +58,6 @@ def agreeing(own: Callable[[Tensor], Tensor], rule: Callable[[Tensor], Tensor],
             scale = want.abs() + want.abs().mean(-1, keepdim=True) + x.abs()
             miss = (out.to(want.dtype) - want).abs() - 64 * eps * scale
             if bool((miss > 0).any()):
-                from .errors import UnsupportedModelError
-
                 at = int(miss.flatten().argmax())
                 raise UnsupportedModelError(
                     f"unsupported module: {what} computed {float(out.flatten()[at]):.6g} where the arithmetic dpa's "

@@ -196,6 +196,8 @@ def _instrument_layer(session: Session, i: int, mods, hook: Callable, handles: l
     model, request, spec = session.model, session.request, session.request.spec
     weights, recording, record = session.weights, session.recording, session.record
     mixes = mods.attention is not None  # (Nemotron-H's MLP layers have no token mixer)
+    neurons = mods.mlp is not None or not spec.d_mlp  # (nor its mixer layers an MLP, in a model with MLPs: their row
+    # of neurons holds none, nothing to record or ablate; a model with no MLP at all is refused by _neurons)
     if mixes and ("rope" in record or explicit or attn_keep is not None):
         handles.append(mods.attention.register_forward_pre_hook(_keep_rope(recording.rope, i),
                                                                 with_kwargs=True))
@@ -213,12 +215,10 @@ def _instrument_layer(session: Session, i: int, mods, hook: Callable, handles: l
         if "branches" in record:  # each branch's part of its (possibly fused) projection's output
             for name, module in mods.branches.items():
                 hook(module, _keep_output(recording.branches, (name, i), functools.partial(mods.output, name)))
-        if "neuron_inputs" in record and (mods.mlp is not None or not spec.d_mlp):  # (a layer without an MLP in a
-            # model with MLPs, Nemotron-H's: no neurons to record)
+        if "neuron_inputs" in record and neurons:
             hook(_neurons(mods, spec, "recording neuron inputs"), keep_input(recording.neuron_inputs, i),
                  pre=True)
-    if neuron_keep and neuron_keep.get(i) is not None and (mods.mlp is not None or not spec.d_mlp):  # (a layer
-        # without an MLP in a model with MLPs, Nemotron-H's: its row of neurons holds none, nothing to ablate)
+    if neuron_keep and neuron_keep.get(i) is not None and neurons:
         if mods.experts is not None and weights is None:  # the experts' neurons, inside dpa's loop
             from .experts import mask_experts
 
@@ -226,20 +226,16 @@ def _instrument_layer(session: Session, i: int, mods, hook: Callable, handles: l
         else:
             hook(_neurons(mods, spec, "ablating neurons"), _mask_input(neuron_keep[i]), pre=True)
     temperature = 1.0 if weights is None else weights.temperature
-    if not mixes:  # a layer whose one block is an MLP (Nemotron-H's): no attention to read or ablate
-        keep = (attn_keep or {}).get(i)
-        if explicit or (keep is not None and not bool((keep != 0).all())):
-            raise UnsupportedModelError(
-                f"layers[{i}] has no token mixer (its one block is an MLP, {spec.family}): this computation (the "
-                "gradient baselines, attention maps, ablating its heads) reads or masks every layer's attention "
-                "probabilities, and it has none; dpa.attribute's token, unit and neuron scores cover it")
-    elif mods.kind != "attention":  # a mixer block (LFM2's convolution) runs its own forward: no softmax to temper
+    if mods.kind != "attention":  # a mixer block (LFM2's convolution) runs its own forward: no softmax to temper;
+        # a layer whose one block is an MLP (Nemotron-H's) has no attention at all
         keep = (attn_keep or {}).get(i)  # a mask that keeps every edge leaves the block as it is
         if explicit or (keep is not None and not bool((keep != 0).all())):  # alpha asked for, or an edge removed
+            what = (f"is a {mods.kind} layer ({spec.family})" if mixes else
+                    f"has no token mixer (its one block is an MLP, {spec.family})")
             raise UnsupportedModelError(
-                f"layers[{i}] is a {mods.kind} layer ({spec.family}): this computation (edge scores, attention "
-                "ablations, the gradient baselines, circuit verification) reads attention probabilities, which a "
-                f"{mods.kind} block does not have; dpa.attribute's token, unit and neuron scores cover it")
+                f"layers[{i}] {what}: this computation (edge scores, attention ablations, the gradient baselines, "
+                "circuit verification) reads attention probabilities, which it does not have; dpa.attribute's token, "
+                "unit and neuron scores cover it")
     elif explicit or attn_keep is not None:
         from .explicit import attention_forward
 

@@ -78,11 +78,15 @@ class ModelSpec:
     def lacks(self, kind: str, layer: int) -> str | None:
         """Why layer ``layer`` has no unit of ``kind`` ("head": a token mixer's unit; "neuron"), for the refusal of a
         selection of one (a verification, a neuron's logit effect); None where it has them."""
-        if kind == "head" and not self.mixes(layer):
-            return f"layer {layer} has no token mixer (its one block is an MLP), so no head or unit"
-        if kind == "neuron" and self.d_mlp and not self.has_mlp(layer):
-            return f"layer {layer} has no MLP (its one block is a token mixer), so no neuron"
+        if kind == "head" and not self.mixes(layer) or kind == "neuron" and self.d_mlp and not self.has_mlp(layer):
+            return lacking(kind, layer)
         return None
+
+    @property
+    def neuron_layers(self) -> tuple[int, ...]:
+        """The layers with MLP neurons (``has_mlp``): none where no layer has an MLP (Mamba-2's), Nemotron-H's MLP
+        layers alone."""
+        return tuple(i for i in range(self.n_layers) if self.d_mlp and self.has_mlp(i))
 
     @property
     def mixing_layers(self) -> tuple[int, ...]:
@@ -177,6 +181,13 @@ class ModelSpec:
 
     def device(self, model: nn.Module) -> torch.device:
         return self.embed(model).weight.device
+
+
+def lacking(kind: str, layer: int) -> str:
+    """The words of a refusal of a unit a layer lacks (``ModelSpec.lacks``; the widget's static page, from the layer's
+    kind alone)."""
+    return (f"layer {layer} has no token mixer (its one block is an MLP), so no head or unit" if kind == "head" else
+            f"layer {layer} has no MLP (its one block is a token mixer), so no neuron")
 
 
 def get(root: nn.Module, path: str) -> nn.Module:

@@ -22,6 +22,7 @@ import traitlets as t
 import dpa
 from dpa import Attribution, request
 from dpa.checks import check_int
+from dpa.spec import lacking
 
 from . import graph, live, payload, verify
 from .bundle import bundle
@@ -292,8 +293,8 @@ class CircuitWidget(UserTraits, anywidget.AnyWidget):
             missing = dpa.spec_for(self.model).lacks(what, value[0])
         else:
             kinds = self._data.get("layer_kinds") or []
-            missing = (f"layer {value[0]} has no token mixer (its one block is an MLP), so no head or unit"
-                       if what == "head" and value[0] < len(kinds) and kinds[value[0]] == "mlp" else None)
+            missing = (lacking(what, value[0]) if what == "head" and value[0] < len(kinds) and kinds[value[0]] == "mlp"
+                       else None)
         if missing:
             raise TraitValueError(f"selected_{what} {list(value)}: {missing}")
         return value

@@ -278,10 +278,10 @@ def component_units(sample: Sample, n_layers: int, n_heads: int, d_mlp: int,
 def unit_layers(spec) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
     """The layers with heads and the layers with neurons of a model where some layer lacks one of the two blocks
     (Nemotron-H's: a token mixer or an MLP per layer), for ``component_units``; None where every layer has both."""
-    mlps = tuple(i for i in range(spec.n_layers) if spec.has_mlp(i))
-    if spec.mixing_layers == tuple(range(spec.n_layers)) and (mlps == tuple(range(spec.n_layers)) or not mlps):
+    every = tuple(range(spec.n_layers))
+    if spec.mixing_layers == every and spec.neuron_layers in (every, ()):
         return None
-    return spec.mixing_layers, mlps
+    return spec.mixing_layers, spec.neuron_layers
 
 
 def component_scores(attribution: Attribution, units: ComponentUnits) -> Tensor:
