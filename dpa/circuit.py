@@ -321,7 +321,7 @@ def circuit(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contras
                          weights=weights, multi_token=multi_token, batch=False)
     spec = req.spec
     identity = ModelIdentity(model)
-    done = backward.run(model, req, {"graph": GraphReadout(nodes, positions, spec.n_experts > 0)})
+    done = backward.run(model, req, {"graph": GraphReadout(nodes, positions, spec.n_experts > 0 and not spec.d_dense)})
     info = backward.attribution(model, req, done, 0)
     g = done.out["graph"]
     return Circuit(nodes=g["nodes"], edges=g["edges"], scores=g["scores"], in_gap=g["in_gap"], bias_in=g["bias_in"],

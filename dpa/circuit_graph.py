@@ -84,8 +84,8 @@ class GraphReadout(backward.Readout):
         """Whose gradients the DPA backward must return: the final residual (t^(L)), every o_proj and down input
         (``_taps``: of the layers that have them)."""
         heads, mlps = _taps(spec)
-        mlp = ([rec.resid[i + 1] for i in mlps] if spec.n_experts  # an expert's G: t at the layer's output; a
-               else [rec.neuron_inputs[i] for i in mlps])  # neuron's: at the down input
+        mlp = [rec.resid[i + 1] if spec.has_experts(i) else rec.neuron_inputs[i]  # an expert's G: t at the layer's
+               for i in mlps]  # output; a neuron's: at the down input
         return [rec.resid[spec.n_layers]] + [rec.head_inputs[i] for i in heads] + mlp
 
     def read(self, ctx: backward.Context, grads: list[Tensor]) -> dict:
@@ -120,16 +120,19 @@ def _recorded(session, grads: list[Tensor], dtype) -> _Recorded:
     heads, mlps = _taps(spec)
     z = {(i, 0): rec.head_inputs[i][0].detach().to(CPU, dtype) for i in heads}
     big = {key: g[0].to(CPU, dtype) for key, g in zip([(i, 0) for i in heads] + [(i, 1) for i in mlps], grads[1:])}
-    if spec.n_experts and spec.residual_multiplier != 1:  # an expert's G at the block's output: t^(i+1) times the
-        big.update({(i, 1): big[(i, 1)] * spec.residual_multiplier for i in mlps})  # scale the layer puts on it
+    experts = [i for i in mlps if spec.has_experts(i)]
+    if spec.residual_multiplier != 1:  # an expert's G at the block's output: t^(i+1) times the scale the layer
+        big.update({(i, 1): big[(i, 1)] * spec.residual_multiplier for i in experts})  # puts on it
     none = lambda width: torch.zeros(t_len, width, dtype=dtype)  # noqa: E731  (a layer without the block)
     per = {0: torch.stack([(z[(i, 0)] * big[(i, 0)]).view(t_len, spec.n_heads, -1).sum(-1) if i in heads
                            else none(spec.n_heads) for i in range(L)])}
-    if spec.n_experts:  # an expert's score from its router tap (the same as its term . t)
-        per[1] = session.scores.expert_positions[0].to(CPU, dtype)
-    else:  # (layers without an MLP, Mamba-2's: no units in their second block)
-        z.update({(i, 1): rec.neuron_inputs[i][0].detach().to(CPU, dtype) for i in mlps})
-        per[1] = torch.stack([z[(i, 1)] * big[(i, 1)] if i in mlps else none(spec.d_mlp) for i in range(L)])
+    z.update({(i, 1): rec.neuron_inputs[i][0].detach().to(CPU, dtype) for i in mlps if i not in experts})
+    width = max((spec.mlp_units(i)[1] for i in range(L)), default=0)  # a row as wide as the widest layer's units
+    # (layers without an MLP, Mamba-2's, have none; a dense layer of a mixed layout, its neurons in the first columns)
+    per[1] = torch.stack([torch.nn.functional.pad(
+        session.scores.expert_positions[0, i].to(CPU, dtype) if i in experts  # an expert's score from its router
+        else z[(i, 1)] * big[(i, 1)] if i in mlps else none(0), (0, width - spec.mlp_units(i)[1] * (i in mlps)))
+        for i in range(L)])  # tap (the same as its term . t)
     return _Recorded(resid={i: rec.resid[i][0].detach().to(CPU, dtype) for i in range(L + 1)},
                      mid={i: m[0].detach().to(CPU, dtype) for i, m in rec.mid.items()}, calls=dict(rec.calls), z=z,
                      big=big, t_final=grads[0][0].to(CPU, dtype), per=per)
@@ -214,9 +217,12 @@ def _select(per: dict[int, Tensor], n_units: int | None, positions: bool, spec: 
     """The units with the largest |score| (all with ``n_units=None``), in graph order: layer, block, position."""
     flat = {b: (per[b] if positions else per[b].sum(1, keepdim=True)) for b in (0, 1)}  # [layer pos|1 unit]
     sizes = [flat[0].numel(), flat[1].numel()]
-    heads, mlps = _taps(spec)  # the units that exist: not a row of a block the layer lacks (Nemotron-H's)
-    exists = [torch.zeros(spec.n_layers, dtype=torch.bool).index_fill_(0, torch.tensor(layers, dtype=torch.long), True)
-              [:, None, None].expand_as(flat[b]).flatten() for b, layers in enumerate((heads, mlps))]
+    heads, mlps = _taps(spec)  # the units that exist: not a row of a block the layer lacks (Nemotron-H's), nor the
+    # columns past a dense layer's neurons in a row as wide as the experts' (a mixed layout)
+    counts = [[spec.n_heads * (i in heads) for i in range(spec.n_layers)],
+              [spec.mlp_units(i)[1] * (i in mlps) for i in range(spec.n_layers)]]
+    exists = [(torch.arange(flat[b].shape[-1])[None, :] < torch.tensor(counts[b])[:, None])[:, None, :]
+              .expand_as(flat[b]).flatten() for b in (0, 1)]
     real = int(sum(e.sum() for e in exists))
     if n_units is None and real > MAX_UNITS:
         raise InputError(f"nodes=None keeps all {real} units of this model and prompt, and the edge matrix "
@@ -228,7 +234,7 @@ def _select(per: dict[int, Tensor], n_units: int | None, positions: bool, spec: 
     for j in picked:
         b = 0 if j < sizes[0] else 1
         layer, pos, index = torch.unravel_index(torch.tensor(j - (0 if b == 0 else sizes[0])), flat[b].shape)
-        kind = ("head", "expert" if spec.n_experts else "neuron")[b]
+        kind = "head" if b == 0 else spec.mlp_units(int(layer))[0]
         p = int(pos) if positions else None
         letter = LETTER[kind] if b or spec.kind(int(layer)) == "attention" else UNIT_LETTERS[spec.kind(int(layer))]
         label = f"L{int(layer)}.{letter}{int(index)}" + (f"@{p}" if positions else "")
@@ -361,8 +367,9 @@ def pullback(session, m, layer: int, block: int, units: list[Node], reads: list[
     t_len = next(iter(resid.values())).shape[0]
     source = resid[layer] if block == 0 or spec.parallel else mid[layer]
     one = block == 1 and all(u.position is not None for u in units)
-    experts = block == 1 and spec.n_experts > 0
-    width = spec.n_heads * spec.unit_width(layer) if block == 0 else spec.d_model if experts else spec.d_mlp
+    experts = block == 1 and spec.has_experts(layer)
+    width = (spec.n_heads * spec.unit_width(layer) if block == 0 else spec.d_model if experts
+             else spec.neuron_width(layer))
     if one:  # each row: the unit's own position
         x = torch.stack([source[u.position:u.position + 1] for u in units])
     else:

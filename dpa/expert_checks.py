@@ -44,13 +44,28 @@ def check_experts(layer: nn.Module, family: Family, i: int) -> None:
                                     f"{family.model_type} description knows {'weight, bias' if moe.router_bias else 'weight'})")
 
 
-def shared_width(layers, family: Family) -> int:
-    """The shared expert's neurons (its down projection's inputs), the same on every layer, with its gate and up
-    projections of as many outputs each (or 2x, fused as [gate | up])."""
+def expert_sizes(layers: list[tuple[int, nn.Module]], family: Family) -> tuple[int, int, int]:
+    """The routed experts' count and neurons each, and the shared expert's neurons, on the sparse layers (index,
+    layer): the same on every one, as one row of expert and neuron scores per layer needs."""
+    sizes = {}
+    for i, layer in layers:
+        experts = get(layer, family.moe.experts)
+        down = experts.down_proj  # [expert d_model d_expert], or [expert d_expert d_model] transposed
+        sizes[i] = (down.shape[0], down.shape[1 if getattr(experts, "is_transposed", False) else 2])
+    if len(set(sizes.values())) > 1:
+        raise UnsupportedModelError(f"unsupported model: the layers' experts differ ((count, neurons) by layer: "
+                                    f"{sizes}); dpa scores every sparse layer's experts in one row of the same width")
+    n, d = next(iter(sizes.values()))
+    return n, d, shared_width(layers, family) if family.moe.shared else 0
+
+
+def shared_width(layers: list[tuple[int, nn.Module]], family: Family) -> int:
+    """The shared expert's neurons (its down projection's inputs), the same on every sparse layer (index, layer),
+    with its gate and up projections of as many outputs each (or 2x, fused as [gate | up])."""
     moe = family.moe
     gate, up, down, _ = (f"{moe.shared}.{p}" for p in moe.shared_parts)
-    width = in_features(get(layers[0], down))
-    for i, layer in enumerate(layers):
+    width = in_features(get(layers[0][1], down))
+    for i, layer in layers:
         rows = {p: weight_rows(get(layer, p)).shape[0] for p in (gate, up)}
         want = {gate: 2 * width} if gate == up else {gate: width, up: width}
         if in_features(get(layer, down)) != width or rows != want:

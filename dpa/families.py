@@ -19,16 +19,17 @@ import torch
 from torch import nn
 
 from .errors import UnsupportedModelError
-from .expert_checks import check_experts, shared_width
+from .expert_checks import check_experts, expert_sizes
 from .guard import checking
-from .mixers import check_mixer, check_mixer_config, every_layer_kind as _kinds, layer_kinds, mixer_layer_types
+from .mixers import (check_mixer, check_mixer_config, every_layer_kind as _kinds, layer_descriptions, layer_kinds,
+                     mixer_layer_types, sparse_layers)
 from .module_checks import check_activations, check_norms
 from .multipliers import check_copies, multipliers
 from .registry import (BRANCHES, FAMILIES, LAYOUTS, LENGTH_DEPENDENT_ROPE, METADATA_KEYS, ROPE_TYPES, Experts,
                        Family)
-from .spec import (UNBOUNDED, LayerModules, ModelSpec, context_length, get, in_features, is_projection, layer_modules,
-                   neuron_direction, norm_eps, own_forward, post_norms, rope_depends_on_length, rope_settings,
-                   rope_switched, unread_parameters, weight_rows, why_not_projection)
+from .rope_config import UNBOUNDED, context_length, rope_depends_on_length, rope_settings, rope_switched
+from .spec import (LayerModules, ModelSpec, get, in_features, is_projection, layer_modules, neuron_direction, norm_eps,
+                   own_forward, post_norms, unread_parameters, weight_rows, why_not_projection)
 from .scan_rules import RULES
 from .state_checks import check_not_compiled, module_state
 
@@ -193,13 +194,15 @@ def _check_modules(model: nn.Module, family: Family) -> None:
             raise UnsupportedModelError(f"unsupported module: {name} is quantized ({p.dtype}); load the model in a "
                                         "float dtype")
     kinds = _kinds(model.config, family, len(layers))
+    sparse = sparse_layers(model.config, family, len(layers))
     at: list[int] = []  # the layer being checked
     try:
-        _check_layers(layers, family, kinds, at)
+        _check_layers(layers, family, layer_descriptions(model.config, family, len(layers)), kinds, at)
     except AttributeError as err:  # a block wrapped or replaced by a module without the family's parts
         i = at[-1] if at else 0
         kind = (f"; the config's layer_types makes it {'an' if kinds[i][0] in 'aeiou' else 'a'} {kinds[i]} layer"
-                if family.mixers else "")
+                if family.mixers else "") + (
+            f"; the config gives it a {'sparse' if sparse[i] else 'dense'} MLP ({family.moe.layers})" if sparse else "")
         raise UnsupportedModelError(f"unsupported module: layers[{i}] does not have the modules of a "
                                     f"{family.model_type} layer ({err}{kind}); dpa reads and linearises them by "
                                     "name") from None
@@ -243,9 +246,10 @@ def _check_own_forwards(model: nn.Module, family: Family, layers) -> None:
     own) may compute something the rules do not describe (a nonlinearity on a block's output, another scale), which
     autograd would then carry through unlinearised. Refused by name. (A mixer block's: ``mixers.own_block``.)"""
     kinds = _kinds(model.config, family, len(layers))
+    described = layer_descriptions(model.config, family, len(layers))
     parts = [("the decoder stack", get(model, family.layers.rsplit(".", 1)[0]))]
     for i, layer in enumerate(layers):
-        on = family.on_layer(kinds[i])
+        on = described[i]
         parts.append((f"layers[{i}]", layer))
         if kinds[i] == "attention":
             parts.append((f"layers[{i}]'s attention", get(layer, family.attention)))
@@ -261,11 +265,12 @@ def _check_own_forwards(model: nn.Module, family: Family, layers) -> None:
                 "another computation; use the model's own class")
 
 
-def _check_layers(layers, model_family: Family, kinds: tuple[str, ...], at: list[int]) -> None:
+def _check_layers(layers, model_family: Family, described: tuple[Family, ...], kinds: tuple[str, ...],
+                  at: list[int]) -> None:
     layer_norm = model_family.norm_kind == "layer"
     for i, layer in enumerate(layers):
         at.append(i)
-        family = model_family.on_layer(kinds[i])  # a mixer layer: its block's paths in the attention's places
+        family = described[i]  # a mixer layer: its block's paths in the attention's places; a dense or sparse MLP
         for branch, path in family.branches.items():
             proj = get(layer, path)
             if not is_projection(proj):
@@ -297,7 +302,7 @@ def _check_layers(layers, model_family: Family, kinds: tuple[str, ...], at: list
     for i, layer in enumerate(layers):  # last: a layer without the family's modules, or compiled, says so first
         at.append(i)
         check_not_compiled(f"{model_family.layers}.{i}", layer)
-        unread = unread_parameters(layer, model_family.on_layer(kinds[i]))
+        unread = unread_parameters(layer, described[i])
         if unread:
             raise UnsupportedModelError(
                 f"unsupported module: layers[{i}] holds parameters outside the modules the {model_family.model_type} "
@@ -349,27 +354,9 @@ def _checked_spec(model: nn.Module, config, family: Family) -> ModelSpec:
     heads = family.on_layer(kind).heads
     d_head = in_features(get(first, heads)) // n_heads if heads else 0
     n_kv_heads = getattr(config, "num_key_value_heads", None) or n_heads
-    n_experts = d_expert = d_shared = 0
-    if family.moe is not None:
-        experts = get(first, family.moe.experts)
-        down = experts.down_proj  # [expert d_model d_expert], or [expert d_expert d_model] transposed
-        n_experts, d_expert = down.shape[0], down.shape[1 if getattr(experts, "is_transposed", False) else 2]
-        if family.moe.shared:
-            d_shared = shared_width(layers, family)
-        d_mlp = n_experts * d_expert + d_shared
-    else:
-        with_mlp = [(i, layer) for i, (layer, kind) in enumerate(zip(layers, kinds)) if family.on_layer(kind).mlp]
-        d_mlp = in_features(get(with_mlp[0][1], family.neurons)) if with_mlp else 0  # (Mamba-2: no MLP)
-        for i, layer in with_mlp:  # one row of neuron scores per layer: every MLP as wide
-            if in_features(get(layer, family.neurons)) != d_mlp:
-                raise UnsupportedModelError(
-                    f"unsupported model: layers[{i}].{family.neurons} reads {in_features(get(layer, family.neurons))} "
-                    f"neurons, while layers[{with_mlp[0][0]}]'s reads {d_mlp}; dpa scores every layer's neurons in one "
-                    "row of the same width, so MLPs of different widths (a model pruned layer by layer?) are not "
-                    "supported")
+    widths = _mlp_widths(layers, layer_descriptions(config, family, len(layers)), family)
     spec = ModelSpec(
-        family=family.model_type, parts=family,
-        n_layers=config.num_hidden_layers, d_model=config.hidden_size, d_mlp=d_mlp,
+        family=family.model_type, parts=family, n_layers=config.num_hidden_layers, d_model=config.hidden_size,
         n_heads=n_heads, n_kv_heads=n_kv_heads, d_head=d_head, rms_eps=norm_eps(get(model, family.final_norm)),
         vocab_size=config.vocab_size, max_positions=context_length(config) if family.context_key else UNBOUNDED,
         qkv_bias=attention is not None and get(attention, family.branches["query"]).bias is not None, qk_norm=family.head_norms is not None,
@@ -378,7 +365,7 @@ def _checked_spec(model: nn.Module, config, family: Family) -> ModelSpec:
         attn_softcap=getattr(config, family.softcap[0], None) if family.softcap else None,
         final_softcap=getattr(config, family.softcap[1], None) if family.softcap else None,
         parallel=bool(getattr(config, family.parallel, False)) if family.parallel else False,
-        n_experts=n_experts, d_expert=d_expert, d_shared=d_shared, layer_kinds=layer_kinds(config, family),
+        **widths, sparse_layers=sparse_layers(config, family, len(layers)), layer_kinds=layer_kinds(config, family),
         unit_widths=tuple(in_features(get(layer, family.on_layer(kind).heads)) // n_heads
                           if family.on_layer(kind).heads else d_head  # (an MLP layer: no units)
                           for layer, kind in zip(layers, kinds)) if family.mixers else (),
@@ -389,11 +376,38 @@ def _checked_spec(model: nn.Module, config, family: Family) -> ModelSpec:
     for path, layout in family.fused:  # the fused projection holds exactly its branches' features
         names = [n for n, p in family.branches.items() if p == path]
         want = sum(spec.n_heads * d_head if n == "query" else spec.n_kv_heads * d_head if n in ("key", "value")
-                   else d_mlp for n in names)
+                   else spec.d_dense or spec.d_mlp for n in names)
         if weight_rows(get(first, path)).shape[0] != want or layout not in LAYOUTS:
             raise UnsupportedModelError(f"unsupported module: {path} has {weight_rows(get(first, path)).shape[0]} "
                                         f"outputs, not the {want} of {', '.join(names)} ({layout})")
     return spec
+
+
+def _mlp_widths(layers, described: tuple[Family, ...], family: Family) -> dict[str, int]:
+    """The widths of the rows of neuron and expert scores (``ModelSpec``'s d_mlp, n_experts, d_expert, d_shared,
+    d_dense): the sparse layers' experts alike (``expert_sizes``), every dense MLP as wide; where both kinds of
+    layer are there (Jamba's, Qwen's mlp_only_layers), a row as wide as the experts', a dense layer's neurons in
+    its first columns."""
+    sparse = [(i, layer) for i, (layer, on) in enumerate(zip(layers, described)) if on.moe is not None]
+    dense = [(i, layer, on.neurons) for i, (layer, on) in enumerate(zip(layers, described))
+             if on.mlp is not None and on.moe is None]
+    n_experts, d_expert, d_shared = expert_sizes(sparse, family) if sparse else (0, 0, 0)
+    d_dense = in_features(get(dense[0][1], dense[0][2])) if dense else 0  # (Mamba-2: no MLP)
+    for i, layer, path in dense:  # one row of neuron scores per layer: every dense MLP as wide
+        if in_features(get(layer, path)) != d_dense:
+            raise UnsupportedModelError(
+                f"unsupported model: layers[{i}].{path} reads {in_features(get(layer, path))} neurons, while "
+                f"layers[{dense[0][0]}]'s reads {d_dense}; dpa scores every layer's neurons in one row of the same "
+                "width, so MLPs of different widths (a model pruned layer by layer?) are not supported")
+    d_sparse = n_experts * d_expert + d_shared
+    if sparse and dense and d_dense > d_sparse:
+        raise UnsupportedModelError(
+            f"unsupported model: the dense layers' MLPs ({', '.join(str(i) for i, _, _ in dense)}) have {d_dense} "
+            f"neurons, more than the {d_sparse} of the experts' layers; dpa writes a dense layer's neurons in the "
+            "first columns of a row as wide as the experts' (every released model's dense MLPs are narrower), so a "
+            "result could not say which columns are a routed expert's and which the shared expert's")
+    return dict(n_experts=n_experts, d_expert=d_expert, d_shared=d_shared, d_mlp=d_sparse or d_dense,
+                d_dense=d_dense if sparse and dense else 0)
 
 
 # The attention modules' own copies of the head layout and soft-cap (what their forward runs with), by attribute name.

@@ -151,8 +151,9 @@ def instrument(model: nn.Module, request: Request, *, weights: PathWeights | Non
     if weights is not None:  # a mixture of experts' router and expert weights filled in (balanced) where unset
         weights = weights.for_model(spec.n_experts > 0, spec.family)
     if spec.n_experts:  # on every call: the experts dpa runs must be all there is (a parameter added since is refused)
-        for i, layer in enumerate(spec.layers(model)):
-            check_experts(layer, spec.parts, i)
+        layers = spec.layers(model)
+        for i in spec.expert_layers:
+            check_experts(layers[i], spec.on_layer(i), i)
     recording = Recording()
     undo: list[Callable[[], None]] = []  # run in reverse, all of them, whatever happens (run_all)
     try:
@@ -320,8 +321,8 @@ def _neurons(mods, spec, what: str):
 
 
 def _mask_input(keep: Tensor) -> Callable:
-    def pre(_module, args):
-        return (args[0] * keep.to(args[0].dtype), *args[1:])
+    def pre(_module, args):  # (a dense layer of a mixed layout: its neurons are the row's first columns)
+        return (args[0] * keep[..., :args[0].shape[-1]].to(args[0].dtype), *args[1:])
     return pre
 
 

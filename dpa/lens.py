@@ -31,8 +31,8 @@ def neuron_logit_effect(model: nn.Module, layer: int, neuron: int) -> Tensor:
     spec = spec_for(model)
     check_int("layer", layer, low=0, high=spec.n_layers - 1)
     check_int("neuron", neuron, low=0, high=spec.d_mlp - 1)
-    if spec.lacks("neuron", layer):
-        raise InputError(f"{spec.lacks('neuron', layer)} {neuron}")
+    if spec.lacks("neuron", layer, neuron):
+        raise InputError(spec.lacks("neuron", layer, neuron))
     down = neuron_direction(layer_modules(model, spec)[layer], spec, neuron) * spec.residual_multiplier  # [d_model]
     gamma = GAIN[spec.parts.norm_kind](spec.final_norm(model).weight)  # the final norm's diagonal
     unembed = spec.unembed(model).weight

@@ -91,12 +91,9 @@ class Scores:
         sizes = {"heads": (b, spec.n_heads), "neurons": (b, spec.d_mlp), "neuron_positions": (b, t, spec.d_mlp)}
 
         def total(kind, layer, shape):
-            parts = self.parts.get((kind, layer))
-            if not parts:
-                return torch.zeros(shape, dtype=self.dtype, device=self.device)
-            out = parts[0].to(self.device, self.dtype)
-            for p in parts[1:]:
-                out = out + p.to(self.device, self.dtype)
+            out = torch.zeros(shape, dtype=self.dtype, device=self.device)  # (a dense layer's neurons in a row as
+            for p in self.parts.get((kind, layer)) or ():  # wide as the experts': its first columns)
+                out[..., :p.shape[-1]] += p.to(self.device, self.dtype)
             return out
 
         self.tokens = total("tokens", None, (b, t))

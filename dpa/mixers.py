@@ -41,6 +41,31 @@ def every_layer_kind(config, family: Family, n: int) -> tuple[str, ...]:
     return layer_kinds(config, family) or ("attention",) * n
 
 
+def sparse_layers(config, family: Family, n: int) -> tuple[bool, ...]:
+    """Per layer, whether its MLP is the sparse block (``Experts.layers``), as the modelling code decides it from the
+    config; empty where every layer's is (or the family has no experts)."""
+    moe = family.moe
+    if moe is None or moe.layers == "every":
+        return ()
+    if moe.layers == "sparse_step":  # Qwen's decoder layers
+        step, dense = getattr(config, "decoder_sparse_step", 1) or 1, set(getattr(config, "mlp_only_layers", ()) or ())
+        sparse = tuple(i not in dense and bool(getattr(config, "num_experts", 0)) and (i + 1) % step == 0
+                       for i in range(n))
+    else:  # "layers_num_experts": Jamba's
+        counts = list(getattr(config, moe.layers))
+        if len(counts) != n:
+            raise UnsupportedModelError(f"unsupported config: {moe.layers} has {len(counts)} entries for {n} layers")
+        sparse = tuple(c > 1 for c in counts)
+    return () if all(sparse) else sparse
+
+
+def layer_descriptions(config, family: Family, n: int) -> tuple[Family, ...]:
+    """Each of the n layers' description (``Family.on_layer``): its token mixer's paths, and its MLP's (dense or
+    sparse, ``sparse_layers``)."""
+    sparse = sparse_layers(config, family, n) or (True,) * n
+    return tuple(family.on_layer(kind, s) for kind, s in zip(every_layer_kind(config, family, n), sparse))
+
+
 def mixer_layer_types(family: Family) -> tuple[str, ...]:
     """The ``layer_types`` values of the family's mixer layers and MLP layers (accepted besides full and sliding
     attention)."""

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from .errors import UnsupportedModelError
-from .mixers import check_inline_mlp, every_layer_kind as _kinds
+from .mixers import check_inline_mlp, every_layer_kind as _kinds, layer_descriptions
 from .registry import Family
 from .rules.norm import NORM_KINDS
 from .spec import get, norm_eps
@@ -36,17 +36,15 @@ def check_activations(model: nn.Module, family: Family, kind: str) -> None:
     another function (``mlp.act_fn = nn.GELU()`` in a SiLU model) is refused by name, never linearised wrongly."""
     from .functions import ACTIVATION_RATIO
 
-    moe = family.moe
-    paths = [p for p in (family.activation, moe and moe.shared and f"{moe.shared}.{moe.shared_parts[3]}") if p]
     key, _ = family.activation_config
     layers = get(model, family.layers)
-    kinds = _kinds(model.config, family, len(layers))
-    for i, layer in enumerate(layers):
-        on = family.on_layer(kinds[i])  # (one block per layer, Nemotron-H's: the MLP layers' alone)
-        if on.mlp is None:
+    for i, (layer, on) in enumerate(zip(layers, layer_descriptions(model.config, family, len(layers)))):
+        if on.mlp is None:  # (one block per layer, Nemotron-H's: the MLP layers' alone)
             continue
+        moe = on.moe  # (a dense layer of a mixed layout: its MLP's activation)
+        paths = [p for p in (on.activation, moe and moe.shared and f"{moe.shared}.{moe.shared_parts[3]}") if p]
         if on.activation is None and on.moe is None:  # called inline (LFM2)
-            check_inline_mlp(layer, family, kind, i)
+            check_inline_mlp(layer, on, kind, i)
         for path in paths:
             module = get(layer, path)
             if not _computes(module, kind):

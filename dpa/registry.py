@@ -64,6 +64,13 @@ class Experts:
     #   read by: expert_checks (the experts' layout)
     router_bias: bool = False  # the router's logits carry a bias (a control input: see experts.py)
     #   read by: expert_checks (the router)
+    layers: str = "every"  # which layers hold the sparse block, from the config: "every" layer; "sparse_step", Qwen's
+    # (not in mlp_only_layers, and (i + 1) % decoder_sparse_step == 0); "layers_num_experts", Jamba's (the config's
+    # per-layer count above 1). The others hold a dense MLP at ``dense``'s paths
+    #   read by: mixers (ModelSpec.sparse_layers)
+    dense: tuple[str, str, str, str] | None = None  # a dense layer's gate and up projections, activation and down
+    # projection, where ``layers`` leaves some layers dense (their neurons the first columns of the layer's row)
+    #   read by: registry (Family.on_layer)
 
 
 @dataclass(frozen=True)
@@ -228,7 +235,7 @@ class Family:
     #            baselines.internals), spec (ModelSpec.logits_scaling: instrument, backward, lens, baselines.depass)
     rope_switch: tuple[str, str] | None = None  # (config key, value): the model rotates q and k only where the key
     # has this value (Granite's position_embedding_type "rope"; otherwise no RoPE at all, NoPE)
-    #   read by: spec (rope_switched: the description without rotary where the config switches RoPE off)
+    #   read by: rope_config (rope_switched: the description without rotary where the config switches RoPE off)
     heads_key: str = "num_attention_heads"  # the config key of the units per layer (Mamba-2's SSM heads: num_heads)
     #   read by: families (ModelSpec.n_heads)
     context_key: str | None = "max_position_embeddings"  # the config key of the longest prompt; None: the model
@@ -248,11 +255,16 @@ class Family:
         """The ``Mixer`` of a layer whose token mixer is ``kind``; None for attention."""
         return next((m for m in self.mixers if m.kind == kind), None)
 
-    def on_layer(self, kind: str) -> Family:
+    def on_layer(self, kind: str, sparse: bool = True) -> Family:
         """The description of a layer whose token mixer is ``kind``: this one for attention; for a ``Mixer``'s, its
         paths in the attention's places (the module, the query/key/value branches on its fused ``in_proj``, the
         unit tap), no head norms, sinks or rotary. In a family of one block per layer (``mlp_layers``), a layer of
-        kind MLP_LAYER has the MLP alone (no token mixer, its one norm the MLP's input), the others no MLP."""
+        kind MLP_LAYER has the MLP alone (no token mixer, its one norm the MLP's input), the others no MLP. A layer
+        of a mixture of experts that is not ``sparse`` (``Experts.layers``) has the dense MLP at ``Experts.dense``."""
+        if not sparse and self.moe is not None:
+            gate, up, act, down = self.moe.dense
+            self = replace(self, moe=None, branches={**self.branches, "gate": gate, "up": up}, activation=act,
+                           neurons=down)
         if self.mlp_layers is not None:
             mlp = {name: path for name, path in self.branches.items() if name in ("gate", "up")}
             if kind == MLP_LAYER:
@@ -274,7 +286,6 @@ class Family:
 
 
 MLP_LAYER = "mlp"  # the kind of a layer with no token mixer, its one block an MLP (Family.mlp_layers: Nemotron-H's)
-_ONE_LAYOUT = "dpa reads one MLP layout on every layer: all sparse, or all dense"  # (Family.fixed's why)
 LLAMA = Family("llama", "LlamaConfig")
 MISTRAL = LLAMA.with_(model_type="mistral", config_class="MistralConfig",
                       slides_every_layer=True)  # diff with Llama: a sliding window on every layer
@@ -338,12 +349,14 @@ _MOE_BRANCHES = {"query": "self_attn.q_proj", "key": "self_attn.k_proj", "value"
 MIXTRAL = MISTRAL.with_(  # diff with Mistral: a mixture of experts in place of the MLP
     model_type="mixtral", config_class="MixtralConfig", branches=_MOE_BRANCHES, activation="mlp.experts.act_fn",
     neurons=None, moe=Experts())
+_QWEN_DENSE = ("mlp.gate_proj", "mlp.up_proj", "mlp.act_fn", "mlp.down_proj")  # Qwen's dense layers (mlp_only_layers)
 QWEN3_MOE = QWEN3.with_(model_type="qwen3_moe", config_class="Qwen3MoeConfig", branches=_MOE_BRANCHES,
-                        activation="mlp.experts.act_fn", neurons=None, moe=Experts(),
-                        fixed=(("mlp_only_layers", [], _ONE_LAYOUT), ("decoder_sparse_step", 1, _ONE_LAYOUT)))
+                        activation="mlp.experts.act_fn", neurons=None,
+                        moe=Experts(layers="sparse_step", dense=_QWEN_DENSE))
 QWEN2_MOE = QWEN3_MOE.with_(model_type="qwen2_moe", config_class="Qwen2MoeConfig", head_norms=None,
                             biased_branches=("query", "key", "value"),
-                            moe=Experts(shared="mlp.shared_expert", shared_gate="mlp.shared_expert_gate"))
+                            moe=Experts(shared="mlp.shared_expert", shared_gate="mlp.shared_expert_gate",
+                                        layers="sparse_step", dense=_QWEN_DENSE))
 OLMOE = OLMO2.with_(  # pre-norms as Llama (not OLMo 2's post-norms), q/k norms over the projection, experts
     model_type="olmoe", config_class="OlmoeConfig", norms=LLAMA.norms, block_inputs=LLAMA.block_inputs,
     mid=LLAMA.mid, branches=_MOE_BRANCHES, activation="mlp.experts.act_fn", neurons=None, moe=Experts(),
@@ -417,9 +430,12 @@ FALCON_MAMBA = replace(MAMBA, model_type="falcon_mamba", config_class="FalconMam
 
 JAMBA = BAMBA.with_(  # diff with Bamba: Mamba's block (book: selective-scan; its step's input, B and C RMS-normalised
     model_type="jamba", config_class="JambaConfig", partial_rotary=False,  # with gains) in the Mamba-2 block's
-    rotary=None,  # place, attention without any position embedding; dense layers only: the released models put
-    fixed=(("num_experts", 1, _ONE_LAYOUT),),  # experts on every other layer, and dpa reads one layout per model
-    mixers=(Mixer("scan", "linear_attention", module="mamba", in_proj="mamba.in_proj",
+    rotary=None,  # place, attention without any position embedding; experts (a softmax router, its top k weights not
+    branches=_MOE_BRANCHES, activation="feed_forward.experts.act_fn", neurons=None,  # renormalised) on the layers
+    moe=Experts(router="feed_forward.router", experts="feed_forward.experts", layers="layers_num_experts",  # the
+                dense=("feed_forward.gate_proj", "feed_forward.up_proj", "feed_forward.act_fn",  # config gives more
+                       "feed_forward.down_proj")),  # than one (every other layer in the released models), a dense
+    mixers=(Mixer("scan", "linear_attention", module="mamba", in_proj="mamba.in_proj",  # MLP on the others
                   factors=("value", "key", "query"), heads="mamba.out_proj", biases=("mamba_proj_bias",), letter="S",
                   rule="scan", book="selective-scan", scan="selective"),))
 
@@ -433,8 +449,8 @@ QWEN3_NEXT = QWEN3.with_(  # diff with Qwen 3: Gated DeltaNets in place of atten
 QWEN3_NEXT = QWEN3_NEXT.with_(variant=("num_experts", QWEN3_NEXT.with_(  # with experts (the released models): a
     # sparse block with a shared expert behind a sigmoid gate (Qwen2-MoE's) on every layer
     branches=_MOE_BRANCHES, activation="mlp.experts.act_fn", neurons=None,
-    moe=Experts(shared="mlp.shared_expert", shared_gate="mlp.shared_expert_gate"),
-    fixed=(("mlp_only_layers", [], _ONE_LAYOUT), ("decoder_sparse_step", 1, _ONE_LAYOUT)))))
+    moe=Experts(shared="mlp.shared_expert", shared_gate="mlp.shared_expert_gate", layers="sparse_step",
+                dense=_QWEN_DENSE))))
 
 NEMOTRON_H = Family(  # one block per layer after one norm (Mamba-2's layout), by the config's layer_types: a Mamba-2
     model_type="nemotron_h", config_class="NemotronHConfig", embed="model.embeddings",  # block (Bamba's rule), an
@@ -446,7 +462,7 @@ NEMOTRON_H = Family(  # one block per layer after one norm (Mamba-2's layout), b
     fixed=(("num_nextn_predict_layers", 0, "the multi-token prediction layers are not attributed"),),  # (non-gated)
     refused_types=(("moe", "Nemotron 3's mixture-of-experts layers (a sigmoid router with a correction bias over "
                             "grouped experts, squared-ReLU experts, latent projections, a shared expert) are not "
-                            "described yet, nor an MLP layout that differs from layer to layer"),),
+                            "described yet"),),
     mixers=(Mixer("scan", "linear_attention", module="mixer", in_proj="mixer.in_proj",
                   factors=("value", "key", "query"), heads="mixer.out_proj", biases=("use_bias",), letter="S",
                   rule="scan", book="state-space-duality"),))

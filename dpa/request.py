@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from .checks import check_int
 from .errors import InputError, ModelStateError, TargetError, UnsupportedModelError
 from .families import FAMILIES, ModelSpec, context_length, spec_for
-from .spec import UNBOUNDED
+from .rope_config import UNBOUNDED
 from .state_checks import check_loaded
 from .prompts import Prompt, canonical, check_tokenizer, encode_prompt, is_batch, is_id, numpy_tensor, per_prompt
 from .targets import TargetSpec, token_ids, token_text

@@ -90,6 +90,9 @@ class Attribution(JsonRecord):
     expert_position_scores: Tensor | None = None  # [layer, pos, expert] (with neuron_positions=True)
     d_expert: int | None = None  # neurons per routed expert: neuron n of a layer is neuron n % d_expert of expert
     # n // d_expert (the shared expert's after the routed experts'); None for a dense model
+    dense_layers: list[int] | None = None  # where a mixture of experts has a dense MLP on some layers (Jamba's, Qwen's
+    # mlp_only_layers): those layers, whose neurons are their dense MLP's, the first columns of their row (the rest
+    # zeros), and whose expert scores are zeros; None: every layer's MLP is the sparse block
     layer_kinds: list[str] | None = None  # per layer, what its head_scores row scores: "head" (attention heads) or a
     # mixer's unit kind (LFM2's "conv": channel groups of a convolution layer), or "mlp" where the layer's one block is
     # an MLP (Nemotron-H's: a row of zeros, no units); None: every layer attention
@@ -327,6 +330,10 @@ class Attribution(JsonRecord):
                         f"{self.layer_kinds!r}")
         if self.d_expert is not None and (self.expert_scores is None or d_mlp is None or self.d_expert > d_mlp):
             return f"d_expert {self.d_expert!r} does not fit the expert and neuron scores"
+        if self.dense_layers is not None and (self.expert_scores is None or len(set(self.dense_layers)) != len(
+                self.dense_layers) or not all(0 <= i < layers for i in self.dense_layers)):
+            return (f"dense_layers must name layers (0 to {layers - 1}, once each) of a result with expert scores; "
+                    f"got {self.dense_layers!r}")
         if self.target.position >= n:
             return f"target.position {self.target.position!r} is outside the {n} tokens"
         terms = self.target.terms

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from .errors import UnsupportedModelError
-from .registry import LENGTH_DEPENDENT_ROPE, MLP_LAYER, Family
+from .registry import MLP_LAYER, Family
 from .ssd_shape import factor_columns
 
 
@@ -43,6 +43,10 @@ class ModelSpec:
     n_experts: int = 0  # routed experts per layer (0: a dense MLP)
     d_expert: int = 0  # neurons per routed expert
     d_shared: int = 0  # neurons of the shared expert (Qwen2-MoE), 0 without one
+    sparse_layers: tuple[bool, ...] = ()  # per layer, whether its MLP is the sparse block (Experts.layers); empty:
+    # every layer's MLP is the family's (sparse in a mixture of experts)
+    d_dense: int = 0  # where some layers are dense and some sparse: the dense MLPs' neurons, the first columns of
+    # their layer's row of neuron scores (as wide as the experts', d_mlp)
     layer_kinds: tuple[str, ...] = ()  # per layer: "attention", or the kind of its Mixer (LFM2's "conv"); empty: all
     # attention. A mixer layer's units are scored in the heads' place: n_heads groups of its output projection's input
     unit_widths: tuple[int, ...] = ()  # per layer, the channels of one unit at its tap (empty: d_head on every layer)
@@ -71,15 +75,58 @@ class ModelSpec:
         (``Family.mlp_layers``, Nemotron-H's), whose row of head scores holds no unit."""
         return self.kind(index) != MLP_LAYER
 
+    def on_layer(self, index: int) -> Family:
+        """Layer ``index``'s description: its token mixer's paths and its MLP's (``Family.on_layer``)."""
+        return self.parts.on_layer(self.kind(index), not self.sparse_layers or self.sparse_layers[index])
+
     def has_mlp(self, index: int) -> bool:
         """Whether layer ``index`` has an MLP (or experts): not Mamba-2's layers, nor Nemotron-H's mixer layers."""
-        return self.parts.on_layer(self.kind(index)).mlp is not None
+        return self.on_layer(index).mlp is not None
 
-    def lacks(self, kind: str, layer: int) -> str | None:
-        """Why layer ``layer`` has no unit of ``kind`` ("head": a token mixer's unit; "neuron"), for the refusal of a
-        selection of one (a verification, a neuron's logit effect); None where it has them."""
-        if kind == "head" and not self.mixes(layer) or kind == "neuron" and self.d_mlp and not self.has_mlp(layer):
-            return lacking(kind, layer)
+    def has_experts(self, index: int) -> bool:
+        """Whether layer ``index``'s MLP is the sparse block: every layer's in a mixture of experts, but the dense
+        layers' of a model that mixes both (``sparse_layers``: Jamba's, Qwen's mlp_only_layers)."""
+        return self.n_experts > 0 and self.has_mlp(index) and (not self.sparse_layers or self.sparse_layers[index])
+
+    def neuron_width(self, index: int) -> int:
+        """Layer ``index``'s neurons: the first columns of its row of neuron scores (``d_dense`` on a dense layer
+        of a model that mixes both layouts, none on a layer without an MLP)."""
+        return 0 if not self.has_mlp(index) else self.d_dense if self.d_dense and not self.has_experts(index) \
+            else self.d_mlp  # (the experts' row is never narrower than a dense layer's: families._mlp_widths)
+
+    @property
+    def neurons_that_exist(self) -> torch.Tensor:
+        """[layer d_mlp] bool: the columns of each layer's row of neuron scores that are neurons (``neuron_width``:
+        none on a layer without an MLP, a dense layer's first columns in a mixed layout)."""
+        return torch.arange(self.d_mlp)[None, :] < torch.tensor([self.neuron_width(i) for i in range(self.n_layers)],
+                                                                 dtype=torch.long)[:, None]
+
+    def mlp_units(self, index: int) -> tuple[str, int]:
+        """The kind and count of layer ``index``'s units in its MLP block, as circuit graphs read them: its experts
+        (the routed ones, then the shared one) on a sparse layer, its neurons on a dense one."""
+        return ("expert", self.expert_slots) if self.has_experts(index) else ("neuron", self.neuron_width(index))
+
+    @property
+    def dense_layers(self) -> list[int] | None:
+        """The layers of a mixture of experts whose MLP is dense (``Attribution.dense_layers``); None where every
+        layer's MLP is the sparse block, or there are no experts."""
+        return [i for i in self.neuron_layers if not self.has_experts(i)] if self.n_experts and self.d_dense else None
+
+    @property
+    def expert_layers(self) -> tuple[int, ...]:
+        """The layers whose MLP is the sparse block (``has_experts``)."""
+        return tuple(i for i in range(self.n_layers) if self.has_experts(i))
+
+    def lacks(self, kind: str, layer: int, unit: int | None = None) -> str | None:
+        """Why layer ``layer`` has no unit of ``kind`` ("head": a token mixer's unit; "neuron"; "expert"), or not
+        ``unit`` (a dense layer's neurons beyond its width), for the refusal of a selection of one (a verification,
+        a neuron's logit effect), the unit named where given; None where it has it."""
+        if (kind == "head" and not self.mixes(layer) or kind == "neuron" and self.d_mlp and not self.has_mlp(layer)
+                or kind == "expert" and self.n_experts and not self.has_experts(layer)):
+            return lacking(kind, layer) + ("" if unit is None else f" {unit}")
+        if kind == "neuron" and unit is not None and self.d_mlp and unit >= self.neuron_width(layer):
+            return (f"layer {layer}'s MLP is dense, with {self.neuron_width(layer)} neurons (fewer than the experts' "
+                    f"layers), so no neuron {unit}")
         return None
 
     @property
@@ -135,12 +182,13 @@ class ModelSpec:
             return slice(k * self.d_model, (k + 1) * self.d_model)
         if self.parts.output_gate and name in ("query", "output_gate"):  # [q | gate] of head 0, head 1, ...
             return self._per_head(("query", "output_gate"), name)
-        path = self.parts.branches[name]
+        path = self.parts.branches.get(name)  # (None: a dense layer's own MLP in a mixture of experts, Experts.dense)
         layout = dict(self.parts.fused).get(path)
         if layout is None:
             return None
         if name in ("gate", "up"):
-            return slice(0, self.d_mlp) if name == "gate" else slice(self.d_mlp, 2 * self.d_mlp)
+            width = self.d_dense or self.d_mlp  # (a fused dense MLP on the dense layers of a mixed layout)
+            return slice(0, width) if name == "gate" else slice(width, 2 * width)
         q, kv = self.n_heads * self.d_head, self.n_kv_heads * self.d_head
         if layout == "blocks":
             return {"query": slice(0, q), "key": slice(q, q + kv), "value": slice(q + kv, q + 2 * kv)}[name]
@@ -187,6 +235,7 @@ def lacking(kind: str, layer: int) -> str:
     """The words of a refusal of a unit a layer lacks (``ModelSpec.lacks``; the widget's static page, from the layer's
     kind alone)."""
     return (f"layer {layer} has no token mixer (its one block is an MLP), so no head or unit" if kind == "head" else
+            f"layer {layer}'s MLP is dense (the experts are on other layers), so no expert" if kind == "expert" else
             f"layer {layer} has no MLP (its one block is a token mixer), so no neuron")
 
 
@@ -208,52 +257,6 @@ def unread_parameters(layer: nn.Module, family: Family) -> list[str]:
              *([moe.router, moe.experts, moe.shared or "", moe.shared_gate or ""] if moe else [])} - {""}
     return [name for name, _ in layer.named_parameters()
             if not any(name == p or name.startswith(p + ".") for p in paths)]
-
-
-def rope_settings(config) -> list[dict]:
-    """The RoPE parameters of each layer type: one dict for most models, one per layer type for Gemma 3
-    (``rope_parameters`` keyed by ``full_attention`` / ``sliding_attention``)."""
-    rope = dict(getattr(config, "rope_parameters", None) or {})
-    return [dict(r) for r in rope.values()] if rope and all(isinstance(v, dict) for v in rope.values()) else [rope]
-
-
-def rope_depends_on_length(config) -> bool:
-    """Whether the model's rotary frequencies depend on the sequence length (``LENGTH_DEPENDENT_ROPE``):
-    transformers then takes them from the longest prompt of a padded batch, so dpa computes each prompt's
-    rotary as for that prompt alone (``rotary.each_prompt_alone``)."""
-    return any(r.get("rope_type", "default") in LENGTH_DEPENDENT_ROPE for r in rope_settings(config))
-
-
-def rope_switched(model: nn.Module, config, family: Family) -> Family:
-    """The description with no rotary where the config switches RoPE off (``Family.rope_switch``: Granite's
-    position_embedding_type), after checking that the model has a rotary module exactly where the config asks for
-    one: a model built one way and a config edited the other would have dpa rotate where the model does not."""
-    if family.rope_switch is None:
-        return family
-    key, on = family.rope_switch
-    wants = getattr(config, key, None) == on
-    module = getattr(get(model, family.rotary.rsplit(".", 1)[0]), family.rotary.rsplit(".", 1)[1], None)
-    if wants != isinstance(module, nn.Module):
-        raise UnsupportedModelError(
-            f"unsupported model: the config's {key}={getattr(config, key, None)!r} "
-            f"{'asks for' if wants else 'switches off'} RoPE, while {family.rotary} is "
-            f"{'None' if module is None else type(module).__name__}; the model rotates as its modules were built "
-            "(a config edited after loading?): make the two agree, or load the model again")
-    return family if wants else family.with_(rotary=None)
-
-
-UNBOUNDED = 2 ** 62  # the context of a model that reads no position (Family.context_key None): no prompt too long
-
-
-def context_length(config, max_position_embeddings: int | None = None) -> int:
-    """The longest prompt dpa attributes: ``max_position_embeddings``, or, where every layer's RoPE is
-    dynamic NTK scaling, ``factor`` times it: transformers rescales the rotary base for a sequence longer than
-    ``max_position_embeddings`` (the scaling's purpose), up to the ``factor``-fold context it is configured for."""
-    n = config.max_position_embeddings if max_position_embeddings is None else max_position_embeddings
-    ropes = rope_settings(config)
-    if all(r.get("rope_type", "default") == "dynamic" for r in ropes):
-        return int(n * min(float(r.get("factor", 1.0)) for r in ropes))
-    return n
 
 
 def _projection_classes() -> tuple[type, ...]:
@@ -424,13 +427,13 @@ def layer_modules(model: nn.Module, spec: ModelSpec) -> list[LayerModules]:
     cached = _MODULES.get(model)
     if cached is not None and cached[0] is spec:
         return cached[1]
-    out = [_layer_modules(layer, spec, spec.kind(i)) for i, layer in enumerate(spec.layers(model))]
+    out = [_layer_modules(layer, spec, i) for i, layer in enumerate(spec.layers(model))]
     _MODULES[model] = (spec, out)
     return out
 
 
-def _layer_modules(layer: nn.Module, spec: ModelSpec, kind: str) -> LayerModules:
-    p = spec.parts.on_layer(kind)
+def _layer_modules(layer: nn.Module, spec: ModelSpec, index: int) -> LayerModules:
+    p, kind = spec.on_layer(index), spec.kind(index)
     columns = {name: spec.columns(name, kind) for name in p.branches}
     if p.output_gate and kind == "attention":  # the query projection's gate features (Qwen3-Next's gated attention)
         columns["output_gate"] = spec.columns("output_gate")

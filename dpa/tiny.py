@@ -13,7 +13,7 @@ import torch
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "smollm3", "olmo2", "phi3", "gpt2",
             "gpt_neox", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss")
 MHA_ONLY = ("gpt2", "gpt_neox", "mamba2", "mamba", "falcon_mamba")  # families whose configs have no KV-head setting
-MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss", "granitemoehybrid", "qwen3_next")
+MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss", "granitemoehybrid", "qwen3_next", "jamba")
 # Hybrid families: token mixers other than attention on some layers (book: Beyond attention). dpa.attribute covers
 # them; what reads attention probabilities (attention maps, head ablations) refuses their mixer layers by name.
 HYBRID_FAMILIES = ("lfm2", "bamba", "granitemoehybrid", "jamba", "mamba2", "mamba", "falcon_mamba",  # (the Mamba
@@ -110,17 +110,20 @@ def _hybrid(family: str, kwargs: dict) -> dict:
                       n_groups=2, state_size=8, conv_kernel=4, chunk_size=4, layer_norm_epsilon=1e-2,
                       residual_in_fp32=False, tie_word_embeddings=False, pad_token_id=0, bos_token_id=1,
                       eos_token_id=2)  # (residual_in_fp32 would cast a float64 model's residual to float32)
-    if family == "jamba":  # Mamba blocks around an attention layer (no position embedding), dense MLPs: 64 channels
-        kwargs.pop("head_dim")  # in 4 units of 16, states of 8, a step of rank 4
-        kwargs.update(attn_layer_period=2, attn_layer_offset=1, num_experts=1, mamba_d_state=8, mamba_d_conv=4,
-                      mamba_expand=2, mamba_dt_rank=4, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    if family == "jamba":  # Mamba blocks around an attention layer (no position embedding): 64 channels in 4 units of
+        kwargs.pop("head_dim")  # 16, states of 8, a step of rank 4; four experts, two per token, on the Mamba layers,
+        kwargs.update(attn_layer_period=2, attn_layer_offset=1, num_experts=4, num_experts_per_tok=2,  # a dense MLP
+                      expert_layer_period=2, expert_layer_offset=0, mamba_d_state=8, mamba_d_conv=4,  # on the other
+                      mamba_expand=2, mamba_dt_rank=4, pad_token_id=0, bos_token_id=1, eos_token_id=2)  # (num_experts
+        # 1: every layer dense)
     if family == "qwen3_next":  # Gated DeltaNets around a gated attention layer: 2 key heads of 8, each read by 2
         kwargs.update(layer_types=["linear_attention", "full_attention", "linear_attention"],  # value heads of 8 (a
                       linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,  # unit each), a
                       linear_value_head_dim=8, linear_conv_kernel_dim=3, num_experts=4,  # convolution of 3; four
                       num_experts_per_tok=2, moe_intermediate_size=12, shared_expert_intermediate_size=16,  # experts,
-                      norm_topk_prob=True, pad_token_id=0, bos_token_id=1, eos_token_id=2)  # two per token, a
-        # gated shared expert (num_experts=0: the dense layout); a quarter of each head rotated (its default)
+                      norm_topk_prob=True, mlp_only_layers=[1], pad_token_id=0, bos_token_id=1,  # two per token, a
+                      eos_token_id=2)  # gated shared expert, a dense MLP on the attention layer (mlp_only_layers;
+        # num_experts=0: every layer dense); a quarter of each head rotated (its default)
     if family == "nemotron_h":  # one block per layer: a Mamba-2 block (4 SSM heads of 16 channels in 2 groups, chunks
         kwargs.pop("rms_norm_eps")  # of 4, the convolution's bias), a squared-ReLU MLP, an attention layer (no
         kwargs.update(layers_block_type=["linear_attention", "mlp", "full_attention"], mamba_num_heads=4,  # RoPE)

@@ -285,16 +285,17 @@ class CircuitWidget(UserTraits, anywidget.AnyWidget):
         return self._exists(value, "neuron")
 
     def _exists(self, value, what: str):
-        """A unit of a block its layer has (Nemotron-H's layers hold one block): known from the model, or, for a
-        head on a static page, from the layer's kind."""
+        """A unit of a block its layer has (Nemotron-H's layers hold one block; a dense layer of a mixed layout has
+        no experts and fewer neurons than the experts' row): known from the model, or, on a static page, from the
+        layer's kind (a head) and the dense layers (an expert)."""
         if value is None:
             return value
         if self.model is not None:
-            missing = dpa.spec_for(self.model).lacks(what, value[0])
+            missing = dpa.spec_for(self.model).lacks(what, value[0], value[1])
         else:
-            kinds = self._data.get("layer_kinds") or []
+            kinds, dense = self._data.get("layer_kinds") or [], self._data.get("dense_layers") or []
             missing = (lacking(what, value[0]) if what == "head" and value[0] < len(kinds) and kinds[value[0]] == "mlp"
-                       else None)
+                       or what == "expert" and value[0] in dense else None)
         if missing:
             raise TraitValueError(f"selected_{what} {list(value)}: {missing}")
         return value
@@ -304,7 +305,7 @@ class CircuitWidget(UserTraits, anywidget.AnyWidget):
         value, slots = proposal["value"], len(self._data.get("expert_names", []))
         if value is not None and self._data and not slots:
             raise TraitValueError(f"selected_expert {list(value)}: this model has no mixture of experts")
-        return self._in_range(value, self._data.get("n_layers", 0), slots, "expert")
+        return self._exists(self._in_range(value, self._data.get("n_layers", 0), slots, "expert"), "expert")
 
     @staticmethod
     def _in_range(value, n_layers: int, width: int, what: str):

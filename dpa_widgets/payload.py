@@ -116,6 +116,7 @@ def view_payload(result: Attribution, *, top_neurons: int = 32, routes: int = 8,
             "d_expert": d_expert,
             "expert_names": expert_names(n_experts, result.expert_scores.shape[1]),
             "expert_scores": rounded(result.expert_scores),
+            "dense_layers": result.dense_layers,  # (None: every layer's MLP is the sparse block)
         })
     return data
 

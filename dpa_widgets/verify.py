@@ -104,7 +104,7 @@ def _components(model: nn.Module, result: Attribution, mode: str, heads: list[tu
     _check_ablatable(result, mode, heads)
     spec = dpa.spec_for(model)
     for kind, units in (("head", heads), ("neuron", neurons)):  # (Nemotron-H's layers of one block)
-        missing = next((f"{spec.lacks(kind, layer)} {i} to ablate" for layer, i in units if spec.lacks(kind, layer)),
+        missing = next((f"{spec.lacks(kind, layer, i)} to ablate" for layer, i in units if spec.lacks(kind, layer, i)),
                        None)
         if missing:
             raise InputError(missing + "; select a unit of a layer that has it")

@@ -109,6 +109,9 @@ def float64_norms():
 
     from transformers.models.jamba import modeling_jamba
 
+    jamba_router = modeling_jamba.JambaTopKRouter  # its softmax in float32; the top k weights not renormalised
+    classes, originals = classes + [jamba_router], originals + [jamba_router.forward]
+    jamba_router.forward = _float64_router(jamba_router.forward, renormalise=False)
     mamba_norms = [modeling_mamba.MambaRMSNorm, modeling_falcon_mamba.FalconMambaRMSNorm, modeling_jamba.JambaRMSNorm]
     classes, originals = classes + mamba_norms, originals + [c.forward for c in mamba_norms]
     for c in mamba_norms:
@@ -240,14 +243,14 @@ def _keeping_float64(original):
     return run
 
 
-def _float64_router(original):
-    """HF's top-k routers (softmax, top k, renormalised where the router says so) with float64 kept."""
+def _float64_router(original, renormalise: bool = True):
+    """HF's top-k routers (softmax, top k, renormalised where the router says so, never Jamba's) with float64 kept."""
     def forward(self, hidden_states):
         if hidden_states.dtype != torch.float64:
             return original(self, hidden_states)
         logits = torch.nn.functional.linear(hidden_states.reshape(-1, self.hidden_dim), self.weight)
         top, index = torch.topk(logits.softmax(-1), self.top_k, dim=-1)
-        if getattr(self, "norm_topk_prob", True):  # Mixtral always renormalises
+        if renormalise and getattr(self, "norm_topk_prob", True):  # Mixtral always renormalises
             top = top / top.sum(-1, keepdim=True)
         return logits, top, index
     return forward

@@ -266,15 +266,19 @@ def test_flow_identities_on_every_unit(model, positions):
     # the scores are DPA's
     res = dpa.attribute(model, None, ids, target=TARGET, weights=dpa.PathWeights(*weights(model, CONSERVATIVE)))
     heads = torch.zeros_like(res.head_scores)
-    mlp = torch.zeros_like(res.neuron_scores if res.expert_scores is None else res.expert_scores)
+    neurons = torch.zeros_like(res.neuron_scores)  # (a mixed layout, Jamba's: neurons and experts, by layer)
+    experts = None if res.expert_scores is None else torch.zeros_like(res.expert_scores)
     for i, n in enumerate(circ.nodes):
         if n.kind == "head":
             heads[n.layer, n.index] += circ.scores[i]
         elif n.kind in ("neuron", "expert"):
-            mlp[n.layer, n.index] += circ.scores[i]
+            (neurons if n.kind == "neuron" else experts)[n.layer, n.index] += circ.scores[i]
     torch.testing.assert_close(heads, res.head_scores, rtol=1e-10, atol=1e-12)
-    torch.testing.assert_close(mlp, res.neuron_scores if res.expert_scores is None else res.expert_scores,
-                               rtol=1e-10, atol=1e-12)
+    sparse = list(dpa.spec_for(model).expert_layers)  # the experts' layers; the others' units are neurons
+    dense = [i for i in range(res.neuron_scores.shape[0]) if i not in sparse]
+    if experts is not None:
+        torch.testing.assert_close(experts, res.expert_scores, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(neurons[dense], res.neuron_scores[dense], rtol=1e-10, atol=1e-12)
     assert circ.scores[circ.target_index] == pytest.approx(res.target_logit, rel=1e-12)
 
 

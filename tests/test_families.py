@@ -34,11 +34,7 @@ class TestRejects:
         with pytest.raises(UnsupportedModelError, match="model_type='bloom'"):
             dpa.spec_for(transformers.BloomForCausalLM(cfg))
 
-    def test_moe_settings_and_families_not_described(self):
-        cfg = transformers.Qwen2MoeConfig(hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                                          num_key_value_heads=2, vocab_size=32, mlp_only_layers=[0])
-        with pytest.raises(UnsupportedModelError, match="mlp_only_layers"):  # dense layers among sparse ones
-            check_config(cfg)
+    def test_moe_families_not_described(self):  # (dense layers among sparse ones: tests/test_mixed_layouts.py)
         with pytest.raises(UnsupportedModelError, match="model_type='deepseek_v3'"):  # no description (MLA)
             check_config(transformers.DeepseekV3Config(num_hidden_layers=1, hidden_size=16, vocab_size=32))
 

@@ -95,13 +95,13 @@ def linearised(model, mu, moe=None):
     set_forward(spec.final_norm(model), frozen_norm(spec.final_norm(model)))
     names = ("query", "key", "value", "gate", "up", "router", "expert")
     weight = dict(zip(names, mu))
-    for mods in layer_modules(model, spec):
+    for i, mods in enumerate(layer_modules(model, spec)):
         for norm in (*mods.norms, *mods.head_norms):
             set_forward(norm, frozen_norm(norm))
-        if mods.experts is not None:
-            set_forward(mods.experts, _experts(mods, weight, ratio, moe.setdefault(len(moe), {})))
+        if mods.experts is not None:  # (a dense layer of a mixed layout, Jamba's or Qwen's mlp_only_layers: below)
+            set_forward(mods.experts, _experts(mods, weight, ratio, moe.setdefault(i, {})))
             if mods.shared is not None:
-                set_forward(mods.shared, _shared(mods.shared, weight, ratio, moe[len(moe) - 1]))
+                set_forward(mods.shared, _shared(mods.shared, weight, ratio, moe[i]))
                 if mods.shared_gate is not None:  # (Granite's shared MLP, beside the block, has none)
                     set_forward(mods.shared_gate, scaled(mods.shared_gate, weight["router"]))
         elif mods.mlp is None:  # a layer of one block (Mamba-2's): no MLP
@@ -398,14 +398,13 @@ def autograd_scores(model, ids, mu, target=TARGET):
             h.remove()
     heads = torch.stack([(z[i] * z[i].grad)[0].view(len(ids), spec.n_heads, -1).sum((0, 2)) if i in z else
                          torch.zeros(spec.n_heads, dtype=torch.float64) for i in range(spec.n_layers)])
-    if moe:
-        experts, neurons = (torch.stack(x) for x in zip(*(_moe_scores(spec, moe[i], len(ids))
-                                                          for i in range(spec.n_layers))))
-    elif spec.d_mlp == 0:  # layers of one block each (Mamba-2's): no neurons
-        experts, neurons = None, torch.zeros(spec.n_layers, 0, dtype=torch.float64)
-    else:
-        experts, neurons = None, torch.stack([(a[i] * a[i].grad)[0].sum(0) if i in a else  # (a layer with no MLP)
-                                              torch.zeros(spec.d_mlp, dtype=torch.float64) for i in range(spec.n_layers)])
+    neurons = torch.zeros(spec.n_layers, spec.d_mlp, dtype=torch.float64)  # (Mamba-2's: no neurons)
+    experts = torch.zeros(spec.n_layers, spec.expert_slots, dtype=torch.float64) if moe else None
+    for i in range(spec.n_layers):
+        if i in moe:
+            experts[i], neurons[i] = _moe_scores(spec, moe[i], len(ids))
+        elif i in a:  # a dense MLP (a mixed layout's dense layer: the row's first columns); none on a layer without
+            neurons[i, :a[i].shape[-1]] = (a[i] * a[i].grad)[0].sum(0)
     positions = (pos[0] * pos[0].grad).sum(-1).reshape(-1) if pos else None
     return (emb * emb.grad)[0].sum(-1), heads, neurons, positions, experts
 
@@ -535,17 +534,21 @@ def test_experts_values_are_the_models_whichever_implementation_it_runs(family, 
     res = dpa.attribute(model, None, ids, target=TARGET, weights=dpa.PathWeights(0, 0, 1, 0.5, 0.5, 0, 1))
     assert res.target_logit == pytest.approx(logit, rel=1e-5, abs=1e-6)
     assert abs(res.completeness_gap) < 1e-5 * max(1.0, abs(logit))
+    sparse = list(dpa.spec_for(model).expert_layers)  # (a dense layer of a mixed layout: no expert scores)
+    assert not res.expert_scores[[i for i in range(res.expert_scores.shape[0]) if i not in sparse]].any()
     if not dpa.spec_for(model).parts.moe.biases:  # an expert's score is its neurons' (biases aside)
-        torch.testing.assert_close(res.expert_scores.sum(1), res.neuron_scores.sum(1), rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(res.expert_scores[sparse].sum(1), res.neuron_scores[sparse].sum(1), rtol=1e-4,
+                                   atol=1e-6)
     assert model.config._experts_implementation == implementation  # left as it was
 
 
 @pytest.mark.parametrize("family", MOE_FAMILIES)
 def test_experts_dpa_does_not_read_are_refused_by_name(family):
     model = tiny_model(family, 2)
-    experts = layer_modules(model, dpa.spec_for(model))[1].experts
+    layer = dpa.spec_for(model).expert_layers[-1]  # (the layers whose MLP is the sparse block)
+    experts = layer_modules(model, dpa.spec_for(model))[layer].experts
     experts.register_parameter("scale", torch.nn.Parameter(torch.ones(4, dtype=torch.float64)))
-    with pytest.raises(dpa.UnsupportedModelError, match=r"layers\[1\].*'scale'"):
+    with pytest.raises(dpa.UnsupportedModelError, match=rf"layers\[{layer}\].*'scale'"):
         dpa.attribute(model, None, random_ids(5), target=TARGET)
     del experts.scale
     experts.has_bias = not experts.has_bias

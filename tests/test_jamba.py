@@ -20,17 +20,17 @@ TARGET = 5
 
 
 def test_the_layers_are_scan_attention_scan_each_with_an_mlp():
-    model = tiny_model("jamba")
+    model = tiny_model("jamba", num_experts=1)  # (num_experts 1: every layer dense; experts: test_mixed_layouts.py)
     spec = dpa.spec_for(model)
     assert spec.layer_kinds == ("scan", "attention", "scan") and spec.n_heads == 4 and spec.unit_width(0) == 16
     assert spec.d_mlp == 48 and spec.n_experts == 0 and not spec.rotary_layers
     res = dpa.attribute(model, None, random_ids(9), target=TARGET, weights=dpa.PathWeights(0, 0, 1, 0.5, 0.5))
     assert res.head_scores.shape == (3, 4) and res.neuron_scores.shape == (3, 48)
+    assert res.expert_scores is None and res.dense_layers is None
     assert float(res.token_scores.sum()) + res.bias_share == pytest.approx(res.target_logit, rel=1e-9, abs=1e-11)
 
 
-@pytest.mark.parametrize("overrides, needle", [(dict(num_experts=4), "num_experts"),
-                                               (dict(mamba_proj_bias=True), "mamba_proj_bias=True")])
+@pytest.mark.parametrize("overrides, needle", [(dict(mamba_proj_bias=True), "mamba_proj_bias=True")])
 def test_what_the_description_does_not_read_is_refused_by_name(overrides, needle):
     model = tiny_model("jamba", **overrides)
     _refused(model, lambda: dpa.attribute(model, None, random_ids(6), target=TARGET), needle)

@@ -54,7 +54,8 @@ def _metric(model: nn.Module, req: Request, batch: int, attn: dict, neurons: dic
 
 def _unit_batches(spec, t: int, units: str, batch_size: int, device) -> Iterator[tuple[str, Tensor]]:
     """(kind, flat indices) batches: kind 'attn' indexes [layer head (query key)], 'mlp' [layer (pos) d_mlp]; only
-    the units a layer has (none of a block it lacks: Nemotron-H's layers of one block)."""
+    the units a layer has (none of a block it lacks: Nemotron-H's layers of one block; no column past a dense
+    layer's neurons in a mixed layout, Jamba's)."""
     if units == "coarse":
         attn = torch.arange(spec.n_layers * spec.n_heads, device=device)
         mlp = torch.arange(spec.n_layers * spec.d_mlp, device=device)
@@ -66,6 +67,8 @@ def _unit_batches(spec, t: int, units: str, batch_size: int, device) -> Iterator
                         else spec.d_mlp * (1 if units == "coarse" else t))
         layers = torch.tensor([i for i in range(spec.n_layers) if has(i)], dtype=torch.long, device=device)
         idx = idx[torch.isin(idx // per_layer, layers)]
+        if kind == "mlp" and spec.d_mlp:
+            idx = idx[spec.neurons_that_exist.to(device)[idx // per_layer, idx % spec.d_mlp]]
         yield from ((kind, b) for b in idx.split(batch_size) if len(b))
 
 

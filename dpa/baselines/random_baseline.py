@@ -32,5 +32,5 @@ def random_component(model: nn.Module, tokenizer, prompt: Prompt, target=None, *
     neurons = torch.rand(spec.n_layers, t, spec.d_mlp, generator=gen)
     for i in range(spec.n_layers):  # none for a unit a layer lacks (Nemotron-H's layers of one block)
         edges[i] *= spec.mixes(i)
-        neurons[i] *= spec.has_mlp(i)
+    neurons *= spec.neurons_that_exist[:, None, :]  # (nor past a dense layer's neurons in a mixed layout)
     return result(model, req, "random", edge_scores=edges, neuron_position_scores=neurons)

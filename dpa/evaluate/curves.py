@@ -226,11 +226,12 @@ GRANULARITIES = ("fine", "coarse", "edges", "neurons")
 def component_units(sample: Sample, n_layers: int, n_heads: int, d_mlp: int,
                     granularity: Literal["fine", "coarse", "edges", "neurons"] = "fine", *,
                     protocol: Protocol = "clean", method: str | None = None,
-                    layers: tuple[tuple[int, ...], tuple[int, ...]] | None = None) -> ComponentUnits:
+                    layers: tuple[tuple[int, ...], ...] | None = None) -> ComponentUnits:
     """The units of a component run. ``edges`` and ``neurons`` are the fine units of one kind only:
     the other kind is never ablated (in recovery as in disruption). ``layers``: the layers with heads and the
-    layers with neurons, where not every layer has both (``unit_layers``: Nemotron-H's one block per layer); the
-    others' rows hold no unit, so none of theirs is ranked, counted or ablated.
+    layers with neurons, where not every layer has both (``unit_layers``: Nemotron-H's one block per layer), and
+    optionally each layer's neurons (a dense layer's fewer than the experts' row, Jamba's); the others' rows and
+    columns hold no unit, so none of theirs is ranked, counted or ablated.
 
     ``protocol="paper"`` gives the paper's unit set for ``method`` (see the module docstring): fine
     edges over every (query, key) pair of context positions, and one kind only for a method in
@@ -268,6 +269,10 @@ def component_units(sample: Sample, n_layers: int, n_heads: int, d_mlp: int,
             index = getattr(units, name)
             per_layer = math.prod(shape[1:])
             setattr(units, name, index[torch.isin(index // per_layer, torch.tensor(have, dtype=torch.long))])
+        if len(layers) > 2:  # each layer's neurons: the first columns of its row
+            index = units.neuron_index
+            width = torch.tensor(layers[2], dtype=torch.long)[index // math.prod(units.neuron_shape[1:])]
+            units.neuron_index = index[index % d_mlp < width]
     if kind == "edges":
         units.neuron_index = units.neuron_index[:0]
     elif kind == "neurons":
@@ -277,8 +282,11 @@ def component_units(sample: Sample, n_layers: int, n_heads: int, d_mlp: int,
 
 def unit_layers(spec) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
     """The layers with heads and the layers with neurons of a model where some layer lacks one of the two blocks
-    (Nemotron-H's: a token mixer or an MLP per layer), for ``component_units``; None where every layer has both."""
+    (Nemotron-H's: a token mixer or an MLP per layer), and each layer's neurons where a dense layer has fewer than
+    the row (a mixed layout's, Jamba's), for ``component_units``; None where every layer has both, all of them."""
     every = tuple(range(spec.n_layers))
+    if spec.d_dense:
+        return spec.mixing_layers, spec.neuron_layers, tuple(spec.neuron_width(i) for i in every)
     if spec.mixing_layers == every and spec.neuron_layers in (every, ()):
         return None
     return spec.mixing_layers, spec.neuron_layers

@@ -5,7 +5,8 @@ import assert from "node:assert/strict";
 import {
   DIVERGING, symmetricMax, divergingRgb, divergingColor, textColor, formatScore, topIndices, topHeads,
   topNeurons, headLayout, wrapRows, tokenLabel, axisTicks, shortLabel, weightsText, offlineReason, hasExperts,
-  expertName, expertLabel, neuronInExpert, neuronLabel, topExperts, expertNeurons, expertLayout, headLabel, unitKind,
+  expertName, expertLabel, neuronInExpert, neuronLabel, isDense,
+  topExperts, expertNeurons, expertLayout, headLabel, unitKind,
 } from "../../dpa_widgets/static/src/helpers.js";
 import { selectionPayload, escapeXml, viewSvg } from "../../dpa_widgets/static/src/export.js";
 import { payload, moePayload } from "./fixture.mjs";
@@ -235,6 +236,16 @@ describe("mixture of experts", () => {
     assert.equal(neuronInExpert(payload(), 5), null, "dense");
     assert.equal(neuronLabel(payload(), 3, 101), "L3.N101");
     assert.equal(neuronLabel({ ...data, d_expert: null }, 3, 13), "L3.N13", "the experts' width unknown");
+  });
+
+  test("a dense layer of a mixed layout (Jamba's) names its neurons as a dense MLP's", () => {
+    const data = { ...moePayload(), dense_layers: [0] };
+    assert.equal(isDense(data, 0), true);
+    assert.equal(isDense(data, 1), false);
+    assert.equal(isDense(moePayload(), 0), false, "every layer sparse");
+    assert.equal(neuronInExpert(data, 5, 0), null);
+    assert.equal(neuronLabel(data, 0, 5), "L0.N5");
+    assert.equal(neuronLabel(data, 1, 5), "L1.E1.N1");
   });
 
   test("routed experts only (Mixtral): no shared expert", () => {

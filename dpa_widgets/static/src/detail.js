@@ -94,7 +94,9 @@ function neuronDetail(ctx, [l, n]) {
   const data = ctx.get("_data");
   const d = ctx.detail(`neuron:${l}:${n}`);
   const parts = [h("div", { class: "dpa-detail-title", text: `neuron ${neuronLabel(data, l, n)}` + (d ? ` · ${formatScore(d.score)} summed over positions` : "") })];
-  if (neuronInExpert(data, n)) parts.push(h("div", { class: "dpa-muted", text: `neuron ${n} of layer ${l}'s experts, in order` }));
+  if (neuronInExpert(data, n, l)) {
+    parts.push(h("div", { class: "dpa-muted", text: `neuron ${n} of layer ${l}'s experts, in order` }));
+  }
   if (!d) return [...parts, missing(ctx, "neuron")];
   parts.push(tokenList(d.promotes, "promotes"), tokenList(d.suppresses, "suppresses"));
   if (!d.by_pos) parts.push(h("div", { class: "dpa-muted", text: "per-position scores need the model" }));

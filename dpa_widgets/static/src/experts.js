@@ -1,7 +1,7 @@
 // @ts-check
 // The layer x expert heatmap (mixture of experts only).
 import { h, legend } from "./dom.js";
-import { symmetricMax, divergingColor, formatScore, expertLayout, expertLabel, axisTicks } from "./helpers.js";
+import { symmetricMax, divergingColor, formatScore, expertLayout, expertLabel, axisTicks, isDense } from "./helpers.js";
 import { gridSize } from "./heads.js";
 /** @typedef {import("./context.js").Ctx} Ctx */
 
@@ -20,6 +20,7 @@ export function expertsView(ctx) {
   const r = t !== null && data.token_routes ? data.token_routes[t] : null;
   const routed = new Set(r && r.experts ? r.experts.map(([l, e]) => `${l}:${e}`) : []);
   for (const c of lay.cells) {
+    if (isDense(data, c.layer)) continue;  // a dense layer of a mixed layout (Jamba's): no experts, no cells
     const v = scores[c.layer][c.slot];
     const isSel = locked && locked[0] === c.layer && locked[1] === c.slot;
     const name = expertLabel(data, c.layer, c.slot);

@@ -1,7 +1,7 @@
 // @ts-check
 // The selection as JSON, and the standalone SVG of the scores view (the export buttons).
 import { symmetricMax, divergingColor, textColor, formatScore, tokenLabel, headLayout, expertLayout, wrapRows,
-  hasExperts, expertName, neuronInExpert, neuronLabel } from "./helpers.js";
+  hasExperts, expertName, neuronInExpert, neuronLabel, isDense } from "./helpers.js";
 
 /**
  * What is selected, with its scores, as plain JSON (the ``selection`` trait and the download).
@@ -20,7 +20,7 @@ export function selectionPayload(data, sel) {
     const [l, n] = sel.neuron;
     const j = data.neurons.index[l]?.indexOf(n) ?? -1;
     out.neuron = { layer: l, neuron: n, score: j >= 0 ? data.neurons.score[l][j] : null };
-    const at = neuronInExpert(data, n);
+    const at = neuronInExpert(data, n, l);
     if (at) Object.assign(out.neuron, { expert: at.expert, index_in_expert: at.index, label: neuronLabel(data, l, n) });
   }
   if (sel.expert && hasExperts(data)) {
@@ -90,7 +90,7 @@ export function viewSvg(data, opts = {}) {
     const ecell = Math.max(3, Math.min(10, Math.floor((width - 60) / slots) - 1));
     const el = expertLayout(data.n_layers, slots, data.n_experts ?? slots, { cell: ecell, left: 40, top: eTop });
     const eMax = symmetricMax(data.expert_scores.flat());
-    for (const c of el.cells) {
+    for (const c of el.cells.filter((e) => !isDense(data, e.layer))) {  // (a dense layer: no experts)
       parts.push(`<rect x="${c.x}" y="${c.y}" width="${ecell}" height="${ecell}" ` +
         `fill="${divergingColor(data.expert_scores[c.layer][c.slot], eMax)}"/>`);
     }

@@ -55,6 +55,12 @@ export function hasExperts(data) {
   return Array.isArray(data.expert_scores) && data.expert_scores.length > 0 && data.expert_scores[0].length > 0;
 }
 
+/** Whether layer ``layer``'s MLP is dense in a mixture of experts that has both kinds (Jamba's): no experts on that
+ * row, its neurons its dense MLP's. @param {Payload} data @param {number} layer */
+export function isDense(data, layer) {
+  return Array.isArray(data.dense_layers) && data.dense_layers.includes(layer);
+}
+
 /** The kind of unit layer ``layer``'s row of head scores holds: "head", or a hybrid's mixer's ("conv").
  * @param {Payload} data @param {number} layer */
 export function unitKind(data, layer) {
@@ -79,13 +85,14 @@ export function expertLabel(data, layer, slot) {
 
 /**
  * Where neuron ``neuron`` of a layer sits: {expert, index} with expert a routed expert's number or
- * "shared", index the neuron within it; null on a dense model, or when the experts' width is not known.
- * @param {Payload} data @param {number} neuron
+ * "shared", index the neuron within it; null on a dense model or a dense layer (``isDense``), or when the
+ * experts' width is not known.
+ * @param {Payload} data @param {number} neuron @param {number} layer
  * @returns {{expert: number | "shared", index: number} | null}
  */
-export function neuronInExpert(data, neuron) {
+export function neuronInExpert(data, neuron, layer) {
   const n = data.n_experts, d = data.d_expert;
-  if (!hasExperts(data) || !n || !d) return null;
+  if (!hasExperts(data) || !n || !d || isDense(data, layer)) return null;
   const e = Math.floor(neuron / d);
   return e < n ? { expert: e, index: neuron % d } : { expert: "shared", index: neuron - n * d };
 }
@@ -96,7 +103,7 @@ export function neuronInExpert(data, neuron) {
  * @param {Payload} data @param {number} layer @param {number} neuron
  */
 export function neuronLabel(data, layer, neuron) {
-  const at = neuronInExpert(data, neuron);
+  const at = neuronInExpert(data, neuron, layer);
   if (!at) return `L${layer}.N${neuron}`;
   return `L${layer}.${at.expert === "shared" ? "S" : `E${at.expert}`}.N${at.index}`;
 }
@@ -121,7 +128,7 @@ export function expertNeurons(data, layer, slot) {
   /** @type {{neuron: number, index: number, score: number}[]} */
   const out = [];
   (data.neurons.index[layer] ?? []).forEach((n, j) => {
-    const at = neuronInExpert(data, n);
+    const at = neuronInExpert(data, n, layer);
     if (at && at.expert === want) out.push({ neuron: n, index: at.index, score: data.neurons.score[layer][j] });
   });
   return topIndices(out.map((c) => c.score), out.length).map((i) => out[i]);

@@ -71,6 +71,8 @@
  *   n % d_expert of expert n // d_expert, the shared expert's after n_experts * d_expert (null: not known)
  * @property {string[]} [expert_names]        ... one per slot: "E0" .. "E{n-1}", then "shared" if there is one
  * @property {number[][]} [expert_scores]     ... [layer][slot]
+ * @property {number[] | null} [dense_layers] ... the layers whose MLP is dense (Jamba's, Qwen's mlp_only_layers): no
+ *   experts there, their neurons the dense MLP's; null: every layer's MLP is the sparse block
  *
  * @typedef Route
  * @property {[number, number, number][]} heads    [layer, head, score of edges with this key]

@@ -70,7 +70,7 @@ export function neuronsView(ctx) {
       h("span", { class: "dpa-swatch", style: `background:${divergingColor(c.score, nMax)}` }),
       h("span", { text: neuronLabel(data, c.layer, c.neuron) }), h("span", { class: "dpa-num", text: formatScore(c.score) }),
     ]);
-    if (neuronInExpert(data, c.neuron)) li.setAttribute("title", `neuron ${c.neuron} of layer ${c.layer}`);
+    if (neuronInExpert(data, c.neuron, c.layer)) li.setAttribute("title", `neuron ${c.neuron} of layer ${c.layer}`);
     li.addEventListener("mouseenter", () => ctx.setHover(`neuron ${neuronLabel(data, c.layer, c.neuron)}: ${formatScore(c.score)}`));
     pressable(li, `neuron:${c.layer}:${c.neuron}`, () => ctx.setTrait("selected_neuron", isSel ? null : [c.layer, c.neuron]));
     list.append(li);
