@@ -7,7 +7,7 @@ from torch import nn
 
 from .errors import UnsupportedModelError
 from .registry import Family
-from .spec import get, in_features, weight_rows
+from .spec import get, in_features, is_projection, weight_rows
 
 
 def check_experts(layer: nn.Module, family: Family, i: int) -> None:
@@ -19,23 +19,32 @@ def check_experts(layer: nn.Module, family: Family, i: int) -> None:
         experts, router = get(layer, moe.experts), get(layer, moe.router)
     except AttributeError as err:
         raise UnsupportedModelError(f"layers[{i}] has no mixture-of-experts block where the {family.model_type} "
-                                    f"description expects one ({err}; mlp_only_layers?)") from None
+                                    f"description expects one ({err}; the config's layout of sparse and dense "
+                                    f"layers, {moe.layers}, edited after loading?)") from None
     names = {n for n, _ in experts.named_parameters()}
-    layout = {"has_gate": True, "has_bias": moe.biases, "has_post_expert_norm": False}  # what dpa's experts read
+    layout = {"has_gate": family.gated, "has_bias": moe.biases, "has_post_expert_norm": False}  # what dpa reads
     for flag, want in layout.items():
         if getattr(experts, flag, None) != want:
             raise UnsupportedModelError(f"unsupported experts in layers[{i}]: {type(experts).__name__}.{flag} is "
                                         f"{getattr(experts, flag, None)!r} (dpa reads experts with {flag}={want})")
-    read = {"gate_up_proj", "down_proj"} | ({"gate_up_proj_bias", "down_proj_bias"} if moe.biases else set())
-    if names != read or experts.gate_up_proj.dim() != 3:
+    first = "gate_up_proj" if family.gated else "up_proj"  # (non-gated experts: act(up x), Nemotron-H's)
+    read = {first, "down_proj"} | ({"gate_up_proj_bias", "down_proj_bias"} if moe.biases else set())
+    if names != read or getattr(experts, first).dim() != 3:
         raise UnsupportedModelError(f"unsupported experts in layers[{i}]: parameters {sorted(names)}; dpa reads "
                                     f"exactly {', '.join(sorted(read))}, so it would miss the others")
     count = getattr(experts, "num_experts", None)  # the experts' forward skips an index at or above it (a sentinel)
-    if isinstance(count, int) and count != experts.gate_up_proj.shape[0]:
+    held = getattr(experts, first).shape[0]
+    if isinstance(count, int) and count != held:
         raise UnsupportedModelError(
             f"unsupported experts in layers[{i}]: {type(experts).__name__}.num_experts is {count} while it holds "
-            f"{experts.gate_up_proj.shape[0]} experts' weights; its forward skips the experts at or above num_experts "
+            f"{held} experts' weights; its forward skips the experts at or above num_experts "
             "(expert parallelism's sentinel), dpa runs every expert it holds: make the two agree")
+    for path in moe.latent or ():  # the projections into and out of the experts' space: linear, no bias
+        module = get(layer, path)
+        if not isinstance(module, nn.Identity) and (not is_projection(module) or module.bias is not None):
+            raise UnsupportedModelError(f"unsupported module: layers[{i}].{path} is a {type(module).__name__}"
+                                        f"{' with a bias' if is_projection(module) else ''}; dpa reads it as a "
+                                        "linear map without a bias (or the identity)")
     if moe.glu == "clamped" and not all(isinstance(getattr(experts, a, None), (int, float)) for a in ("alpha", "limit")):
         raise UnsupportedModelError(f"unsupported experts in layers[{i}]: the clamped GLU needs numbers alpha, limit")
     router_params = {n for n, _ in router.named_parameters()}
@@ -67,7 +76,7 @@ def shared_width(layers: list[tuple[int, nn.Module]], family: Family) -> int:
     width = in_features(get(layers[0][1], down))
     for i, layer in layers:
         rows = {p: weight_rows(get(layer, p)).shape[0] for p in (gate, up)}
-        want = {gate: 2 * width} if gate == up else {gate: width, up: width}
+        want = {up: width} if not family.gated else {gate: 2 * width} if gate == up else {gate: width, up: width}
         if in_features(get(layer, down)) != width or rows != want:
             raise UnsupportedModelError(f"unsupported module: layers[{i}]'s shared expert has {rows} outputs and "
                                         f"{in_features(get(layer, down))} neurons; dpa reads {want} and {width}")

@@ -88,11 +88,13 @@ class LinearisedExperts:
             return out.index_add_(0, rows // t, (x * g).sum(-1).to(out.dtype))
         return Tap.apply(c, self.anchor, reduce, lambda v: self.bias_sink(v * share), 0.0)
 
-    def glu(self, gate: Tensor, up: Tensor, rows: Tensor, columns: slice, t: int,
+    def glu(self, gate: Tensor, up: Tensor | None, rows: Tensor, columns: slice, t: int,
             act: nn.Module | None = None) -> Tensor:
         """act(gate) * up, linearised: the gate path with its ratio frozen (mu_gate), the up path (mu_up) with
         the neuron tap u . grad_u. GPT-OSS's clamped GLU: act as above, and up' = min(max(u, -limit), limit) + 1,
-        linearised as u * rho(u) (rho frozen) plus the constant 1, an input no token owns (bias share)."""
+        linearised as u * rho(u) (rho frozen) plus the constant 1, an input no token owns (bias share). Without
+        an up (non-gated experts, Nemotron-H's act(s)): the one branch s carries mu_gate + mu_up, the neuron tap
+        a . grad_a on the activation's output."""
         mu = self.mu
         if self.clamped:  # (GPT-OSS's: written inline, no activation module)
             own = self.act_value
@@ -101,22 +103,27 @@ class LinearisedExperts:
             own = module.forward
             if own_forward(module):  # code not transformers': checked on every call
                 own = agreeing(own, lambda s: s * self.ratio(s), f"an expert's {type(module).__name__}")
-        if mu.gate == 0:
+        weight = mu.gate if up is not None else mu.gate + mu.up  # (non-gated: both paths reach s)
+        if weight == 0:
             with torch.no_grad():
                 a = own(gate)
         else:
-            a = LinearisedActivation.apply(gate, own, self.ratio, mu.gate)
+            a = LinearisedActivation.apply(gate, own, self.ratio, weight)
+        if up is None:
+            return self._neuron_tap(a, rows, columns, t, 1.0)
         if self.clamped:
             limit = self.limit
             clip = lambda u: u.clamp(min=-limit, max=limit)  # noqa: E731
             up = LinearisedActivation.apply(up, clip, _safe_ratio(clip), 1.0)
             up = up + self.constant(torch.ones_like(up), rows, t, self.inner)  # its gradient carries mu_up (below)
+        return a * self._neuron_tap(up, rows, columns, t, mu.up)
+
+    def _neuron_tap(self, x: Tensor, rows: Tensor, columns: slice, t: int, factor: float) -> Tensor:
+        """The neuron tap x . grad_x into the layer's neuron buffer, with ``factor`` on the gradient passing it."""
         if self.neuron_buffer is not None and self.session.only is None:
             sink = lambda v: self.add_neurons(rows, columns, v.to(self.neuron_buffer.dtype), t)  # noqa: E731
-            up = Tap.apply(up, self.anchor, torch.mul, sink, mu.up)
-        elif mu.up != 1:
-            up = Branch.apply(up, mu.up, None, None)
-        return a * up
+            return Tap.apply(x, self.anchor, torch.mul, sink, factor)
+        return x if factor == 1 else Branch.apply(x, factor, None, None)
 
     def forward(self, hidden_states: Tensor, top_k_index: Tensor, top_k_weights: Tensor) -> Tensor:
         """The experts module's forward: the model's own arithmetic (``run_experts``) with the rules above."""
@@ -156,16 +163,17 @@ def run_experts(experts: nn.Module, n: int, d_e: int, x: Tensor, index: Tensor, 
     transposed = getattr(experts, "is_transposed", False)
     concatenated = getattr(experts, "is_concatenated", True)
     biases = getattr(experts, "has_bias", False)
+    gated = getattr(experts, "has_gate", True)  # (False: up_proj alone, act(s), Nemotron-H's)
     for e in torch.unique(index).tolist():
         if e >= n:  # an expert-parallel sentinel
             continue
         rows, slot = torch.where(index == e)
-        w_gu, w_down = experts.gate_up_proj[e], experts.down_proj[e]
+        w_gu, w_down = (experts.gate_up_proj if gated else experts.up_proj)[e], experts.down_proj[e]
         h = x[rows]
         gu = h @ w_gu if transposed else F.linear(h, w_gu)
         if biases:  # the gate's and up's shares carry their mu: the bias is below their factors
             gu = gu + bias(experts.gate_up_proj_bias[e].expand_as(gu), rows)
-        gate, up = gu.chunk(2, dim=-1) if concatenated else (gu[..., 0::2], gu[..., 1::2])
+        gate, up = (gu, None) if not gated else gu.chunk(2, dim=-1) if concatenated else (gu[..., 0::2], gu[..., 1::2])
         a = glu(gate, up, rows, slice(e * d_e, (e + 1) * d_e))
         y = a @ w_down if transposed else F.linear(a, w_down)
         if biases:
@@ -191,7 +199,7 @@ def mask_experts(spec, mods: LayerModules, override: Callable, keep: Tensor) -> 
 
     def forward(hidden_states: Tensor, top_k_index: Tensor, top_k_weights: Tensor) -> Tensor:
         k = flat(hidden_states)
-        glu = lambda gate, up, rows, cols: act(gate) * up_value(up) * k[rows, cols]  # noqa: E731
+        glu = lambda gate, up, rows, cols: act(gate) * (1 if up is None else up_value(up)) * k[rows, cols]  # noqa: E731
         return run_experts(experts, spec.n_experts, spec.d_expert, hidden_states, top_k_index, top_k_weights,
                            glu, lambda b, rows: b)
 
@@ -201,8 +209,9 @@ def mask_experts(spec, mods: LayerModules, override: Callable, keep: Tensor) -> 
 
         def shared(x: Tensor) -> Tensor:  # on [rows d_model] (inside the block) or [b t d_model] (beside it)
             rows = x.reshape(-1, x.shape[-1])
-            gate, up = mods.shared_glu(rows)
-            return mods.shared_down(act_shared(gate) * up * flat(rows)[:, start:]).reshape(x.shape)
+            gate, up = mods.shared_glu(rows)  # (up None: a non-gated shared expert)
+            return mods.shared_down(act_shared(gate) * (1 if up is None else up) * flat(rows)[:, start:]
+                                    ).reshape(x.shape)
         override(mods.shared, shared)
 
 

@@ -85,10 +85,7 @@ def check_config(config) -> Family:
             raise _config_error("partial_rotary_factor", factor, f"the {model_type} description rotates whole "
                                 "heads (partial rotary embeddings are known for phi3 and gpt_neox)")
     known = (*family.attention_types, *mixer_layer_types(family))
-    refused = dict(family.refused_types)
     for i, kind in enumerate(getattr(config, "layer_types", None) or []):
-        if kind in refused:
-            raise _config_error(f"layer_types[{i}]", kind, refused[kind])
         if kind not in known:
             raise _config_error(f"layer_types[{i}]", kind, f"the {model_type} description knows the layer types "
                                 f"{', '.join(known)}")

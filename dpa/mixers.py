@@ -27,8 +27,8 @@ def layer_kinds(config, family: Family) -> tuple[str, ...]:
     if not family.mixers:
         return ()
     by_type = {m.layer_type: m.kind for m in family.mixers}
-    if family.mlp_layers is not None:  # one block per layer: this type's block is an MLP (no token mixer)
-        by_type[family.mlp_layers] = MLP_LAYER
+    for t in _mlp_types(family):  # one block per layer: this type's block is an MLP or the sparse block (no token
+        by_type[t] = MLP_LAYER  # mixer)
     types = list(getattr(config, "layer_types", None) or [])
     if len(types) != config.num_hidden_layers:
         raise UnsupportedModelError(f"unsupported config: layer_types has {len(types)} entries for "
@@ -51,6 +51,8 @@ def sparse_layers(config, family: Family, n: int) -> tuple[bool, ...]:
         step, dense = getattr(config, "decoder_sparse_step", 1) or 1, set(getattr(config, "mlp_only_layers", ()) or ())
         sparse = tuple(i not in dense and bool(getattr(config, "num_experts", 0)) and (i + 1) % step == 0
                        for i in range(n))
+    elif moe.layers == "layer_type":  # Nemotron-H's "moe" layers
+        sparse = tuple(t == moe.layer_type for t in getattr(config, "layer_types", None) or [])
     else:  # "layers_num_experts": Jamba's
         counts = list(getattr(config, moe.layers))
         if len(counts) != n:
@@ -69,7 +71,15 @@ def layer_descriptions(config, family: Family, n: int) -> tuple[Family, ...]:
 def mixer_layer_types(family: Family) -> tuple[str, ...]:
     """The ``layer_types`` values of the family's mixer layers and MLP layers (accepted besides full and sliding
     attention)."""
-    return tuple(m.layer_type for m in family.mixers) + ((family.mlp_layers,) if family.mlp_layers else ())
+    return tuple(m.layer_type for m in family.mixers) + _mlp_types(family)
+
+
+def _mlp_types(family: Family) -> tuple[str, ...]:
+    """The layer_types values of a family of one block per layer whose block is an MLP: dense (``mlp_layers``) or
+    the sparse block (``Experts.layer_type``, Nemotron-H's "moe")."""
+    if family.mlp_layers is None:
+        return ()
+    return (family.mlp_layers,) + ((family.moe.layer_type,) if family.moe and family.moe.layer_type else ())
 
 
 def check_mixer_config(config, family: Family) -> None:

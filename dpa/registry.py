@@ -66,8 +66,14 @@ class Experts:
     #   read by: expert_checks (the router)
     layers: str = "every"  # which layers hold the sparse block, from the config: "every" layer; "sparse_step", Qwen's
     # (not in mlp_only_layers, and (i + 1) % decoder_sparse_step == 0); "layers_num_experts", Jamba's (the config's
-    # per-layer count above 1). The others hold a dense MLP at ``dense``'s paths
+    # per-layer count above 1); "layer_type", those whose layer_types value is ``layer_type`` (Nemotron-H's "moe",
+    # a layer of one block: the sparse block). The others hold a dense MLP at ``dense``'s paths
     #   read by: mixers (ModelSpec.sparse_layers)
+    layer_type: str | None = None  # with layers "layer_type": the config's layer_types value of the sparse layers
+    #   read by: mixers (ModelSpec.layer_kinds, ModelSpec.sparse_layers)
+    latent: tuple[str, str] | None = None  # projections into and out of the space the experts work in (Nemotron 3's
+    # fc1_latent_proj / fc2_latent_proj, linear: content; nn.Identity where the config sets no latent size)
+    #   read by: spec (LayerModules.latent_out: spec, verify_circuit), expert_checks
     dense: tuple[str, str, str, str] | None = None  # a dense layer's gate and up projections, activation and down
     # projection, where ``layers`` leaves some layers dense (their neurons the first columns of the layer's row)
     #   read by: registry (Family.on_layer)
@@ -224,9 +230,6 @@ class Family:
     #   read by: mixers (ModelSpec.layer_kinds, the config's checks), registry (Family.mixer: spec, families, mixers)
     attention_types: tuple[str, ...] = ("full_attention", "sliding_attention")  # the layer_types of its attention
     #   read by: families (checks the config)
-    refused_types: tuple[tuple[str, str], ...] = ()  # (layer type, why): layer types of this model_type that dpa
-    # knows and does not describe yet, refused with the reason (Nemotron-H's "moe")
-    #   read by: families (checks the config)
     multipliers: tuple[tuple[str, str], ...] = ()  # (which, config key): scalars the model's forward multiplies by
     # (Granite's): "embedding", the embeddings after the embedding module; "residual", each block's output before it
     # joins the residual stream; "logits", the logits' divisor (logits_scaling). dpa's own sums of writes and its
@@ -267,11 +270,11 @@ class Family:
                            neurons=down)
         if self.mlp_layers is not None:
             mlp = {name: path for name, path in self.branches.items() if name in ("gate", "up")}
-            if kind == MLP_LAYER:
+            if kind == MLP_LAYER:  # (dense, or the sparse block: Nemotron-H's "moe" layers)
                 return replace(self, attention=None, heads=None, branches=mlp, head_norms=None, sinks=None,
                                block_inputs=("", *self.block_inputs), mid=self.block_inputs[0], mixers=(),
                                mlp_layers=None)
-            self = replace(self, mlp=None, neurons=None, activation=None, mid=None, mlp_layers=None,
+            self = replace(self, mlp=None, neurons=None, activation=None, mid=None, mlp_layers=None, moe=None,
                            branches={name: path for name, path in self.branches.items() if name not in mlp})
         mixer = self.mixer(kind)
         if mixer is None:
@@ -460,12 +463,17 @@ NEMOTRON_H = Family(  # one block per layer after one norm (Mamba-2's layout), b
     mid=None, rotary=None, gated=False, attention_types=("full_attention",), mlp_layers=MLP_LAYER,  # block without
     activation_config=("mlp_hidden_act", (("relu2", "relu2"),)),  # position embeddings, or an MLP relu(up x)^2
     fixed=(("num_nextn_predict_layers", 0, "the multi-token prediction layers are not attributed"),),  # (non-gated)
-    refused_types=(("moe", "Nemotron 3's mixture-of-experts layers (a sigmoid router with a correction bias over "
-                            "grouped experts, squared-ReLU experts, latent projections, a shared expert) are not "
-                            "described yet"),),
     mixers=(Mixer("scan", "linear_attention", module="mixer", in_proj="mixer.in_proj",
                   factors=("value", "key", "query"), heads="mixer.out_proj", biases=("use_bias",), letter="S",
                   rule="scan", book="state-space-duality"),))
+NEMOTRON_H = NEMOTRON_H.with_(  # Nemotron 3's "moe" layers: the sparse block as the layer's one block (Experts.layers
+    branches={k: v for k, v in NEMOTRON_H.branches.items() if k not in ("gate", "up")},  # "layer_type"): a sigmoid
+    activation="mixer.experts.act_fn", neurons=None,  # router (its correction bias and groups choose, no gradient),
+    moe=Experts(router="mixer.gate", experts="mixer.experts", shared="mixer.shared_experts",  # non-gated relu^2
+                shared_parts=("up_proj", "up_proj", "down_proj", "act_fn"),
+                layers="layer_type", layer_type="moe", latent=("mixer.fc1_latent_proj", "mixer.fc2_latent_proj"),
+                dense=("mixer.up_proj", "mixer.up_proj", "mixer.act_fn", "mixer.down_proj")))  # experts in a latent
+# space, a non-gated shared expert inside the block; "mlp" layers keep the dense MLP (Experts.dense)
 
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA2, GEMMA3, OLMO2, PHI3,
                                                           SMOLLM3, GPT2, GPT_NEOX, MIXTRAL, QWEN2_MOE,

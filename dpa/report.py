@@ -177,6 +177,9 @@ def summary_lines(res: Attribution) -> list[tuple[str, str]]:
              f"{heads} and {res.neuron_scores.shape[1]} neurons per layer" if res.neuron_scores is not None
              else f"{heads} and {res.neuron_top.d_mlp} neurons per layer; the top {res.neuron_top.k} neurons of "
              "each sign saved" if res.neuron_top is not None else f"{heads} per layer; neuron scores not saved")
+    if res.dense_layers:  # a mixed layout (Jamba's): the dense layers' MLPs are narrower
+        sizes += f" ({res.d_dense} on the dense layer{'s' if len(res.dense_layers) > 1 else ''} " \
+                 f"{', '.join(str(i) for i in res.dense_layers)}, without experts)"
     rows = [("model", f"{res.model_name} ({layers} layers, {sizes})")]
     if res.top_predictions:
         (tok, p), rest = res.top_predictions[0], res.top_predictions[1:]

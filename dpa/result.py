@@ -93,6 +93,7 @@ class Attribution(JsonRecord):
     dense_layers: list[int] | None = None  # where a mixture of experts has a dense MLP on some layers (Jamba's, Qwen's
     # mlp_only_layers): those layers, whose neurons are their dense MLP's, the first columns of their row (the rest
     # zeros), and whose expert scores are zeros; None: every layer's MLP is the sparse block
+    d_dense: int | None = None  # with dense_layers: the dense MLPs' neurons, the first columns of those rows
     layer_kinds: list[str] | None = None  # per layer, what its head_scores row scores: "head" (attention heads) or a
     # mixer's unit kind (LFM2's "conv": channel groups of a convolution layer), or "mlp" where the layer's one block is
     # an MLP (Nemotron-H's: a row of zeros, no units); None: every layer attention
@@ -328,12 +329,10 @@ class Attribution(JsonRecord):
             if len(self.layer_kinds) != layers or not set(self.layer_kinds) <= set(known):
                 return (f"layer_kinds must be {layers} entries, one per layer, each one of {', '.join(known)}; got "
                         f"{self.layer_kinds!r}")
-        if self.d_expert is not None and (self.expert_scores is None or d_mlp is None or self.d_expert > d_mlp):
-            return f"d_expert {self.d_expert!r} does not fit the expert and neuron scores"
-        if self.dense_layers is not None and (self.expert_scores is None or len(set(self.dense_layers)) != len(
-                self.dense_layers) or not all(0 <= i < layers for i in self.dense_layers)):
-            return (f"dense_layers must name layers (0 to {layers - 1}, once each) of a result with expert scores; "
-                    f"got {self.dense_layers!r}")
+        if self.d_expert is not None and d_mlp is not None and self.d_expert > d_mlp:  # (a file kept with
+            return f"d_expert {self.d_expert!r} does not fit the {d_mlp} neurons per layer"  # top_neurons: none)
+        if self.dense_layers is not None or self.d_dense is not None:
+            return dense_problem(self, layers, d_mlp)
         if self.target.position >= n:
             return f"target.position {self.target.position!r} is outside the {n} tokens"
         terms = self.target.terms
@@ -355,3 +354,22 @@ class Attribution(JsonRecord):
             if not math.isclose(total, self.target_logit, rel_tol=1e-4, abs_tol=1e-4):
                 return f"target.terms add up to {total!r}, not to target_logit {self.target_logit!r}"
         return None
+
+
+def dense_problem(res: Attribution, layers: int, d_mlp: int | None) -> str | None:
+    """What does not fit in a result's dense layers (``Attribution.dense_layers``, ``d_dense``): they must be
+    layers of a mixture of experts, once each, with the dense MLPs' width, and no score where they have no unit (an
+    expert's, a neuron's past that width)."""
+    dense, width = res.dense_layers, res.d_dense
+    if (dense is None or width is None or res.d_expert is None or len(set(dense)) != len(dense)
+            or not all(0 <= i < layers for i in dense) or (d_mlp is not None and width > d_mlp)):
+        return (f"dense_layers must name layers (0 to {layers - 1}, once each) of a mixture of experts (d_expert), "
+                f"with d_dense, their neurons (at most {d_mlp} a layer); got dense_layers {dense!r}, "
+                f"d_dense {width!r}, d_expert {res.d_expert!r}")
+    for name, cols in (("expert_scores", slice(None)), ("expert_position_scores", slice(None)),
+                       ("neuron_scores", slice(width, None)), ("neuron_position_scores", slice(width, None))):
+        t = getattr(res, name)
+        if t is not None and dense and bool(t[dense][..., cols].any()):
+            return (f"{name} scores units that dense_layers {dense} (d_dense {width}) says do not exist: an expert on "
+                    "a dense layer, or a neuron past its dense MLP's width")
+    return None

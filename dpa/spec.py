@@ -125,8 +125,7 @@ class ModelSpec:
                 or kind == "expert" and self.n_experts and not self.has_experts(layer)):
             return lacking(kind, layer) + ("" if unit is None else f" {unit}")
         if kind == "neuron" and unit is not None and self.d_mlp and unit >= self.neuron_width(layer):
-            return (f"layer {layer}'s MLP is dense, with {self.neuron_width(layer)} neurons (fewer than the experts' "
-                    f"layers), so no neuron {unit}")
+            return narrower(layer, self.neuron_width(layer), unit)
         return None
 
     @property
@@ -237,6 +236,12 @@ def lacking(kind: str, layer: int) -> str:
     return (f"layer {layer} has no token mixer (its one block is an MLP), so no head or unit" if kind == "head" else
             f"layer {layer}'s MLP is dense (the experts are on other layers), so no expert" if kind == "expert" else
             f"layer {layer} has no MLP (its one block is a token mixer), so no neuron")
+
+
+def narrower(layer: int, width: int, neuron: int) -> str:
+    """The words of a refusal of a neuron past a dense layer's width in a mixed layout (``ModelSpec.lacks``; the
+    widget's static page, from the result's ``dense_layers`` and ``d_dense``)."""
+    return f"layer {layer}'s MLP is dense, with {width} neurons (fewer than the experts' layers), so no neuron {neuron}"
 
 
 def get(root: nn.Module, path: str) -> nn.Module:
@@ -351,11 +356,16 @@ class LayerModules:
     parts_of_shared: tuple[str, str, str, str] = ()  # Experts.shared_parts, relative to ``shared``
     kind: str = "attention"  # the layer's token mixer: "attention", or a Mixer's kind (then ``attention`` is that
     # block, its query/key/value branches its factors' columns of one projection, ``heads`` its output projection)
+    gated: bool = True  # the MLP, the experts and the shared expert are GLUs (False: act(up x), Nemotron-H's)
+    latent_out: nn.Module | None = None  # the projection out of the experts' latent space (Experts.latent), None
+    # where the experts write the residual stream's space themselves
 
     def shared_glu(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The shared expert's gate and up pre-activations on ``x``, from its own projections (``shared_parts``): two
         projections, or one fused one whose output is [gate | up] (Granite's input_linear)."""
         parts = self.parts_of_shared
+        if not self.gated:  # one projection s = up x, act(s) (Nemotron-H's): no up factor
+            return get(self.shared, parts[1])(x), None
         if parts[0] == parts[1]:
             return get(self.shared, parts[0])(x).chunk(2, dim=-1)
         return get(self.shared, parts[0])(x), get(self.shared, parts[1])(x)
@@ -404,7 +414,9 @@ def neuron_direction(mods: LayerModules, spec: ModelSpec, neuron: int) -> torch.
     expert, j = divmod(neuron, spec.d_expert)
     if expert < spec.n_experts:
         down = mods.experts.down_proj[expert]  # [d_model d_expert], or [d_expert d_model] transposed
-        return down[j] if getattr(mods.experts, "is_transposed", False) else down[:, j]
+        column = down[j] if getattr(mods.experts, "is_transposed", False) else down[:, j]
+        return column if mods.latent_out is None else weight_rows(mods.latent_out) @ column  # (out of the latent
+        # space the experts work in: Nemotron 3's)
     return weight_rows(get(mods.shared, mods.parts_of_shared[2]))[:, neuron - spec.n_experts * spec.d_expert]
 
 
@@ -453,9 +465,15 @@ def _layer_modules(layer: nn.Module, spec: ModelSpec, index: int) -> LayerModule
         post_norms=post_norms(layer, p),
         columns=columns,
         sinks=get(layer, p.sinks.rsplit(".", 1)[0]).get_parameter(p.sinks.rsplit(".", 1)[1]) if p.sinks else None,
-        kind=kind,
+        kind=kind, gated=p.gated,
         **({} if p.moe is None else dict(
+            latent_out=_latent_out(get(layer, p.moe.latent[1])) if p.moe.latent else None,
             router=get(layer, p.moe.router), experts=get(layer, p.moe.experts),
             shared=get(layer, p.moe.shared) if p.moe.shared else None,
             shared_gate=get(layer, p.moe.shared_gate) if p.moe.shared_gate else None,
             shared_beside=p.moe.shared_beside, parts_of_shared=p.moe.shared_parts)))
+
+
+def _latent_out(module: nn.Module) -> nn.Module | None:
+    """The projection out of the experts' latent space, None where it is the identity (no latent size set)."""
+    return None if isinstance(module, nn.Identity) else module

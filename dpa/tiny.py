@@ -13,7 +13,8 @@ import torch
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "smollm3", "olmo2", "phi3", "gpt2",
             "gpt_neox", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss")
 MHA_ONLY = ("gpt2", "gpt_neox", "mamba2", "mamba", "falcon_mamba")  # families whose configs have no KV-head setting
-MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss", "granitemoehybrid", "qwen3_next", "jamba")
+MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss", "granitemoehybrid", "qwen3_next", "jamba",
+                "nemotron_h")
 # Hybrid families: token mixers other than attention on some layers (book: Beyond attention). dpa.attribute covers
 # them; what reads attention probabilities (attention maps, head ablations) refuses their mixer layers by name.
 HYBRID_FAMILIES = ("lfm2", "bamba", "granitemoehybrid", "jamba", "mamba2", "mamba", "falcon_mamba",  # (the Mamba
@@ -126,9 +127,13 @@ def _hybrid(family: str, kwargs: dict) -> dict:
         # num_experts=0: every layer dense); a quarter of each head rotated (its default)
     if family == "nemotron_h":  # one block per layer: a Mamba-2 block (4 SSM heads of 16 channels in 2 groups, chunks
         kwargs.pop("rms_norm_eps")  # of 4, the convolution's bias), a squared-ReLU MLP, an attention layer (no
-        kwargs.update(layers_block_type=["linear_attention", "mlp", "full_attention"], mamba_num_heads=4,  # RoPE)
-                      mamba_head_dim=16, n_groups=2, ssm_state_size=8, conv_kernel=4, chunk_size=4,
-                      layer_norm_epsilon=1e-2, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+        kwargs.update(layers_block_type=["linear_attention", "mlp", "full_attention", "moe"], mamba_num_heads=4,
+                      mamba_head_dim=16, n_groups=2, ssm_state_size=8, conv_kernel=4, chunk_size=4,  # RoPE), and
+                      layer_norm_epsilon=1e-2, pad_token_id=0, bos_token_id=1, eos_token_id=2,  # Nemotron 3's
+                      n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=12,  # sparse block: four
+                      moe_shared_expert_intermediate_size=16, moe_latent_size=16, n_group=2, topk_group=1,  # experts
+                      norm_topk_prob=True, routed_scaling_factor=1.7)  # of 12 in a latent space of 16, two per
+        # token from one group of two, a shared expert of 16
     if family in ("mamba", "falcon_mamba"):  # three Mamba blocks and no MLP: 64 channels (each a unit) with states of
         kwargs = dict(vocab_size=96, hidden_size=32, num_hidden_layers=3, expand=2, state_size=8,  # 8, a step of
                       conv_kernel=4, time_step_rank=4, layer_norm_epsilon=1e-2, residual_in_fp32=False,  # rank 4

@@ -81,7 +81,9 @@ class _ExpertTerm:
     def _routed(self, module, args, _out):
         hidden, index, weights = args
         keep = (index == self.slot).to(weights.dtype)
-        self.seen["z"] = type(module).forward(module, hidden, index, weights * keep).detach()[None]
+        z = type(module).forward(module, hidden, index, weights * keep).detach()
+        latent = self.mods.latent_out  # (experts in a latent space: their term is what the projection out makes it)
+        self.seen["z"] = (z if latent is None else latent(z))[None]
 
     def _shared(self, _module, _args, out):
         self.seen["shared"] = out.detach()

@@ -22,7 +22,7 @@ import traitlets as t
 import dpa
 from dpa import Attribution, request
 from dpa.checks import check_int
-from dpa.spec import lacking
+from dpa.spec import lacking, narrower
 
 from . import graph, live, payload, verify
 from .bundle import bundle
@@ -294,8 +294,11 @@ class CircuitWidget(UserTraits, anywidget.AnyWidget):
             missing = dpa.spec_for(self.model).lacks(what, value[0], value[1])
         else:
             kinds, dense = self._data.get("layer_kinds") or [], self._data.get("dense_layers") or []
+            width = self._data.get("d_dense")
             missing = (lacking(what, value[0]) if what == "head" and value[0] < len(kinds) and kinds[value[0]] == "mlp"
-                       or what == "expert" and value[0] in dense else None)
+                       or what == "expert" and value[0] in dense else
+                       narrower(value[0], width, value[1]) if what == "neuron" and value[0] in dense
+                       and value[1] >= width else None)
         if missing:
             raise TraitValueError(f"selected_{what} {list(value)}: {missing}")
         return value

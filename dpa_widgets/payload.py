@@ -80,6 +80,10 @@ def view_payload(result: Attribution, *, top_neurons: int = 32, routes: int = 8,
     neurons = result.neuron_scores.detach().double()
     k = min(top_neurons, neurons.shape[1])
     index = neurons.abs().topk(k, dim=1).indices  # [layer k]
+    widths = neuron_widths(result)  # (a dense layer of a mixed layout: its top neurons among its own columns)
+    top = {"index": [[n for n in row if n < w] for row, w in zip(index.tolist(), widths)],
+           "score": [[s for n, s in zip(row, scores) if n < w]
+                     for row, scores, w in zip(index.tolist(), rounded(neurons.gather(1, index)), widths)]}
     target = result.target
     data = {
         "tokens": list(result.tokens),
@@ -104,7 +108,7 @@ def view_payload(result: Attribution, *, top_neurons: int = 32, routes: int = 8,
         "d_mlp": neurons.shape[1],
         "head_scores": rounded(result.head_scores),
         "mlp_totals": rounded(neurons.sum(1)),
-        "neurons": {"index": index.tolist(), "score": rounded(neurons.gather(1, index))},
+        "neurons": top,
         "top_predictions": [[t, rounded(p)] for t, p in (predictions or result.top_predictions)],
         "token_routes": token_routes(result, routes),
     }
@@ -116,9 +120,18 @@ def view_payload(result: Attribution, *, top_neurons: int = 32, routes: int = 8,
             "d_expert": d_expert,
             "expert_names": expert_names(n_experts, result.expert_scores.shape[1]),
             "expert_scores": rounded(result.expert_scores),
-            "dense_layers": result.dense_layers,  # (None: every layer's MLP is the sparse block)
         })
+        if result.dense_layers is not None:  # a mixed layout (Jamba's): layers without experts, their neurons
+            data.update(dense_layers=list(result.dense_layers), d_dense=result.d_dense)  # the first d_dense
     return data
+
+
+def neuron_widths(result: Attribution) -> list[int]:
+    """Per layer, how many of its row's neuron columns are neurons: all, but d_dense on a dense layer of a mixed
+    layout (``Attribution.dense_layers``)."""
+    d_mlp = result.neuron_scores.shape[1]
+    dense = set(result.dense_layers or ())
+    return [result.d_dense if i in dense else d_mlp for i in range(result.neuron_scores.shape[0])]
 
 
 def unit_layout(result: Attribution) -> dict[str, Any]:
@@ -153,7 +166,8 @@ def token_routes(result: Attribution, k: int = 8) -> list[dict[str, list]] | Non
     heads = by_key.permute(2, 0, 1).reshape(n_pos, -1)  # [pos layer*head]
     neurons = npos.permute(1, 0, 2).reshape(n_pos, -1)  # [pos layer*d_mlp]
     hi = heads.abs().topk(min(k, heads.shape[1]), dim=1).indices  # [pos k]
-    ni = neurons.abs().topk(min(k, neurons.shape[1]), dim=1).indices
+    real = torch.tensor([[c < w for c in range(d_mlp)] for w in neuron_widths(result)]).flatten()  # (a dense
+    ni = neurons.abs().masked_fill(~real, -1.0).topk(min(k, int(real.sum())), dim=1).indices  # layer's own columns)
     hv, nv = rounded(heads.gather(1, hi)), rounded(neurons.gather(1, ni))
     out = [{
         "heads": [[i // n_heads, i % n_heads, v] for i, v in zip(hi[j].tolist(), hv[j])],
@@ -163,7 +177,9 @@ def token_routes(result: Attribution, k: int = 8) -> list[dict[str, list]] | Non
         epos = result.expert_position_scores.detach().double()  # [layer pos slot]
         slots = epos.shape[2]
         experts = epos.permute(1, 0, 2).reshape(n_pos, -1)  # [pos layer*slot]
-        ei = experts.abs().topk(min(k, experts.shape[1]), dim=1).indices
+        real = torch.tensor([i not in (result.dense_layers or ()) for i in range(n_layers)]).repeat_interleave(slots)
+        ei = experts.abs().masked_fill(~real, -1.0).topk(min(k, int(real.sum())), dim=1).indices  # (none on a dense
+        # layer)
         ev = rounded(experts.gather(1, ei))
         for j, route in enumerate(out):
             route["experts"] = [[i // slots, i % slots, v] for i, v in zip(ei[j].tolist(), ev[j])]

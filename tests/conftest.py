@@ -136,6 +136,9 @@ def float64_norms():
     nemotron = modeling_nemotron_h.NemotronHRMSNorm  # Nemotron-H: its norms, its blocks' gated norm and scan in
     classes, originals = classes + [nemotron], originals + [nemotron.forward]  # float32
     nemotron.forward = _float64_rms_forward(nemotron.forward)
+    nemotron_router = modeling_nemotron_h.NemotronHTopkRouter  # its logits cast to float32: the same code in float64
+    classes, originals = classes + [nemotron_router], originals + [nemotron_router.forward]
+    nemotron_router.forward = _float64_sigmoid_router(nemotron_router.forward)
     nemotron_gated = modeling_nemotron_h.NemotronHRMSNormGated
     classes, originals = classes + [nemotron_gated], originals + [nemotron_gated.forward]
     nemotron_gated.forward = _float64_gated_norm(nemotron_gated.forward)
@@ -253,6 +256,27 @@ def _float64_router(original, renormalise: bool = True):
         if renormalise and getattr(self, "norm_topk_prob", True):  # Mixtral always renormalises
             top = top / top.sum(-1, keepdim=True)
         return logits, top, index
+    return forward
+
+
+def _float64_sigmoid_router(original):
+    """Nemotron 3's router (DeepSeek-V3's: sigmoid scores, a correction bias and groups choosing the top k, the chosen
+    scores renormalised and scaled) with float64 kept."""
+    def forward(self, hidden_states):
+        if hidden_states.dtype != torch.float64:
+            return original(self, hidden_states)
+        logits = torch.nn.functional.linear(hidden_states.reshape(-1, self.hidden_dim), self.weight.double())
+        scores = logits.sigmoid()
+        choice = scores + self.e_score_correction_bias.double()
+        group = choice.view(-1, self.num_group, self.num_experts // self.num_group).topk(2, dim=-1)[0].sum(-1)
+        mask = torch.zeros_like(group).scatter_(1, group.topk(self.topk_group, dim=-1, sorted=False)[1], 1)
+        mask = mask.unsqueeze(-1).expand(-1, self.num_group, self.num_experts // self.num_group).reshape(
+            -1, self.num_experts)
+        index = choice.masked_fill(~mask.bool(), float("-inf")).topk(self.top_k, dim=-1, sorted=False)[1]
+        top = scores.gather(1, index)
+        if self.norm_topk_prob:
+            top = top / (top.sum(-1, keepdim=True) + 1e-20)
+        return logits, top * self.routed_scaling_factor, index
     return forward
 
 

@@ -286,8 +286,17 @@ def _experts(mods, weight, ratio, keep):
         keep["routing"], keep["index"] = _scale(routing, weight["router"]), index
         keep["routing"].retain_grad()
         out = torch.zeros_like(hidden)
-        for e in range(experts.gate_up_proj.shape[0]):
+        gated = hasattr(experts, "gate_up_proj")  # (Nemotron-H's: up_proj alone, act(s))
+        for e in range((experts.gate_up_proj if gated else experts.up_proj).shape[0]):
             rows, slot = torch.where(index == e)
+            if not gated:  # one branch s, reached by the gate's and the up's paths
+                s = _scale(torch.nn.functional.linear(hidden[rows], experts.up_proj[e]), weight["gate"] + weight["up"])
+                a = s * ratio(s).detach()
+                a.retain_grad()
+                keep[e] = (rows, a)
+                y = torch.nn.functional.linear(a, experts.down_proj[e]) * keep["routing"][rows, slot, None]
+                out = out.index_add(0, rows, y)
+                continue
             if hasattr(experts, "limit"):  # GPT-OSS (HF's eager code): [in, out] weights, biases, gate and up
                 gu = hidden[rows] @ experts.gate_up_proj[e] + experts.gate_up_proj_bias[e]  # interleaved, clamped
                 gate, up = _scale(gu[..., ::2], weight["gate"]), _scale(gu[..., 1::2], weight["up"])
@@ -322,6 +331,13 @@ def _shared(shared, weight, ratio, keep):
             keep["shared_a"] = gate * ratio(gate).detach() * up
             keep["shared_a"].retain_grad()
             keep["shared_y"] = shared.output_linear(keep["shared_a"])
+            keep["shared_y"].retain_grad()
+            return keep["shared_y"]
+        if not hasattr(shared, "gate_proj"):  # Nemotron-H's: act(up x), one branch
+            s = _scale(shared.up_proj(x), weight["gate"] + weight["up"])
+            keep["shared_a"] = s * ratio(s).detach()
+            keep["shared_a"].retain_grad()
+            keep["shared_y"] = shared.down_proj(keep["shared_a"])
             keep["shared_y"].retain_grad()
             return keep["shared_y"]
         gate, up = _scale(shared.gate_proj(x), weight["gate"]), _scale(shared.up_proj(x), weight["up"])
@@ -589,12 +605,14 @@ def test_ablating_expert_neurons(family):
         with torch.no_grad(), instrument(model, req, neuron_keep=keep) as session:
             return logits_at(model, req, session.forward())[0]
 
-    torch.testing.assert_close(run(1.0), model(ids[None]).logits[0, -1], rtol=1e-12, atol=1e-12)
-    blocks = [b for m in layer_modules(model, spec) for b in (m.mlp, *([m.shared] if m.shared_beside else []))]
+    # (the model's logits before any cast: Nemotron-H's forward returns them in float32)
+    torch.testing.assert_close(run(1.0), pre_cap_logits(model, ids)[0, -1], rtol=1e-12, atol=1e-12)
+    blocks = [b for m in layer_modules(model, spec) for b in (m.mlp, *([m.shared] if m.shared_beside else []))
+              if b is not None]  # (a layer without an MLP: Nemotron-H's)
     zeroed = [b.register_forward_hook(lambda _m, _a, out: (out[0] * 0, *out[1:]) if isinstance(out, tuple)
                                       else out * 0) for b in blocks]  # (Granite's shared MLP beside its block too)
     try:
-        no_mlp = model(ids[None]).logits[0, -1]
+        no_mlp = pre_cap_logits(model, ids)[0, -1]
     finally:
         for h in zeroed:
             h.remove()

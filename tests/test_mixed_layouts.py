@@ -101,6 +101,54 @@ def test_the_result_keeps_its_dense_layers_through_a_file(tmp_path):
         dpa.Attribution.from_json(tmp_path / "bad.json")
 
 
+@pytest.mark.parametrize("family", ["mixtral", "jamba"])
+def test_every_file_dpa_writes_reads_back(family, tmp_path):
+    """A result kept with its top neurons only (the CLI's default), and a baseline's (no expert scores), read back;
+    a file whose dense layers contradict its scores is refused by name."""
+    from dpa.baselines import random_component
+
+    model = tiny_model(family)
+    ids = random_ids(7)
+    res = dpa.attribute(model, None, ids, target=TARGET, edges=True, neuron_positions=True)
+    res.to_json(tmp_path / "top.json", top_neurons=4)
+    back = dpa.Attribution.from_json(tmp_path / "top.json")
+    assert back.neuron_scores is None and back.d_expert == res.d_expert and back.dense_layers == res.dense_layers
+    rand = random_component(model, None, ids, target=TARGET)
+    rand.to_json(tmp_path / "random.json")
+    assert dpa.Attribution.from_json(tmp_path / "random.json").d_expert == res.d_expert
+    if family != "jamba":
+        return
+    assert "(48 on the dense layer 1, without experts)" in res.summary()
+    saved = json.loads(res.to_json())
+    for edit, what in (({"expert_scores": [[0.0] * 4, [0.5, 0, 0, 0], [0.0] * 4]}, "an expert on a dense layer"),
+                       ({"d_dense": 40}, "a neuron past its dense MLP's width"), ({"d_dense": None}, "with d_dense")):
+        (tmp_path / "bad.json").write_text(json.dumps(dict(saved, **edit)))
+        with pytest.raises(dpa.InputError, match=what):
+            dpa.Attribution.from_json(tmp_path / "bad.json")
+
+
+def test_the_view_shows_only_the_units_a_layer_has():
+    from traitlets import TraitError
+
+    from dpa_widgets import CircuitWidget, payload
+
+    model = _model("qwen3_moe-first")  # layer 1 dense, 20 neurons in a row of 48
+    res = dpa.attribute(model, None, random_ids(7), target=TARGET, edges=True, neuron_positions=True)
+    data = payload.view_payload(res)
+    assert data["dense_layers"] == [1] and data["d_dense"] == 20
+    assert len(data["neurons"]["index"][1]) == 20 and max(data["neurons"]["index"][1]) < 20
+    assert len(data["neurons"]["index"][0]) == 32
+    for route in data["token_routes"]:
+        assert all(layer != 1 for layer, _, _ in route["experts"])
+        assert all(n < 20 for layer, n, _ in route["neurons"] if layer == 1)
+    static = CircuitWidget(res, None, None)
+    with pytest.raises(TraitError, match=r"layer 1's MLP is dense, with 20 neurons .* so no neuron 30"):
+        static.selected_neuron = [1, 30]
+    with pytest.raises(TraitError, match=r"so no expert"):
+        static.selected_expert = [1, 0]
+    static.selected_neuron = [1, 19]
+
+
 def test_the_circuit_has_neurons_on_a_dense_layer_and_experts_elsewhere():
     model = _model("jamba")
     circ = dpa.circuit(model, None, random_ids(6), target=TARGET, nodes=None, positions=False)
