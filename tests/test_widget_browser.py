@@ -357,12 +357,21 @@ def test_qwen3_next_save_html_names_its_delta_units_and_experts(browser, tmp_pat
                  "heads and delta units", experts=5)
 
 
+def test_jamba_save_html_has_experts_on_its_sparse_layers_only(browser, tmp_path):  # noqa: F811
+    """Jamba's released layout (experts on every other layer; here the Mamba layers 0 and 2, a dense MLP on the
+    attention layer 1) on a static page: the experts' panel has no cells on the dense row, a dense layer's neurons
+    are named as its MLP's (L1.N5), a sparse layer's by expert (L0.E2.N5)."""
+    _hybrid_page(browser, tmp_path, "jamba", "scan", "scan L0.S3: ", "scan L2.S1 · ", "heads and scan units",
+                 experts=4)
+
+
 def test_nemotron_h_save_html_leaves_the_mlp_layer_without_units(browser, tmp_path):  # noqa: F811
     """Nemotron-H (a Mamba-2 block, an MLP, attention: one block per layer) on a static page: the rows say their kind,
     the MLP layer's row has no cells (it has no token mixer), the caption lists heads and scan units only, and the
     neurons listed are the MLP layer's."""
-    with _static_page(browser, tmp_path, tiny_model("nemotron_h", 2), cells=8) as (page, widget_el, heat, blocked,
-                                                                                  errors):
+    model = tiny_model("nemotron_h", 2, layers_block_type=["linear_attention", "mlp", "full_attention"],
+                       num_hidden_layers=3)  # (the dense layout; its moe layers: tests/test_nemotron_moe.py)
+    with _static_page(browser, tmp_path, model, cells=8) as (page, widget_el, heat, blocked, errors):
         ticks = heat.locator("text.dpa-tick").all_text_contents()
         assert {"L0 scan", "L1 mlp", "L2 attn"} <= set(ticks), ticks
         assert heat.locator('rect.dpa-head[data-layer="1"]').count() == 0
@@ -430,12 +439,18 @@ def _hybrid_page(browser, tmp_path, family, kind, hover_l0_h3, title_l2_h1, capt
         title = widget_el.locator(".dpa-detail .dpa-detail-title").first
         title.wait_for(timeout=5_000)
         assert title.inner_text().startswith(title_l2_h1), title.inner_text()
-        if experts:  # every slot of each layer: the routed experts, then the shared one
+        if experts:  # every slot of each layer with experts: the routed experts, then the shared one (a dense layer
+            sparse = dpa.spec_for(tiny_model(family, 2)).expert_layers  # of a mixed layout, Jamba's: no cells)
             cells = widget_el.locator(".dpa-experts-panel rect.dpa-expert")
-            cells.nth(3 * experts - 1).wait_for(timeout=5_000)
-            assert cells.count() == 3 * experts, cells.count()
-            assert widget_el.locator(".dpa-experts-panel rect.dpa-expert.dpa-shared").count() == 3
-        name = "hybrid" if family == "lfm2" else kind if not experts else f"{kind}-experts"
+            cells.nth(len(sparse) * experts - 1).wait_for(timeout=5_000)
+            assert cells.count() == len(sparse) * experts, cells.count()
+            assert {int(c.get_attribute("data-layer")) for c in cells.all()} == set(sparse)
+            shared = widget_el.locator(".dpa-experts-panel rect.dpa-expert.dpa-shared").count()
+            assert shared == (len(sparse) if dpa.spec_for(tiny_model(family, 2)).d_shared else 0), shared
+            dense = set(range(3)) - set(sparse)
+            labels = widget_el.locator(".dpa-neuron span:nth-child(2)").all_inner_texts()
+            assert all((".E" in t or ".S." in t) == (int(t[1]) not in dense) for t in labels), labels
+        name = "hybrid" if family == "lfm2" else kind if not experts else f"{family}-experts"
         finish_offline_page(page, widget_el, shots(tmp_path) / f"save-html-{name}-1400.png", 1400, errors, blocked)
 
 
