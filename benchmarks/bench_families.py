@@ -5,7 +5,8 @@
 One row per family kind and size: an attention model (Llama, the reference), and each kind of token mixer dpa
 linearises beside attention (LFM2's gated short convolution: "conv"; Bamba's Mamba-2 block: "scan"), and Mamba's
 selective scan ("selective", every layer a Mamba block), and Qwen3-Next's Gated DeltaNet ("delta", three to each gated
-attention layer), and Nemotron-H's layers of one block each ("blocks": Mamba-2 blocks, squared-ReLU MLPs, attention).
+attention layer), and Nemotron-H's layers of one block each ("blocks": Mamba-2 blocks, squared-ReLU MLPs, attention;
+"sparse", Nemotron 3's: the sparse block in the MLPs' places, a sigmoid router, latent squared-ReLU experts).
 Each model is built from its family's
 config (``dpa.tiny.tiny_config``) with random weights in float32, no checkpoint needed: the cost of DPA against a
 gradient depends on the shapes, not on the values. Per row: the median seconds of a forward + autograd gradient of
@@ -36,7 +37,14 @@ KINDS = {
     "selective": ("mamba", {}),  # Mamba blocks alone (no attention, no MLP): 2 x d_model channels, states of 16
     "delta": ("qwen3_next", {"num_experts": 0}),  # Gated DeltaNets, three to each gated attention layer, dense MLPs
     "blocks": ("nemotron_h", {}),  # one block per layer (Nemotron-H's): Mamba-2 blocks, squared-ReLU MLPs, attention
+    "sparse": ("nemotron_h", {"moe": True}),  # Nemotron 3's: the same with the sparse block in the MLPs' places
 }
+# Nemotron 3's sparse block per size: routed experts (top k from the best groups), their neurons, the shared
+# expert's, the latent space the experts work in
+SPARSE_SIZES = {"tiny": dict(n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                             moe_shared_expert_intermediate_size=64, moe_latent_size=32, n_group=2, topk_group=1),
+                "mid": dict(n_routed_experts=32, num_experts_per_tok=4, moe_intermediate_size=256,
+                            moe_shared_expert_intermediate_size=512, moe_latent_size=256, n_group=4, topk_group=2)}
 BLOCKS = ("linear_attention", "mlp", "linear_attention", "mlp", "full_attention", "mlp")  # Nemotron-H's pattern: a
 # block of each kind between MLPs, two Mamba-2 blocks to each attention layer
 # a Gated DeltaNet's sizes per size: key heads, value heads (two per key head), their widths (d_model channels)
@@ -70,8 +78,10 @@ def build(kind: str, size: str) -> torch.nn.Module:
         overrides.update(DELTA_SIZES[size], layer_types=["full_attention" if i % 4 == 3 else "linear_attention"
                                                          for i in range(layers)])
     if family == "nemotron_h":  # Bamba's Mamba-2 sizes under Nemotron-H's keys; whole heads of d_model / heads
-        scan = SCAN_SIZES[size]
-        overrides.update(layers_block_type=[BLOCKS[i % len(BLOCKS)] for i in range(layers)], n_groups=1,
+        scan, sparse = SCAN_SIZES[size], overrides.pop("moe", False)
+        pattern = [("moe" if sparse and b == "mlp" else b) for b in BLOCKS]
+        overrides.update(SPARSE_SIZES[size] if sparse else {})
+        overrides.update(layers_block_type=[pattern[i % len(pattern)] for i in range(layers)], n_groups=1,
                          mamba_num_heads=scan["mamba_n_heads"], mamba_head_dim=scan["mamba_d_head"],
                          ssm_state_size=scan["mamba_d_state"], chunk_size=scan["mamba_chunk_size"],
                          head_dim=sizes["hidden_size"] // sizes["num_attention_heads"])
