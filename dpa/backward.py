@@ -300,7 +300,7 @@ def attribution(model: nn.Module, req: Request, run: Run, b: int, neuron_target:
                           + (0.0 if positions is None else float(positions.sum()))),
         bias_share=float(s.bias[b]), position_scores=positions, expert_scores=pick(s.experts),
         expert_position_scores=pick(s.expert_positions, slice(None), keep) if neuron_positions else None,
-        d_expert=req.spec.d_expert or None, dense_layers=req.spec.dense_layers,
+        n_experts=req.spec.n_experts or None, d_expert=req.spec.d_expert or None, dense_layers=req.spec.dense_layers,
         d_dense=req.spec.d_dense if req.spec.dense_layers else None, layer_kinds=req.spec.unit_kinds,
         n_kv_heads=req.spec.n_kv_heads, special=req.special(ids),
         top_predictions=[] if top is None else [(req.decode([int(i)])[0], float(p))

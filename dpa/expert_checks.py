@@ -22,7 +22,9 @@ def check_experts(layer: nn.Module, family: Family, i: int) -> None:
                                     f"description expects one ({err}; the config's layout of sparse and dense "
                                     f"layers, {moe.layers}, edited after loading?)") from None
     names = {n for n, _ in experts.named_parameters()}
-    layout = {"has_gate": family.gated, "has_bias": moe.biases, "has_post_expert_norm": False}  # what dpa reads
+    layout = {"has_gate": family.gated, "has_bias": moe.biases, "has_post_expert_norm": False,  # what dpa reads; the
+              "is_transposed": moe.transposed, "is_concatenated": not moe.transposed}  # model's own loop ignores the
+    # layout flags, dpa's reads them: an edited flag would read the weights another way
     for flag, want in layout.items():
         if getattr(experts, flag, None) != want:
             raise UnsupportedModelError(f"unsupported experts in layers[{i}]: {type(experts).__name__}.{flag} is "

@@ -159,7 +159,8 @@ def run_experts(experts: nn.Module, n: int, d_e: int, x: Tensor, index: Tensor, 
     """sum over the routed experts of weight * E_e(x) [tokens d_model], from the experts' fused weights, with
     transformers' eager arithmetic: ``glu(gate, up, rows, columns)`` gives each expert's activations (columns:
     its neurons among the layer's), ``bias(b, rows)`` each bias term as it is added."""
-    out = torch.zeros_like(x)
+    out = torch.zeros_like(x, dtype=torch.promote_types(x.dtype, weights.dtype))  # (the sum in the routing weights'
+    # dtype where it is wider, as transformers' loop adds Nemotron 3's float32-weighted terms in a bfloat16 model)
     transposed = getattr(experts, "is_transposed", False)
     concatenated = getattr(experts, "is_concatenated", True)
     biases = getattr(experts, "has_bias", False)
@@ -179,7 +180,7 @@ def run_experts(experts: nn.Module, n: int, d_e: int, x: Tensor, index: Tensor, 
         if biases:
             y = y + bias(experts.down_proj_bias[e].expand_as(y), rows)
         out = out.index_add(0, rows, (y * weights[rows, slot, None]).to(out.dtype))
-    return out
+    return out.to(x.dtype)
 
 
 def mask_experts(spec, mods: LayerModules, override: Callable, keep: Tensor) -> None:

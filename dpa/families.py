@@ -252,6 +252,9 @@ def _check_own_forwards(model: nn.Module, family: Family, layers) -> None:
             parts.append((f"layers[{i}]'s attention", get(layer, family.attention)))
         if on.mlp is not None:
             parts.append((f"layers[{i}]'s MLP", get(layer, on.mlp)))
+        if on.moe is not None:  # dpa runs the experts (and the shared expert) from their weights: a forward of
+            parts += [(f"layers[{i}]'s experts", get(layer, on.moe.experts))] + (  # their own would be ignored
+                [(f"layers[{i}]'s shared expert", get(layer, on.moe.shared))] if on.moe.shared else [])
     for name, module in parts:
         if own_forward(module):
             forward = type(module).forward

@@ -228,10 +228,10 @@ def _instrument_layer(session: Session, i: int, mods, hook: Callable, handles: l
             hook(_neurons(mods, spec, "ablating neurons"), _mask_input(neuron_keep[i]), pre=True)
     temperature = 1.0 if weights is None else weights.temperature
     if mods.kind != "attention":  # a mixer block (LFM2's convolution) runs its own forward: no softmax to temper;
-        # a layer whose one block is an MLP (Nemotron-H's) has no attention at all
+        # a layer whose one block is an MLP (Nemotron-H's) has no attention, and no head an ablation could remove
         keep = (attn_keep or {}).get(i)  # a mask that keeps every edge leaves the block as it is
-        if explicit or (keep is not None and not bool((keep != 0).all())):  # alpha asked for, or an edge removed
-            what = (f"is a {mods.kind} layer ({spec.family})" if mixes else
+        if explicit or (mixes and keep is not None and not bool((keep != 0).all())):  # alpha asked for, or an edge
+            what = (f"is a {mods.kind} layer ({spec.family})" if mixes else  # removed
                     f"has no token mixer (its one block is an MLP, {spec.family})")
             raise UnsupportedModelError(
                 f"layers[{i}] {what}: this computation (edge scores, attention ablations, the gradient baselines, "

@@ -64,6 +64,9 @@ class Experts:
     #   read by: expert_checks (the experts' layout)
     router_bias: bool = False  # the router's logits carry a bias (a control input: see experts.py)
     #   read by: expert_checks (the router)
+    transposed: bool = False  # the experts' weights are stored [in, out] with gate and up interleaved (GPT-OSS's):
+    # the flags the experts module must carry (is_transposed, not is_concatenated), as its own forward reads them
+    #   read by: expert_checks (the experts' layout)
     layers: str = "every"  # which layers hold the sparse block, from the config: "every" layer; "sparse_step", Qwen's
     # (not in mlp_only_layers, and (i + 1) % decoder_sparse_step == 0); "layers_num_experts", Jamba's (the config's
     # per-layer count above 1); "layer_type", those whose layer_types value is ``layer_type`` (Nemotron-H's "moe",
@@ -368,7 +371,7 @@ OLMOE = OLMO2.with_(  # pre-norms as Llama (not OLMo 2's post-norms), q/k norms 
 GPT_OSS = Family(  # experts with biases and a clamped swish GLU, a router with a bias, attention sinks, q/k/v/o
     model_type="gpt_oss", config_class="GptOssConfig", branches=_MOE_BRANCHES, activation=None,  # biases, local
     neurons=None, biases=True, sinks="self_attn.sinks", rope_pairs=True,  # and global layers, YaRN RoPE
-    moe=Experts(router="mlp.router", glu="clamped", biases=True, router_bias=True))
+    moe=Experts(router="mlp.router", glu="clamped", biases=True, router_bias=True, transposed=True))
 
 LFM2 = QWEN3.with_(  # diff with Qwen 3: gated short convolutions in place of attention on the layers marked "conv",
     model_type="lfm2", config_class="Lfm2Config", final_norm="model.embedding_norm",  # the MLP's SiLU a function

@@ -88,6 +88,8 @@ class Attribution(JsonRecord):
     position_scores: Tensor | None = None  # [pos] learned position embeddings' share (GPT-2); None without them
     expert_scores: Tensor | None = None  # [layer, expert] mixture of experts: routed experts, then a shared one
     expert_position_scores: Tensor | None = None  # [layer, pos, expert] (with neuron_positions=True)
+    n_experts: int | None = None  # routed experts per sparse layer: the expert scores' slots, but the last where it
+    # is the shared expert's (one more slot); None for a dense model (or a file written before it was recorded)
     d_expert: int | None = None  # neurons per routed expert: neuron n of a layer is neuron n % d_expert of expert
     # n // d_expert (the shared expert's after the routed experts'); None for a dense model
     dense_layers: list[int] | None = None  # where a mixture of experts has a dense MLP on some layers (Jamba's, Qwen's
@@ -329,6 +331,9 @@ class Attribution(JsonRecord):
             if len(self.layer_kinds) != layers or not set(self.layer_kinds) <= set(known):
                 return (f"layer_kinds must be {layers} entries, one per layer, each one of {', '.join(known)}; got "
                         f"{self.layer_kinds!r}")
+        slots = None if self.expert_scores is None else self.expert_scores.shape[1]
+        if self.n_experts is not None and slots is not None and slots - self.n_experts not in (0, 1):
+            return f"n_experts {self.n_experts} does not fit the {slots} expert slots (the routed ones, a shared one)"
         if self.d_expert is not None and d_mlp is not None and self.d_expert > d_mlp:  # (a file kept with
             return f"d_expert {self.d_expert!r} does not fit the {d_mlp} neurons per layer"  # top_neurons: none)
         if self.dense_layers is not None or self.d_dense is not None:

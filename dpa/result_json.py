@@ -127,7 +127,7 @@ FIELDS = {  # every field of Attribution but the scores (SCORES), whose reader d
     "special": _optional(_list_of(check_bool)), "top_predictions": _list_of(_prediction), "method": _text,
     "model_name": _text, "neuron_target": lambda name, value: check_choice(name, value, ("output", "mid")),
     "d_expert": _optional(_count), "layer_kinds": _optional(_list_of(_text)),
-    "dense_layers": _optional(_list_of(_index)), "d_dense": _optional(_count),
+    "dense_layers": _optional(_list_of(_index)), "d_dense": _optional(_count), "n_experts": _optional(_count),
 }
 
 

@@ -121,9 +121,9 @@ class ModelSpec:
         """Why layer ``layer`` has no unit of ``kind`` ("head": a token mixer's unit; "neuron"; "expert"), or not
         ``unit`` (a dense layer's neurons beyond its width), for the refusal of a selection of one (a verification,
         a neuron's logit effect), the unit named where given; None where it has it."""
-        if (kind == "head" and not self.mixes(layer) or kind == "neuron" and self.d_mlp and not self.has_mlp(layer)
-                or kind == "expert" and self.n_experts and not self.has_experts(layer)):
-            return lacking(kind, layer) + ("" if unit is None else f" {unit}")
+        if (kind == "head" and not self.mixes(layer) or kind in ("neuron", "expert") and self.d_mlp
+                and not self.has_mlp(layer) or kind == "expert" and self.n_experts and not self.has_experts(layer)):
+            return lacking(kind, layer, dense=self.has_mlp(layer)) + ("" if unit is None else f" {unit}")
         if kind == "neuron" and unit is not None and self.d_mlp and unit >= self.neuron_width(layer):
             return narrower(layer, self.neuron_width(layer), unit)
         return None
@@ -230,12 +230,12 @@ class ModelSpec:
         return self.embed(model).weight.device
 
 
-def lacking(kind: str, layer: int) -> str:
+def lacking(kind: str, layer: int, dense: bool = False) -> str:
     """The words of a refusal of a unit a layer lacks (``ModelSpec.lacks``; the widget's static page, from the layer's
     kind alone)."""
     return (f"layer {layer} has no token mixer (its one block is an MLP), so no head or unit" if kind == "head" else
-            f"layer {layer}'s MLP is dense (the experts are on other layers), so no expert" if kind == "expert" else
-            f"layer {layer} has no MLP (its one block is a token mixer), so no neuron")
+            f"layer {layer}'s MLP is dense (the experts are on other layers), so no expert" if dense else
+            f"layer {layer} has no MLP (its one block is a token mixer), so no {kind}")
 
 
 def narrower(layer: int, width: int, neuron: int) -> str:

@@ -295,7 +295,8 @@ class CircuitWidget(UserTraits, anywidget.AnyWidget):
         else:
             kinds, dense = self._data.get("layer_kinds") or [], self._data.get("dense_layers") or []
             width = self._data.get("d_dense")
-            missing = (lacking(what, value[0]) if what == "head" and value[0] < len(kinds) and kinds[value[0]] == "mlp"
+            missing = (lacking(what, value[0], dense=what == "expert")
+                       if what == "head" and value[0] < len(kinds) and kinds[value[0]] == "mlp"
                        or what == "expert" and value[0] in dense else
                        narrower(value[0], width, value[1]) if what == "neuron" and value[0] in dense
                        and value[1] >= width else None)

@@ -48,8 +48,9 @@ def expert_layout(result: Attribution,
     if result.expert_scores is None:
         return None
     slots, d_mlp = result.expert_scores.shape[1], result.neuron_scores.shape[1]
-    if experts is None and result.d_expert:  # the result records its experts' width (dpa.attribute does)
-        experts = (slots if slots * result.d_expert == d_mlp else slots - 1, result.d_expert)
+    if experts is None and result.d_expert:  # the result records its experts' width (dpa.attribute does), and how
+        experts = (result.n_experts or (slots if slots * result.d_expert == d_mlp else slots - 1),  # many are routed
+                   result.d_expert)  # (a file without n_experts: read off the shapes)
     if experts is not None:
         n, d = int(experts[0]), None if experts[1] is None else int(experts[1])
         shared = n == slots - 1

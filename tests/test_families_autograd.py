@@ -570,6 +570,16 @@ def test_experts_dpa_does_not_read_are_refused_by_name(family):
     experts.has_bias = not experts.has_bias
     with pytest.raises(dpa.UnsupportedModelError, match="has_bias"):
         dpa.attribute(model, None, random_ids(5), target=TARGET)
+    experts.has_bias = not experts.has_bias
+    own = type(experts)
+
+    class Doubled(own):  # a forward of its own: dpa runs the experts from their weights and would never see it
+        def forward(self, *args):
+            return 2 * super().forward(*args)
+    experts.__class__ = Doubled
+    with pytest.raises(dpa.UnsupportedModelError, match=rf"layers\[{layer}\]'s experts is a Doubled whose forward"):
+        dpa.attribute(model, None, random_ids(5), target=TARGET)
+    experts.__class__ = own
 
 
 def test_router_weights_are_for_models_with_experts():

@@ -94,6 +94,8 @@ def test_other_layouts_conserve_the_target(overrides):
 @pytest.mark.parametrize("edit, needle", [
     ("a latent projection with a bias", r"layers\[3\]\.mixer\.fc1_latent_proj is a Linear with a bias"),
     ("a gate added to the experts", r"has_gate is True"),
+    ("the experts' layout flag flipped", r"is_transposed is True"),  # (the model's loop ignores it; dpa's reads it)
+    ("a forward of the experts' own", r"layers\[3\]'s experts is a .*whose forward is its own"),
     ("the moe block where the config says mlp", r"layers\[1\] .*(does not have the modules|mixture-of-experts)"),
 ])
 def test_an_edited_block_is_refused_by_name(edit, needle):
@@ -104,9 +106,46 @@ def test_an_edited_block_is_refused_by_name(edit, needle):
         block.fc1_latent_proj = torch.nn.Linear(old.in_features, old.out_features, dtype=torch.float64)
     elif edit == "a gate added to the experts":
         block.experts.has_gate = True
+    elif edit == "the experts' layout flag flipped":
+        block.experts.is_transposed = True
+    elif edit == "a forward of the experts' own":  # a subclass doubling the experts' output: dpa runs the experts
+        class Doubled(type(block.experts)):  # from their weights, so it would never see it
+            def forward(self, *args):
+                return 2 * super().forward(*args)
+        block.experts.__class__ = Doubled
     else:
         model.config.layers_block_type = ["linear_attention", "moe", "full_attention", "mlp"]
     before = _state(model)
     with pytest.raises(dpa.UnsupportedModelError, match=needle):
         dpa.attribute(model, None, random_ids(6), target=TARGET)
     assert _state(model) == before
+
+
+def test_a_shared_expert_as_wide_as_a_routed_one_is_named_from_the_result():
+    """The result records how many experts are routed: a page without the model names the last slot "shared" even
+    where the shared expert is exactly as wide as a routed one (the shapes alone cannot tell)."""
+    from dpa_widgets import payload
+
+    model = tiny_model("nemotron_h", moe_shared_expert_intermediate_size=12)
+    res = dpa.attribute(model, None, random_ids(6), target=TARGET)
+    back = dpa.Attribution.from_json(res.to_json())
+    assert back.n_experts == 4 and back.expert_scores.shape[1] == 5
+    data = payload.view_payload(back)
+    assert data["expert_names"] == ["E0", "E1", "E2", "E3", "shared"] and data["n_experts"] == 4
+
+
+def test_recovering_a_selection_ablates_only_the_units_that_exist():
+    """Verification by recovery ablates every unit but the selection: a layer without a token mixer has no head to
+    ablate (it was refused as an attention ablation before)."""
+    from dpa_widgets.verify import run
+
+    model = tiny_model("nemotron_h", layers_block_type=["full_attention", "moe", "mlp"], num_hidden_layers=3)
+    res = dpa.attribute(model, None, random_ids(8), target=TARGET)
+    before = _state(model)
+    out = run(model, res, mode="recover", units="selection", k=1, neuron=[1, 50])
+    assert out["units"] == ["L1.N50"] and 0 <= out["p_after"] <= 1
+    assert run(model, res, mode="recover", units="top_components", k=3)["p_after"] >= 0
+    assert _state(model) == before
+    spec = dpa.spec_for(tiny_model("nemotron_h"))
+    assert spec.lacks("expert", 0, 2) == "layer 0 has no MLP (its one block is a token mixer), so no expert 2"
+    assert spec.lacks("expert", 1, 2) == "layer 1's MLP is dense (the experts are on other layers), so no expert 2"
