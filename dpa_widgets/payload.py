@@ -167,7 +167,7 @@ def token_routes(result: Attribution, k: int = 8) -> list[dict[str, list]] | Non
     heads = by_key.permute(2, 0, 1).reshape(n_pos, -1)  # [pos layer*head]
     neurons = npos.permute(1, 0, 2).reshape(n_pos, -1)  # [pos layer*d_mlp]
     hi = heads.abs().topk(min(k, heads.shape[1]), dim=1).indices  # [pos k]
-    real = torch.tensor([[c < w for c in range(d_mlp)] for w in neuron_widths(result)]).flatten()  # (a dense
+    real = (torch.arange(d_mlp)[None, :] < torch.tensor(neuron_widths(result))[:, None]).flatten()  # (a dense
     ni = neurons.abs().masked_fill(~real, -1.0).topk(min(k, int(real.sum())), dim=1).indices  # layer's own columns)
     hv, nv = rounded(heads.gather(1, hi)), rounded(neurons.gather(1, ni))
     out = [{

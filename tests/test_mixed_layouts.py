@@ -147,6 +147,8 @@ def test_the_view_shows_only_the_units_a_layer_has():
     with pytest.raises(TraitError, match=r"so no expert"):
         static.selected_expert = [1, 0]
     static.selected_neuron = [1, 19]
+    no_mlp = dpa.attribute(tiny_model("mamba2"), None, random_ids(5), target=TARGET, edges=True, neuron_positions=True)
+    assert all(route["neurons"] == [] for route in payload.view_payload(no_mlp)["token_routes"])  # (no neuron)
 
 
 def test_the_circuit_has_neurons_on_a_dense_layer_and_experts_elsewhere():
