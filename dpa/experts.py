@@ -2,11 +2,14 @@
 
 A sparse block computes y = sum_{e in top-k(x)} w_e(x) E_e(x) (+ sigmoid(x . g) S(x), a shared expert).
 Linearised as every other block: the experts are *content* (each a GLU, linearised as the dense MLP:
-gate path with its ratio frozen, up path), the router is *control*: its weights w_e depend on x through a
+gate path with its ratio frozen, up path; a non-gated expert, Nemotron 3's act(s) = s relu(s), as the non-gated
+MLP: one branch s with mu_gate + mu_up), the router is *control*: its weights w_e depend on x through a
 softmax, whose gradient is the router's delta, w_e (lambda . E_e - sum_f w_f lambda . E_f) for a softmax over
-the top k (the attention delta again). The top-k set is frozen at its forward value (the indices carry no
-gradient). mu_expert scales the gradient entering the experts, mu_router the gradient leaving the routing
-weights for the router; mu_router = 0, mu_expert = 1 conserves the target.
+the top k (the attention delta again), or through sigmoids (Nemotron 3's: (1 - s_f) w_f (lambda . E_f -
+lambda . y / c)); the router runs its own forward, so its delta is autograd's. The top-k set is frozen at its
+forward value (the indices, and whatever chose them, carry no gradient). mu_expert scales the gradient entering the
+experts, mu_router the gradient leaving the routing weights for the router; mu_router = 0, mu_expert = 1 conserves
+the target. Experts working in a latent space (Nemotron 3's fc1/fc2 latent projections, linear) need nothing more.
 
 dpa runs the experts itself, from the module's 3-D weights (transformers' fused layout: ``gate_up_proj``
 [expert 2*d_expert d_model], ``down_proj`` [expert d_model d_expert]) in a per-expert loop with the same
