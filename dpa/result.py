@@ -174,6 +174,16 @@ class Attribution(JsonRecord):
     def n_layers(self) -> int:
         return self.head_scores.shape[0]
 
+    def neurons_that_exist(self) -> Tensor:
+        """[layer d_mlp] bool: the columns of each layer's row of ``neuron_scores`` that are neurons: all of them,
+        but a dense layer's first ``d_dense`` in a mixed layout (``dense_layers``; the model's own record of the same
+        fact is ``ModelSpec.neurons_that_exist``)."""
+        layers, d_mlp = self.neuron_scores.shape
+        width = torch.full((layers,), d_mlp, dtype=torch.long)
+        if self.dense_layers:
+            width[self.dense_layers] = self.d_dense
+        return torch.arange(d_mlp)[None, :] < width[:, None]
+
     @property
     def unit_kinds(self) -> tuple[str, ...]:
         """The kinds of unit ``head_scores`` holds, in layer order: ("head",), or on a hybrid also its mixers'

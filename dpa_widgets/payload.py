@@ -81,10 +81,10 @@ def view_payload(result: Attribution, *, top_neurons: int = 32, routes: int = 8,
     neurons = result.neuron_scores.detach().double()
     k = min(top_neurons, neurons.shape[1])
     index = neurons.abs().topk(k, dim=1).indices  # [layer k]
-    widths = neuron_widths(result)  # (a dense layer of a mixed layout: its top neurons among its own columns)
-    top = {"index": [[n for n in row if n < w] for row, w in zip(index.tolist(), widths)],
-           "score": [[s for n, s in zip(row, scores) if n < w]
-                     for row, scores, w in zip(index.tolist(), rounded(neurons.gather(1, index)), widths)]}
+    real = result.neurons_that_exist().gather(1, index).tolist()  # (a dense layer of a mixed layout: its top
+    top = {"index": [[n for n, r in zip(row, keep) if r] for row, keep in zip(index.tolist(), real)],  # neurons
+           "score": [[s for s, r in zip(row, keep) if r]  # among its own columns)
+                     for row, keep in zip(rounded(neurons.gather(1, index)), real)]}
     target = result.target
     data = {
         "tokens": list(result.tokens),
@@ -127,13 +127,6 @@ def view_payload(result: Attribution, *, top_neurons: int = 32, routes: int = 8,
     return data
 
 
-def neuron_widths(result: Attribution) -> list[int]:
-    """Per layer, how many of its row's neuron columns are neurons: all, but d_dense on a dense layer of a mixed
-    layout (``Attribution.dense_layers``)."""
-    d_mlp = result.neuron_scores.shape[1]
-    dense = set(result.dense_layers or ())
-    return [result.d_dense if i in dense else d_mlp for i in range(result.neuron_scores.shape[0])]
-
 
 def unit_layout(result: Attribution) -> dict[str, Any]:
     """On a hybrid (``layer_kinds``): each layer's unit kind, each kind's letter in labels and, per kind, how many
@@ -167,7 +160,7 @@ def token_routes(result: Attribution, k: int = 8) -> list[dict[str, list]] | Non
     heads = by_key.permute(2, 0, 1).reshape(n_pos, -1)  # [pos layer*head]
     neurons = npos.permute(1, 0, 2).reshape(n_pos, -1)  # [pos layer*d_mlp]
     hi = heads.abs().topk(min(k, heads.shape[1]), dim=1).indices  # [pos k]
-    real = (torch.arange(d_mlp)[None, :] < torch.tensor(neuron_widths(result))[:, None]).flatten()  # (a dense
+    real = result.neurons_that_exist().flatten()  # (a dense
     ni = neurons.abs().masked_fill(~real, -1.0).topk(min(k, int(real.sum())), dim=1).indices  # layer's own columns)
     hv, nv = rounded(heads.gather(1, hi)), rounded(neurons.gather(1, ni))
     out = [{
