@@ -1,4 +1,4 @@
-"""Dual Path Attribution for open decoder language models: every family of ``dpa.registry.FAMILIES`` (25)."""
+"""Dual Path Attribution for open decoder language models: every family of ``dpa.registry.FAMILIES`` (26)."""
 
 from .attribute import attribute
 from .batch import attribute_file, read_results

@@ -110,10 +110,13 @@ class Edges(Readout):
     record = frozenset({"branches", "head_inputs", "rope"})
 
     def tensors(self, rec, spec):
-        return [rec.head_inputs[i] for i in spec.mixing_layers]  # (Nemotron-H's MLP layers: no units, no edges)
+        return [rec.head_inputs[i] for i in spec.mixing_layers] + (  # (Nemotron-H's MLP layers: no units, no edges)
+            [rec.head_inputs[("beside", i)] for i in range(spec.n_layers)] if spec.n_beside else [])  # (Falcon-H1)
 
     def read(self, ctx, grads):
         lam = dict(zip(ctx.spec.mixing_layers, grads))
+        if ctx.spec.n_beside:  # the mixer beside attention's: the target on its output projection's input
+            lam.update(zip((("beside", i) for i in range(ctx.spec.n_layers)), grads[len(ctx.spec.mixing_layers):]))
         return edge_scores(ctx.spec, ctx.model, ctx.req, ctx.session.recording, lam, ctx.dtype)
 
 
@@ -242,7 +245,7 @@ def _final(session, req: Request, hidden: Tensor, dtype, probabilities: bool):
     probs = logits = None
     if probabilities:
         with torch.no_grad():
-            logits = (final.detach().to(unembed.dtype) @ unembed.T).to(dtype) / spec.logits_scaling  # [term vocab]
+            logits = spec.logits((final.detach().to(unembed.dtype) @ unembed.T).to(dtype))  # [term vocab]
         if not finite(logits):
             raise NonFiniteError("non-finite logits (NaN or inf): the unembedding overflows on this input")
         req.resolve(logits[first])
@@ -261,14 +264,15 @@ def _values(model: nn.Module, req: Request, final: Tensor, probs, logits, rows: 
     u = torch.stack([target_direction(t, unembed, None if probs is None else probs[j],
                                       (logits[j], spec.final_softcap) if capped and probs is not None else None)
                      for j, t in enumerate(terms)])
-    if spec.logits_scaling != 1:  # the model divides its logits (Granite): every direction read from the unembedding
-        u = torch.stack([v if t.kind == "vector" else v / spec.logits_scaling for v, t in zip(u, terms)])
+    if spec.logits_scaling != 1 or spec.logits_multiplier != 1:  # the model scales its logits (Granite, Falcon-H1):
+        u = torch.stack([v if t.kind == "vector" else spec.logits(v) for v, t in zip(u, terms)])  # every direction
+        # read from the unembedding
     term_values = (final.to(dtype) * u).sum(-1)  # [term]
     index = torch.tensor(rows, device=u.device)
     values = term_values.new_zeros(req.batch).index_add(0, index, term_values)
     if not capped:
         return terms, u, term_values, values, None, None
-    scaled = unembed if spec.logits_scaling == 1 else unembed / spec.logits_scaling  # no copy unless it divides
+    scaled = spec.logits(unembed)  # (no copy unless the model scales its logits)
     term_capped = _after_cap(terms, final.detach().to(dtype), scaled, term_values.detach(), spec.final_softcap)
     after_cap = term_capped.new_zeros(req.batch).index_add(0, index.to(term_capped.device), term_capped)
     return terms, u, term_values, values, term_capped, after_cap
@@ -302,6 +306,7 @@ def attribution(model: nn.Module, req: Request, run: Run, b: int, neuron_target:
         expert_position_scores=pick(s.expert_positions, slice(None), keep) if neuron_positions else None,
         n_experts=req.spec.n_experts or None, d_expert=req.spec.d_expert or None, dense_layers=req.spec.dense_layers,
         d_dense=req.spec.d_dense if req.spec.dense_layers else None, layer_kinds=req.spec.unit_kinds,
+        beside=(req.spec.beside_kind, req.spec.n_heads) if req.spec.n_beside else None,
         n_kv_heads=req.spec.n_kv_heads, special=req.special(ids),
         top_predictions=[] if top is None else [(req.decode([int(i)])[0], float(p))
                                                 for p, i in zip(top.values, top.indices)],

@@ -16,6 +16,7 @@ from .errors import InputError, UnsupportedModelError
 from .families import ModelSpec, layer_modules, norm_eps, weight_rows
 from .registry import UNIT_LETTERS
 from .rules.norm import GAIN, rms_scale
+from .spec import one_mixer_per_layer
 
 BLOCKS = ("attention", "mlp")
 LETTER = {k: UNIT_LETTERS[k] for k in ("head", "neuron", "expert")}  # the unit kinds, and their letter in labels
@@ -143,6 +144,7 @@ def build_graph(session, grads: list[Tensor], direction: Tensor, value: float, n
     """The graph's fields, inside the DPA run's session: the kept units, their g_v (one block each) and writes,
     every edge among tokens, units and the target, the rests, gaps and in-flows."""
     model, req, spec = session.model, session.request, session.spec
+    one_mixer_per_layer(spec, "circuit graphs are")
     dtype = session.scores.dtype
     t_len = req.n_tokens
     mods = layer_modules(model, spec)

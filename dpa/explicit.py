@@ -27,7 +27,11 @@ from .scan_rules import scan_rule
 
 
 def scaling(spec: ModelSpec, attn: nn.Module) -> float:
-    return float(getattr(attn, "scaling", spec.d_head ** -0.5))
+    """The attention scores' scale: the module's own, times the multiplier its forward puts on the keys where it has
+    one (Falcon-H1's key_multiplier, ``Family.key_multiplier``)."""
+    scale = float(getattr(attn, "scaling", spec.d_head ** -0.5))
+    key = spec.parts.key_multiplier
+    return scale if key is None else scale * float(getattr(attn, key))
 
 
 def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -140,26 +144,41 @@ def edge_scores(spec: ModelSpec, model: nn.Module, request: Request, recording, 
     b, t = request.batch, request.n_tokens
     for i in range(spec.n_layers):
         if i not in lam:
-            out.append(torch.zeros(b, spec.n_heads, t, t, device=request.device, dtype=dtype))
+            out.append(torch.zeros(b, spec.row_width, t, t, device=request.device, dtype=dtype))
+            continue
+        if ("beside", i) in lam:  # the mixer beside attention (Falcon-H1's Mamba-2 block): its units follow the heads
+            h, mask = recording.branches[("scan", i)]
+            block = get(spec.layers(model)[i], spec.parts.beside.module)
+            beside = scan_rule(spec.parts.beside).scan_edges(block, h, mask, lam[("beside", i)].to(h.device),
+                                                             spec.n_beside)
+            out.append(torch.cat([_attention_edges(spec, model, request, recording, i, lam[i], dtype),
+                                  beside.to(request.device, dtype)], dim=1))
             continue
         if spec.scans(i):  # a Mamba-2 or Mamba block: the terms of its scan, from its recorded input
             h, mask = recording.branches[("scan", i)]
             block = get(spec.layers(model)[i], spec.parts.mixer(spec.kind(i)).module)
-            edges = scan_rule(spec, i).scan_edges(block, h, mask, lam[i].to(h.device), spec.n_heads)
+            rule = scan_rule(spec.parts.mixer(spec.kind(i)))
+            edges = rule.scan_edges(block, h, mask, lam[i].to(h.device), spec.n_heads)
             out.append(edges.to(request.device, dtype))
             continue
         if spec.kind(i) != "attention":  # a mixer layer (LFM2's convolution): its own token-to-token terms
             out.append(mixer_edges(spec, spec.layers(model)[i], recording, i, lam[i].to(request.device, dtype)))
             continue
-        probs = probs_from_recording(spec, model, request, recording, i).to(dtype)  # [b h q k]
-        v = heads(recording.branches[("value", i)].to(request.device, dtype), spec.n_kv_heads)  # [b kv k d]
-        b, h, t, _ = probs.shape
-        kv = spec.n_kv_heads
-        lam_i = lam[i].to(request.device, dtype)
-        gate = recording.branches.get(("output_gate", i))
-        if gate is not None:  # the target on each head's output before its (frozen) gate
-            lam_i = lam_i * torch.sigmoid(gate.to(request.device, dtype))
-        lam_h = heads(lam_i, h).reshape(b, kv, h // kv, t, -1)  # [b kv g q d]
-        lam_v = torch.einsum("bkgid,bkjd->bkgij", lam_h, v).reshape(b, h, t, t)
-        out.append(probs * lam_v)
+        out.append(_attention_edges(spec, model, request, recording, i, lam[i], dtype))
     return torch.stack(out, dim=1)
+
+
+def _attention_edges(spec: ModelSpec, model: nn.Module, request: Request, recording, i: int, lam: Tensor,
+                     dtype: torch.dtype) -> Tensor:
+    """Attention layer ``i``'s edges alpha_{h,ij} (lambda_{h,i} . v_{h,j}) [batch head query key]."""
+    probs = probs_from_recording(spec, model, request, recording, i).to(dtype)  # [b h q k]
+    v = heads(recording.branches[("value", i)].to(request.device, dtype), spec.n_kv_heads)  # [b kv k d]
+    b, h, t, _ = probs.shape
+    kv = spec.n_kv_heads
+    lam_i = lam.to(request.device, dtype)
+    gate = recording.branches.get(("output_gate", i))
+    if gate is not None:  # the target on each head's output before its (frozen) gate
+        lam_i = lam_i * torch.sigmoid(gate.to(request.device, dtype))
+    lam_h = heads(lam_i, h).reshape(b, kv, h // kv, t, -1)  # [b kv g q d]
+    lam_v = torch.einsum("bkgid,bkjd->bkgij", lam_h, v).reshape(b, h, t, t)
+    return probs * lam_v

@@ -369,7 +369,7 @@ def _checked_spec(model: nn.Module, config, family: Family) -> ModelSpec:
         unit_widths=tuple(in_features(get(layer, family.on_layer(kind).heads)) // n_heads
                           if family.on_layer(kind).heads else d_head  # (an MLP layer: no units)
                           for layer, kind in zip(layers, kinds)) if family.mixers else (),
-        **multipliers(config, family),
+        **multipliers(config, family), **_beside_sizes(layers, family, config.hidden_size),
     )
     check_copies(model, family, spec)
     _check_attention(get(model, family.layers), family, spec)
@@ -381,6 +381,23 @@ def _checked_spec(model: nn.Module, config, family: Family) -> ModelSpec:
             raise UnsupportedModelError(f"unsupported module: {path} has {weight_rows(get(first, path)).shape[0]} "
                                         f"outputs, not the {want} of {', '.join(names)} ({layout})")
     return spec
+
+
+def _beside_sizes(layers, family: Family, d_model: int) -> dict[str, int]:
+    """The units of the mixer beside attention (``Family.beside``: Falcon-H1's Mamba-2 blocks, their SSM heads) and
+    their channels (``ModelSpec.n_beside``, ``beside_width``), each layer's block checked as its rule describes it
+    (``ScanRule.check_block``); every layer's alike (one row of head scores per layer)."""
+    mixer = family.beside
+    if mixer is None:
+        return {}
+    shapes = [RULES[mixer.scan].check_block(layer, mixer, d_model, i) for i, layer in enumerate(layers)]
+    for i, s in enumerate(shapes):
+        if (s.heads, s.head_dim) != (shapes[0].heads, shapes[0].head_dim):
+            raise UnsupportedModelError(
+                f"unsupported model: layers[{i}].{mixer.module} has {s.heads} heads of {s.head_dim} channels, while "
+                f"layers[0]'s has {shapes[0].heads} of {shapes[0].head_dim}; dpa scores every layer's units in one "
+                "row of the same width")
+    return dict(n_beside=shapes[0].heads, beside_width=shapes[0].head_dim) if shapes else {}
 
 
 def _mlp_widths(layers, described: tuple[Family, ...], family: Family) -> dict[str, int]:

@@ -96,8 +96,9 @@ class Session:
         # one, so the real rows are what they would be with the mask; the padded rows then read real tokens
         # instead of nothing (a fully masked row is NaN in some eager kernels, e.g. Gemma 2's in float64).
         args = dict(attention_mask=None, position_ids=position_ids, use_cache=False)
-        if inputs_embeds is not None:
-            args["inputs_embeds"] = inputs_embeds
+        if inputs_embeds is not None:  # (times the multiplier the model applies to ids' embeddings alone: Falcon-H1's)
+            m = self.spec.ids_only_multiplier
+            args["inputs_embeds"] = inputs_embeds if m == 1 else inputs_embeds * m
         else:
             args["input_ids"] = req.input_ids if input_ids is None else input_ids
         overridden = getattr(self, "overridden", None)
@@ -343,9 +344,7 @@ def unembed(model: nn.Module, request: Request, final: Tensor) -> Tensor:
     """The model's own logits from final hidden states [..., d_model], in its dtype: the unembedding, then the
     final soft-cap where the model has one (Gemma 2), after the division by ``logits_scaling`` where it has one
     (Granite). Every logit dpa computes from a hidden state comes from here."""
-    logits = request.spec.unembed(model)(final)
-    if request.spec.logits_scaling != 1:
-        logits = logits / request.spec.logits_scaling
+    logits = request.spec.logits(request.spec.unembed(model)(final))
     cap = request.spec.final_softcap
     if cap is not None:
         logits = torch.tanh(logits / cap) * cap

@@ -102,6 +102,9 @@ class Scores:
         kinds = ["heads", "neuron_positions" if self.positions else "neurons"]
         for kind in kinds:
             setattr(self, kind, torch.stack([total(kind, i, sizes[kind]) for i in range(spec.n_layers)], dim=1))
+        if spec.n_beside:  # the units of the mixer beside attention follow the heads in each layer's row (Falcon-H1)
+            self.heads = torch.cat([self.heads, torch.stack([total("beside", i, (b, spec.n_beside))
+                                                             for i in range(spec.n_layers)], dim=1)], dim=-1)
         if self.positions:
             self.neurons = self.neuron_positions.sum(2)
         if spec.n_experts:  # [batch layer pos slot] and their sums over positions
@@ -214,7 +217,8 @@ def linearise_layer(session, i: int, mods: LayerModules, hook, override) -> None
     gated = spec.parts.gated
     moe = mods.experts is not None  # a mixture of experts: the router and the experts carry the block's mu
     scan = spec.scans(i)  # a Mamba-2 block: dpa's Function applies every mu inside it (ssd.py)
-    f = layer_factors(mu, gated, moe, bool(mods.block_inputs), scan)
+    # (with a Mamba-2 block beside attention, Falcon-H1's, the two blocks share the input norm: no common factor on it)
+    f = layer_factors(mu, gated, moe, bool(mods.block_inputs), scan or mods.beside is not None)
     attn_common, mlp_common = f.attention, f.mlp
     bias_sink = scores.sink("bias") if scores is not None else None
     _freeze_norms(mods, spec.parts.norm_kind, f, bias_sink, override)
@@ -239,21 +243,16 @@ def linearise_layer(session, i: int, mods: LayerModules, hook, override) -> None
         common = attn_common if names[0] in ("query", "key", "value") else mlp_common
         wrap(override, module, post=_projection(mods, names, factors, share(common), store, i, session.anchor,
                                                 reduce if gated else None, neuron_sink if gated else None))
-    head_sink = scores.sink("heads", i) if scores is not None else None
-
-    def heads(x):
-        b, t, _ = x.shape
-        reduce = lambda x, g: (x * g).view(b, t, n_heads, -1).sum((1, 3))  # noqa: E731
-        y = Tap.apply(x, session.anchor, reduce, head_sink, 1)
-        if "head_inputs" in session.record:
-            rec.head_inputs[i] = y
-        return y
-
     out_bias = lambda module: (lambda out: Branch.apply(out, 1.0, module.bias.detach(), share(1.0)))  # noqa: E731
     if scan:
         _linearise_scan(session, i, mods, override, bias_sink)
-    if mods.heads is not None:  # (none where the layer's one block is an MLP: Nemotron-H's)
-        wrap(override, mods.heads, pre=heads, post=out_bias(mods.heads) if mods.heads.bias is not None else None)
+    units = [(mods, "heads", n_heads)] + ([(mods.beside, "beside", spec.n_beside)] if mods.beside else [])
+    for block, sink, count in units:  # the unit taps: attention's heads (a mixer's units), the beside mixer's
+        if block is not mods:  # (Falcon-H1's Mamba-2 block beside attention: its rule, its units after the heads)
+            _linearise_scan(session, i, block, override, bias_sink)
+        if block.heads is not None:  # (none where the layer's one block is an MLP: Nemotron-H's)
+            wrap(override, block.heads, pre=_unit_tap(session, i, sink, count),
+                 post=out_bias(block.heads) if block.heads.bias is not None else None)
     if mods.mlp is None:  # a layer of one block (Mamba-2's): no MLP
         return
     if moe:
@@ -262,6 +261,23 @@ def linearise_layer(session, i: int, mods: LayerModules, hook, override) -> None
         linearise_experts(session, i, mods, override, f)
         return
     _linearise_dense_mlp(session, i, mods, hook, override, gate_factor, (store, reduce, neuron_sink), out_bias)
+
+
+def _unit_tap(session, i: int, sink: str, count: int) -> Callable[[Tensor], Tensor]:
+    """The pre-forward of a token mixer's output projection: the tap that writes each of its ``count`` units' score
+    (its slice of the projection's input, dotted with the gradient) to the sink ``sink`` of layer ``i``; the input
+    recorded for the edge scores (attention's heads)."""
+    scores, rec = session.scores, session.recording
+    unit_sink = scores.sink(sink, i) if scores is not None else None
+
+    def tap(x):
+        b, t, _ = x.shape
+        reduce = lambda x, g: (x * g).view(b, t, count, -1).sum((1, 3))  # noqa: E731
+        y = Tap.apply(x, session.anchor, reduce, unit_sink, 1)
+        if "head_inputs" in session.record:  # (the mixer beside attention's: keyed ("beside", i))
+            rec.head_inputs[i if sink == "heads" else (sink, i)] = y
+        return y
+    return tap
 
 
 def _linearise_dense_mlp(session, i: int, mods: LayerModules, hook, override, gate_factor: float | None,
@@ -312,9 +328,10 @@ def _linearise_scan(session, i: int, mods: LayerModules, override, bias_sink) ->
     store = session.recording.branches
     keep = (lambda h, mask: store.__setitem__(("scan", i), (h, mask))) if "branches" in session.record else None
     block = mods.attention
-    where = f"layers[{i}].{session.spec.parts.mixer(mods.kind).module}"
+    mixer = session.spec.parts.mixer(mods.kind)
+    where = f"layers[{i}].{mixer.module}"
     override(block, linearised_forward(block.forward, block, session.anchor, session.weights, bias_sink, where,
-                                       scan_rule(session.spec, i), keep))
+                                       scan_rule(mixer), keep))
 
 
 def _projection(mods: LayerModules, names: list[str], factors: dict, share: Callable, store: dict | None, i: int,

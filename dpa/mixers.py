@@ -86,7 +86,7 @@ def check_mixer_config(config, family: Family) -> None:
     """The settings a mixer's rule needs: each of its ``biases`` off (a bias inside y = C * conv(B * x), or on a
     Mamba-2 block's projections, makes the block no longer multilinear in its factors, so no weights summing to one
     would conserve the target)."""
-    for mixer in family.mixers:
+    for mixer in (*family.mixers, *filter(None, [family.beside])):
         for key in mixer.biases:
             if getattr(config, key, False):
                 raise UnsupportedModelError(

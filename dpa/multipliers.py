@@ -1,7 +1,7 @@
 """Scalars a model's forward multiplies by (``Family.multipliers``, Granite's): the embeddings by
 ``embedding_multiplier``, each block's output by ``residual_multiplier`` before it joins the residual stream, and the
-logits divided by ``logits_scaling``. Autograd sees them in the model's own forward, so the scores need nothing; what
-dpa computes itself does (``ModelSpec.embeddings``, the logits and target directions, the circuit graphs' and MIB's
+logits divided by ``logits_scaling`` (or, Falcon-H1's, multiplied by ``lm_head_multiplier``). Autograd sees them in
+the model's own forward, so the scores need nothing; what dpa computes itself does (``ModelSpec.embeddings``, the logits and target directions, the circuit graphs' and MIB's
 sums of writes, the neuron readouts): read here from the config, and checked against the modules' own copies, which
 the forward uses."""
 
@@ -14,7 +14,8 @@ from torch import nn
 from .errors import UnsupportedModelError
 from .registry import Family
 
-FIELDS = {"embedding": "embedding_multiplier", "residual": "residual_multiplier", "logits": "logits_scaling"}
+FIELDS = {"embedding": "embedding_multiplier", "residual": "residual_multiplier", "logits": "logits_scaling",
+          "lm_head": "logits_multiplier", "ids_only": "ids_only_multiplier"}
 
 
 def multipliers(config, family: Family) -> dict[str, float]:
@@ -41,7 +42,8 @@ def check_copies(model: nn.Module, family: Family, spec) -> None:
     multiplier, each layer's residual multiplier) are the config's, which dpa reads; a copy edited alone would have
     dpa's sums of writes differ from the model's, so it is refused by name. So is a copy that is not a plain number
     (a tensor): one changed in place after a first call would go unseen by the checks' cache, which keys on numbers."""
-    owners = {"embedding": [(family.layers.rsplit(".", 1)[0], spec.base(model))],
+    stack = [(family.layers.rsplit(".", 1)[0], spec.base(model))]  # (Falcon-H1's lm_head multiplier is the stack's)
+    owners = {"embedding": stack, "lm_head": stack, "ids_only": stack,
               "residual": [(f"layers[{i}]", layer) for i, layer in enumerate(spec.layers(model))]}
     for which, key in family.multipliers:
         for where, module in owners.get(which, ()):

@@ -3,7 +3,8 @@
 A ``Family`` is a handful of facts, not code (HF's ``modular_*`` files show how little differs): module paths
 inside a decoder layer, relative to it, and a few flags. Next to each fact, ``Family``'s docstring says who reads it;
 ``tests/test_architecture.py`` checks those names against the code. Adding a family means adding a description
-here (and its derivation in the book), not a code path; the lists of families in README.md, pyproject.toml and
+here (and its derivation in the book; the blocks a description names, experts and mixers, in blocks.py), not a
+code path; the lists of families in README.md, pyproject.toml and
 the package docstring are checked against ``FAMILIES`` (``tests/test_docs.py``).
 
 How a model is checked against its description: ``families.py``; the checked model as dpa reads it (sizes,
@@ -13,6 +14,8 @@ modules by layer): ``spec.py``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+
+from .blocks import Experts, Mixer  # the table's blocks: a mixture of experts, a token mixer other than attention
 
 
 BRANCHES = ("query", "key", "value", "gate", "up")
@@ -35,89 +38,6 @@ METADATA_KEYS = frozenset({
     "max_window_layers", "prefix", "task_specific_params", "finetuning_task",
     "head_dim",  # not metadata, but dpa reads each head's size from the projections' shapes (ModelSpec.d_head)
 })
-
-
-@dataclass(frozen=True)
-class Experts:
-    """A mixture-of-experts block, relative to a decoder layer: the router (whose forward returns logits,
-    top-k weights and top-k indices), the experts module (3-D weights, transformers' fused layout), and a
-    shared expert with its sigmoid gate where the model has one (Qwen2-MoE), or without a gate beside the block
-    (Granite 4.0-H's ``shared_mlp``, whose output the layer adds to the block's)."""
-
-    router: str = "mlp.gate"
-    #   read by: spec (LayerModules.router), experts
-    experts: str = "mlp.experts"
-    #   read by: spec (LayerModules.experts), experts
-    shared: str | None = None
-    #   read by: spec (LayerModules.shared), experts, families (checks its activation)
-    shared_gate: str | None = None
-    #   read by: spec (LayerModules.shared_gate), experts
-    shared_parts: tuple[str, str, str, str] = ("gate_proj", "up_proj", "down_proj", "act_fn")  # the shared expert's
-    # gate and up projections (one fused projection, [gate | up], where both name it), down projection, activation
-    #   read by: spec (LayerModules.shared_glu: experts), families (checks them), expert_checks (shared_width)
-    shared_beside: bool = False  # the shared expert is not inside the block: the layer adds its output to the
-    # block's (Granite 4.0-H), so the MLP's write is the two outputs' sum (LayerModules.mlp_write)
-    #   read by: spec (LayerModules.shared_beside: verify_circuit)
-    glu: str = "act"  # act(gate) * up with the experts' act_fn; "clamped": GPT-OSS's (see experts.py)
-    #   read by: experts, expert_checks
-    biases: bool = False  # the experts' projections carry biases (in the bias share)
-    #   read by: expert_checks (the experts' layout)
-    router_bias: bool = False  # the router's logits carry a bias (a control input: see experts.py)
-    #   read by: expert_checks (the router)
-    transposed: bool = False  # the experts' weights are stored [in, out] with gate and up interleaved (GPT-OSS's):
-    # the flags the experts module must carry (is_transposed, not is_concatenated), as its own forward reads them
-    #   read by: expert_checks (the experts' layout)
-    layers: str = "every"  # which layers hold the sparse block, from the config: "every" layer; "sparse_step", Qwen's
-    # (not in mlp_only_layers, and (i + 1) % decoder_sparse_step == 0); "layers_num_experts", Jamba's (the config's
-    # per-layer count above 1); "layer_type", those whose layer_types value is ``layer_type`` (Nemotron-H's "moe",
-    # a layer of one block: the sparse block). The others hold a dense MLP at ``dense``'s paths
-    #   read by: mixers (ModelSpec.sparse_layers)
-    layer_type: str | None = None  # with layers "layer_type": the config's layer_types value of the sparse layers
-    #   read by: mixers (ModelSpec.layer_kinds, ModelSpec.sparse_layers)
-    latent: tuple[str, str] | None = None  # projections into and out of the space the experts work in (Nemotron 3's
-    # fc1_latent_proj / fc2_latent_proj, linear: content; nn.Identity where the config sets no latent size)
-    #   read by: spec (LayerModules.latent_out: spec, verify_circuit), expert_checks
-    dense: tuple[str, str, str, str] | None = None  # a dense layer's gate and up projections, activation and down
-    # projection, where ``layers`` leaves some layers dense (their neurons the first columns of the layer's row)
-    #   read by: registry (Family.on_layer)
-
-
-@dataclass(frozen=True)
-class Mixer:
-    """A token mixer in place of attention, on the layers the config's ``layer_types`` marks ``layer_type`` (LFM2's
-    gated short convolution, book: gated-short-convolution). Its paths, relative to a decoder layer, take the
-    attention's places in the layer's description (``Family.on_layer``): ``module`` the block, ``in_proj`` the fused
-    projection of its factors (one block of ``d_model`` features per factor, in order), ``heads`` the output
-    projection whose input the unit tap reads. Each factor carries the path weight of the attention branch whose
-    part it plays (``factors``, in ``in_proj``'s order): in y = C * conv(B * x), as in a state-space model read as
-    attention, C reads the mixed state like a query, B writes into it like a key and x is the content, like the
-    value; so mu_query + mu_key + mu_value = 1 conserves the target on these blocks too (book: Euler's identity)."""
-
-    kind: str  # the unit's kind in results and views ("conv")
-    #   read by: spec (ModelSpec.layer_kinds: result, report, circuit_graph)
-    layer_type: str  # the config's layer_types value of its layers
-    #   read by: families (ModelSpec.layer_kinds)
-    module: str
-    #   read by: registry (Family.on_layer), families (checks)
-    in_proj: str
-    #   read by: registry (Family.on_layer), families (checks its size)
-    factors: tuple[str, ...]
-    #   read by: spec (LayerModules.columns: linearise), families (checks)
-    heads: str
-    #   read by: registry (Family.on_layer), families (checks)
-    biases: tuple[str, ...] = ()  # config keys that must be off: a bias inside the product is not multilinear
-    #   read by: families (checks the config)
-    letter: str = "C"  # the unit's letter in labels (L0.C3, beside attention's L1.H2)
-    #   read by: report, circuit_graph
-    rule: str = "product"  # how dpa linearises the block: "product", mu on in_proj's blocks of columns (a gated
-    # convolution: the block is multilinear in them, so its own autograd graph is the rule); "scan", dpa's Function
-    # over the whole block (Mamba-2: the step, the SiLUs and the gated norm's scale frozen inside it, ssd.py)
-    #   read by: spec (ModelSpec.scans: linearise, mib.forward), families (checks)
-    book: str = "gated-short-convolution"  # the book's chapter that derives its rule, named in refusals
-    #   read by: mixers (checks the config)
-    scan: str = "ssd"  # with rule "scan", which block: "ssd" Mamba-2's (ssd.py), "selective" Mamba's (selective.py),
-    # "delta" Qwen3-Next's Gated DeltaNet (delta.py)
-    #   read by: scan_rules (linearise, families, explicit), spec (MIB's readers: Mamba-2's only), mib.forward
 
 
 @dataclass(frozen=True)
@@ -231,14 +151,26 @@ class Family:
     #   read by: spec (ModelSpec.columns: linearise freezes the gate's features, explicit, mib.forward), families
     mixers: tuple[Mixer, ...] = ()  # token mixers other than attention, on the layers the config's layer_types marks
     #   read by: mixers (ModelSpec.layer_kinds, the config's checks), registry (Family.mixer: spec, families, mixers)
+    beside: Mixer | None = None  # a token mixer beside attention on every layer (Falcon-H1's Mamba-2 block): both read
+    # the layer's one normalised input and the layer adds their outputs; its units follow the attention heads in the
+    # layer's row of head scores (ModelSpec.n_beside), and its Mixer.layer_type is unused
+    #   read by: spec (LayerModules.beside: linearise), spec (ModelSpec.n_beside: linearise, backward, explicit),
+    #            registry (Family.mixer), families, mixers
+    key_multiplier: str | None = None  # the attention module's attribute its forward multiplies the keys by
+    # (Falcon-H1's µP key_multiplier): the scores' scale, as dpa's explicit path recomputes them
+    #   read by: explicit (scaling)
     attention_types: tuple[str, ...] = ("full_attention", "sliding_attention")  # the layer_types of its attention
     #   read by: families (checks the config)
     multipliers: tuple[tuple[str, str], ...] = ()  # (which, config key): scalars the model's forward multiplies by
     # (Granite's): "embedding", the embeddings after the embedding module; "residual", each block's output before it
-    # joins the residual stream; "logits", the logits' divisor (logits_scaling). dpa's own sums of writes and its
-    # logits use them (ModelSpec.embedding_multiplier, residual_multiplier, logits_scaling); autograd sees them anyway
+    # joins the residual stream; "logits", the logits' divisor (logits_scaling); "lm_head", the logits' multiplier
+    # (Falcon-H1's); "ids_only", an embedding multiplier the forward applies to ids' embeddings but not to
+    # inputs_embeds (Falcon-H1's: dpa applies it to embeddings it hands the model). dpa's own sums of writes and its
+    # logits use them (ModelSpec.embedding_multiplier, residual_multiplier, logits_scaling, logits_multiplier,
+    # ids_only_multiplier: instrument); autograd sees them anyway
     #   read by: multipliers, spec (ModelSpec.residual_multiplier: circuit_graph, mib.forward, backward, lens,
-    #            baselines.internals), spec (ModelSpec.logits_scaling: instrument, backward, lens, baselines.depass)
+    #            baselines.internals), spec (ModelSpec.logits_scaling: backward), spec (ModelSpec.logits: instrument,
+    #            backward, lens, baselines.depass), spec (ModelSpec.ids_only_multiplier: instrument)
     rope_switch: tuple[str, str] | None = None  # (config key, value): the model rotates q and k only where the key
     # has this value (Granite's position_embedding_type "rope"; otherwise no RoPE at all, NoPE)
     #   read by: rope_config (rope_switched: the description without rotary where the config switches RoPE off)
@@ -258,8 +190,9 @@ class Family:
     #   read by: families (check_family: the description of a config)
 
     def mixer(self, kind: str) -> Mixer | None:
-        """The ``Mixer`` of a layer whose token mixer is ``kind``; None for attention."""
-        return next((m for m in self.mixers if m.kind == kind), None)
+        """The ``Mixer`` of a layer whose token mixer is ``kind`` (or of the mixer beside attention); None for
+        attention."""
+        return next((m for m in (*self.mixers, *filter(None, [self.beside])) if m.kind == kind), None)
 
     def on_layer(self, kind: str, sparse: bool = True) -> Family:
         """The description of a layer whose token mixer is ``kind``: this one for attention; for a ``Mixer``'s, its
@@ -478,14 +411,27 @@ NEMOTRON_H = NEMOTRON_H.with_(  # Nemotron 3's "moe" layers: the sparse block as
                 dense=("mixer.up_proj", "mixer.up_proj", "mixer.act_fn", "mixer.down_proj")))  # experts in a latent
 # space, a non-gated shared expert inside the block; "mlp" layers keep the dense MLP (Experts.dense)
 
+FALCON_H1 = BAMBA.with_(  # diff with Bamba: attention AND a Mamba-2 block on every layer, side by side (book:
+    model_type="falcon_h1", config_class="FalconH1Config", mixers=(),  # parallel-mixers), reading the one normalised
+    partial_rotary=False, attention_types=("hybrid",), key_multiplier="key_multiplier",  # input; the units of a
+    # layer: its attention heads, then
+    multipliers=(("embedding", "embedding_multiplier"), ("ids_only", "embedding_multiplier"),  # its SSM heads. µP's
+                 ("lm_head", "lm_head_multiplier")),
+    beside=Mixer("scan", "hybrid", module="mamba", in_proj="mamba.in_proj", factors=("value", "key", "query"),  # other
+                 heads="mamba.out_proj", biases=("mamba_proj_bias",), letter="S", rule="scan",  # scalars (in the
+                 book="state-space-duality"))  # layer's and blocks' forwards: attention's input and output, the key,
+# the SSM's input and output, in_proj's five groups of features (mup_vector), the MLP's gate (inside its activation)
+# and down projection) are linear, seen by autograd; dpa's own sums of writes would need them, so circuit graphs, MIB's
+# graph, the lens and the baselines that recompute layers refuse this family by name (``spec.ModelSpec.n_beside``)
+
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (LLAMA, MISTRAL, QWEN2, QWEN3, GEMMA2, GEMMA3, OLMO2, PHI3,
                                                           SMOLLM3, GPT2, GPT_NEOX, MIXTRAL, QWEN2_MOE,
                                                           QWEN3_MOE, OLMOE, GPT_OSS, LFM2, BAMBA,
                                                           GRANITEMOEHYBRID, MAMBA2, MAMBA, FALCON_MAMBA,
-                                                          JAMBA, QWEN3_NEXT, NEMOTRON_H)}
+                                                          JAMBA, QWEN3_NEXT, NEMOTRON_H, FALCON_H1)}
 # Each unit kind's letter in labels (L3.H2, L5.N812, L1.E3, a hybrid's convolution unit L0.C3), the mixers' from
 # their descriptions.
-MIXER_KINDS: tuple[str, ...] = tuple(dict.fromkeys(m.kind for f in FAMILIES.values() for m in f.mixers))
-MIXER_RULES: dict[str, str] = {m.kind: m.rule for f in FAMILIES.values() for m in f.mixers}  # kind -> Mixer.rule
-UNIT_LETTERS: dict[str, str] = {"head": "H", "neuron": "N", "expert": "E",
-                                **{m.kind: m.letter for f in FAMILIES.values() for m in f.mixers}}
+_ALL_MIXERS = [m for f in FAMILIES.values() for m in (*f.mixers, *filter(None, [f.beside]))]
+MIXER_KINDS: tuple[str, ...] = tuple(dict.fromkeys(m.kind for m in _ALL_MIXERS))
+MIXER_RULES: dict[str, str] = {m.kind: m.rule for m in _ALL_MIXERS}  # kind -> Mixer.rule
+UNIT_LETTERS: dict[str, str] = {"head": "H", "neuron": "N", "expert": "E", **{m.kind: m.letter for m in _ALL_MIXERS}}

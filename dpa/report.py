@@ -173,6 +173,8 @@ def summary_lines(res: Attribution) -> list[tuple[str, str]]:
     """(label, text) pairs shared by the terminal and HTML reports."""
     layers, width = res.head_scores.shape
     heads = f"{width} {'heads' if res.unit_kinds == ('head',) else ' or '.join(_units(res)).replace('attention ', '')}"
+    if res.beside:  # every layer: attention heads, then the units of the mixer beside them (Falcon-H1's SSM heads)
+        heads = f"{res.beside[1]} attention heads beside {width - res.beside[1]} {res.beside[0]} units"
     sizes = (f"{heads} per layer, no MLP" if res.neuron_scores is not None and not res.neuron_scores.shape[1] else
              f"{heads} and {res.neuron_scores.shape[1]} neurons per layer" if res.neuron_scores is not None
              else f"{heads} and {res.neuron_top.d_mlp} neurons per layer; the top {res.neuron_top.k} neurons of "

@@ -99,6 +99,9 @@ class Attribution(JsonRecord):
     layer_kinds: list[str] | None = None  # per layer, what its head_scores row scores: "head" (attention heads) or a
     # mixer's unit kind (LFM2's "conv": channel groups of a convolution layer), or "mlp" where the layer's one block is
     # an MLP (Nemotron-H's: a row of zeros, no units); None: every layer attention
+    beside: tuple[str, int] | None = None  # (kind, first column): on every layer, the columns of head_scores from the
+    # first on are the units of a token mixer beside attention (Falcon-H1's Mamba-2 block: "scan", its SSM heads after
+    # the attention heads); None: one kind of unit per row
     neuron_top: NeuronTop | None = None  # a result read from a file saved with top_neurons=k: the neurons kept
     # (neuron_scores is then None)
 
@@ -188,8 +191,20 @@ class Attribution(JsonRecord):
     def unit_kinds(self) -> tuple[str, ...]:
         """The kinds of unit ``head_scores`` holds, in layer order: ("head",), or on a hybrid also its mixers'
         ("head", "conv")."""
-        return tuple(k for k in dict.fromkeys(self.layer_kinds or ["head"]) if k != MLP_LAYER)  # (an MLP layer's
-        # row holds no unit: Nemotron-H's)
+        kinds = [*(self.layer_kinds or ["head"]), *([self.beside[0]] if self.beside else [])]
+        return tuple(k for k in dict.fromkeys(kinds) if k != MLP_LAYER)  # (an MLP layer's row holds no unit:
+        # Nemotron-H's)
+
+    def unit_columns(self, kind: str) -> tuple[Tensor, int]:
+        """[layer width] bool: which entries of ``head_scores`` are units of ``kind`` (a hybrid's rows of that kind;
+        beside attention, a column range), and the column its unit 0 sits in (a unit's index is its column minus
+        it)."""
+        layers, width = self.head_scores.shape
+        rows = torch.tensor([r == kind for r in (self.layer_kinds or ["head"] * layers)])
+        first, columns = (self.beside[1], torch.arange(width)) if self.beside else (width, torch.arange(width))
+        if self.beside and kind == self.beside[0]:
+            return (columns >= first)[None, :].expand(layers, -1), first
+        return rows[:, None] & (columns < first)[None, :], 0
 
     def top_components(self, k: int = 10, kinds: tuple[str, ...] | None = None) -> dict[str, list[Component]]:
         """The k most positive and k most negative heads, neurons (and experts, on a mixture-of-experts model),
@@ -215,11 +230,10 @@ class Attribution(JsonRecord):
                                  f"overall are not known: ask for k <= {self.neuron_top.k}, use kinds=('head',), or "
                                  "save every neuron (top_neurons=None; dpa attribute --json-neurons all)")
         parts = []
-        for unit in units:  # the head_scores rows of each kind (attention heads, a hybrid's convolution units)
-            if unit in kinds:
-                rows = self.layer_kinds or ["head"] * self.head_scores.shape[0]
-                keep = torch.tensor([r == unit for r in rows])
-                parts.append((unit, torch.where(keep[:, None], self.head_scores, torch.nan)))
+        for unit in units:  # the head_scores entries of each kind (attention heads, a hybrid's convolution units,
+            if unit in kinds:  # the SSM heads beside attention)
+                keep, first = self.unit_columns(unit)
+                parts.append((unit, torch.where(keep, self.head_scores, torch.nan)[:, first:]))
         if "neuron" in kinds and self.neuron_scores is not None:
             parts.append(("neuron", self.neuron_scores))
         if "expert" in kinds:
@@ -336,6 +350,11 @@ class Attribution(JsonRecord):
             t = getattr(self, name)
             if t is not None and any(w is not None and w != g for w, g in zip(shape, t.shape)):
                 return f"{name} has shape {tuple(t.shape)}, expected {tuple('?' if w is None else w for w in shape)}"
+        if self.beside is not None and not (
+                isinstance(self.beside, (tuple, list)) and len(self.beside) == 2 and self.beside[0] in MIXER_KINDS
+                and isinstance(self.beside[1], int) and 0 < self.beside[1] < heads and self.layer_kinds is None):
+            return (f"beside must be (a mixer's unit kind, the first of its columns, between 1 and {heads - 1}) on a "
+                    f"model whose every layer is attention; got {self.beside!r}")
         if self.layer_kinds is not None:
             known = ("head", *MIXER_KINDS, MLP_LAYER)
             if len(self.layer_kinds) != layers or not set(self.layer_kinds) <= set(known):

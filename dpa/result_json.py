@@ -101,6 +101,12 @@ def _probability(name: str, value: Any) -> float:
     return check_float(name, value, low=0, high=1)
 
 
+def _beside(name: str, value: Any) -> tuple[str, int]:
+    if not isinstance(value, (list, tuple)) or len(value) != 2:
+        raise InputTypeError(f"{name} must be a [unit kind, first column] pair, got {show(value)}")
+    return _text(f"{name}[0]", value[0]), _count(f"{name}[1]", value[1])
+
+
 def _prediction(name: str, value: Any) -> tuple[str, float]:
     if not isinstance(value, (list, tuple)) or len(value) != 2:
         raise InputTypeError(f"{name} must be a [token, probability] pair, got {show(value)}")
@@ -128,6 +134,7 @@ FIELDS = {  # every field of Attribution but the scores (SCORES), whose reader d
     "model_name": _text, "neuron_target": lambda name, value: check_choice(name, value, ("output", "mid")),
     "d_expert": _optional(_count), "layer_kinds": _optional(_list_of(_text)),
     "dense_layers": _optional(_list_of(_index)), "d_dense": _optional(_count), "n_experts": _optional(_count),
+    "beside": _optional(_beside),
 }
 
 

@@ -9,6 +9,6 @@ from . import delta, selective, ssd
 RULES: dict[str, ssd.ScanRule] = {"ssd": ssd.RULE, "selective": selective.RULE, "delta": delta.RULE}
 
 
-def scan_rule(spec, index: int) -> ssd.ScanRule:
-    """Layer ``index``'s scan rule (``spec.scans(index)`` must hold)."""
-    return RULES[spec.parts.mixer(spec.kind(index)).scan]
+def scan_rule(mixer) -> ssd.ScanRule:
+    """The scan rule of a ``Mixer`` whose ``rule`` is "scan" (``spec.scans(index)``: layer index's)."""
+    return RULES[mixer.scan]

@@ -1,11 +1,10 @@
 """A checked model as dpa reads it: its sizes (``ModelSpec``) and each layer's modules (``LayerModules``), looked up
-by the family table's paths (``registry.py``); how to read a projection's weight, a norm's epsilon, a config's RoPE.
-The checks that make a model a ``ModelSpec`` are in ``families.py`` (``spec_for``)."""
+by the family table's paths (``registry.py``); how to read a projection's weight, a norm's epsilon
+(``module_access.py``, re-exported here). The checks that make a model a ``ModelSpec`` are in ``families.py``
+(``spec_for``)."""
 
 from __future__ import annotations
 
-import functools
-import os
 import weakref
 from dataclasses import dataclass, field
 
@@ -13,6 +12,8 @@ import torch
 from torch import nn
 
 from .errors import UnsupportedModelError
+from .module_access import (get, in_features, is_projection, norm_eps,  # noqa: F401 (re-exported)
+                            own_forward, weight_rows, why_not_projection)
 from .registry import MLP_LAYER, Family
 from .ssd_shape import factor_columns
 
@@ -53,6 +54,30 @@ class ModelSpec:
     embedding_multiplier: float = 1.0  # the model's forward multiplies the embeddings by it (Granite's multipliers,
     residual_multiplier: float = 1.0  # Family.multipliers), each block's output before the residual add by it, and
     logits_scaling: float = 1.0  # divides the logits by it: what dpa computes itself (sums of writes, logits) does too
+    logits_multiplier: float = 1.0  # multiplies the logits by it (Falcon-H1's lm_head_multiplier)
+    ids_only_multiplier: float = 1.0  # the part of embedding_multiplier the model's forward applies to the embeddings
+    # it looks up from ids only, not to inputs_embeds given to it (Falcon-H1's): dpa multiplies embeddings it hands
+    # the model by it (the session's forward), so that both ways in are the same model
+    n_beside: int = 0  # units of the token mixer beside attention on every layer (Family.beside, Falcon-H1's SSM
+    # heads): columns n_heads .. n_heads + n_beside - 1 of each layer's row of head scores
+    beside_width: int = 0  # channels of one of those units at its tap (the beside block's out_proj input)
+
+    @property
+    def row_width(self) -> int:
+        """The columns of a layer's row of head scores: the attention heads (or a mixer's units), then the units of
+        the mixer beside attention where there is one (Falcon-H1's)."""
+        return self.n_heads + self.n_beside
+
+    @property
+    def beside_kind(self) -> str | None:
+        """The unit kind of the mixer beside attention (``Family.beside``), None without one."""
+        return self.parts.beside.kind if self.n_beside else None
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` as the model scales its logits (or a direction read from the unembedding): divided by
+        ``logits_scaling`` (Granite), times ``logits_multiplier`` (Falcon-H1); ``x`` itself where neither."""
+        x = x if self.logits_scaling == 1 else x / self.logits_scaling
+        return x if self.logits_multiplier == 1 else x * self.logits_multiplier
 
     def unit_width(self, index: int) -> int:
         """Layer ``index``'s channels per unit at its tap (the output projection's input): d_head on attention, the
@@ -230,6 +255,18 @@ class ModelSpec:
         return self.embed(model).weight.device
 
 
+def one_mixer_per_layer(spec: ModelSpec, what: str) -> None:
+    """Refuse by name what reads one token mixer per layer (``what``: "circuit graphs", ...) on a model with a mixer
+    beside attention (``Family.beside``, Falcon-H1's), whose own sums of writes would miss that block and the µP
+    scalars around both. dpa.attribute, its edges, the evaluation's input ablations and the gradient baselines read
+    these models."""
+    if spec.n_beside:
+        raise UnsupportedModelError(
+            f"{what} not yet supported on {spec.family}: its layers hold attention and a {spec.beside_kind} block "
+            "side by side (book: parallel-mixers), and these read one token mixer per layer; dpa.attribute (its "
+            "scores, edges and top components), the evaluation's input ablations and the gradient baselines do")
+
+
 def lacking(kind: str, layer: int, dense: bool = False) -> str:
     """The words of a refusal of a unit a layer lacks (``ModelSpec.lacks``; the widget's static page, from the layer's
     kind alone)."""
@@ -244,13 +281,6 @@ def narrower(layer: int, width: int, neuron: int) -> str:
     return f"layer {layer}'s MLP is dense, with {width} neurons (fewer than the experts' layers), so no neuron {neuron}"
 
 
-def get(root: nn.Module, path: str) -> nn.Module:
-    """The submodule at a dotted path (``"self_attn.q_proj"``)."""
-    for name in path.split("."):
-        root = getattr(root, name)
-    return root
-
-
 def unread_parameters(layer: nn.Module, family: Family) -> list[str]:
     """A decoder layer's parameters under none of the modules its description names (its token mixer, its MLP or
     experts, its norms): what dpa would neither linearise nor score. transformers' layer forwards run such modules
@@ -258,75 +288,11 @@ def unread_parameters(layer: nn.Module, family: Family) -> list[str]:
     config says now, so a layer holding one is refused by name (families)."""
     moe = family.moe
     paths = {family.attention or "", family.mlp or "", family.heads or "", *family.norms, *family.branches.values(),
+             family.beside.module if family.beside else "",
              *(family.head_norms or ()), *([family.neurons] if family.neurons else []),
              *([moe.router, moe.experts, moe.shared or "", moe.shared_gate or ""] if moe else [])} - {""}
     return [name for name, _ in layer.named_parameters()
             if not any(name == p or name.startswith(p + ".") for p in paths)]
-
-
-def _projection_classes() -> tuple[type, ...]:
-    from transformers.pytorch_utils import Conv1D
-
-    return (nn.Linear, Conv1D)
-
-
-def is_projection(module: nn.Module) -> bool:
-    """nn.Linear, or GPT-2's Conv1D (the same map with its weight stored [in, out]), or a subclass of either
-    that keeps its forward (a parametrization, a marker class): a module that computes exactly what its
-    ``weight`` and ``bias`` say, which dpa may read instead of running it. A subclass with a forward of its
-    own (a LoRA written as a Linear) computes something else: not a projection (``why_not_projection``)."""
-    return any(isinstance(module, base) and type(module).forward is base.forward for base in _projection_classes())
-
-
-def own_forward(module: nn.Module) -> bool:
-    """Whether ``module``'s class has a forward of its own (a subclass's, a patch's), not transformers': some code
-    on its chain of wrappers is not in transformers' files. ``functools.wraps`` copies a name and a module, not the
-    code, and keeps the wrapped function as ``__wrapped__``: a patch wrapping transformers' forward has its own code,
-    and transformers' wrappers (``GradientCheckpointingLayer`` wraps every subclass's forward) keep a subclass's."""
-    forward, seen = type(module).forward, set()
-    while forward is not None and id(forward) not in seen:
-        seen.add(id(forward))
-        code = getattr(forward, "__code__", None)
-        if code is None or not os.path.abspath(code.co_filename).startswith(_transformers_dir()):
-            return True  # a callable object, a builtin or code of someone else's: nothing vouches for it
-        forward = getattr(forward, "__wrapped__", None)
-    return False
-
-
-@functools.lru_cache(maxsize=1)
-def _transformers_dir() -> str:
-    import transformers  # on first use: ``import dpa`` does not import transformers
-
-    return os.path.dirname(os.path.abspath(transformers.__file__)) + os.sep
-
-
-def why_not_projection(module: nn.Module) -> str:
-    """What a module that is not a projection is, for the refusal that names it."""
-    name = type(module).__name__
-    if isinstance(module, _projection_classes()):
-        return (f"a {name}, a subclass of {type(module).__mro__[1].__name__} with a forward of its own (an "
-                "adapter such as LoRA?), so its weight is not what it computes")
-    return f"a {name}, not a Linear (an adapter wrapping one, such as LoRA?)"
-
-
-def weight_rows(module: nn.Module) -> torch.Tensor:
-    """A projection's weight as [out, in] (nn.Linear's layout) whatever its class: what ``is_projection``
-    vouches the module computes."""
-    if not is_projection(module):
-        raise UnsupportedModelError(f"unsupported module: {why_not_projection(module)}; dpa reads its weight")
-    return module.weight if isinstance(module, nn.Linear) else module.weight.T
-
-
-def in_features(module: nn.Module) -> int:
-    return weight_rows(module).shape[1]
-
-
-def norm_eps(norm: nn.Module) -> float:
-    """An RMSNorm module's epsilon (``variance_epsilon`` in Llama-like code, ``eps`` elsewhere)."""
-    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
-    if eps is None:
-        raise UnsupportedModelError(f"unsupported norm module {type(norm).__name__}: no epsilon attribute")
-    return float(eps)
 
 
 @dataclass(frozen=True)
@@ -359,6 +325,8 @@ class LayerModules:
     gated: bool = True  # the MLP, the experts and the shared expert are GLUs (False: act(up x), Nemotron-H's)
     latent_out: nn.Module | None = None  # the projection out of the experts' latent space (Experts.latent), None
     # where the experts write the residual stream's space themselves
+    beside: LayerModules | None = None  # the token mixer beside attention (Family.beside, Falcon-H1's Mamba-2 block),
+    # as a layer of its kind would hold it: its block, its factors' columns of in_proj, its output projection
 
     def shared_glu(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The shared expert's gate and up pre-activations on ``x``, from its own projections (``shared_parts``): two
@@ -444,8 +412,12 @@ def layer_modules(model: nn.Module, spec: ModelSpec) -> list[LayerModules]:
     return out
 
 
-def _layer_modules(layer: nn.Module, spec: ModelSpec, index: int) -> LayerModules:
-    p, kind = spec.on_layer(index), spec.kind(index)
+def _layer_modules(layer: nn.Module, spec: ModelSpec, index: int, kind: str | None = None) -> LayerModules:
+    """Layer ``index``'s modules; with ``kind``, those of its mixer of that kind beside attention (``Family.beside``)
+    as a layer of that kind would hold them."""
+    beside = kind is None and spec.n_beside and spec.kind(index) == "attention"
+    kind = kind or spec.kind(index)
+    p = spec.parts.on_layer(kind) if kind != spec.kind(index) else spec.on_layer(index)
     columns = {name: spec.columns(name, kind) for name in p.branches}
     if p.output_gate and kind == "attention":  # the query projection's gate features (Qwen3-Next's gated attention)
         columns["output_gate"] = spec.columns("output_gate")
@@ -466,6 +438,7 @@ def _layer_modules(layer: nn.Module, spec: ModelSpec, index: int) -> LayerModule
         columns=columns,
         sinks=get(layer, p.sinks.rsplit(".", 1)[0]).get_parameter(p.sinks.rsplit(".", 1)[1]) if p.sinks else None,
         kind=kind, gated=p.gated,
+        beside=_layer_modules(layer, spec, index, spec.beside_kind) if beside else None,
         **({} if p.moe is None else dict(
             latent_out=_latent_out(get(layer, p.moe.latent[1])) if p.moe.latent else None,
             router=get(layer, p.moe.router), experts=get(layer, p.moe.experts),

@@ -76,9 +76,21 @@ def scan_block(block: nn.Module, h: Tensor | dict[str, Tensor], mask: Tensor | N
     scaled = scaler(mu)
     y = _scan(scaled(x, "value"), scaled(B, "key"), scaled(C, "query"), step, a, s) + _skip(block, x, s)
     gate = z * torch.sigmoid(z).detach()  # SiLU(z), sigmoid frozen
-    yz = scaled(y, "up") * scaled(gate, "gate")
-    n = block.norm.weight.detach().to(dtype) * yz * _scale(block, yz.detach(), s)
+    y = scaled(y, "up")
+    n = _gated(block, s, y, scaled(gate, "gate"), y.detach())
     return n @ weight_rows(block.out_proj).detach().to(dtype).T, n
+
+
+def _gated(block: nn.Module, s: ScanShape, y: Tensor, gate: Tensor, frozen_y: Tensor) -> Tensor:
+    """out_proj's input n from the scan's y and the gate SiLU(z) (``ScanShape.gating``), the norm's scale r frozen at
+    its forward value (read from ``frozen_y`` and the gate): gamma * r(y * gate) * y * gate (the gated norm),
+    gamma * r(y) * y * gate (the norm before the gate), or y * gate (no norm)."""
+    yz = y * gate
+    if s.gating == "none":
+        return yz
+    weight = block.norm.weight.detach().to(y.dtype)
+    r = _scale(block, (frozen_y * gate.detach()) if s.gating == "after" else frozen_y, s)
+    return weight * yz * r
 
 
 def _factors(block: nn.Module, h: Tensor | dict[str, Tensor], mask: Tensor | None, bias: Tensor | None) -> tuple:
@@ -91,6 +103,11 @@ def _factors(block: nn.Module, h: Tensor | dict[str, Tensor], mask: Tensor | Non
     dtype = wide(h.dtype)  # the copy's dtype
     m = None if mask is None else mask.to(h.device, dtype)[..., None]
     w = weight_rows(block.in_proj).detach().to(dtype)
+    into, features = input_scales(block)  # (Falcon-H1's µP scalars: linear)
+    if into != 1:
+        w = w * into
+    if features is not None:
+        w = w * features.detach().to(w.device, dtype).reshape(-1)[:, None]
     columns = factor_columns(block) if len(inputs) > 1 else None
     p = 0
     for name, x in inputs.items():
@@ -107,6 +124,24 @@ def _factors(block: nn.Module, h: Tensor | dict[str, Tensor], mask: Tensor | Non
     step = nn.functional.softplus(delta + block.dt_bias.detach().to(dtype)).clamp(*s.limit).detach()  # [b t H]
     a = -torch.exp(block.A_log.detach().float()).to(dtype)  # the decay as the module's forward makes it
     return s, z, x, B, C, step, a
+
+
+def input_scales(block: nn.Module) -> tuple[float, Tensor | None]:
+    """What the block's forward multiplies its input and in_proj's output features by (Falcon-H1's
+    ``ssm_in_multiplier`` and ``mup_vector``, µP's scalars for [z | x | B | C | dt]): linear maps, folded into
+    in_proj's weight in dpa's copy; (1, None) for a block without them. Refused by name where one is not a number or
+    not one per feature."""
+    into = getattr(block, "ssm_in_multiplier", 1.0)
+    features = getattr(block, "mup_vector", None)
+    rows = weight_rows(block.in_proj).shape[0]
+    if isinstance(into, bool) or not isinstance(into, (int, float)) or not (
+            features is None or isinstance(features, Tensor) and features.numel() == rows
+            and features.is_floating_point()):
+        raise UnsupportedModelError(
+            f"unsupported module: {type(block).__name__}.ssm_in_multiplier is {into!r} and its mup_vector "
+            f"{'a tensor of ' + str(features.numel()) + ' values' if isinstance(features, Tensor) else repr(features)}"
+            f"; dpa reads a number and one float per in_proj output ({rows})")
+    return float(into), features
 
 
 def conv_silu(conv: nn.Conv1d, xi: Tensor, bias: Tensor | None, m: Tensor | None, frozen: bool = True) -> Tensor:
@@ -148,7 +183,7 @@ def scan_edges(block: nn.Module, h: Tensor, mask: Tensor | None, lam: Tensor, un
         b, t, inner = x.shape
         y = _scan(x, B, C, step, a, s) + _skip(block, x, s)
         gate = z * torch.sigmoid(z)
-        lam = lam.to(x.dtype) * block.norm.weight.detach().to(x.dtype) * _scale(block, y * gate, s) * gate
+        lam = _gated(block, s, lam.to(x.dtype), gate, y)  # (n is linear in y with the scale frozen: its transpose)
         width = inner // units  # a unit's channels: whole heads, or equal parts of one
         part = min(width, s.head_dim)
         if width % part or s.head_dim % part:
@@ -398,8 +433,9 @@ def check_block(layer: nn.Module, mixer: Mixer, d_model: int, i: int) -> ScanSha
     check_projections(layer, mixer, {mixer.in_proj: (s.rows, d_model), mixer.heads: (d_model, s.inner)}, i)
     conv = check_conv(block, where, mixer.kind, s.conv, s.kernel)
     want = {"in_proj.weight": (s.rows, d_model), "out_proj.weight": (d_model, s.inner),
-            "conv1d.weight": (s.conv, 1, s.kernel),
-            "dt_bias": (s.heads,), "A_log": (s.heads,), "D": (s.heads,), "norm.weight": (s.inner,)}
+            "conv1d.weight": (s.conv, 1, s.kernel), "dt_bias": (s.heads,), "A_log": (s.heads,), "D": (s.heads,),
+            **({} if s.gating == "none" else {"norm.weight": (s.inner,)})}  # (Falcon-H1's released: no norm)
+    input_scales(block)
     if conv.bias is not None:
         want["conv1d.bias"] = (s.conv,)
     check_computes(block, want, d_model, where, mixer.kind, RULE)

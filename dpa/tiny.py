@@ -22,6 +22,8 @@ HYBRID_FAMILIES = ("lfm2", "bamba", "granitemoehybrid", "jamba", "mamba2", "mamb
 SCAN_FAMILIES = ("bamba", "granitemoehybrid", "jamba", "mamba2", "mamba", "falcon_mamba", "qwen3_next",  # with
                  "nemotron_h")
 # Mamba-2 blocks (ssd.py), Mamba's (selective.py) or Gated DeltaNets (delta.py): dpa's own Function
+PARALLEL_FAMILIES = ("falcon_h1",)  # a Mamba-2 block beside attention on every layer (Family.beside): dpa.attribute
+# covers them (tests/test_falcon_h1.py); what sums writes itself (circuit graphs, MIB, the lens) refuses them by name
 SELECTIVE_FAMILIES = ("jamba", "mamba", "falcon_mamba")  # Mamba's blocks: MIB's graph cannot feed their readers apart
 LAYOUTS = {"mha": 4, "gqa": 2, "mqa": 1}  # KV heads for 4 query heads
 
@@ -75,7 +77,7 @@ def tiny_config(family: str, kv_heads: int = 2, **overrides):
             kwargs.update(num_local_experts=4, intermediate_size=12, swiglu_limit=0.3, sliding_window=5,
                           layer_types=["sliding_attention", "full_attention", "sliding_attention"],
                           rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
-    if family in HYBRID_FAMILIES:
+    if family in HYBRID_FAMILIES + PARALLEL_FAMILIES:
         kwargs = _hybrid(family, kwargs)
     if family == "gpt2":
         kwargs = dict(vocab_size=96, n_embd=32, n_inner=48, n_layer=3, n_head=4, n_positions=64,
@@ -134,6 +136,14 @@ def _hybrid(family: str, kwargs: dict) -> dict:
                       moe_shared_expert_intermediate_size=16, moe_latent_size=16, n_group=2, topk_group=1,  # experts
                       norm_topk_prob=True, routed_scaling_factor=1.7)  # of 12 in a latent space of 16, two per
         # token from one group of two, a shared expert of 16
+    if family == "falcon_h1":  # attention (4 heads of 8) and a Mamba-2 block (4 SSM heads of 16 channels in 2 groups,
+        kwargs.pop("head_dim")  # chunks of 4, the convolution's bias, no gated norm as released) side by side on
+        kwargs.update(mamba_n_heads=4, mamba_d_ssm=64, mamba_n_groups=2, mamba_d_state=8, mamba_d_conv=4,  # every
+                      mamba_chunk_size=4, key_multiplier=0.7, attention_in_multiplier=1.3,  # layer; every µP
+                      attention_out_multiplier=0.8, ssm_in_multiplier=1.2, ssm_out_multiplier=0.9,  # scalar away
+                      ssm_multipliers=[0.9, 1.1, 0.8, 1.3, 0.7], mlp_multipliers=[1.4, 0.6],  # from one
+                      embedding_multiplier=1.5, lm_head_multiplier=0.7, pad_token_id=0, bos_token_id=1,
+                      eos_token_id=2)
     if family in ("mamba", "falcon_mamba"):  # three Mamba blocks and no MLP: 64 channels (each a unit) with states of
         kwargs = dict(vocab_size=96, hidden_size=32, num_hidden_layers=3, expand=2, state_size=8,  # 8, a step of
                       conv_kernel=4, time_step_rank=4, layer_norm_epsilon=1e-2, residual_in_fp32=False,  # rank 4

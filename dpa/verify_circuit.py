@@ -28,6 +28,8 @@ from . import request as requests
 from .errors import InputError
 from .families import layer_modules
 from .instrument import instrument
+from .spec import one_mixer_per_layer
+from .families import spec_for
 
 
 def _reader(mods, block: int) -> nn.Module:
@@ -131,6 +133,7 @@ def _same_model(circ, model: nn.Module) -> None:
         raise InputError("this circuit does not record the model it was computed on (built by hand?): compute it "
                          "with dpa.circuit to verify it")
     circ._model.check(model)
+    one_mixer_per_layer(spec_for(model), "circuit verification is")
 
 
 def path_patch(circ, model: nn.Module, tokenizer, edge) -> dict[str, Any]:

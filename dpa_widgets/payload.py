@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dpa import Attribution, InputError
+from dpa import Attribution, InputError, UnsupportedModelError
 
 DIGITS = 5
 
@@ -77,6 +77,11 @@ def view_payload(result: Attribution, *, top_neurons: int = 32, routes: int = 8,
     ``experts``: (routed experts, neurons per routed expert) of a mixture-of-experts model, when the
     model is at hand (see ``expert_layout``); unused for a dense result.
     """
+    if result.beside is not None:  # (Falcon-H1's: attention heads and SSM heads in one row)
+        raise UnsupportedModelError(
+            f"the widget does not yet draw results whose layers hold attention and a {result.beside[0]} block side "
+            "by side (Falcon-H1's: each row of head_scores its attention heads, then the block's units from column "
+            f"{result.beside[1]}); read it with result.top_components(), summary() or plot_heads()")
     n_layers, n_heads = result.head_scores.shape
     neurons = result.neuron_scores.detach().double()
     k = min(top_neurons, neurons.shape[1])

@@ -20,8 +20,8 @@ BOOK_BUILD = pytest.StashKey[dict]()
 EXECUTED_NOTEBOOKS: dict = {}
 
 from dpa.tiny import FAMILIES as ALL_FAMILIES  # noqa: F401  (every family dpa supports: the autograd suite)
-from dpa.tiny import (HYBRID_FAMILIES, LAYOUTS, MHA_ONLY, MOE_FAMILIES, SCAN_FAMILIES, SELECTIVE_FAMILIES,  # noqa: F401
-                      random_ids, tiny_config, tiny_model)
+from dpa.tiny import (HYBRID_FAMILIES, LAYOUTS, MHA_ONLY, MOE_FAMILIES, PARALLEL_FAMILIES, SCAN_FAMILIES,  # noqa: F401
+                      SELECTIVE_FAMILIES, random_ids, tiny_config, tiny_model)
 
 EDGE_HYBRIDS = HYBRID_FAMILIES  # hybrids whose edges dpa computes (MIB's graph too): all of them
 
@@ -144,6 +144,14 @@ def float64_norms():
     nemotron_gated.forward = _float64_gated_norm(nemotron_gated.forward)
     scans, chunk_scans = scans + (modeling_nemotron_h,), chunk_scans + [modeling_nemotron_h.mamba2_chunk_scan]
     modeling_nemotron_h.mamba2_chunk_scan = _keeping_float64(modeling_nemotron_h.mamba2_chunk_scan)
+    from transformers.models.falcon_h1 import modeling_falcon_h1
+
+    falcon = [modeling_falcon_h1.FalconH1RMSNorm, modeling_falcon_h1.FalconH1RMSNormGated]  # Falcon-H1: its norms,
+    classes, originals = classes + falcon, originals + [c.forward for c in falcon]  # its blocks' gated norm (where
+    for c in falcon:  # the config asks for one) and its scan in float32
+        c.forward = _keeping_float64(c.forward)
+    scans, chunk_scans = scans + (modeling_falcon_h1,), chunk_scans + [modeling_falcon_h1.mamba2_chunk_scan]
+    modeling_falcon_h1.mamba2_chunk_scan = _keeping_float64(modeling_falcon_h1.mamba2_chunk_scan)
     delta_gated = modeling_qwen3_next.Qwen3NextRMSNormGated  # Gated DeltaNets: their gated norm and their whole
     classes, originals = classes + [delta_gated], originals + [delta_gated.forward]  # delta rule in float32
     delta_gated.forward = _keeping_float64(delta_gated.forward)

@@ -46,7 +46,7 @@ DISPLAY = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Q
            "olmoe": "OLMoE", "gpt_oss": "GPT-OSS", "lfm2": "LFM2", "bamba": "Bamba",
            "granitemoehybrid": "Granite 4.0-H", "mamba2": "Mamba-2", "mamba": "Mamba", "falcon_mamba": "Falcon-Mamba",
            "jamba": "Jamba", "qwen3_next": "Qwen3-Next",
-           "nemotron_h": "Nemotron-H"}
+           "nemotron_h": "Nemotron-H", "falcon_h1": "Falcon-H1"}
 
 
 def test_every_family_list_is_the_codes():

@@ -22,8 +22,8 @@ from dpa.families import layer_modules
 from dpa.instrument import instrument, unembed
 from dpa.linearise import Scores
 
-from .conftest import (ALL_FAMILIES, HYBRID_FAMILIES, LAYOUTS, MHA_ONLY, MOE_FAMILIES, hf_logits, random_ids,
-                       tiny_model)
+from .conftest import (ALL_FAMILIES, HYBRID_FAMILIES, LAYOUTS, MHA_ONLY, MOE_FAMILIES, PARALLEL_FAMILIES, hf_logits,
+                       random_ids, tiny_model)
 
 TARGET = 5
 PATHS = {"query": (1, 0, 0, 0, 0), "key": (0, 1, 0, 0, 0), "value": (0, 0, 1, 0, 0), "gate": (0, 0, 0, 1, 0),
@@ -49,7 +49,8 @@ GAIN = {"rms": lambda w: w, "rms_1p": lambda w: 1 + w, "layer": lambda w: w}
 CLAMPED = {"alpha": 1.0}  # times the experts' own alpha in the reference's clamped GLU (GPT-OSS)
 
 
-@pytest.fixture(scope="module", params=[(f, lay) for f in ALL_FAMILIES + HYBRID_FAMILIES for lay in LAYOUTS
+@pytest.fixture(scope="module", params=[(f, lay) for f in ALL_FAMILIES + HYBRID_FAMILIES + PARALLEL_FAMILIES
+                                        for lay in LAYOUTS
                                         if lay == "mha" or f not in MHA_ONLY], ids=lambda p: f"{p[0]}-{p[1]}")
 def model(request):
     family, layout = request.param
@@ -58,12 +59,14 @@ def model(request):
 
 def pre_cap_logits(model, ids=None, inputs_embeds=None):
     """The logits before any final soft-cap (what dpa attributes): the decoder stack, then the unembedding (divided
-    by Granite's logits_scaling, as its forward does)."""
+    by Granite's logits_scaling, times Falcon-H1's lm_head_multiplier, as their forwards do)."""
     spec = dpa.spec_for(model)
     if ids is not None:
         ids = ids[None]
+    if inputs_embeds is not None and spec.family == "falcon_h1":  # (its forward multiplies the embeddings it looks up
+        inputs_embeds = inputs_embeds * model.config.embedding_multiplier  # itself, not those it is given)
     logits = spec.unembed(model)(spec.base(model)(input_ids=ids, inputs_embeds=inputs_embeds).last_hidden_state)
-    return logits / getattr(model.config, "logits_scaling", 1)
+    return logits / getattr(model.config, "logits_scaling", 1) * getattr(model.config, "lm_head_multiplier", 1)
 
 
 @contextlib.contextmanager
@@ -113,6 +116,8 @@ def linearised(model, mu, moe=None):
         if mods.kind == "scan":  # a Mamba-2 or Mamba block: its whole forward, linearised as a recurrence
             block = mods.attention
             set_forward(block, (_selective_block if hasattr(block, "x_proj") else _ssm_block)(block, weight))
+        if mods.beside is not None:  # a Mamba-2 block beside attention (Falcon-H1's)
+            set_forward(mods.beside.attention, _ssm_block(mods.beside.attention, weight))
         if mods.kind == "delta":  # a Gated DeltaNet: its whole forward, linearised as a recurrence
             set_forward(mods.attention, _delta_block(mods.attention, weight))
         for module in {id(m): m for m in mods.branches.values()}.values():
@@ -146,7 +151,9 @@ def _ssm_block(block, weight):
     plain recurrence over positions (dpa runs the scan's attention form): per head a state S_t = exp(a Delta_t)
     S_{t-1} + Delta_t x_t B_t^T read by C_t, plus the skip D x_t. Frozen: the step Delta, the sigmoids of the two
     SiLUs, the gated norm's scale. Weighted: x (value), B (key), C (query) in the scan, y (up) and SiLU(z) (gate) at
-    the norm; the skip at weight one. The decay a = -exp(A_log) rounded to float32, as the module's forward makes it."""
+    the norm; the skip at weight one. The decay a = -exp(A_log) rounded to float32, as the module's forward makes it.
+    Falcon-H1's (``FalconH1Mixer``): its input times ssm_in_multiplier, in_proj's output times mup_vector, and no
+    norm (y * SiLU(z)) or the norm of y before the gate, as its config says."""
     def m(x, mu):
         return mu * x + (1 - mu) * x.detach()
 
@@ -155,7 +162,8 @@ def _ssm_block(block, weight):
         heads, p, groups, n = block.num_heads, block.head_dim, block.n_groups, block.ssm_state_size
         inner, conv = block.intermediate_size, block.conv_dim
         pad = (lambda x: x) if attention_mask is None else (lambda x: x * attention_mask[..., None])
-        z, xbc, dt = block.in_proj(pad(hidden_states)).split([inner, conv, heads], dim=-1)
+        projected = block.in_proj(pad(hidden_states) * getattr(block, "ssm_in_multiplier", 1.0))
+        z, xbc, dt = (projected * getattr(block, "mup_vector", 1.0)).split([inner, conv, heads], dim=-1)
         k = block.conv1d.weight.shape[-1]
         u = torch.nn.functional.conv1d(xbc.transpose(1, 2), block.conv1d.weight, block.conv1d.bias, padding=k - 1,
                                        groups=conv)[..., :t].transpose(1, 2)
@@ -171,9 +179,13 @@ def _ssm_block(block, weight):
             ys.append((state * Ci[:, :, None, :]).sum(-1) + block.D[:, None] * x[:, i].view(b, heads, p))
         y = torch.stack(ys, dim=1).flatten(2)
         yz = m(y, weight["up"]) * m(z * RATIO["silu"](z).detach(), weight["gate"])  # (the SiLU gate: RATIO's)
-        grouped = yz.view(b, t, -1, block.norm.group_size)
+        if isinstance(block.norm, torch.nn.Identity):  # Falcon-H1 without its gated norm (mamba_rms_norm false)
+            return block.out_proj(yz)
+        before = getattr(block.norm, "norm_before_gate", False)  # Falcon-H1's: the norm of y, then the gate
+        size = getattr(block.norm, "group_size", None) or inner // getattr(block.norm, "n_groups", 1)
+        grouped = (y if before else yz).view(b, t, -1, size)
         r = torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + block.norm.variance_epsilon).detach()
-        return block.out_proj(block.norm.weight * (grouped * r).flatten(2))
+        return block.out_proj(block.norm.weight * (yz.view(b, t, -1, size) * r).flatten(2))
     return forward
 
 
@@ -397,10 +409,12 @@ def autograd_scores(model, ids, mu, target=TARGET):
         pos[0] = out.detach().requires_grad_(True)
         return pos[0]
 
-    handles, moe = [], {}
+    handles, moe, beside = [], {}, {}
     for i, mods in enumerate(layer_modules(model, spec)):
         if mods.heads is not None:  # (Nemotron-H's MLP layers have no token mixer, no units)
             handles.append(mods.heads.register_forward_pre_hook(keep(z, i)))
+        if mods.beside is not None:  # (Falcon-H1's Mamba-2 block beside attention: its units after the heads)
+            handles.append(mods.beside.heads.register_forward_pre_hook(keep(beside, i)))
         if mods.neurons is not None:
             handles.append(mods.neurons.register_forward_pre_hook(keep(a, i)))
     if spec.positions(model) is not None:
@@ -414,6 +428,9 @@ def autograd_scores(model, ids, mu, target=TARGET):
             h.remove()
     heads = torch.stack([(z[i] * z[i].grad)[0].view(len(ids), spec.n_heads, -1).sum((0, 2)) if i in z else
                          torch.zeros(spec.n_heads, dtype=torch.float64) for i in range(spec.n_layers)])
+    if beside:
+        heads = torch.cat([heads, torch.stack([(beside[i] * beside[i].grad)[0].view(len(ids), spec.n_beside, -1).sum(
+            (0, 2)) for i in range(spec.n_layers)])], dim=1)
     neurons = torch.zeros(spec.n_layers, spec.d_mlp, dtype=torch.float64)  # (Mamba-2's: no neurons)
     experts = torch.zeros(spec.n_layers, spec.expert_slots, dtype=torch.float64) if moe else None
     for i in range(spec.n_layers):

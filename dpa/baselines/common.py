@@ -56,7 +56,8 @@ def result(model: nn.Module, req: Request, method: str, *, token_scores: Tensor 
     as_cpu = lambda x: None if x is None else x.detach().float().cpu()  # noqa: E731
     edge_scores, neuron_position_scores = as_cpu(edge_scores), as_cpu(neuron_position_scores)
     if head_scores is None:
-        head_scores = edge_scores.sum((-1, -2)) if edge_scores is not None else torch.zeros(spec.n_layers, spec.n_heads)
+        head_scores = (edge_scores.sum((-1, -2)) if edge_scores is not None
+                       else torch.zeros(spec.n_layers, spec.row_width))
     if neuron_scores is None:
         neuron_scores = (neuron_position_scores.sum(1) if neuron_position_scores is not None
                          else torch.zeros(spec.n_layers, spec.d_mlp))

@@ -115,6 +115,6 @@ def depass(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contrast
     u = unembed[target.token_id]
     if target.contrast_id is not None:
         u = u - unembed[target.contrast_id]
-    u = u / req.spec.logits_scaling  # the logits the model divides (Granite)
+    u = req.spec.logits(u)  # the logits the model scales (Granite, Falcon-H1)
     scores = (final * GAIN[req.spec.parts.norm_kind](norm.weight) * scale) @ u.to(final.dtype)
     return result(model, req, "depass", token_scores=scores)

@@ -55,6 +55,8 @@ def layout_problem(spec) -> str | None:
     parts: Family = spec.parts
     if spec.mixed:
         return f"layers other than attention ({spec.non_attention})"
+    if spec.n_beside:
+        return f"a {spec.beside_kind} block beside attention on every layer"
     if getattr(parts, "moe", None) is not None:
         return "a mixture of experts in place of the MLP"
     if parts.activation is None:

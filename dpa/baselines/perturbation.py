@@ -22,6 +22,7 @@ from ..result import Attribution
 from ..checks import check_choice, check_int
 from ..errors import InputError
 from .common import Prompt, Request, causal, metric_at, prepare, result
+from ..spec import one_mixer_per_layer
 
 
 @torch.no_grad()
@@ -101,6 +102,7 @@ def activation_patching(model: nn.Module, tokenizer, prompt: Prompt, target=None
     max_units = check_int("max_units", max_units, low=1)
     req = prepare(model, tokenizer, prompt, target, contrast, position)
     spec, t = req.spec, req.n_tokens
+    one_mixer_per_layer(spec, "activation patching is")
     n = (spec.n_layers * (spec.n_heads + spec.d_mlp) if units == "coarse"
          else spec.n_layers * (spec.n_heads * t * (t + 1) // 2 + t * spec.d_mlp))
     if n > max_units:

@@ -12,6 +12,7 @@ from torch import nn
 from ..result import Attribution
 from ..checks import check_int
 from .common import Prompt, causal, prepare, result, seed_for
+from ..spec import one_mixer_per_layer
 
 
 def random_input(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contrast=None,
@@ -27,6 +28,7 @@ def random_component(model: nn.Module, tokenizer, prompt: Prompt, target=None, *
     """Uniform random scores for every causal edge and position-level neuron."""
     req = prepare(model, tokenizer, prompt, target, contrast, position)
     spec, t = req.spec, req.n_tokens
+    one_mixer_per_layer(spec, "the random component baseline is")
     gen = torch.Generator().manual_seed(seed_for(req, check_int("seed", seed)))
     edges = torch.rand(spec.n_layers, spec.n_heads, t, t, generator=gen) * causal(t)
     neurons = torch.rand(spec.n_layers, t, spec.d_mlp, generator=gen)

@@ -25,6 +25,7 @@ from ..checks import check_int, show
 from ..errors import InputError, InputTypeError
 from ..instrument import instrument, unembed
 from ..request import Request
+from ..spec import one_mixer_per_layer
 
 
 def _probs(model: nn.Module, req: Request, hidden: Tensor, position: int, target_id: int) -> tuple[Tensor, Tensor]:
@@ -161,6 +162,7 @@ def component_ablation_probs_both(model: nn.Module, input_ids, attn_keep: Tensor
     """``component_ablation_probs`` and the same probabilities from a softmax in the model's dtype."""
     req = _request(model, input_ids, target_position, target_id)
     spec, t = req.spec, req.n_tokens
+    one_mixer_per_layer(spec, "component ablations are")
     if attn_keep is not None:
         attn_keep = _mask("attn_keep", attn_keep, (None, spec.n_layers, spec.n_heads, (t, 1), (t, 1)))
     if neuron_keep is not None:
@@ -193,6 +195,7 @@ def component_ablation_prob(model: nn.Module, input_ids, edges: Iterable[tuple[i
     """p(target) with ``edges`` (layer, head, query, key) and ``neurons`` (layer, pos, neuron) zeroed."""
     req = _request(model, input_ids, target_position, target_id)
     spec, ids = req.spec, req.input_ids[0]
+    one_mixer_per_layer(spec, "component ablations are")
     t = len(ids)
     attn_keep = torch.ones(1, spec.n_layers, spec.n_heads, t, t, dtype=torch.bool)
     for edge in _units("edges", edges):

@@ -11,6 +11,7 @@ from torch import nn
 from ..families import spec_for
 from .curves import ONE_KIND, ComponentUnits, component_curves, component_units, input_curves, unit_layers
 from .settings import Settings
+from ..spec import one_mixer_per_layer
 
 
 def unembedding(model: nn.Module) -> torch.Tensor:
@@ -26,6 +27,7 @@ def _sync(model: nn.Module) -> None:
 def sample_units(sample, spec, settings: Settings) -> dict[str | None, tuple[ComponentUnits, ComponentUnits]]:
     """A sample's (clean, paper) unit sets, keyed by the kind a method scores: None for both kinds,
     or a method of ``ONE_KIND``, whose paper units hold its own kind alone."""
+    one_mixer_per_layer(spec, "component ablation curves are")
     args = (sample, spec.n_layers, spec.n_heads, spec.d_mlp, settings.component_units)
     layers = unit_layers(spec)  # (Nemotron-H's layers of one block: the units that exist)
     clean = component_units(*args, layers=layers)

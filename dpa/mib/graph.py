@@ -21,6 +21,7 @@ from functools import cached_property
 
 import torch
 from torch import Tensor
+from ..spec import one_mixer_per_layer
 
 QKV = "qkv"
 
@@ -39,6 +40,7 @@ class Graph:
     @classmethod
     def of(cls, spec) -> Graph:
         """The graph of a checked model (``dpa.request.check_model``)."""
+        one_mixer_per_layer(spec, "MIB's graph is")
         mlps = bool(spec.d_mlp or spec.n_experts)
         absent = frozenset({(i, 0) for i in range(spec.n_layers) if not spec.mixes(i)}
                            | {(i, 1) for i in range(spec.n_layers) if mlps and not spec.has_mlp(i)}
