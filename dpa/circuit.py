@@ -38,7 +38,6 @@ from .request import Prompt
 from .result import TargetInfo
 from .weights import PathWeights
 from .circuit_graph import BLOCKS, CPU, LETTER, MAX_UNITS, GraphReadout, Node, assemble  # noqa: F401 (re-exported)
-from .spec import one_mixer_per_layer
 
 
 @dataclass
@@ -321,7 +320,6 @@ def circuit(model: nn.Module, tokenizer, prompt: Prompt, target=None, *, contras
     req = requests.build(model, tokenizer, prompt, target, contrast=contrast, kind=kind, position=position,
                          weights=weights, multi_token=multi_token, batch=False)
     spec = req.spec
-    one_mixer_per_layer(spec, "circuit graphs are")
     identity = ModelIdentity(model)
     done = backward.run(model, req, {"graph": GraphReadout(nodes, positions, spec.n_experts > 0 and not spec.d_dense)})
     info = backward.attribution(model, req, done, 0)

@@ -16,7 +16,6 @@ from .errors import InputError, UnsupportedModelError
 from .families import ModelSpec, layer_modules, norm_eps, weight_rows
 from .registry import UNIT_LETTERS
 from .rules.norm import GAIN, rms_scale
-from .spec import one_mixer_per_layer
 
 BLOCKS = ("attention", "mlp")
 LETTER = {k: UNIT_LETTERS[k] for k in ("head", "neuron", "expert")}  # the unit kinds, and their letter in labels
@@ -87,7 +86,8 @@ class GraphReadout(backward.Readout):
         heads, mlps = _taps(spec)
         mlp = [rec.resid[i + 1] if spec.has_experts(i) else rec.neuron_inputs[i]  # an expert's G: t at the layer's
                for i in mlps]  # output; a neuron's: at the down input
-        return [rec.resid[spec.n_layers]] + [rec.head_inputs[i] for i in heads] + mlp
+        beside = [rec.head_inputs[("beside", i)] for i in heads] if spec.n_beside else []  # (last: Falcon-H1's)
+        return [rec.resid[spec.n_layers]] + [rec.head_inputs[i] for i in heads] + mlp + beside
 
     def read(self, ctx: backward.Context, grads: list[Tensor]) -> dict:
         return build_graph(ctx.session, grads, ctx.directions[0], float(ctx.values[0]), self.n_units, self.positions)
@@ -121,12 +121,16 @@ def _recorded(session, grads: list[Tensor], dtype) -> _Recorded:
     heads, mlps = _taps(spec)
     z = {(i, 0): rec.head_inputs[i][0].detach().to(CPU, dtype) for i in heads}
     big = {key: g[0].to(CPU, dtype) for key, g in zip([(i, 0) for i in heads] + [(i, 1) for i in mlps], grads[1:])}
+    if spec.n_beside:  # a layer's tap is both mixers' output projections' inputs, [attention's | the beside block's]
+        for i, g in zip(heads, grads[1 + len(heads) + len(mlps):]):
+            z[(i, 0)] = torch.cat([z[(i, 0)], rec.head_inputs[("beside", i)][0].detach().to(CPU, dtype)], -1)
+            big[(i, 0)] = torch.cat([big[(i, 0)], g[0].to(CPU, dtype)], -1)
     experts = [i for i in mlps if spec.has_experts(i)]
     if spec.residual_multiplier != 1:  # an expert's G at the block's output: t^(i+1) times the scale the layer
         big.update({(i, 1): big[(i, 1)] * spec.residual_multiplier for i in experts})  # puts on it
     none = lambda width: torch.zeros(t_len, width, dtype=dtype)  # noqa: E731  (a layer without the block)
-    per = {0: torch.stack([(z[(i, 0)] * big[(i, 0)]).view(t_len, spec.n_heads, -1).sum(-1) if i in heads
-                           else none(spec.n_heads) for i in range(L)])}
+    per = {0: torch.stack([_unit_sums(spec, i, z[(i, 0)] * big[(i, 0)]) if i in heads else none(spec.row_width)
+                           for i in range(L)])}
     z.update({(i, 1): rec.neuron_inputs[i][0].detach().to(CPU, dtype) for i in mlps if i not in experts})
     width = max((spec.mlp_units(i)[1] for i in range(L)), default=0)  # a row as wide as the widest layer's units
     # (layers without an MLP, Mamba-2's, have none; a dense layer of a mixed layout, its neurons in the first columns)
@@ -139,12 +143,22 @@ def _recorded(session, grads: list[Tensor], dtype) -> _Recorded:
                      big=big, t_final=grads[0][0].to(CPU, dtype), per=per)
 
 
+def _unit_sums(spec: ModelSpec, i: int, product: Tensor) -> Tensor:
+    """Layer i's unit scores [pos unit] from its tap's input times its gradient [pos channels]: each unit's channels
+    summed (a layer with a mixer beside attention: the heads' channels, then the beside block's units')."""
+    t_len = product.shape[0]
+    heads = product[:, :spec.n_heads * spec.unit_width(i)].reshape(t_len, spec.n_heads, -1).sum(-1)
+    if not spec.n_beside:
+        return heads
+    return torch.cat([heads, product[:, spec.n_heads * spec.unit_width(i):].reshape(t_len, spec.n_beside, -1).sum(-1)],
+                     -1)
+
+
 def build_graph(session, grads: list[Tensor], direction: Tensor, value: float, n_units: int | None,
                 positions: bool) -> dict:
     """The graph's fields, inside the DPA run's session: the kept units, their g_v (one block each) and writes,
     every edge among tokens, units and the target, the rests, gaps and in-flows."""
     model, req, spec = session.model, session.request, session.spec
-    one_mixer_per_layer(spec, "circuit graphs are")
     dtype = session.scores.dtype
     t_len = req.n_tokens
     mods = layer_modules(model, spec)
@@ -221,7 +235,7 @@ def _select(per: dict[int, Tensor], n_units: int | None, positions: bool, spec: 
     sizes = [flat[0].numel(), flat[1].numel()]
     heads, mlps = _taps(spec)  # the units that exist: not a row of a block the layer lacks (Nemotron-H's), nor the
     # columns past a dense layer's neurons in a row as wide as the experts' (a mixed layout)
-    counts = [[spec.n_heads * (i in heads) for i in range(spec.n_layers)],
+    counts = [[spec.row_width * (i in heads) for i in range(spec.n_layers)],
               [spec.mlp_units(i)[1] * (i in mlps) for i in range(spec.n_layers)]]
     exists = [(torch.arange(flat[b].shape[-1])[None, :] < torch.tensor(counts[b])[:, None])[:, None, :]
               .expand_as(flat[b]).flatten() for b in (0, 1)]
@@ -239,7 +253,10 @@ def _select(per: dict[int, Tensor], n_units: int | None, positions: bool, spec: 
         kind = "head" if b == 0 else spec.mlp_units(int(layer))[0]
         p = int(pos) if positions else None
         letter = LETTER[kind] if b or spec.kind(int(layer)) == "attention" else UNIT_LETTERS[spec.kind(int(layer))]
-        label = f"L{int(layer)}.{letter}{int(index)}" + (f"@{p}" if positions else "")
+        shown = int(index)
+        if b == 0 and shown >= spec.n_heads:  # a unit of the mixer beside attention (Falcon-H1's L0.S1)
+            letter, shown = UNIT_LETTERS[spec.beside_kind], shown - spec.n_heads
+        label = f"L{int(layer)}.{letter}{shown}" + (f"@{p}" if positions else "")
         out.append(Node(kind, label, int(layer), int(index), p))
     return sorted(out, key=lambda u: (u.layer, u.block, -1 if u.position is None else u.position, u.index))
 
@@ -273,8 +290,21 @@ def _columns(spec: ModelSpec, u: Node) -> slice:
     an expert's tap is the block's output (all of it, the expert's term alone: ``Session.only``)."""
     if u.kind == "expert":
         return slice(0, spec.d_model)
+    if u.block == 0 and u.index >= spec.n_heads:  # the beside block's unit: after the attention heads' channels
+        start = spec.n_heads * spec.unit_width(u.layer) + (u.index - spec.n_heads) * spec.beside_width
+        return slice(start, start + spec.beside_width)
     w = spec.unit_width(u.layer) if u.block == 0 else 1
     return slice(u.index * w, (u.index + 1) * w)
+
+
+def unit_tap(mods, spec: ModelSpec, u: Node) -> tuple[nn.Module, slice]:
+    """The module whose input holds unit u's channels, and those channels (path patching hooks it): attention's
+    o_proj (a head), the beside block's out_proj (its unit), the down projection (a neuron)."""
+    cols = _columns(spec, u)
+    if u.block == 0 and u.index >= spec.n_heads:
+        offset = spec.n_heads * spec.unit_width(u.layer)
+        return mods.beside.heads, slice(cols.start - offset, cols.stop - offset)
+    return _out_module(mods, u.block), cols
 
 
 def _post_gain(mods, spec: ModelSpec, block: int, pre: Tensor) -> Tensor | None:
@@ -293,11 +323,23 @@ def _out_module(mods, block: int) -> nn.Module:
     return mods.heads if block == 0 else mods.neurons
 
 
+def _out_weight(mods, block: int, dtype) -> Tensor:
+    """What a block's tap input is multiplied by to join the residual stream [d_model width], before any post-norm:
+    its output projection's weight times the scale the layer puts on the block's output (``LayerModules.scale``);
+    with a mixer beside attention, the two projections side by side, each with its own scale."""
+    if block == 1:
+        return weight_rows(mods.neurons).detach().to(CPU, dtype) * mods.scale("mlp_out")
+    w = weight_rows(mods.heads).detach().to(CPU, dtype) * mods.scale("attention_out")
+    if mods.beside is None:
+        return w
+    return torch.cat([w, weight_rows(mods.beside.heads).detach().to(CPU, dtype) * mods.scale("beside_out")], 1)
+
+
 def _write(mods, spec: ModelSpec, u: Node, z: Tensor, dtype, gains: dict) -> Tensor:
     """out_u [pos d_model]: the unit's slice of its block's o_proj / down input through the projection (no bias)
     and the frozen post-norm, at its position (or every position). ``gains`` caches the post-norms' diagonals."""
     proj = _out_module(mods, u.block)
-    w = weight_rows(proj).detach().to(CPU, dtype)  # [d_model width]
+    w = _out_weight(mods, u.block, dtype)  # [d_model width]
     cols = _columns(spec, u)
     rows = slice(None) if u.position is None else slice(u.position, u.position + 1)
     out = torch.zeros(z.shape[0], w.shape[0], dtype=dtype)
@@ -322,7 +364,8 @@ def _bias_writes(mods, spec: ModelSpec, dtype) -> dict[int, Tensor]:
                 if m.post_norms[b] is not None:
                     raise UnsupportedModelError(f"{spec.family}: a biased projection before a post-norm is not "
                                                 "supported in circuit graphs")
-                out[2 * i + b] = bias.detach().to(CPU, dtype) * spec.residual_multiplier
+                out[2 * i + b] = (bias.detach().to(CPU, dtype) * spec.residual_multiplier
+                                  * m.scale("attention_out" if b == 0 else "mlp_out"))
     return out
 
 
@@ -370,8 +413,8 @@ def pullback(session, m, layer: int, block: int, units: list[Node], reads: list[
     source = resid[layer] if block == 0 or spec.parallel else mid[layer]
     one = block == 1 and all(u.position is not None for u in units)
     experts = block == 1 and spec.has_experts(layer)
-    width = (spec.n_heads * spec.unit_width(layer) if block == 0 else spec.d_model if experts
-             else spec.neuron_width(layer))
+    width = (spec.n_heads * spec.unit_width(layer) + spec.n_beside * spec.beside_width if block == 0
+             else spec.d_model if experts else spec.neuron_width(layer))
     if one:  # each row: the unit's own position
         x = torch.stack([source[u.position:u.position + 1] for u in units])
     else:
@@ -388,8 +431,13 @@ def pullback(session, m, layer: int, block: int, units: list[Node], reads: list[
     h = norm(x) if norm is not None else x
     if block == 0:
         args, kwargs = calls[layer]
-        m.attention(h, *args, **kwargs)
+        scale = m.scale("attention_in")  # (Falcon-H1's attention reads its input scaled)
+        m.attention(h if scale == 1 else h * scale, *args, **kwargs)
         tap = rec.head_inputs[layer]
+        if m.beside is not None:  # the block beside attention reads the same input: its units after the heads
+            args, kwargs = calls[("beside", layer)]
+            m.beside.attention(h, *args, **kwargs)
+            tap = torch.cat([tap, rec.head_inputs[("beside", layer)]], -1)
     elif experts:
         slots = torch.tensor([u.index for u in units], device=x.device).repeat_interleave(x.shape[1])
         session.only = (slots, len(units))

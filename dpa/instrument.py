@@ -206,6 +206,9 @@ def _instrument_layer(session: Session, i: int, mods, hook: Callable, handles: l
     if "calls" in record and mixes:
         handles.append(mods.attention.register_forward_pre_hook(_keep_call(recording.calls, i),
                                                                 with_kwargs=True))
+        if mods.beside is not None:  # (Falcon-H1's Mamba-2 block beside attention: keyed ("beside", i))
+            handles.append(mods.beside.attention.register_forward_pre_hook(_keep_call(recording.calls, ("beside", i)),
+                                                                           with_kwargs=True))
     if "resid" in record:
         handles.append(mods.layer.register_forward_pre_hook(_keep_layer_input(recording.resid, i),
                                                             with_kwargs=True))
@@ -287,7 +290,7 @@ def _keep_layer_input(store: dict, i: int) -> Callable:
     return pre
 
 
-def _keep_call(store: dict, i: int) -> Callable:
+def _keep_call(store: dict, i) -> Callable:
     """A pre-hook keeping the arguments layer i's attention is called with, all but its input."""
     def pre(_module, args, kwargs):
         store[i] = (args[1:], kwargs) if args else ((), {k: v for k, v in kwargs.items() if k != "hidden_states"})

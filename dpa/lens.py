@@ -12,7 +12,6 @@ from .errors import InputError
 from .families import layer_modules, neuron_direction, spec_for
 from .instrument import clean_logits
 from .rules.norm import GAIN
-from .spec import one_mixer_per_layer
 
 
 @torch.no_grad()
@@ -30,12 +29,13 @@ def neuron_logit_effect(model: nn.Module, layer: int, neuron: int) -> Tensor:
     view; the final norm's 1/rms is left out). On a mixture of experts, neuron e * d_expert + j is neuron j of
     routed expert e, then the shared expert's follow."""
     spec = spec_for(model)
-    one_mixer_per_layer(spec, "neuron readouts (the lens) are")  # (Falcon-H1's MLP scales its down projection too)
     check_int("layer", layer, low=0, high=spec.n_layers - 1)
     check_int("neuron", neuron, low=0, high=spec.d_mlp - 1)
     if spec.lacks("neuron", layer, neuron):
         raise InputError(spec.lacks("neuron", layer, neuron))
-    down = neuron_direction(layer_modules(model, spec)[layer], spec, neuron) * spec.residual_multiplier  # [d_model]
+    mods = layer_modules(model, spec)[layer]  # (what the layer puts on the MLP's output: Granite's residual
+    down = neuron_direction(mods, spec, neuron) * spec.residual_multiplier * mods.scale("mlp_out")  # multiplier,
+    # Falcon-H1's down multiplier)  [d_model]
     gamma = GAIN[spec.parts.norm_kind](spec.final_norm(model).weight)  # the final norm's diagonal
     unembed = spec.unembed(model).weight
     return spec.logits(unembed.float() @ (down.float() * gamma.float()).to(unembed.device))

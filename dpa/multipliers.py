@@ -1,9 +1,9 @@
 """Scalars a model's forward multiplies by (``Family.multipliers``, Granite's): the embeddings by
 ``embedding_multiplier``, each block's output by ``residual_multiplier`` before it joins the residual stream, and the
 logits divided by ``logits_scaling`` (or, Falcon-H1's, multiplied by ``lm_head_multiplier``). Autograd sees them in
-the model's own forward, so the scores need nothing; what dpa computes itself does (``ModelSpec.embeddings``, the logits and target directions, the circuit graphs' and MIB's
-sums of writes, the neuron readouts): read here from the config, and checked against the modules' own copies, which
-the forward uses."""
+the model's own forward, so the scores need nothing; what dpa computes itself does (``ModelSpec.embeddings``, the
+logits and target directions, the circuit graphs' and MIB's sums of writes, the neuron readouts): read here from the
+config, and checked against the modules' own copies, which the forward uses."""
 
 from __future__ import annotations
 

@@ -156,6 +156,11 @@ class Family:
     # layer's row of head scores (ModelSpec.n_beside), and its Mixer.layer_type is unused
     #   read by: spec (LayerModules.beside: linearise), spec (ModelSpec.n_beside: linearise, backward, explicit),
     #            registry (Family.mixer), families, mixers
+    scales: tuple[tuple[str, str], ...] = ()  # (where, attribute path relative to a layer): scalars a layer's forward
+    # puts on a block's input or output (Falcon-H1's µP multipliers): "attention_in" on attention's input,
+    # "attention_out" and "beside_out" on the two mixers' outputs, "mlp_out" on the MLP's; dpa's own sums of writes
+    # (circuit graphs) read them, from the modules, on every call
+    #   read by: spec (LayerModules.scale: circuit_graph)
     key_multiplier: str | None = None  # the attention module's attribute its forward multiplies the keys by
     # (Falcon-H1's µP key_multiplier): the scores' scale, as dpa's explicit path recomputes them
     #   read by: explicit (scaling)
@@ -414,6 +419,8 @@ NEMOTRON_H = NEMOTRON_H.with_(  # Nemotron 3's "moe" layers: the sparse block as
 FALCON_H1 = BAMBA.with_(  # diff with Bamba: attention AND a Mamba-2 block on every layer, side by side (book:
     model_type="falcon_h1", config_class="FalconH1Config", mixers=(),  # parallel-mixers), reading the one normalised
     partial_rotary=False, attention_types=("hybrid",), key_multiplier="key_multiplier",  # input; the units of a
+    scales=(("attention_in", "attention_in_multiplier"), ("attention_out", "attn_out_multiplier"),
+            ("beside_out", "ssm_out_multiplier"), ("mlp_out", "feed_forward.down_multiplier")),
     # layer: its attention heads, then
     multipliers=(("embedding", "embedding_multiplier"), ("ids_only", "embedding_multiplier"),  # its SSM heads. µP's
                  ("lm_head", "lm_head_multiplier")),

@@ -264,7 +264,8 @@ def one_mixer_per_layer(spec: ModelSpec, what: str) -> None:
         raise UnsupportedModelError(
             f"{what} not yet supported on {spec.family}: its layers hold attention and a {spec.beside_kind} block "
             "side by side (book: parallel-mixers), and these read one token mixer per layer; dpa.attribute (its "
-            "scores, edges and top components), the evaluation's input ablations and the gradient baselines do")
+            "scores, edges and top components), dpa.circuit and its verification, the lens, the evaluation's input "
+            "ablations and the gradient baselines do")
 
 
 def lacking(kind: str, layer: int, dense: bool = False) -> str:
@@ -327,6 +328,20 @@ class LayerModules:
     # where the experts write the residual stream's space themselves
     beside: LayerModules | None = None  # the token mixer beside attention (Family.beside, Falcon-H1's Mamba-2 block),
     # as a layer of its kind would hold it: its block, its factors' columns of in_proj, its output projection
+    scales: tuple[tuple[str, str], ...] = ()  # Family.scales
+
+    def scale(self, where: str) -> float:
+        """The scalar the layer's forward puts at ``where`` (``Family.scales``: "attention_in", "attention_out",
+        "beside_out", "mlp_out"), read from its module now (an edit after loading is the model's); 1 where none."""
+        path = dict(self.scales).get(where)
+        if path is None:
+            return 1.0
+        owner, _, name = path.rpartition(".")
+        value = getattr(get(self.layer, owner) if owner else self.layer, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise UnsupportedModelError(f"unsupported module: the layer's {path} is {value!r}, not a number; dpa "
+                                        "reads the scalars a layer's forward multiplies by as numbers")
+        return float(value)
 
     def shared_glu(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The shared expert's gate and up pre-activations on ``x``, from its own projections (``shared_parts``): two
@@ -438,7 +453,7 @@ def _layer_modules(layer: nn.Module, spec: ModelSpec, index: int, kind: str | No
         columns=columns,
         sinks=get(layer, p.sinks.rsplit(".", 1)[0]).get_parameter(p.sinks.rsplit(".", 1)[1]) if p.sinks else None,
         kind=kind, gated=p.gated,
-        beside=_layer_modules(layer, spec, index, spec.beside_kind) if beside else None,
+        beside=_layer_modules(layer, spec, index, spec.beside_kind) if beside else None, scales=p.scales,
         **({} if p.moe is None else dict(
             latent_out=_latent_out(get(layer, p.moe.latent[1])) if p.moe.latent else None,
             router=get(layer, p.moe.router), experts=get(layer, p.moe.experts),

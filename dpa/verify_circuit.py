@@ -25,11 +25,10 @@ import torch
 from torch import Tensor, nn
 
 from . import request as requests
+from .circuit_graph import unit_tap
 from .errors import InputError
 from .families import layer_modules
 from .instrument import instrument
-from .spec import one_mixer_per_layer
-from .families import spec_for
 
 
 def _reader(mods, block: int) -> nn.Module:
@@ -37,10 +36,6 @@ def _reader(mods, block: int) -> nn.Module:
     if mods.block_inputs:
         return mods.block_inputs[block]
     return mods.attention if block == 0 else mods.mlp
-
-
-def _tap(mods, block: int) -> nn.Module:
-    return mods.heads if block == 0 else mods.neurons
 
 
 def _first(args: tuple, kwargs: dict) -> Tensor:
@@ -133,7 +128,6 @@ def _same_model(circ, model: nn.Module) -> None:
         raise InputError("this circuit does not record the model it was computed on (built by hand?): compute it "
                          "with dpa.circuit to verify it")
     circ._model.check(model)
-    one_mixer_per_layer(spec_for(model), "circuit verification is")
 
 
 def path_patch(circ, model: nn.Module, tokenizer, edge) -> dict[str, Any]:
@@ -168,9 +162,7 @@ def path_patch(circ, model: nn.Module, tokenizer, edge) -> dict[str, Any]:
         reader, tap, cols = _reader(mods[dst.layer], 1), None, slice(None)
     else:
         m = mods[dst.layer]
-        reader, tap = _reader(m, dst.block), _tap(m, dst.block)
-        width = spec.unit_width(dst.layer) if dst.kind == "head" else 1
-        cols = slice(dst.index * width, (dst.index + 1) * width)
+        reader, (tap, cols) = _reader(m, dst.block), unit_tap(m, spec, dst)
     G = circ._reads.get(d)
 
     def run(remove: bool, replace: Tensor | None = None) -> tuple[float, Tensor | None]:
@@ -250,9 +242,8 @@ def patch_read(circ, model: nn.Module, tokenizer, node, position: int, corrupt) 
         raise InputError(f"the corrupt prompt has {bad_req.n_tokens} tokens, the circuit's {clean_req.n_tokens}: "
                          "path patching needs the same positions")
     mods = layer_modules(model, clean_req.spec)[v.layer]
-    reader, tap = _reader(mods, v.block), (None if v.kind == "expert" else _tap(mods, v.block))
-    width = clean_req.spec.unit_width(v.layer) if v.kind == "head" else 1
-    cols = slice(None) if v.kind == "expert" else slice(v.index * width, (v.index + 1) * width)
+    reader = _reader(mods, v.block)
+    tap, cols = (None, slice(None)) if v.kind == "expert" else unit_tap(mods, clean_req.spec, v)
     G = circ._reads[d]
     rows = slice(None) if v.position is None else slice(v.position, v.position + 1)
 

@@ -12,6 +12,8 @@ in that input.
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from torch.autograd import forward_ad
@@ -22,7 +24,7 @@ from dpa.circuit import circuit
 from dpa.errors import InputError
 from dpa.families import layer_modules
 
-from .conftest import ALL_FAMILIES, HYBRID_FAMILIES, LAYOUTS, MHA_ONLY, random_ids, tiny_model
+from .conftest import ALL_FAMILIES, HYBRID_FAMILIES, LAYOUTS, MHA_ONLY, PARALLEL_FAMILIES, random_ids, tiny_model
 from .test_families_autograd import TARGET, linearised, pre_cap_logits
 
 CONSERVATIVE = (0, 0, 1, 0.3, 0.7)
@@ -38,7 +40,7 @@ def weights(model, mu):
     return mu + ((0, 1) if mu[:3] == (0, 0, 1) else (0.5, 0.5))
 
 
-@pytest.fixture(scope="module", params=[(f, lay) for f in ALL_FAMILIES + HYBRID_FAMILIES for lay in LAYOUTS
+@pytest.fixture(scope="module", params=[(f, lay) for f in ALL_FAMILIES + HYBRID_FAMILIES + PARALLEL_FAMILIES for lay in LAYOUTS
                                         if lay == "mha" or f not in MHA_ONLY],
                 ids=lambda p: f"{p[0]}-{p[1]}")
 def model(request):
@@ -103,6 +105,7 @@ class Reference:
                 z[key] = out
             return post
         hooks = [(m.heads, keep((i, 0)), True) for i, m in enumerate(self.mods) if m.heads is not None]
+        hooks += [(m.beside.heads, keep((i, "beside")), True) for i, m in enumerate(self.mods) if m.beside is not None]
         hooks += [(m.neurons, keep((i, 1)), True) for i, m in enumerate(self.mods) if m.neurons is not None]
         hooks += [(m.layer, keep_out((i, 1)), False) for i, m in enumerate(self.mods) if m.neurons is None]
         self._run(hooks).backward()
@@ -112,10 +115,25 @@ class Reference:
         scale = getattr(self.model.config, "residual_multiplier", 1.0)
         return {k: v * scale if k[1] == 1 and self.mods[k[0]].neurons is None else v for k, v in G.items()}
 
+    def _beside(self, node):
+        """Whether ``node`` is a unit of the block beside attention (Falcon-H1's SSM heads, after the heads)."""
+        return node.kind == "head" and node.index >= self.spec.n_heads
+
+    def _key(self, node):
+        return (node.layer, "beside") if self._beside(node) else (node.layer, node.block)
+
+    def _place(self, node):
+        """The module whose input holds the unit's channels."""
+        m = self.mods[node.layer]
+        return m.beside.heads if self._beside(node) else _tap(m, node.block)
+
     def _mask(self, node, shape):
         m = torch.zeros(shape, dtype=torch.float64)
         width = self.spec.unit_width(node.layer) if node.kind == "head" else 1
         cols = slice(None) if node.kind == "expert" else slice(node.index * width, (node.index + 1) * width)
+        if self._beside(node):  # its channels of the beside block's out_proj input
+            j = node.index - self.spec.n_heads
+            cols = slice(j * self.spec.beside_width, (j + 1) * self.spec.beside_width)
         m[slice(None) if node.position is None else node.position, cols] = 1
         return m
 
@@ -152,7 +170,12 @@ class Reference:
                         factor = 1 + sum((eps[where[i]] * self._mask(nodes[i], z.shape[1:]) for i in mine),
                                          torch.zeros(z.shape[1:], dtype=torch.float64))
                         return (z * factor, *args[1:]), kwargs
-                    hooks.append((_tap(m, b), scale, True))
+                    beside = [i for i in mine if self._beside(nodes[i])]
+                    hooks.append((_tap(m, b), functools.partial(scale, mine=[i for i in mine if i not in beside]),
+                                  True))
+                    if b == 0 and m.beside is not None:  # the units beside attention: at their own tap
+                        hooks.append((m.beside.heads, functools.partial(scale, mine=beside, key=(li, "beside")),
+                                      True))
                 if v.kind == "target" or (li, b) != (v.layer, v.block):
                     hooks.append((_reader(m, b), _detach, True))
         value = self._run(hooks)
@@ -162,7 +185,7 @@ class Reference:
             key = (v.layer, 1)
             s = (captured["term"] * self.G[key] * self._mask(v, self.G[key].shape)).sum()
         else:
-            key = (v.layer, v.block)
+            key = self._key(v)
             s = (captured[key][0] * self.G[key] * self._mask(v, self.G[key].shape)).sum()
         (grad,) = torch.autograd.grad(s, eps, allow_unused=True)
         return sources, (torch.zeros_like(eps) if grad is None else grad)
@@ -332,16 +355,19 @@ def patched_change(ref, circ, u, d):
     unit, v = circ.nodes[u], circ.nodes[d]
     captured = {}
     with forward_ad.dual_level():
-        def remove(_m, args, kwargs, key=(unit.layer, unit.block)):
+        def remove(_m, args, kwargs, key=ref._key(unit)):
             z = args[0]
             captured[key] = z.detach()  # S_v reads its own tap unchanged
             tangent = -z.detach() * ref._mask(unit, z.shape[1:])
             return (forward_ad.make_dual(z.detach(), tangent), *args[1:]), kwargs
-        hooks = [(_tap(ref.mods[unit.layer], unit.block), remove, True)]
+        hooks = [(ref._place(unit), remove, True)]
         for li, m in enumerate(ref.mods):
+            places = [((li, b), _tap(m, b)) for b in _blocks(m)] + (
+                [((li, "beside"), m.beside.heads)] if m.beside is not None else [])
+            for key, tap in places:
+                if key != ref._key(unit) and tap is not None:
+                    hooks.append((tap, lambda _m, a, k, key=key: captured.__setitem__(key, a[0]), True))
             for b in _blocks(m):
-                if (li, b) != (unit.layer, unit.block) and _tap(m, b) is not None:
-                    hooks.append((_tap(m, b), lambda _m, a, k, key=(li, b): captured.__setitem__(key, a[0]), True))
                 if v.kind == "target" or (li, b) != (v.layer, v.block):
                     hooks.append((_reader(m, b), _detach_dual, True))
         with sdpa_kernel(SDPBackend.MATH):  # (sdpa's fused CPU kernel has no forward mode)
@@ -349,7 +375,7 @@ def patched_change(ref, circ, u, d):
         if v.kind == "target":
             s = value
         else:
-            key = (v.layer, v.block)
+            key = ref._key(v)
             s = (captured[key][0] * ref.G[key] * ref._mask(v, ref.G[key].shape)).sum()
         tangent = forward_ad.unpack_dual(s).tangent
     return 0.0 if tangent is None else -float(tangent)

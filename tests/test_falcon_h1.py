@@ -121,16 +121,13 @@ def test_biases_in_the_ssm_block_are_refused_by_name(setting):
 
 
 def test_what_reads_one_mixer_per_layer_is_refused_by_name(model):
-    from dpa.lens import neuron_logit_effect
     from dpa.mib.graph import Graph
     from dpa_widgets.payload import view_payload
 
     ids = random_ids(8)
     before = _state(model)
     calls = {
-        "circuit graphs": lambda: dpa.circuit(model, None, ids, target=TARGET),
         "MIB's graph": lambda: Graph.of(dpa.spec_for(model)),
-        "neuron readouts": lambda: neuron_logit_effect(model, 0, 3),
         "activation patching": lambda: dpa.baselines.activation_patching(model, None, ids, target=TARGET),
         "the random component baseline": lambda: dpa.baselines.random_component(model, None, ids, target=TARGET),
         "component ablations": lambda: dpa.evaluate.component_ablation_prob(model, ids, [(0, 0, 7, 7)], [], 7, TARGET),
@@ -142,3 +139,39 @@ def test_what_reads_one_mixer_per_layer_is_refused_by_name(model):
     with pytest.raises(dpa.UnsupportedModelError, match="does not yet draw"):
         view_payload(dpa.attribute(model, None, ids, target=TARGET))
     assert _state(model) == before
+
+
+def test_a_circuit_holds_heads_and_ssm_heads_and_verifies_on_the_model(model):
+    """The circuit graph's block 0 holds both mixers' units (the suite of test_circuit checks every edge against
+    autograd and the flow identities on the tiny Falcon-H1); path patching on the real model hooks a unit's own
+    output projection: with every path at weight one the first-order prediction is the edge, in both directions
+    between an SSM head and an attention head."""
+    ids = random_ids(6)
+    circ = dpa.circuit(model, None, ids, target=TARGET, weights=dpa.PathWeights(1, 1, 1, 1, 1), nodes=None)
+    units = [circ.nodes[i] for i in circ.units]
+    assert {u.label.split(".")[1][0] for u in units} == {"H", "S", "N"}
+    assert all(u.index >= 4 for u in units if ".S" in u.label) and all(u.index < 4 for u in units if ".H" in u.label)
+    scan = [i for i in circ.units if ".S" in circ.nodes[i].label]
+    head = [i for i in circ.units if ".H" in circ.nodes[i].label]
+    for sources, dests in ((scan, head), (head, scan)):
+        u, d = max(((s, t) for s in sources for t in dests), key=lambda p: abs(circ.edge(*p)))
+        assert abs(circ.edge(u, d)) > 0
+        out = circ.verify(model, None, (u, d))
+        assert out["first_order"] == pytest.approx(out["edge"], rel=1e-8, abs=1e-12)
+        assert out["direct"] * out["edge"] > 0
+    s = max(scan, key=lambda i: abs(circ.score(i)))
+    same = circ.patch_read(model, None, s, 0, ids)
+    assert same["change"] == 0 and same["clean"] == pytest.approx(circ.score(s), rel=1e-9)
+    for m in model.modules():
+        assert not m._forward_pre_hooks and not m._forward_hooks
+
+
+def test_a_neurons_readout_carries_the_mlps_down_multiplier(model):
+    """What a neuron writes per unit of activation reaches the logits through the MLP's down multiplier, the final
+    norm's gain and the logits' multiplier (``dpa.lens.neuron_logit_effect``)."""
+    from dpa.lens import neuron_logit_effect
+
+    layer = model.model.layers[2]
+    column = layer.feed_forward.down_proj.weight[:, 7] * layer.feed_forward.down_multiplier
+    want = model.lm_head(column * model.model.final_layernorm.weight) * model.config.lm_head_multiplier
+    torch.testing.assert_close(neuron_logit_effect(model, 2, 7).double(), want, rtol=1e-6, atol=1e-8)
