@@ -256,16 +256,16 @@ class ModelSpec:
 
 
 def one_mixer_per_layer(spec: ModelSpec, what: str) -> None:
-    """Refuse by name what reads one token mixer per layer (``what``: "circuit graphs", ...) on a model with a mixer
-    beside attention (``Family.beside``, Falcon-H1's), whose own sums of writes would miss that block and the µP
-    scalars around both. dpa.attribute, its edges, the evaluation's input ablations and the gradient baselines read
-    these models."""
+    """Refuse by name what reads one token mixer per layer (``what``: "activation patching", "component ablations",
+    ...) on a model with a mixer beside attention (``Family.beside``, Falcon-H1's), whose unit ablations would miss
+    that block's units. dpa.attribute, dpa.circuit, MIB's graph, the lens, the evaluation's input ablations and the
+    gradient baselines read these models."""
     if spec.n_beside:
         raise UnsupportedModelError(
             f"{what} not yet supported on {spec.family}: its layers hold attention and a {spec.beside_kind} block "
             "side by side (book: parallel-mixers), and these read one token mixer per layer; dpa.attribute (its "
-            "scores, edges and top components), dpa.circuit and its verification, the lens, the evaluation's input "
-            "ablations and the gradient baselines do")
+            "scores, edges and top components), dpa.circuit and its verification, MIB's graph, the lens, the "
+            "evaluation's input ablations and the gradient baselines do")
 
 
 def lacking(kind: str, layer: int, dense: bool = False) -> str:

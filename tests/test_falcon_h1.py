@@ -121,13 +121,11 @@ def test_biases_in_the_ssm_block_are_refused_by_name(setting):
 
 
 def test_what_reads_one_mixer_per_layer_is_refused_by_name(model):
-    from dpa.mib.graph import Graph
     from dpa_widgets.payload import view_payload
 
     ids = random_ids(8)
     before = _state(model)
     calls = {
-        "MIB's graph": lambda: Graph.of(dpa.spec_for(model)),
         "activation patching": lambda: dpa.baselines.activation_patching(model, None, ids, target=TARGET),
         "the random component baseline": lambda: dpa.baselines.random_component(model, None, ids, target=TARGET),
         "component ablations": lambda: dpa.evaluate.component_ablation_prob(model, ids, [(0, 0, 7, 7)], [], 7, TARGET),

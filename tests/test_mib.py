@@ -15,9 +15,9 @@ from dpa.mib.graph import Graph
 from dpa.mib.methods import edge_scores
 from dpa.mib.pairs import Pairs
 from dpa.request import check_model
-from tests.conftest import ALL_FAMILIES, EDGE_HYBRIDS, MHA_ONLY, hf_logits, tiny_model
+from tests.conftest import ALL_FAMILIES, EDGE_HYBRIDS, MHA_ONLY, PARALLEL_FAMILIES, hf_logits, tiny_model
 
-LAYOUT = [(f, kv) for f in ALL_FAMILIES + EDGE_HYBRIDS for kv in ((4,) if f in MHA_ONLY else (4, 1))]
+LAYOUT = [(f, kv) for f in ALL_FAMILIES + EDGE_HYBRIDS + PARALLEL_FAMILIES for kv in ((4,) if f in MHA_ONLY else (4, 1))]
 
 
 def _pairs(n=3, t=6, seed=0, metric="logit_diff", shared=0):
@@ -66,9 +66,10 @@ def _brute(model, pairs, kept):
     layers = layer_modules(model, spec)
     excluded = graph.excluded(kept)
     calls = {}
-    hooks = [m.attention.register_forward_pre_hook(
+    hooks = [block.register_forward_pre_hook(
         lambda _m, a, k, i=i: calls.__setitem__(i, (a[1:], {x: v for x, v in k.items() if x != "hidden_states"})),
-        with_kwargs=True) for i, m in enumerate(layers) if m.attention is not None]
+        with_kwargs=True) for j, m in enumerate(layers)
+        for i, block in ((j, m.attention), (("beside", j), m.beside.attention if m.beside else None)) if block is not None]
     out = []
     try:
         for row in range(len(pairs)):
@@ -106,42 +107,9 @@ def _brute_run(model, spec, graph, layers, calls, ids, excluded, other):
             writes.append(y)
             x = x + y
             continue
-        hd = weight_rows(m.heads).shape[1] // spec.n_heads  # a unit's channels (a Mamba-2 block's: its own width)
-        norm = m.block_inputs[0] if m.block_inputs else (lambda v: v)
         terms = []
-        for h in range(spec.n_heads):
-            normed = {name: norm(read(x, graph.reads(i, c, h), graph.below(i, 0)))
-                      for c, name in enumerate(("query", "key", "value"))}
-            seen = {}
-            hooks = []
-            readers = (_mamba_readers if hasattr(m.attention, "x_proj") else  # a Mamba block or a Gated DeltaNet:
-                       _delta_readers if hasattr(m.attention, "in_proj_ba") else None)  # no column of its input
-            if readers is not None:  # projection is one reader's alone
-                seen["z"] = readers(m.attention, normed, calls[i][1].get("attention_mask"))
-                w_o = weight_rows(m.heads)
-                terms.append(seen["z"][..., h * hd:(h + 1) * hd] @ w_o[:, h * hd:(h + 1) * hd].T)
-                continue
-            for name in ("query", "key", "value"):
-                module = m.branches[name]
-
-                def swap(mod, args, out, name=name):
-                    fresh = mod.forward(normed[name])
-                    col = m.columns.get(name)
-                    if col is None:
-                        return fresh
-                    out = out.clone()
-                    out[..., col] = fresh[..., col]
-                    return out
-                if name != "query":
-                    hooks.append(module.register_forward_hook(swap))
-            hooks.append(m.heads.register_forward_pre_hook(lambda _m, a: seen.__setitem__("z", a[0])))
-            try:
-                m.attention(normed["query"], *calls[i][0], **calls[i][1])
-            finally:
-                for hk in hooks:
-                    hk.remove()
-            w_o = weight_rows(m.heads)
-            terms.append(seen["z"][..., h * hd:(h + 1) * hd] @ w_o[:, h * hd:(h + 1) * hd].T)
+        for mm, call, offset, count, into, out in _mixers(m, spec, calls, i):  # (Falcon-H1's: attention, then the
+            terms += _unit_terms(mm, graph, call, offset, count, into, out, i, x, read)  # block beside it)
         bias = getattr(m.heads, "bias", None)
         o = sum(terms) + (0 if bias is None else bias)
         if m.post_norms[0] is not None:
@@ -170,6 +138,59 @@ def _brute_run(model, spec, graph, layers, calls, ids, excluded, other):
     final = read(x, graph.logits, graph.n_writers)
     logits = unembed(model, _Req(spec), spec.final_norm(model)(final))
     return logits, writes
+
+
+def _mixers(m, spec, calls, i):
+    """Layer i's token mixers as the brute force runs them: (modules, call, first unit, units, input scale, output
+    scale); attention (or a mixer), and on Falcon-H1 the Mamba-2 block beside it, its units after the heads."""
+    out = [(m, calls[i], 0, spec.n_heads, m.scale("attention_in"), m.scale("attention_out"))]
+    if m.beside is not None:
+        out.append((m.beside, calls[("beside", i)], spec.n_heads, spec.n_beside, 1.0, m.scale("beside_out")))
+    return out
+
+
+def _unit_terms(m, graph, call, offset, count, into, scale, i, x, read):
+    """Each of a mixer's units' output, one reader set at a time: its q, k and v readers' inputs (the layer's units
+    ``offset`` + h), the block run on them (``into``: what the layer multiplies its normalised input by; a Falcon-H1
+    block's own ssm_in_multiplier too), the unit's o_proj term read at the projection's input, times ``scale``."""
+    hd = weight_rows(m.heads).shape[1] // count  # a unit's channels (a Mamba-2 block's: its own width)
+    norm = m.block_inputs[0] if m.block_inputs else (lambda v: v)
+    feed = into * getattr(m.attention, "ssm_in_multiplier", 1.0)  # (what in_proj's input is, from the block's)
+    terms = []
+    for h in range(count):
+        normed = {name: norm(read(x, graph.reads(i, c, offset + h), graph.below(i, 0)))
+                  for c, name in enumerate(("query", "key", "value"))}
+        seen = {}
+        hooks = []
+        readers = (_mamba_readers if hasattr(m.attention, "x_proj") else  # a Mamba block or a Gated DeltaNet:
+                   _delta_readers if hasattr(m.attention, "in_proj_ba") else None)  # no column of its input
+        if readers is not None:  # projection is one reader's alone
+            seen["z"] = readers(m.attention, normed, call[1].get("attention_mask"))
+            w_o = weight_rows(m.heads)
+            terms.append(seen["z"][..., h * hd:(h + 1) * hd] @ w_o[:, h * hd:(h + 1) * hd].T * scale)
+            continue
+        for name in ("query", "key", "value"):
+            module = m.branches[name]
+
+            def swap(mod, args, out, name=name):
+                fresh = mod.forward(normed[name] * feed)
+                col = m.columns.get(name)
+                if col is None:
+                    return fresh
+                out = out.clone()
+                out[..., col] = fresh[..., col]
+                return out
+            if name != "query":
+                hooks.append(module.register_forward_hook(swap))
+        hooks.append(m.heads.register_forward_pre_hook(lambda _m, a: seen.__setitem__("z", a[0])))
+        try:
+            m.attention(normed["query"] * into, *call[0], **call[1])
+        finally:
+            for hk in hooks:
+                hk.remove()
+        w_o = weight_rows(m.heads)
+        terms.append(seen["z"][..., h * hd:(h + 1) * hd] @ w_o[:, h * hd:(h + 1) * hd].T * scale)
+    return terms
 
 
 def _mamba_readers(block, normed, mask):
@@ -270,6 +291,9 @@ def _linear(model):
                 block = m.attention
                 rows = weight_rows(block.in_proj_qkvz).view(block.num_k_heads, -1, spec.d_model)
                 rows[:, 2 * block.head_k_dim + block.num_v_heads // block.num_k_heads * block.head_v_dim:] = 0
+            if m.beside is not None:  # a Mamba-2 block beside attention (Falcon-H1's): its query and key features
+                for name in ("query", "key"):  # (z and C, B and dt) zero, so that it writes nothing
+                    weight_rows(m.beside.branches[name])[m.beside.columns[name]] = 0
             if "output_gate" in m.columns:  # gated attention (Qwen3-Next): every head's gate sigmoid(0) = 1/2
                 weight_rows(m.branches["query"])[m.columns["output_gate"]] = 0
             for name in () if m.attention is None or hasattr(m.attention, "x_proj") or hasattr(  # (Nemotron-H's MLP
@@ -352,13 +376,13 @@ def test_dpa_edges_out_of_a_writer_add_up_to_its_dpa_score(family, kv):
     graph = Graph.of(spec)
     scores = edge_scores(model, pairs, "dpa", batch_size=2)
     out = scores.sum(1)
-    heads = torch.zeros(spec.n_layers, spec.n_heads, dtype=torch.float64)
+    heads = torch.zeros(spec.n_layers, spec.row_width, dtype=torch.float64)
     tokens = 0.0
     for i in range(len(pairs)):
         a = dpa.attribute(model, None, pairs.clean[i], target=pairs.answers[i][0], contrast=pairs.wrong[i][0])
         heads += a.head_scores.double()
         tokens += float(a.token_scores.sum()) + float(a.position_scores.sum() if a.position_scores is not None else 0)
-    got = torch.stack([out[graph.head(i, 0):graph.head(i, 0) + spec.n_heads] for i in range(spec.n_layers)])
+    got = torch.stack([out[graph.head(i, 0):graph.head(i, 0) + spec.row_width] for i in range(spec.n_layers)])
     torch.testing.assert_close(got, heads, rtol=1e-9, atol=1e-10)
     assert out[0].item() == pytest.approx(tokens, rel=1e-9, abs=1e-10)
 

@@ -342,7 +342,7 @@ def _identity(model, spec, pairs: Pairs, method, weights, temperature, sizes, ba
     # the model by its weights, config, buffers and dtype too (dpa's run identity): never resumed on another
     return {**model_identity(model, spec.unembed(model).weight.dtype),
             "model": getattr(model.config, "_name_or_path", "") or spec.family, "family": spec.family,
-            "layers": spec.n_layers, "heads": spec.n_heads, "pairs": digest, "n_pairs": len(pairs),
+            "layers": spec.n_layers, "heads": spec.row_width, "pairs": digest, "n_pairs": len(pairs),
             "method": method, "weights": None if weights is None else weights.to_dict(),
             "temperature": temperature, "sizes": list(sizes), "batch_size": batch_size}
 

@@ -27,7 +27,7 @@ heads' outputs and the projection's bias add up to the block's output.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -40,7 +40,7 @@ from ..instrument import Session, unembed
 from ..registry import MIXER_RULES
 from ..rules.norm import GAIN, rms_scale
 from ..scan_rules import RULES
-from ..ssd import READERS, readers_value
+from ..ssd import READERS, input_scales, readers_value
 from .graph import Graph
 
 
@@ -81,7 +81,9 @@ def run(session: Session, graph: Graph, layers: list[LayerModules], args: dict, 
     for i, m in enumerate(layers):
         ins, which = patch.inputs(x, graph.attention_readers(i), graph.below(i, 0), distinct=not leaves)
         ins = ins.clone() if leaves else ins  # [3H b t d] leaves for the readers' gradients
-        if m.attention is not None:
+        if m.beside is not None:  # attention and a block beside it (Falcon-H1's): both mixers' units, in one row
+            heads, block = _side_by_side(m, spec, args, i, ins, which, b)
+        elif m.attention is not None:
             heads, block = _attention(m, spec, args[i], ins, which, b)
         else:  # a layer without a token mixer (Nemotron-H's MLP layers): its head nodes write nothing
             block = torch.zeros_like(x)
@@ -212,15 +214,31 @@ def _norm(m: LayerModules, block: int) -> Callable[[Tensor], Tensor]:
     return m.block_inputs[block] if m.block_inputs else (lambda x: x)
 
 
+def _side_by_side(m: LayerModules, spec, args: dict, i: int, ins: Tensor, which: Tensor,
+                  b: int) -> tuple[Tensor, Tensor]:
+    """Layer ``i``'s attention and the block beside it (``Family.beside``) on their readers' inputs: the layer's row
+    of units is the heads, then the block's units, and ``which`` [3 row] their q, k and v readers' inputs in that
+    order. Each block's outputs carry the scale the layer puts on them (``LayerModules.scale``); attention reads its
+    input scaled. Returns every unit's output [row b t d] and the two blocks' sum [b t d]."""
+    n, row = spec.n_heads, spec.row_width
+    q, k, v = which.view(3, row)
+    heads, block = _attention(m, spec, args[i], ins, torch.cat([q[:n], k[:n], v[:n]]), b, m.scale("attention_in"))
+    units = replace(spec, n_heads=spec.n_beside, n_kv_heads=spec.n_beside, d_head=spec.beside_width)
+    scan, total = _attention(m.beside, units, args[("beside", i)], ins, torch.cat([q[n:], k[n:], v[n:]]), b)
+    a, s = m.scale("attention_out"), m.scale("beside_out")
+    return torch.cat([heads * a, scan * s]), block * a + total * s
+
+
 def _attention(m: LayerModules, spec, call: tuple[tuple, dict], ins: Tensor, which: Tensor,
-               b: int) -> tuple[Tensor, Tensor]:
+               b: int, scale: float = 1.0) -> tuple[Tensor, Tensor]:
     """Layer ``m``'s attention with a separate input per head and per q/k/v: ``ins`` [input b t d] and
     ``which`` [3H], the input each reader reads (q of every head, then k, then v). The module runs on copies of
     the batch stacked (``_copies``). Returns each head's output [H b t d] and the block's output [b t d] (its
-    post-norm's)."""
+    post-norm's). ``scale``: what the layer multiplies the block's normalised input by (Falcon-H1's attention)."""
     n_heads, width = spec.n_heads, weight_rows(m.heads).shape[1] // spec.n_heads  # a scan unit's width is its own
     t, d = ins.shape[-2:]
     normed = _norm(m, 0)(ins)
+    normed = normed if scale == 1 else normed * scale
     triples = [tuple(tr) for tr in which.view(3, n_heads).T.tolist()]  # per head: its q, k and v input
     own = (spec.parts.head_norms_over == "head"  # OLMo 2's q/k norms read every head's columns at once
            and MIXER_RULES.get(m.kind) != "scan"  # a Mamba-2 block's units share its B, C and norm: run whole
@@ -375,10 +393,13 @@ def _swapped_inputs(m: LayerModules, normed: dict[str, Tensor], spec):
                 col[cols if isinstance(cols, slice) else cols.to(col.device)] = 1
                 masks[name] = col
 
-            def fused(module, _a, out, names=names, masks=masks):
+            into = input_scales(m.attention)[0] if scan and rule is RULES["ssd"] else 1.0  # (Falcon-H1's block
+            # scales its input before in_proj: so are the other readers')
+
+            def fused(module, _a, out, names=names, masks=masks, into=into):
                 total = 0
                 for name in names:
-                    part = out if name == "query" else module.forward(normed[name])
+                    part = out if name == "query" else module.forward(normed[name] if into == 1 else normed[name] * into)
                     total = total + part * masks[name].to(part.dtype)
                 return total
             handles.append(module.register_forward_hook(fused))

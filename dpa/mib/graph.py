@@ -21,7 +21,6 @@ from functools import cached_property
 
 import torch
 from torch import Tensor
-from ..spec import one_mixer_per_layer
 
 QKV = "qkv"
 
@@ -40,12 +39,12 @@ class Graph:
     @classmethod
     def of(cls, spec) -> Graph:
         """The graph of a checked model (``dpa.request.check_model``)."""
-        one_mixer_per_layer(spec, "MIB's graph is")
         mlps = bool(spec.d_mlp or spec.n_experts)
         absent = frozenset({(i, 0) for i in range(spec.n_layers) if not spec.mixes(i)}
                            | {(i, 1) for i in range(spec.n_layers) if mlps and not spec.has_mlp(i)}
                            ) if spec.parts.mlp_layers is not None else frozenset()  # (layers of one block)
-        return cls(spec.n_layers, spec.n_heads, bool(spec.parallel), mlps, absent)
+        return cls(spec.n_layers, spec.row_width, bool(spec.parallel), mlps, absent)  # (a layer's units: its heads,
+        # then the units of a mixer beside attention, Falcon-H1's SSM heads)
 
     # --- sizes and indices ---
     @property
