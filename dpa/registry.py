@@ -105,10 +105,10 @@ class Family:
     #   read by: spec (LayerModules.activation: linearise, baselines.internals),
     #            module_checks (checks it computes its kind)
     heads: str = "self_attn.o_proj"
-    #   read by: spec (LayerModules.heads: linearise's head tap, explicit, circuit_graph, mib.forward, verify_circuit),
+    #   read by: spec (LayerModules.heads: linearise's head tap, explicit, circuit_graph, mib.forward),
     #            families
     neurons: str | None = "mlp.down_proj"
-    #   read by: spec (LayerModules.neurons: linearise's neuron tap, backward, circuit_graph, verify_circuit), families
+    #   read by: spec (LayerModules.neurons: linearise's neuron tap, backward, circuit_graph), families
     mid: str | None = "post_attention_layernorm"  # None where the layers have no MLP
     #   read by: spec (LayerModules.mid: instrument records t_mid), baselines.internals
     biased_branches: tuple[str, ...] = ()  # branches whose projection may carry a bias
