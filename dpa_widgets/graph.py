@@ -12,6 +12,7 @@ from torch import nn
 
 import dpa
 from dpa import Attribution, Circuit
+from dpa.spec import one_mixer_per_layer
 
 NODES = 64  # units in a graph the widget computes itself (circuit=True): dpa.circuit's default
 
@@ -31,6 +32,20 @@ def check_matches(circ: Circuit, result: Attribution) -> None:
     if circ.weights != result.weights:
         raise dpa.InputError(f"circuit was computed with other path weights ({circ.weights}) than result "
                              f"({result.weights})")
+
+
+def check_model(model: nn.Module | None) -> None:
+    """What ``circuit=True`` computes the graph on: refuse no model, and by name, before any work, a model whose
+    circuit graph dpa does not compute (Falcon-H1's, whose layers run attention and a Mamba-2 block side by side:
+    ``dpa.spec.one_mixer_per_layer``)."""
+    if model is None:
+        raise dpa.InputError("circuit=True computes the circuit graph: pass model and tokenizer (or pass a "
+                             "dpa.Circuit)")
+    try:
+        one_mixer_per_layer(dpa.spec_for(model), "circuit graphs are")
+    except dpa.UnsupportedModelError as e:
+        raise dpa.UnsupportedModelError(f"{e}; the widget shows this model's attribution without a circuit graph: "
+                                        "leave out circuit=") from None
 
 
 def compute(model: nn.Module, tokenizer, result: Attribution, *, nodes: int = NODES,
