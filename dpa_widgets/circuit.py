@@ -148,9 +148,8 @@ class CircuitWidget(UserTraits, anywidget.AnyWidget):
             request.check_tokenizer(tokenizer)
         if model is None and any(k in kwargs for k in LIVE_TRAITS):
             raise dpa.InputError(f"{', '.join(k for k in LIVE_TRAITS if k in kwargs)} need model and tokenizer")
-        if circuit is True and model is None:
-            raise dpa.InputError("circuit=True computes the circuit graph: pass model and tokenizer (or pass a "
-                                 "dpa.Circuit)")
+        if circuit is True:  # computed from the model: without one, or on Falcon-H1's, refused before any work
+            graph.check_model(model)
         if circuit is not None and not isinstance(circuit, bool):
             graph.check_matches(circuit, result)
         return top_neurons
@@ -221,7 +220,7 @@ class CircuitWidget(UserTraits, anywidget.AnyWidget):
             self._data = payload.view_payload(result, top_neurons=self.top_neurons, predictions=preds,
                                               experts=self._experts)
             details = {}
-            for layer, head in payload.top_heads(result, self._static_heads(result)):
+            for layer, head in payload.top_units(result, self._static_heads(result)):  # each kind's own top
                 details[payload.detail_key("head", layer, head)] = payload.head_detail(result, layer, head)
             for layer, neuron in payload.top_neurons(result, STATIC_DETAILS):
                 details[payload.detail_key("neuron", layer, neuron)] = self._neuron_detail(layer, neuron)
@@ -244,12 +243,13 @@ class CircuitWidget(UserTraits, anywidget.AnyWidget):
                 self.selected_edge = None
 
     def _static_heads(self, result: Attribution) -> int:
-        n = len(result.tokens)
-        return min(STATIC_DETAILS, max(1, EDGE_BUDGET // (n * n))) if result.edge_scores is not None else STATIC_DETAILS
+        n = len(result.tokens)  # (the budget shared by each kind of unit: a hybrid's, Falcon-H1's heads and scan units)
+        per_kind = EDGE_BUDGET // (n * n * len(result.unit_kinds))
+        return min(STATIC_DETAILS, max(1, per_kind)) if result.edge_scores is not None else STATIC_DETAILS
 
     def _neuron_detail(self, layer: int, neuron: int) -> dict:
-        vocab = None if self.model is None else live.neuron_vocab(self.model, self.tokenizer, layer, neuron)
-        return payload.neuron_detail(self.result, layer, neuron, vocab)
+        return payload.neuron_detail(self.result, layer, neuron,
+                                     *live.neuron_vocab_or_reason(self.model, self.tokenizer, layer, neuron))
 
     def _add_selected_details(self) -> None:
         details = dict(self._details)

@@ -33,6 +33,13 @@ def check_matches(circ: Circuit, result: Attribution) -> None:
                              f"({result.weights})")
 
 
+def check_model(model: nn.Module | None) -> None:
+    """What ``circuit=True`` computes the graph on: refuse no model, before any work."""
+    if model is None:
+        raise dpa.InputError("circuit=True computes the circuit graph: pass model and tokenizer (or pass a "
+                             "dpa.Circuit)")
+
+
 def compute(model: nn.Module, tokenizer, result: Attribution, *, nodes: int = NODES,
             positions: bool = True) -> Circuit:
     """The circuit graph of ``result``'s prompt, target and path weights (its ``nodes`` largest units)."""

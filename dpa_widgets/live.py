@@ -41,15 +41,22 @@ def check_fits(model: nn.Module, result: Attribution) -> None:
         raise dpa.InputError(f"result is a {result.method!r} attribution; a widget with a model shows DPA and "
                              "compares baselines with its method control: pass a dpa.attribute result (or leave "
                              "out model and tokenizer to view this one as it is)")
-    layers, heads = result.head_scores.shape
+    layers, heads = result.head_scores.shape  # a row: the heads, then the units beside them (Falcon-H1's SSM heads)
     d_mlp = None if result.neuron_scores is None else result.neuron_scores.shape[1]
-    theirs, ours = (layers, heads, d_mlp), (spec.n_layers, spec.n_heads, spec.d_mlp if d_mlp is not None else None)
+    theirs = (layers, heads, d_mlp, tuple(result.beside) if result.beside else None)
+    ours = (spec.n_layers, spec.row_width, spec.d_mlp if d_mlp is not None else None,
+            (spec.beside_kind, spec.n_heads) if spec.n_beside else None)
     if theirs != ours or any(not 0 <= i < spec.vocab_size for i in result.token_ids):
-        raise dpa.InputError(f"result does not fit this model: it has {layers} layers x {heads} heads"
+        raise dpa.InputError(f"result does not fit this model: it has {layers} layers x {_row(heads, result.beside)}"
                              + (f" x {d_mlp} neurons" if d_mlp is not None else "") + f", the model {spec.n_layers} x "
-                             f"{spec.n_heads} x {spec.d_mlp}" + ("" if theirs != ours else
-                                                                 f" and a vocabulary of {spec.vocab_size}")
+                             f"{_row(spec.row_width, ours[3])} x {spec.d_mlp}"
+                             + ("" if theirs != ours else f" and a vocabulary of {spec.vocab_size}")
                              + "; pass the model the result was computed on")
+
+
+def _row(width: int, beside: tuple | None) -> str:
+    """A row of head scores in words: "4 heads", or beside attention "(4 heads + 4 scan units)"."""
+    return f"{width} heads" if not beside else f"({beside[1]} heads + {width - beside[1]} {beside[0]} units)"
 
 
 def weights_for(preset: str, p: float) -> PathWeights:
@@ -82,6 +89,19 @@ def recompute(model: nn.Module, tokenizer, result: Attribution, *, target: str |
         model, tokenizer, list(result.token_ids[: position + 1]), target=target, contrast=contrast,
         kind="logprob" if result.target.kind == "logprob" else "logit", multi_token="sum",
         weights=weights, edges=finer, neuron_positions=finer, neuron_target=result.neuron_target)
+
+
+def neuron_vocab_or_reason(model: nn.Module | None, tokenizer, layer: int,
+                           neuron: int) -> tuple[tuple[list, list] | None, str | None]:
+    """``neuron_vocab``'s tokens and None, or None and why the model's neurons are not read through the lens (dpa
+    refuses it by name: Falcon-H1's, whose MLP scales its down projection and whose layers run two mixers); without
+    a model, (None, None)."""
+    if model is None:
+        return None, None
+    try:
+        return neuron_vocab(model, tokenizer, layer, neuron), None
+    except dpa.UnsupportedModelError as e:
+        return None, str(e)
 
 
 @torch.no_grad()
@@ -121,7 +141,9 @@ def compare(model: nn.Module, tokenizer, result: Attribution, method: str) -> di
     """A baseline on the same prompt and target, and its Spearman rank correlation with DPA.
 
     Input methods are compared on token scores; component methods on head scores (and on
-    neuron scores as ``rho_neurons`` when the method gives them).
+    neuron scores as ``rho_neurons`` when the method gives them). A method that scores only the attention heads of
+    a row that also holds the units of a mixer beside them (Falcon-H1's) is ranked on the heads, and its row is
+    sent with None in those units' place.
     """
     methods = baseline_methods()
     if method not in methods:
@@ -137,8 +159,12 @@ def compare(model: nn.Module, tokenizer, result: Attribution, method: str) -> di
     if level == "input":
         return {"method": method, "level": level, "token_scores": other.token_scores.double().tolist(),
                 "rho": _finite(spearman(result.token_scores, other.token_scores))}
-    out = {"method": method, "level": level, "head_scores": other.head_scores.double().tolist(),
-           "rho": _finite(spearman(result.head_scores, other.head_scores))}
+    ours, theirs = result.head_scores.double(), other.head_scores.double()
+    width, scored = ours.shape[1], theirs.shape[1]
+    if result.beside is not None and scored == result.beside[1] < width:  # a baseline of the attention heads alone
+        ours = ours[:, :scored]  # (Falcon-H1's gradient ones): ranked on them; the units beside them not scored (None)
+    out = {"method": method, "level": level, "rho": _finite(spearman(ours, theirs)),
+           "head_scores": [row + [None] * (width - scored) for row in theirs.tolist()]}
     if (other.neuron_scores is not None and other.neuron_scores.shape == result.neuron_scores.shape
             and other.neuron_scores.numel() > 1):  # (a model without an MLP has none to rank)
         out["rho_neurons"] = _finite(spearman(result.neuron_scores, other.neuron_scores))

@@ -9,6 +9,12 @@ expert scores in full ([layer][slot]: the routed experts, then the shared expert
 one), the slot names, and ``n_experts`` / ``d_expert`` so that the view can name neuron n of a
 layer as neuron n % d_expert of expert n // d_expert; expert details (per-position scores) come
 on demand as head and neuron details do. A dense result's payload has none of these keys.
+
+A row of head scores may hold more than attention heads (``unit_layout``): a hybrid's rows of convolution or scan
+units (``layer_kinds``), or beside attention on every layer the units of a second token mixer from column
+``beside[1]`` on (Falcon-H1's SSM heads: ``beside == ["scan", 4]``, column 5 is unit L0.S1). Heads and units are
+sent, selected and detailed by their column (``head:layer:column``: a head and a scan unit of a layer never share
+a key); ``unit_at`` and ``unit_label`` name them, ``top_heads`` ranks one kind's own columns.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dpa import Attribution, InputError, UnsupportedModelError
+from dpa import Attribution, InputError
 
 DIGITS = 5
 
@@ -77,11 +83,6 @@ def view_payload(result: Attribution, *, top_neurons: int = 32, routes: int = 8,
     ``experts``: (routed experts, neurons per routed expert) of a mixture-of-experts model, when the
     model is at hand (see ``expert_layout``); unused for a dense result.
     """
-    if result.beside is not None:  # (Falcon-H1's: attention heads and SSM heads in one row)
-        raise UnsupportedModelError(
-            f"the widget does not yet draw results whose layers hold attention and a {result.beside[0]} block side "
-            "by side (Falcon-H1's: each row of head_scores its attention heads, then the block's units from column "
-            f"{result.beside[1]}); read it with result.top_components(), summary() or plot_heads()")
     n_layers, n_heads = result.head_scores.shape
     neurons = result.neuron_scores.detach().double()
     k = min(top_neurons, neurons.shape[1])
@@ -108,8 +109,8 @@ def view_payload(result: Attribution, *, top_neurons: int = 32, routes: int = 8,
         "method": result.method,
         "model_name": result.model_name,
         "n_layers": n_layers,
-        "n_heads": n_heads,
-        "n_kv_heads": result.n_kv_heads or n_heads,
+        "n_heads": n_heads,  # the row's width: beside attention (Falcon-H1's) its attention heads, then the other
+        "n_kv_heads": result.n_kv_heads or (result.beside[1] if result.beside else n_heads),  # mixer's units
         **unit_layout(result),
         "d_mlp": neurons.shape[1],
         "head_scores": rounded(result.head_scores),
@@ -134,22 +135,50 @@ def view_payload(result: Attribution, *, top_neurons: int = 32, routes: int = 8,
 
 
 def unit_layout(result: Attribution) -> dict[str, Any]:
-    """On a hybrid (``layer_kinds``): each layer's unit kind, each kind's letter in labels and, per kind, how many
-    channels of the residual stream a unit holds where that is what it is (a convolution's: ``d_model / n_heads``,
-    where the result's effective targets give d_model; a Mamba-2 block's units group its inner channels, not the
-    residual stream's), for the heatmap to say what each row is."""
-    if result.layer_kinds is None:
+    """What the columns of each row of head scores are, for the heatmap to say it; {} on a model of attention alone.
+
+    On a hybrid of one kind per layer (``layer_kinds``): each layer's unit kind and, per kind, how many channels of
+    the residual stream a unit holds where that is what it is (a convolution's: ``d_model / n_heads``, where the
+    result's effective targets give d_model; a Mamba-2 block's units group its inner channels, not the residual
+    stream's). Beside attention (``beside``, Falcon-H1's): the mixer's kind and the first column of its units (every
+    row: the attention heads, then those units). Both: the kinds in order and each kind's letter in labels."""
+    if result.layer_kinds is None and result.beside is None:
         return {}
     from dpa.registry import MIXER_RULES, UNIT_LETTERS
 
-    width = None if result.effective_targets is None else result.effective_targets.shape[-1] // result.head_scores.shape[1]
-    return {"layer_kinds": list(result.layer_kinds), "unit_letters": {k: UNIT_LETTERS[k] for k in result.unit_kinds},
+    out: dict[str, Any] = {"unit_kinds": list(result.unit_kinds),
+                           "unit_letters": {k: UNIT_LETTERS[k] for k in result.unit_kinds}}
+    if result.beside is not None:
+        return out | {"beside": [result.beside[0], int(result.beside[1])]}
+    targets = result.effective_targets
+    width = None if targets is None else targets.shape[-1] // result.head_scores.shape[1]
+    return {"layer_kinds": list(result.layer_kinds), **out,
             "unit_widths": {k: width for k in result.unit_kinds if MIXER_RULES.get(k) == "product" and width}}
+
+
+def unit_at(result: Attribution, layer: int, column: int) -> tuple[str, int]:
+    """(kind, index among that kind's units of the layer) of ``head_scores[layer, column]``: ("head", 2), a hybrid's
+    ("conv", 3) on a convolution row, ("scan", 1) at column 5 beside four attention heads (Falcon-H1's); raises
+    IndexError outside the scores."""
+    _check_index(result.head_scores, layer, column, "unit")
+    if result.beside is not None and column >= result.beside[1]:
+        return result.beside[0], column - result.beside[1]
+    return (result.layer_kinds[layer] if result.layer_kinds is not None else "head"), column
+
+
+def unit_label(result: Attribution, layer: int, column: int) -> str:
+    """``head_scores[layer, column]`` as the view names it: "L0.H2", a hybrid's "L0.C3", beside attention "L0.S1"."""
+    from dpa.registry import UNIT_LETTERS
+
+    kind, index = unit_at(result, layer, column)
+    return f"L{layer}.{UNIT_LETTERS.get(kind, 'U')}{index}"  # (U: a row with no unit, Nemotron-H's MLP layer)
 
 
 def token_routes(result: Attribution, k: int = 8) -> list[dict[str, list]] | None:
     """Per position, the k heads and k neurons (and k experts, on a mixture of experts) that carry the
-    most of that token's score.
+    most of that token's score. A head is [layer, column of head_scores, score]: on a hybrid or beside attention
+    (Falcon-H1's SSM heads from column ``beside[1]``) every unit of the row ranks with the heads (``unit_at``
+    names it).
 
     A head's share of key position j is the sum of its edge scores over queries (the part of
     its contribution read from j); a neuron's (an expert's) share at j is its position-level score.
@@ -186,19 +215,24 @@ def token_routes(result: Attribution, k: int = 8) -> list[dict[str, list]] | Non
 
 
 def head_detail(result: Attribution, layer: int, head: int) -> dict[str, Any]:
-    """One head: its score and, when the result has them, its [query][key] edge scores."""
-    _check_index(result.head_scores, layer, head, "head")
+    """One unit of the heads' grid, by its column ``head``: its score, its kind, index among its kind and label
+    (``unit_at``: a head, a hybrid's or Falcon-H1's scan unit) and, when the result has them, its [query][key] edge
+    scores."""
+    kind, index = unit_at(result, layer, head)
     edges = None if result.edge_scores is None else result.edge_scores[layer, head].detach().double()
     return {
         "kind": "head", "layer": layer, "index": head, "score": rounded(result.head_scores[layer, head]),
+        "unit": kind, "unit_index": index, "label": unit_label(result, layer, head),
         "edges": None if edges is None else rounded(edges),
         "by_key": None if edges is None else rounded(edges.sum(0)),
     }
 
 
 def neuron_detail(result: Attribution, layer: int, neuron: int,
-                  vocab: tuple[list[tuple[str, float]], list[tuple[str, float]]] | None = None) -> dict[str, Any]:
-    """One neuron: its score, its per-position scores, and the tokens it promotes/suppresses."""
+                  vocab: tuple[list[tuple[str, float]], list[tuple[str, float]]] | None = None,
+                  no_vocab: str | None = None) -> dict[str, Any]:
+    """One neuron: its score, its per-position scores, and the tokens it promotes/suppresses (``no_vocab``: why
+    there are none with the model at hand, as dpa refuses the lens on Falcon-H1)."""
     _check_index(result.neuron_scores, layer, neuron, "neuron")
     npos = result.neuron_position_scores
     promotes, suppresses = vocab if vocab is not None else (None, None)
@@ -207,6 +241,7 @@ def neuron_detail(result: Attribution, layer: int, neuron: int,
         "by_pos": None if npos is None else rounded(npos[layer, :, neuron]),
         "promotes": None if promotes is None else [[t, rounded(v)] for t, v in promotes],
         "suppresses": None if suppresses is None else [[t, rounded(v)] for t, v in suppresses],
+        **({"no_vocab": no_vocab} if no_vocab else {}),
     }
 
 
@@ -233,11 +268,26 @@ def _check_index(scores: Tensor, layer: int, index: int, what: str) -> None:
         raise IndexError(f"{what} ({layer}, {index}) is outside [0, {n_layers}) x [0, {width})")
 
 
-def top_heads(result: Attribution, k: int) -> list[tuple[int, int]]:
-    """The k heads with the largest |score| as (layer, head)."""
-    flat = result.head_scores.detach().double().flatten()
-    width = result.head_scores.shape[1]
-    return [(i // width, i % width) for i in flat.abs().topk(min(k, flat.numel())).indices.tolist()]
+def top_heads(result: Attribution, k: int, kind: str | None = None) -> list[tuple[int, int]]:
+    """The k units of the heads' grid with the largest |score| as (layer, column); with ``kind`` ("head", a hybrid's
+    or Falcon-H1's "scan", ...: one of ``result.unit_kinds``), only that kind's."""
+    scores = result.head_scores.detach().double()
+    width = scores.shape[1]
+    if kind is not None:
+        if kind not in result.unit_kinds:
+            raise ValueError(f"this result has no {kind} units: its kinds are {', '.join(result.unit_kinds)}")
+        keep = result.unit_columns(kind)[0]
+        flat = scores.abs().masked_fill(~keep, -1.0).flatten()
+        n = int(keep.sum())
+    else:
+        flat, n = scores.abs().flatten(), scores.numel()
+    return [(i // width, i % width) for i in flat.topk(min(k, n)).indices.tolist()]
+
+
+def top_units(result: Attribution, k: int) -> list[tuple[int, int]]:
+    """The k units of each kind the heads' grid holds (``top_heads`` per kind: the heads, then a hybrid's or
+    Falcon-H1's scan units) as (layer, column): what a page sends the details of up front."""
+    return [unit for kind in result.unit_kinds for unit in top_heads(result, k, kind)]
 
 
 def top_neurons(result: Attribution, k: int) -> list[tuple[int, int]]:

@@ -389,6 +389,46 @@ def test_nemotron_h_save_html_leaves_the_mlp_layer_without_units(browser, tmp_pa
         finish_offline_page(page, widget_el, shots(tmp_path) / "save-html-nemotron-h-1400.png", 1400, errors, blocked)
 
 
+def test_falcon_h1_save_html_draws_heads_and_scan_units_side_by_side(browser, tmp_path):  # noqa: F811
+    """Falcon-H1 (every layer: 4 attention heads and a Mamba-2 block's 4 SSM heads side by side) on a static page:
+    each row has 8 cells, the heads then the scan units past a rule, each block named (H0–H3, S0–S3) and numbered
+    from 0, the KV groups over the heads alone; a scan unit's hover and details name it L0.S1 and its exported edges
+    colour the tokens, a head keeps its KV group; a neuron's tokens say why the lens is not read here."""
+    with _static_page(browser, tmp_path, tiny_model("falcon_h1"), cells=24) as (page, widget_el, heat, blocked, errors):
+        assert [heat.locator(f'rect.dpa-head[data-layer="{i}"]').count() for i in range(3)] == [8, 8, 8]
+        assert heat.locator('rect.dpa-head[data-kind="scan"]').count() == 12
+        assert heat.locator("line.dpa-beside-sep").count() == 1
+        split = float(heat.locator("line.dpa-beside-sep").get_attribute("x1"))
+        x = [float(heat.locator(f'rect.dpa-head[data-layer="0"][data-head="{c}"]').get_attribute("x"))
+             for c in range(8)]
+        assert x[3] + 14 < split < x[4], (x, split)
+        own = "els => els.map(e => [e.childNodes[0].textContent, Number(e.getAttribute('x'))])"  # (less the <title>)
+        assert [t for t, _ in heat.locator("text.dpa-kind").evaluate_all(own)] == ["H0–H3", "S0–S3"]
+        kv = [(t, at) for t, at in heat.locator("text.dpa-tick").evaluate_all(own) if t.startswith("kv")]
+        assert [t for t, _ in kv] == ["kv0", "kv1"] and all(at < split for _, at in kv), kv
+        caption = heat.locator("xpath=ancestor::section[1]").locator(".dpa-caption").inner_text()
+        assert caption.startswith("heads | scan units (layer × unit) · "), caption
+        heat.locator('rect.dpa-head[data-layer="0"][data-head="5"]').hover()
+        assert widget_el.locator(".dpa-hover").inner_text().startswith("scan L0.S1: ")
+        heat.locator('rect.dpa-head[data-layer="1"][data-head="2"]').hover()
+        assert widget_el.locator(".dpa-hover").inner_text().startswith("head L1.H2 (KV group 1): ")
+        detail = widget_el.locator(".dpa-detail")
+        top = detail.locator(".dpa-vocab", has_text="top scan units: ").locator("code.dpa-pick")
+        assert top.count() >= 1 and all(".S" in t for t in top.all_inner_texts())
+        heads = detail.locator(".dpa-vocab", has_text="top heads: ").locator("code").all_inner_texts()
+        assert heads and all(".H" in t for t in heads), heads
+        label = top.first.inner_text().split()[0]  # the top scan unit: its details (edges) are on the page
+        top.first.click()
+        detail.locator(".dpa-detail-title").first.wait_for(timeout=5_000)
+        assert detail.locator(".dpa-detail-title").first.inner_text().startswith(f"scan {label} · ")
+        assert detail.locator("canvas.dpa-edges").count() == 1
+        tokens = widget_el.locator(".dpa-tokens-panel .dpa-caption").inner_text()
+        assert tokens == f"tokens coloured by scan {label} (its edges from each key)", tokens
+        widget_el.locator(".dpa-neuron").first.click()
+        assert "not read on this model (neuron readouts" in detail.locator(".dpa-no-vocab").first.inner_text()
+        finish_offline_page(page, widget_el, shots(tmp_path) / "save-html-falcon-h1-1400.png", 1400, errors, blocked)
+
+
 @pytest.mark.parametrize("family", ["mamba2", "mamba"])
 def test_mamba_save_html_has_no_mlp_panel_to_fill(browser, tmp_path, family):  # noqa: F811
     """Mamba-2 and Mamba (three blocks, no attention, no MLP) on a static page: every row is a scan row, a unit's

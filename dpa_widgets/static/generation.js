@@ -13,7 +13,8 @@
  * @typedef {{token: string, position: number, value: number, probability: number | null,
  *   head_scores: number[][], neurons: Neurons, sources: Sources}} Step
  * @typedef {{model_name: string, kind: string, generated_by: string, tokens: string[], prompt_length: number,
- *   text: [string, string], rows: number[][], steps: Step[], n_layers: number, n_heads: number}} Data
+ *   text: [string, string], rows: number[][], steps: Step[], n_layers: number, n_heads: number,
+ *   layer_kinds?: string[], unit_letters?: Record<string, string>, beside?: [string, number]}} Data
  */
 
 /** ColorBrewer RdBu, negative blue -> white -> positive red: the stops of dpa's other views. */
@@ -92,17 +93,26 @@ function matrix(data, open, toggle) {
   return h("div", { class: "dpa-gen-matrix" }, [h("table", {}, [h("thead", {}, [head]), h("tbody", {}, body)])]);
 }
 
+/** Column ``k`` of layer ``l``'s row of head scores: its kind and name ("head", "H2"; a hybrid's row "conv", "C3";
+ * beside attention, Falcon-H1's, from column beside[1] on "scan", "S1"). @param {Data} data @param {number} l
+ * @param {number} k */
+function unitName(data, l, k) {
+  const first = data.beside ? data.beside[1] : null;
+  const kind = first !== null && k >= first ? data.beside[0] : data.layer_kinds?.[l] ?? "head";
+  return { kind, name: `${data.unit_letters?.[kind] ?? "H"}${first !== null && k >= first ? k - first : k}` };
+}
+
 /** The opened step: target, heads, neurons, sources. @param {Data} data @param {number} j */
 function detail(data, j) {
   const step = data.steps[j];
   const heads = step.head_scores;
   const max = maxAbs(heads.flat());
   const grid = h("table", { class: "dpa-gen-heads" }, [
-    h("tr", {}, [h("th", { text: "" }), ...heads[0].map((_, k) => h("th", { text: `H${k}` }))]),
+    h("tr", {}, [h("th", { text: "" }), ...heads[0].map((_, k) => h("th", { text: data.beside ? unitName(data, 0, k).name : `H${k}` }))]),
     ...heads.map((row, l) => h("tr", {}, [h("th", { text: `L${l}` }), ...row.map((v, k) => {
       const rgb = diverging(v, max);
-      const kind = data.layer_kinds?.[l] ?? "head";  // a hybrid's convolution rows: conv L0 C3
-      return h("td", { style: `background:${css(rgb)}`, title: `${kind} L${l} ${data.unit_letters?.[kind] ?? "H"}${k}: ${fmt(v)}` });
+      const { kind, name } = unitName(data, l, k);  // a hybrid's convolution rows: conv L0 C3
+      return h("td", { style: `background:${css(rgb)}`, title: `${kind} L${l} ${name}: ${fmt(v)}` });
     })])),
   ]);
   const list = (/** @type {string} */ title, /** @type {string[]} */ items) =>

@@ -50,6 +50,26 @@ export function moePayload() {
 }
 
 /**
+ * The same prompt on a Falcon-H1-like model: every layer runs attention (4 heads in 2 KV groups) and a Mamba-2
+ * block (4 SSM heads, "scan" units) side by side, so a row of head scores is 8 wide: the heads, then from column 4
+ * the scan units (column 5 is L0.S1). Its routes and top lists reach both kinds.
+ * @returns {import("../../dpa_widgets/static/src/model.js").Payload}
+ */
+export function besidePayload() {
+  const data = payload();
+  return {
+    ...data,
+    n_heads: 8,
+    n_kv_heads: 2,
+    beside: ["scan", 4],
+    unit_kinds: ["head", "scan"],
+    unit_letters: { head: "H", scan: "S" },
+    head_scores: [[0.1, -0.2, 0.3, 0, 0.05, -0.9, 0.2, 0], [1.5, -0.4, 0.05, 0.2, 0.6, 0, -0.7, 0.1]],
+    token_routes: data.token_routes.map((r, j) => ({ ...r, heads: [...r.heads, [j % 2, 4 + (j % 4), 0.3 - 0.1 * j]] })),
+  };
+}
+
+/**
  * A fake anywidget model: get/set/on/off/save_changes/send, with change events on set.
  * kernel: true answers the view's {action: "hello"} at once, as CircuitWidget does in a kernel;
  * false is a static page (nothing answers). emit(event, ...args) fires handlers ("msg:custom").

@@ -6,10 +6,10 @@ import {
   DIVERGING, symmetricMax, divergingRgb, divergingColor, textColor, formatScore, topIndices, topHeads,
   topNeurons, headLayout, wrapRows, tokenLabel, axisTicks, shortLabel, weightsText, offlineReason, hasExperts,
   expertName, expertLabel, neuronInExpert, neuronLabel, isDense,
-  topExperts, expertNeurons, expertLayout, headLabel, unitKind,
+  topExperts, expertNeurons, expertLayout, headLabel, unitKind, unitIndex, unitKinds, topUnits, besideColumn,
 } from "../../dpa_widgets/static/src/helpers.js";
 import { selectionPayload, escapeXml, viewSvg } from "../../dpa_widgets/static/src/export.js";
-import { payload, moePayload } from "./fixture.mjs";
+import { payload, moePayload, besidePayload } from "./fixture.mjs";
 
 describe("colour scale", () => {
   test("white at zero, the end colours at -max and +max, clipped beyond", () => {
@@ -174,6 +174,64 @@ describe("a hybrid's units", () => {
     assert.equal(headLabel(data, 1, 2), "L1.H2");
     assert.equal(headLabel(payload, 0, 3), "L0.H3");
     assert.equal(unitKind(payload, 0), "head");
+  });
+});
+
+describe("units beside attention (Falcon-H1's: heads, then scan units, in every row)", () => {
+  test("a unit's kind and name follow its column: L0.H2 before beside[1], L0.S1 at column 5", () => {
+    const data = besidePayload();
+    assert.equal(besideColumn(data), 4);
+    assert.equal(besideColumn(payload()), null);
+    assert.deepEqual([0, 3, 4, 7].map((c) => unitKind(data, 1, c)), ["head", "head", "scan", "scan"]);
+    assert.equal(unitKind(data, 1), "head", "a row's own kind (without a column): its attention heads'");
+    assert.deepEqual([2, 4, 5, 7].map((c) => unitIndex(data, c)), [2, 0, 1, 3]);
+    assert.equal(headLabel(data, 0, 5), "L0.S1");
+    assert.equal(headLabel(data, 1, 3), "L1.H3");
+    assert.equal(headLabel(data, 1, 4), "L1.S0");
+    assert.deepEqual(unitKinds(data), ["head", "scan"]);
+    assert.deepEqual(unitKinds(payload()), ["head"]);
+    assert.equal(unitIndex(payload(), 3), 3, "no beside: the column is the index");
+  });
+
+  test("each kind's top list ranks its own columns only", () => {
+    const data = besidePayload();
+    assert.deepEqual(topUnits(data, "scan", 3).map((c) => [c.layer, c.head]), [[0, 5], [1, 6], [1, 4]]);
+    assert.deepEqual(topUnits(data, "head", 2).map((c) => [c.layer, c.head]), [[1, 0], [1, 1]]);
+    assert.deepEqual(topHeads(data.head_scores, 2).map((c) => [c.layer, c.head]), [[1, 0], [0, 5]], "all columns");
+  });
+
+  test("the layout: KV groups of the attention heads, then a wider gap and the scan units, a rule in it", () => {
+    const lay = headLayout(2, 8, 2, { cell: 10, gap: 1, groupGap: 5, besideGap: 11, left: 0, top: 0, beside: 4 });
+    assert.equal(lay.cells.length, 16);
+    assert.equal(lay.groupSize, 2, "2 KV groups over the 4 heads, not the 8 columns");
+    assert.equal(lay.attention, 4);
+    assert.deepEqual([0, 1, 2, 3, 4, 5, 6, 7].map(lay.colX), [0, 11, 27, 38, 60, 71, 82, 93]);
+    assert.deepEqual([0, 1, 2, 3, 4, 7].map(lay.group), [0, 0, 1, 1, null, null]);
+    assert.ok(lay.split > 38 + 10 && lay.split < 60, `the rule sits in the gap: ${lay.split}`);
+    assert.equal(lay.width, 93 + 10 + 2);
+    const seen = new Set(lay.cells.map((c) => `${c.x},${c.y}`));
+    assert.equal(seen.size, lay.cells.length, "no cells overlap");
+    const plain = headLayout(2, 8, 2, { cell: 10, left: 0, top: 0 });
+    assert.equal(plain.split, null, "without beside: no rule, the groups over every column");
+    assert.equal(plain.groupSize, 4);
+    assert.deepEqual(headLayout(2, 8, 2, { beside: null }).cells, headLayout(2, 8, 2).cells);
+  });
+
+  test("the selection names the unit's kind, index and label; the KV group only for an attention head", () => {
+    const data = besidePayload();
+    assert.deepEqual(selectionPayload(data, { head: [0, 5], neuron: null, token: null }).head,
+      { layer: 0, head: 5, kind: "scan", index: 1, label: "L0.S1", score: -0.9 });
+    assert.deepEqual(selectionPayload(data, { head: [1, 2], neuron: null, token: null }).head,
+      { layer: 1, head: 2, kind: "head", index: 2, label: "L1.H2", kv_group: 1, score: 0.05 });
+  });
+
+  test("the SVG export draws every column, the rule between the kinds, and says both kinds", () => {
+    const data = besidePayload();
+    const svg = viewSvg(data, { head: [0, 5] });
+    assert.equal((svg.match(/<rect x="\d+(\.\d+)?" y="\d+(\.\d+)?" width="10" height="10"/g) || []).length, 16);
+    assert.equal((svg.match(/<line /g) || []).length, 1);
+    assert.match(svg, /heads \| scan units \(max/);
+    assert.doesNotMatch(viewSvg(payload()), /<line |scan/);
   });
 });
 

@@ -2,7 +2,7 @@
 import { test, describe, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { Window } from "happy-dom";
-import { fakeModel, traits, moePayload, payload } from "./fixture.mjs";
+import { fakeModel, traits, moePayload, payload, besidePayload } from "./fixture.mjs";
 
 let window;
 let widget;
@@ -333,6 +333,77 @@ describe("render", () => {
     const again = el.querySelector("svg.dpa-heatmap");
     key(again, "Enter");
     assert.equal(model.get("selected_head"), null, "Enter again unselects");
+  });
+
+  test("beside attention (Falcon-H1's): 8 columns, heads then scan units past a rule, both kinds named", () => {
+    const { el } = mount({ _data: besidePayload() });
+    const heat = el.querySelector("svg.dpa-heatmap");
+    assert.equal(heat.querySelectorAll("rect.dpa-head").length, 16);
+    assert.equal(heat.querySelectorAll('rect.dpa-head[data-layer="0"]').length, 8);
+    assert.deepEqual([...heat.querySelectorAll('rect.dpa-head[data-layer="0"]')].map((r) => r.getAttribute("data-kind")),
+      ["head", "head", "head", "head", "scan", "scan", "scan", "scan"]);
+    const rule = heat.querySelectorAll("line.dpa-beside-sep");
+    assert.equal(rule.length, 1);
+    const x = (/** @type {number} */ c) => Number(heat.querySelector(`rect.dpa-head[data-layer="0"][data-head="${c}"]`).getAttribute("x"));
+    const at = Number(rule[0].getAttribute("x1"));
+    assert.ok(x(3) + 14 < at && at < x(4), `the rule (${at}) between H3 (${x(3)}) and S0 (${x(4)})`);
+    const text = (/** @type {string} */ sel) => [...heat.querySelectorAll(sel)].map((t) => t.childNodes[0].textContent);
+    assert.deepEqual(text("text.dpa-kind"), ["H0–H3", "S0–S3"]);
+    const kv = [...heat.querySelectorAll("text.dpa-tick")].filter((t) => /^kv/.test(t.childNodes[0].textContent));
+    assert.deepEqual(kv.map((t) => t.childNodes[0].textContent), ["kv0", "kv1"], "KV groups over the heads only");
+    assert.ok(kv.every((t) => Number(t.getAttribute("x")) < at));
+    const numbers = text("text.dpa-tick").filter((t) => /^\d+$/.test(t));
+    assert.deepEqual(numbers, ["0", "1", "2", "3", "0", "1", "2", "3"], "each kind numbered from 0");
+    assert.match(heat.closest(".dpa-panel").querySelector(".dpa-caption").textContent, /^heads \| scan units \(layer × unit\) · summed/);
+  });
+
+  test("beside attention: hover, click, details and token colours name a scan unit L0.S1, a head L0.H1", () => {
+    const { model, el } = mount({ _data: besidePayload() });
+    const cell = (/** @type {number} */ l, /** @type {number} */ c) => el.querySelector(`rect.dpa-head[data-layer="${l}"][data-head="${c}"]`);
+    cell(0, 5).dispatchEvent(new window.MouseEvent("mouseenter"));
+    assert.equal(el.querySelector(".dpa-hover").textContent, "scan L0.S1: −0.900 summed over positions");
+    assert.match(cell(0, 5).querySelector("title").textContent, /^L0\.S1: /);
+    cell(0, 1).dispatchEvent(new window.MouseEvent("mouseenter"));
+    assert.equal(el.querySelector(".dpa-hover").textContent, "head L0.H1 (KV group 0): −0.200 summed over positions");
+    cell(0, 5).dispatchEvent(new window.MouseEvent("click"));
+    assert.deepEqual(model.get("selected_head"), [0, 5], "the column: never the same key as head 1 of the layer");
+    assert.deepEqual(model.get("selection").head, { layer: 0, head: 5, kind: "scan", index: 1, label: "L0.S1", score: -0.9 });
+    assert.ok(el.querySelector('rect.dpa-head.dpa-locked[data-layer="0"][data-head="5"]'));
+    assert.equal(el.querySelectorAll("rect.dpa-head.dpa-locked").length, 1);
+    assert.match(el.querySelector(".dpa-detail-title").textContent, /^scan L0\.S1 · −0\.900/);
+    const before = tokenColours(el);
+    model.set("_details", { "head:0:5": { kind: "head", layer: 0, index: 5, score: -0.9, unit: "scan", unit_index: 1,
+      label: "L0.S1", edges: [[0], [0, 0], [0, -1, 0], [0.2, 0, -0.1, 0]], by_key: [0.2, -1, -0.1, 0] } });
+    assert.notDeepEqual(tokenColours(el), before);
+    assert.equal(el.querySelector(".dpa-tokens-panel .dpa-caption").textContent,
+      "tokens coloured by scan L0.S1 (its edges from each key)");
+    assert.ok(el.querySelector("canvas.dpa-edges"), "its edges by query and key, as a head's");
+    cell(0, 1).dispatchEvent(new window.MouseEvent("click"));
+    assert.deepEqual(model.get("selected_head"), [0, 1]);
+    assert.match(el.querySelector(".dpa-detail").textContent, /head L0\.H1 · .*loading…/);
+  });
+
+  test("beside attention: top lists per kind, a token's routes name both kinds, Verify offers no component ablation", () => {
+    const { model, el } = mount({ _data: besidePayload() });
+    const rows = [...el.querySelectorAll(".dpa-detail .dpa-vocab")].map((r) => r.textContent);
+    const heads = rows.find((r) => r.startsWith("top heads: "));
+    const scans = rows.find((r) => r.startsWith("top scan units: "));
+    assert.ok(heads && scans, rows.join(" | "));
+    assert.doesNotMatch(heads, /\.S\d/);
+    assert.match(scans, /^top scan units: L0\.S1 −0\.900L1\.S2 −0\.700L1\.S0 \+0\.600/);
+    assert.doesNotMatch(scans, /\.H\d/);
+    el.querySelectorAll(".dpa-token")[1].dispatchEvent(new window.MouseEvent("click"));
+    assert.match(el.querySelector(".dpa-detail").textContent, /units reading it: L0\.H2 \+0\.400L1\.H1 −0\.300L1\.S1 \+0\.200/);
+    const routed = [...el.querySelectorAll("rect.dpa-head.dpa-routed")].map((r) => `${r.dataset.layer}.${r.dataset.head}`);
+    assert.deepEqual(routed.sort(), ["0.2", "1.1", "1.5"]);
+    const option = el.querySelector('select.dpa-verify-units option[value="top_components"]');
+    assert.equal(option.disabled, true);
+    assert.match(option.getAttribute("title"), /attention and a scan block side by side/);
+    model.set("_comparison", { method: "components:gradient", level: "component", rho: 0.4,
+      head_scores: [[0.2, -0.1, 0, 0.3, null, null, null, null], [0.5, 0, -0.2, 0.1, null, null, null, null]] });
+    assert.equal(el.querySelectorAll("rect.dpa-head.dpa-unscored").length, 8);
+    assert.match(el.querySelector('rect.dpa-head[data-layer="1"][data-head="6"] title').textContent,
+      /^L1\.S2: not scored by components:gradient/);
   });
 
   test("cleanup removes every listener", () => {

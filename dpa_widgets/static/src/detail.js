@@ -2,7 +2,8 @@
 // The selection panel: a head's edge grid, a neuron's tokens, an expert's positions, a token's routes.
 import { h, legend } from "./dom.js";
 import { symmetricMax, divergingColor, formatScore, tokenLabel, shortLabel, axisTicks, topIndices, topHeads, topExperts,
-  hasExperts, expertName, expertLabel, expertNeurons, neuronLabel, neuronInExpert, headLabel, unitKind } from "./helpers.js";
+  hasExperts, expertName, expertLabel, expertNeurons, neuronLabel, neuronInExpert, headLabel, unitKind, unitKinds, topUnits,
+  unitsWord } from "./helpers.js";
 /** @typedef {import("./context.js").Ctx} Ctx */
 
 /**
@@ -50,8 +51,10 @@ export function edgeCanvas(ctx, edges, tokens, key, targetRow) {
     h("div", { class: "dpa-scroll dpa-edge-wrap", "data-scroll": key, "data-start": side + targetRow * px + px / 2 }, [grid])]);
 }
 
-/** @param {[string, number][] | null | undefined} pairs @param {string} label */
-export function tokenList(pairs, label) {
+/** @param {[string, number][] | null | undefined} pairs @param {string} label @param {string} [why] why there are
+ * none with the model at hand (dpa does not read this model's neurons through the lens: Falcon-H1's) */
+export function tokenList(pairs, label, why) {
+  if (!pairs && why) return h("div", { class: "dpa-muted dpa-no-vocab", title: why, text: `${label}: not read on this model (${why.split(":")[0]})` });
   if (!pairs) return h("div", { class: "dpa-muted", text: `${label}: needs the model` });
   return h("div", { class: "dpa-vocab" }, [h("span", { class: "dpa-muted", text: `${label}: ` }),
     ...pairs.map(([t, v]) => h("code", { title: formatScore(v), text: tokenLabel(t) }))]);
@@ -78,12 +81,13 @@ function chips(label, chips, cls = "dpa-vocab") {
   return h("div", { class: cls }, [h("span", { class: "dpa-muted", text: label }), ...chips]);
 }
 
-/** The selected head: its score and its query → key edge grid. @param {Ctx} ctx @param {number[]} head */
+/** The selected head (or unit of the heads' grid, by its column): its score and its query → key edge grid.
+ * @param {Ctx} ctx @param {number[]} head */
 function headDetail(ctx, [l, hd]) {
   const data = ctx.get("_data");
   const d = ctx.detail(`head:${l}:${hd}`);
-  const title = h("div", { class: "dpa-detail-title", text: `${unitKind(data, l)} ${headLabel(data, l, hd)} · ${formatScore(data.head_scores[l][hd])} summed over positions` });
-  const kind = unitKind(data, l);  // "head", or a hybrid's mixer unit ("scan", "conv")
+  const kind = unitKind(data, l, hd);  // "head", or a hybrid's or Falcon-H1's mixer unit ("scan", "conv")
+  const title = h("div", { class: "dpa-detail-title", text: `${kind} ${headLabel(data, l, hd)} · ${formatScore(data.head_scores[l][hd])} summed over positions` });
   if (!d) return [title, missing(ctx, kind === "head" ? "head" : `${kind} unit`)];
   if (d.edges) return [title, edgeCanvas(ctx, d.edges, data.tokens, `edges:${l}:${hd}`, data.target.position)];
   return [title, h("div", { class: "dpa-muted", text: "edge scores need the model (or a result with edges=True)" })];
@@ -98,7 +102,7 @@ function neuronDetail(ctx, [l, n]) {
     parts.push(h("div", { class: "dpa-muted", text: `neuron ${n} of layer ${l}'s experts, in order` }));
   }
   if (!d) return [...parts, missing(ctx, "neuron")];
-  parts.push(tokenList(d.promotes, "promotes"), tokenList(d.suppresses, "suppresses"));
+  parts.push(tokenList(d.promotes, "promotes", d.no_vocab), tokenList(d.suppresses, "suppresses", d.no_vocab));
   if (!d.by_pos) parts.push(h("div", { class: "dpa-muted", text: "per-position scores need the model" }));
   return parts;
 }
@@ -134,7 +138,8 @@ function tokenDetail(ctx, p) {
   const parts = [h("div", { class: "dpa-detail-title", text: `token ${p} ${JSON.stringify(data.tokens[p])} · ${formatScore(data.token_scores[p])}` })];
   const r = data.token_routes ? data.token_routes[p] : null;
   if (!r) return [...parts, h("div", { class: "dpa-muted", text: "routes need edge and neuron-position scores" })];
-  parts.push(chips("heads reading it: ", r.heads.map(([l, hd, v]) => h("code", { text: `${headLabel(data, l, hd)} ${formatScore(v)}` }))));
+  const readers = unitKinds(data).length > 1 ? "units" : unitsWord(unitKinds(data)[0]);  // (a hybrid's, Falcon-H1's)
+  parts.push(chips(`${readers} reading it: `, r.heads.map(([l, hd, v]) => h("code", { text: `${headLabel(data, l, hd)} ${formatScore(v)}` }))));
   parts.push(chips("neurons at it: ", r.neurons.map(([l, n, v]) => h("code", { text: `${neuronLabel(data, l, n)} ${formatScore(v)}` }))));
   if (r.experts) {
     parts.push(chips("experts at it: ", r.experts.map(([l, e, v]) => h("code", { text: `${expertLabel(data, l, e)} ${formatScore(v)}` }))));
@@ -145,9 +150,10 @@ function tokenDetail(ctx, p) {
 /** Nothing selected: how to select, and the top heads (and experts) to start from. @param {Ctx} ctx */
 function emptyDetail(ctx) {
   const data = ctx.get("_data");
-  const parts = [h("div", { class: "dpa-muted", text: `hover to preview · click a head, neuron${hasExperts(data) ? ", expert" : ""} or token to lock it` }),
-    chips("top heads: ", topHeads(data.head_scores, 8).map((c) =>
-      pick(ctx, `${headLabel(data, c.layer, c.head)} ${formatScore(c.score)}`, "selected_head", [c.layer, c.head])))];
+  const kinds = unitKinds(data);
+  const parts = [h("div", { class: "dpa-muted", text: `hover to preview · click a ${kinds.length > 1 ? "unit" : "head"}, neuron${hasExperts(data) ? ", expert" : ""} or token to lock it` }),
+    ...kinds.map((kind) => chips(`top ${unitsWord(kind)}: `, (kinds.length > 1 ? topUnits(data, kind, 8) : topHeads(data.head_scores, 8))
+      .map((c) => pick(ctx, `${headLabel(data, c.layer, c.head)} ${formatScore(c.score)}`, "selected_head", [c.layer, c.head]))))];
   if (hasExperts(data) && data.expert_scores) {
     parts.push(chips("top experts: ", topExperts(data.expert_scores, 8).map((c) =>
       pick(ctx, `${expertLabel(data, c.layer, c.slot)} ${formatScore(c.score)}`, "selected_expert", [c.layer, c.slot]))));

@@ -1,7 +1,8 @@
 // @ts-check
 // The selection as JSON, and the standalone SVG of the scores view (the export buttons).
 import { symmetricMax, divergingColor, textColor, formatScore, tokenLabel, headLayout, expertLayout, wrapRows,
-  hasExperts, expertName, neuronInExpert, neuronLabel, isDense } from "./helpers.js";
+  hasExperts, expertName, neuronInExpert, neuronLabel, isDense, besideColumn, unitKind, unitIndex, headLabel, unitsWord }
+  from "./helpers.js";
 
 /**
  * What is selected, with its scores, as plain JSON (the ``selection`` trait and the download).
@@ -13,8 +14,13 @@ export function selectionPayload(data, sel) {
   const out = { target: data.target, method: data.method, model_name: data.model_name };
   if (sel.head) {
     const [l, h] = sel.head;
-    out.head = { layer: l, head: h, kv_group: headLayout(data.n_layers, data.n_heads, data.n_kv_heads).group(h),
-      score: data.head_scores[l]?.[h] ?? null };
+    const lay = headLayout(data.n_layers, data.n_heads, data.n_kv_heads, { beside: besideColumn(data) });
+    out.head = { layer: l, head: h, kv_group: lay.group(h), score: data.head_scores[l]?.[h] ?? null };
+    if (data.unit_kinds) {  // a hybrid's or Falcon-H1's grid: head is the column; the unit's kind, index and name
+      const kind = unitKind(data, l, h);
+      out.head = { layer: l, head: h, kind, index: unitIndex(data, h), label: headLabel(data, l, h),
+        ...(kind === "head" ? { kv_group: lay.group(h) } : {}), score: out.head.score };
+    }
   }
   if (sel.neuron) {
     const [l, n] = sel.neuron;
@@ -66,18 +72,22 @@ export function viewSvg(data, opts = {}) {
     x += widths[i] + 3;
   });
   const hTop = top + (rows.length ? rows[rows.length - 1] + 1 : 0) * lineH + 30;
-  const lay = headLayout(data.n_layers, data.n_heads, data.n_kv_heads, { cell: 10, left: 40, top: hTop });
+  const lay = headLayout(data.n_layers, data.n_heads, data.n_kv_heads, { cell: 10, left: 40, top: hTop, beside: besideColumn(data) });
   const hMax = symmetricMax(heads.flat());
   for (const c of lay.cells) {
     const sel = opts.head && opts.head[0] === c.layer && opts.head[1] === c.head;
-    parts.push(`<rect x="${c.x}" y="${c.y}" width="10" height="10" fill="${divergingColor(heads[c.layer][c.head], hMax)}"` +
+    const v = heads[c.layer][c.head];  // (null: a baseline's cell it does not score)
+    parts.push(`<rect x="${c.x}" y="${c.y}" width="10" height="10" fill="${v === null ? "#e0e0e0" : divergingColor(v, hMax)}"` +
       (sel ? ` stroke="#000" stroke-width="2"` : "") + `/>`);
+  }
+  if (lay.split !== null) {  // beside attention (Falcon-H1's): the rule between the heads and the units beside them
+    parts.push(`<line x1="${lay.split}" x2="${lay.split}" y1="${hTop - 2}" y2="${lay.height}" stroke="#616161" stroke-width="1.5"/>`);
   }
   for (let l = 0; l < data.n_layers; l += Math.max(1, Math.ceil(data.n_layers / 10))) {
     parts.push(`<text x="${lay.colX(0) - 4}" y="${lay.rowY(l) + 9}" text-anchor="end">L${l}</text>`);
   }
   // the bars clear the heads caption ("heads (max |score| …)", ~170 px) on narrow models too
-  const bx = Math.max(lay.width + 60, lay.colX(0) + 190), bw = 200, mMax = symmetricMax(data.mlp_totals);
+  const bx = Math.max(lay.width + 60, lay.colX(0) + (lay.split === null ? 190 : 250)), bw = 200, mMax = symmetricMax(data.mlp_totals);
   data.mlp_totals.forEach((v, l) => {
     const w = Math.abs(v) / mMax * bw / 2;
     parts.push(`<rect x="${(v >= 0 ? bx + bw / 2 : bx + bw / 2 - w).toFixed(1)}" y="${lay.rowY(l)}" width="${w.toFixed(1)}" ` +
@@ -111,7 +121,8 @@ export function viewSvg(data, opts = {}) {
     `<text x="10" y="18" font-size="13" font-weight="bold">${escapeXml(title)}</text>` +
     `<text x="10" y="34" fill="#555">${escapeXml(opts.caption ?? "tokens")} (max |score| ${formatScore(tMax)})</text>` +
     parts.join("") +
-    `<text x="${lay.colX(0)}" y="${hTop - 6}" fill="#555">heads (max |score| ${formatScore(hMax)})</text>` +
+    `<text x="${lay.colX(0)}" y="${hTop - 6}" fill="#555">${besideColumn(data) === null ? "heads" :
+      `heads | ${unitsWord(unitKind(data, 0, data.n_heads - 1))}`} (max |score| ${formatScore(hMax)})</text>` +
     `<text x="${bx}" y="${hTop - 6}" fill="#555">MLP totals per layer (max ${formatScore(mMax)})</text>` +
     `</svg>`;
 }

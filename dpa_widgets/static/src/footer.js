@@ -1,7 +1,7 @@
 // @ts-check
 // The footer: verify by ablation, and the exports.
 import { h, download, downloadPng } from "./dom.js";
-import { formatScore } from "./helpers.js";
+import { formatScore, besideColumn } from "./helpers.js";
 import { selectionPayload, viewSvg } from "./export.js";
 import { stripScores } from "./tokens.js";
 /** @typedef {import("./context.js").Ctx} Ctx */
@@ -15,7 +15,11 @@ export function footerView(ctx) {
   const units = /** @type {HTMLSelectElement} */ (h("select", { class: "dpa-verify-units" }, [
     h("option", { value: "selection", text: "selected unit" }),
     h("option", { value: "top_tokens", text: `top-${ctx.get("top_k")} tokens` }),
-    h("option", { value: "top_components", text: `top-${ctx.get("top_k")} heads + neurons` })]));
+    h("option", { value: "top_components", text: `top-${ctx.get("top_k")} heads + neurons`,
+      // beside attention (Falcon-H1's) dpa's component ablations are refused by name: tokens only
+      disabled: besideColumn(ctx.get("_data")) !== null,
+      title: besideColumn(ctx.get("_data")) !== null ? "not on this model: its layers run attention and a " +
+        `${ctx.get("_data").beside?.[0]} block side by side, and component ablations read one token mixer per layer` : undefined })]));
   const go = h("button", { class: "dpa-verify", text: "Verify", disabled: !live || ctx.get("_busy"), title: ctx.reason() || "run the ablation in the kernel" });
   go.addEventListener("click", () => ctx.model.send({ action: "verify", mode: mode.value, units: units.value }));
   const v = ctx.get("_verify") || {};

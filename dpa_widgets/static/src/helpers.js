@@ -22,14 +22,22 @@ export function topIndices(values, k, by = "abs") {
 }
 
 /**
- * The k heads with the largest |score|: [{layer, head, score}].
+ * The k heads with the largest |score|: [{layer, head, score}]; with ``keep`` (layer, column), only those cells
+ * (one kind's units: ``topUnits``).
  * @param {number[][]} scores [layer][head]
  * @param {number} k
+ * @param {(layer: number, head: number) => boolean} [keep]
  */
-export function topHeads(scores, k) {
+export function topHeads(scores, k, keep) {
   const width = scores.length ? scores[0].length : 0;
-  const flat = scores.flat();
+  const flat = scores.flat().map((v, i) => !keep || keep(Math.floor(i / width), i % width) ? v : NaN);
   return topIndices(flat, k).map((i) => ({ layer: Math.floor(i / width), head: i % width, score: flat[i] }));
+}
+
+/** The k units of one kind with the largest |score| (a hybrid's rows of that kind, Falcon-H1's columns): [{layer,
+ * head (its column), score}]. @param {Payload} data @param {string} kind @param {number} k */
+export function topUnits(data, kind, k) {
+  return topHeads(data.head_scores, k, (l, c) => unitKind(data, l, c) === kind);
 }
 
 /**
@@ -61,16 +69,46 @@ export function isDense(data, layer) {
   return Array.isArray(data.dense_layers) && data.dense_layers.includes(layer);
 }
 
-/** The kind of unit layer ``layer``'s row of head scores holds: "head", or a hybrid's mixer's ("conv").
- * @param {Payload} data @param {number} layer */
-export function unitKind(data, layer) {
+/** The first column of the units beside attention on every row (Falcon-H1's SSM heads after its attention
+ * heads: ``beside`` [kind, first]), or null: one kind of unit per row. @param {Payload} data */
+export function besideColumn(data) {
+  return Array.isArray(data.beside) ? data.beside[1] : null;
+}
+
+/**
+ * The kind of unit column ``column`` of layer ``layer``'s row of head scores holds: "head", a hybrid's mixer's on
+ * its rows ("conv", "scan"), or beside attention (Falcon-H1's) the mixer's from column ``beside[1]`` on. Without a
+ * column: the row's kind (its attention heads' beside attention).
+ * @param {Payload} data @param {number} layer @param {number} [column]
+ */
+export function unitKind(data, layer, column) {
+  const first = besideColumn(data);
+  if (first !== null && column !== undefined && column >= first) return /** @type {any[]} */ (data.beside)[0];
   return data.layer_kinds?.[layer] ?? "head";
 }
 
-/** A head (or a hybrid's convolution unit) as shown: "L3.H2", "L0.C3". @param {Payload} data @param {number} layer
- * @param {number} head */
+/** A unit's index among its kind's in the row: the column, less ``beside[1]`` for a unit beside attention.
+ * @param {Payload} data @param {number} column */
+export function unitIndex(data, column) {
+  const first = besideColumn(data);
+  return first !== null && column >= first ? column - first : column;
+}
+
+/** The kinds of unit the heads' grid holds, in order: ["head"], a hybrid's ["conv", "head"], Falcon-H1's
+ * ["head", "scan"]. @param {Payload} data */
+export function unitKinds(data) {
+  return data.unit_kinds ?? ["head"];
+}
+
+/** A kind's units in words: "heads", "scan units". @param {string} kind */
+export function unitsWord(kind) {
+  return kind === "head" ? "heads" : `${kind} units`;
+}
+
+/** A unit of the heads' grid as shown, by its column: "L3.H2", a hybrid's "L0.C3", beside four attention heads
+ * column 5's "L0.S1". @param {Payload} data @param {number} layer @param {number} head */
 export function headLabel(data, layer, head) {
-  return `L${layer}.${data.unit_letters?.[unitKind(data, layer)] ?? "H"}${head}`;
+  return `L${layer}.${data.unit_letters?.[unitKind(data, layer, head)] ?? "H"}${unitIndex(data, head)}`;
 }
 
 /** A slot's name: "E2", or "shared" for the shared expert. @param {Payload} data @param {number} slot */
@@ -138,26 +176,33 @@ export function expertNeurons(data, layer, slot) {
 
 /**
  * Cell positions of the layer x head heatmap; heads sharing a KV head (a GQA group) sit
- * together, with a wider gap between groups. Layer 0 is the top row.
+ * together, with a wider gap between groups. Layer 0 is the top row. ``beside``: the first column of the units
+ * beside attention (Falcon-H1's SSM heads): the KV groups are the attention heads', and the units beside them
+ * follow after a wider gap, ``split`` the x of the separator drawn in it (null without).
  * @param {number} nLayers
- * @param {number} nHeads
+ * @param {number} nHeads  the row's width (beside attention: its heads and the units beside them)
  * @param {number} nKv
- * @param {{cell?: number, gap?: number, groupGap?: number, left?: number, top?: number}} [opts]
+ * @param {{cell?: number, gap?: number, groupGap?: number, besideGap?: number, left?: number, top?: number,
+ *   beside?: number | null}} [opts]
  */
 export function headLayout(nLayers, nHeads, nKv, opts = {}) {
-  const { cell = 14, gap = 1, groupGap = 5, left = 30, top = 16 } = opts;
-  const kv = nKv > 0 && nHeads % nKv === 0 ? nKv : nHeads;
-  const groupSize = nHeads / kv;
-  const x = (/** @type {number} */ h) => left + h * (cell + gap) + Math.floor(h / groupSize) * groupGap;
+  const { cell = 14, gap = 1, groupGap = 5, besideGap = 11, left = 30, top = 16, beside = null } = opts;
+  const attn = beside !== null && beside > 0 && beside < nHeads ? beside : nHeads;  // the attention heads' columns
+  const kv = nKv > 0 && attn % nKv === 0 ? nKv : attn;
+  const groupSize = attn / kv;
+  const x = (/** @type {number} */ h) => left + h * (cell + gap) + Math.floor(Math.min(h, attn - 1) / groupSize) * groupGap +
+    (h >= attn ? besideGap : 0);
   const y = (/** @type {number} */ l) => top + l * (cell + gap);
   const cells = [];
   for (let l = 0; l < nLayers; l++) for (let h = 0; h < nHeads; h++) cells.push({ layer: l, head: h, x: x(h), y: y(l) });
   return {
-    cells, cell, groupSize,
+    cells, cell, groupSize, attention: attn,
     width: x(nHeads - 1) + cell + 2,
     height: y(nLayers - 1) + cell + 2,
     rowY: y, colX: x,
-    group: (/** @type {number} */ h) => Math.floor(h / groupSize),
+    split: attn < nHeads ? (x(attn - 1) + cell + x(attn)) / 2 : null,
+    /** The KV group of an attention head; null for a unit beside attention. */
+    group: (/** @type {number} */ h) => h < attn ? Math.floor(h / groupSize) : null,
   };
 }
 

@@ -58,8 +58,16 @@
  * @property {string} method
  * @property {string} model_name
  * @property {number} n_layers
- * @property {number} n_heads
- * @property {number} n_kv_heads
+ * @property {number} n_heads               the width of a row of head_scores (beside attention: its heads, then the units
+ *   beside them)
+ * @property {number} n_kv_heads             (the attention heads')
+ * @property {string[]} [layer_kinds]         a hybrid of one kind of unit per layer: each row's ("head", "conv", "scan",
+ *   "mlp")
+ * @property {[string, number]} [beside]      attention and a mixer side by side in every layer (Falcon-H1's): the
+ *   mixer's unit kind and the first column of its units (head_scores[l][c] for c >= beside[1] is unit c - beside[1])
+ * @property {string[]} [unit_kinds]          a hybrid's or beside attention's kinds of unit, in order ("head", "scan")
+ * @property {Record<string, string>} [unit_letters]  each kind's letter in labels ("H", "S", "C")
+ * @property {Record<string, number>} [unit_widths]   a convolution unit's channels of the residual stream
  * @property {number} d_mlp
  * @property {number[][]} head_scores         [layer][head]
  * @property {number[]} mlp_totals            [layer] sum of all neuron scores
@@ -89,12 +97,16 @@
  * @property {number[] | null} [by_pos]       neuron or expert: per position
  * @property {[string, number][] | null} [promotes]    neuron: tokens its output direction raises
  * @property {[string, number][] | null} [suppresses]
+ * @property {string} [no_vocab]            neuron: why there are no tokens with the model at hand (the lens refused)
+ * @property {string} [unit]                 head: the unit's kind ("head", "scan", "conv")
+ * @property {number} [unit_index]           head: its index among its kind's in the row
+ * @property {string} [label]                head: "L0.H2", "L0.S1"
  *
  * @typedef Comparison
  * @property {string} [method]
  * @property {"input" | "component"} [level]
  * @property {number[]} [token_scores]
- * @property {number[][]} [head_scores]
+ * @property {(number | null)[][]} [head_scores]  (null: a unit the method does not score, beside attention)
  * @property {number | null} [rho]            Spearman rank correlation with DPA (tokens or heads)
  * @property {number | null} [rho_neurons]    ... and on neurons, for component methods that score them
  *

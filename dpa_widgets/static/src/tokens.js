@@ -10,7 +10,7 @@ export function stripScores(ctx) {
   const s = ctx.sel();
   if (s.head) {
     const d = ctx.detail(`head:${s.head[0]}:${s.head[1]}`);
-    if (d && d.by_key) return { scores: d.by_key, caption: `tokens coloured by ${unitKind(data, s.head[0])} ${headLabel(data, s.head[0], s.head[1])} (its edges from each key)` };
+    if (d && d.by_key) return { scores: d.by_key, caption: `tokens coloured by ${unitKind(data, s.head[0], s.head[1])} ${headLabel(data, s.head[0], s.head[1])} (its edges from each key)` };
   }
   if (s.neuron) {
     const d = ctx.detail(`neuron:${s.neuron[0]}:${s.neuron[1]}`);
