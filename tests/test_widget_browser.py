@@ -393,7 +393,7 @@ def test_falcon_h1_save_html_draws_heads_and_scan_units_side_by_side(browser, tm
     """Falcon-H1 (every layer: 4 attention heads and a Mamba-2 block's 4 SSM heads side by side) on a static page:
     each row has 8 cells, the heads then the scan units past a rule, each block named (H0–H3, S0–S3) and numbered
     from 0, the KV groups over the heads alone; a scan unit's hover and details name it L0.S1 and its exported edges
-    colour the tokens, a head keeps its KV group; a neuron's tokens say why the lens is not read here."""
+    colour the tokens, a head keeps its KV group; a neuron's details list the tokens it promotes."""
     with _static_page(browser, tmp_path, tiny_model("falcon_h1"), cells=24) as (page, widget_el, heat, blocked, errors):
         assert [heat.locator(f'rect.dpa-head[data-layer="{i}"]').count() for i in range(3)] == [8, 8, 8]
         assert heat.locator('rect.dpa-head[data-kind="scan"]').count() == 12
@@ -424,8 +424,8 @@ def test_falcon_h1_save_html_draws_heads_and_scan_units_side_by_side(browser, tm
         assert detail.locator("canvas.dpa-edges").count() == 1
         tokens = widget_el.locator(".dpa-tokens-panel .dpa-caption").inner_text()
         assert tokens == f"tokens coloured by scan {label} (its edges from each key)", tokens
-        widget_el.locator(".dpa-neuron").first.click()
-        assert "not read on this model (neuron readouts" in detail.locator(".dpa-no-vocab").first.inner_text()
+        widget_el.locator(".dpa-neuron").first.click()  # the lens reads it (through the MLP's down multiplier)
+        assert detail.locator(".dpa-vocab", has_text="promotes: ").locator("code").count() >= 1
         finish_offline_page(page, widget_el, shots(tmp_path) / "save-html-falcon-h1-1400.png", 1400, errors, blocked)
 
 

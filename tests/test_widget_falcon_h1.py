@@ -101,7 +101,7 @@ def test_the_live_widget_fits_the_models_rows_and_sends_each_kinds_details(model
     with pytest.raises(dpa.InputError, match="selected_head"):
         w.selected_head = [0, 8]
     neuron = next(d for k, d in w._details.items() if k.startswith("neuron:"))
-    assert neuron["promotes"] is None and "neuron readouts" in neuron["no_vocab"]  # the lens: refused, said why
+    assert neuron["promotes"] and not neuron.get("no_vocab")  # the lens reads it (the MLP's down multiplier)
     w.weights_preset = "attention"  # a recompute keeps the layout
     assert not w._error and w._data["beside"] == ["scan", 4]
 
