@@ -6,7 +6,8 @@ One row per family kind and size: an attention model (Llama, the reference), and
 linearises beside attention (LFM2's gated short convolution: "conv"; Bamba's Mamba-2 block: "scan"), and Mamba's
 selective scan ("selective", every layer a Mamba block), and Qwen3-Next's Gated DeltaNet ("delta", three to each gated
 attention layer), and Nemotron-H's layers of one block each ("blocks": Mamba-2 blocks, squared-ReLU MLPs, attention;
-"sparse", Nemotron 3's: the sparse block in the MLPs' places, a sigmoid router, latent squared-ReLU experts).
+"sparse", Nemotron 3's: the sparse block in the MLPs' places, a sigmoid router, latent squared-ReLU experts), and
+Falcon-H1's layers of attention and a Mamba-2 block side by side ("parallel").
 Each model is built from its family's
 config (``dpa.tiny.tiny_config``) with random weights in float32, no checkpoint needed: the cost of DPA against a
 gradient depends on the shapes, not on the values. Per row: the median seconds of a forward + autograd gradient of
@@ -38,6 +39,7 @@ KINDS = {
     "delta": ("qwen3_next", {"num_experts": 0}),  # Gated DeltaNets, three to each gated attention layer, dense MLPs
     "blocks": ("nemotron_h", {}),  # one block per layer (Nemotron-H's): Mamba-2 blocks, squared-ReLU MLPs, attention
     "sparse": ("nemotron_h", {"moe": True}),  # Nemotron 3's: the same with the sparse block in the MLPs' places
+    "parallel": ("falcon_h1", {}),  # Falcon-H1's: attention and a Mamba-2 block side by side on every layer, µP scalars
 }
 # Nemotron 3's sparse block per size: routed experts (top k from the best groups), their neurons, the shared
 # expert's, the latent space the experts work in
@@ -74,6 +76,11 @@ def build(kind: str, size: str) -> torch.nn.Module:
         overrides["layer_types"] = ["full_attention" if i % 3 == 2 else "conv" for i in range(layers)]
     if family == "bamba":
         overrides.update(SCAN_SIZES[size], mamba_n_groups=1, attn_layer_indices=list(range(2, layers, 3)))
+    if family == "falcon_h1":  # Bamba's Mamba-2 sizes beside every attention block (2 x d_model channels)
+        scan = SCAN_SIZES[size]
+        overrides.update(mamba_n_heads=scan["mamba_n_heads"], mamba_d_ssm=scan["mamba_n_heads"] * scan["mamba_d_head"],
+                         mamba_d_state=scan["mamba_d_state"], mamba_chunk_size=scan["mamba_chunk_size"],
+                         mamba_n_groups=1)
     if family == "qwen3_next":
         overrides.update(DELTA_SIZES[size], layer_types=["full_attention" if i % 4 == 3 else "linear_attention"
                                                          for i in range(layers)])
