@@ -6,7 +6,8 @@ on a scale symmetric about zero."""
 from __future__ import annotations
 
 from .errors import InputError
-from .report import color_scale, component_label, ranked, show_token
+from .registry import UNIT_LETTERS
+from .report import _units, color_scale, component_label, ranked, show_token
 
 
 def _pyplot():
@@ -48,15 +49,24 @@ def plot_tokens(res, ax=None):
 
 
 def plot_heads(res, ax=None):
-    """The head scores as a [layer, head] heatmap (layer 0 at the bottom), symmetric about zero."""
+    """The head scores as a [layer, head] heatmap (layer 0 at the bottom), symmetric about zero; on a hybrid the title
+    names each kind of unit, and where a mixer's units sit beside the attention heads in every row (Falcon-H1's) a
+    rule parts them and the ticks name them (H0.., S0..)."""
     h = res.head_scores.float()
     fig, ax = _axes(ax, (max(3.5, 0.35 * h.shape[1] + 2.0), max(3.0, 0.18 * h.shape[0] + 1.2)))
     scale = float(h.abs().max()) or 1.0
     image = ax.imshow(h.numpy(), cmap="RdBu_r", vmin=-scale, vmax=scale, origin="lower", aspect="auto",
                       interpolation="nearest")
-    ax.set_xlabel("head")
+    ax.set_xlabel("head" if res.unit_kinds == ("head",) else "unit")
     ax.set_ylabel("layer")
-    ax.set_title("attention heads (summed over positions)", fontsize=10)
+    ax.set_title(f"{' | '.join(_units(res))}{' ' if res.unit_kinds == ('head',) else chr(10)}(summed over positions)",
+                 fontsize=10)  # (a hybrid's kinds: the words on a line of their own)
+    if res.beside:  # the heads, then the units beside them: a rule between, each named by its letter
+        kind, first = res.beside
+        ax.axvline(first - 0.5, color="black", linewidth=1.2)
+        letter = UNIT_LETTERS[kind]
+        ax.set_xticks(range(h.shape[1]), [f"H{c}" if c < first else f"{letter}{c - first}" for c in range(h.shape[1])],
+                      fontsize=7)
     fig.colorbar(image, ax=ax, label="score (logit units)")
     return fig
 

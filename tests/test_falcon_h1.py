@@ -172,3 +172,14 @@ def test_a_neurons_readout_carries_the_mlps_down_multiplier(model):
     column = layer.feed_forward.down_proj.weight[:, 7] * layer.feed_forward.down_multiplier
     want = model.lm_head(column * model.model.final_layernorm.weight) * model.config.lm_head_multiplier
     torch.testing.assert_close(neuron_logit_effect(model, 2, 7).double(), want, rtol=1e-6, atol=1e-8)
+
+
+def test_the_heat_map_figure_parts_the_heads_from_the_ssm_heads(model):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    fig = dpa.attribute(model, None, random_ids(7), target=TARGET).plot_heads()
+    ax = fig.axes[0]
+    assert ax.get_title() == "attention heads | scan units\n(summed over positions)"
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["H0", "H1", "H2", "H3", "S0", "S1", "S2", "S3"]
+    assert [line.get_xdata()[0] for line in ax.get_lines()] == [3.5]  # the rule between them
