@@ -116,8 +116,10 @@ def _read_shard(path: Path, run: str | None = None, lines: list[int] | None = No
                 shapes.append((path, r["line"], name, shape))
         d = r.get("d_expert")  # the neuron scores' width matters to d_expert alone: no bigger stand-in is built
         width = d if isinstance(d, int) and 0 < d <= got["neuron_scores"][1] else 0
-        try:
-            _attribution(r, {"token_scores": [0.0] * len(r["tokens"]), "head_scores": [[]] * got["head_scores"][0],
+        heads = got["head_scores"][1] if r.get("beside") is not None else 0  # (a row's width matters to beside:
+        try:  # the column its units start from, Falcon-H1's)
+            _attribution(r, {"token_scores": [0.0] * len(r["tokens"]),
+                             "head_scores": [[0.0] * heads] * got["head_scores"][0],
                              "neuron_scores": [[0.0] * width] * got["neuron_scores"][0]})
         except InputError as err:
             raise InputError(f"{path}: the record of line {r['line']} is damaged ({err}); {WHAT_TO_DO}") from None

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from .errors import InputError
 from .registry import UNIT_LETTERS
-from .report import _units, color_scale, component_label, ranked, show_token
+from .report import color_scale, component_label, ranked, show_token, unit_words
 
 
 def _pyplot():
@@ -59,8 +59,8 @@ def plot_heads(res, ax=None):
                       interpolation="nearest")
     ax.set_xlabel("head" if res.unit_kinds == ("head",) else "unit")
     ax.set_ylabel("layer")
-    ax.set_title(f"{' | '.join(_units(res))}{' ' if res.unit_kinds == ('head',) else chr(10)}(summed over positions)",
-                 fontsize=10)  # (a hybrid's kinds: the words on a line of their own)
+    gap = " " if res.unit_kinds == ("head",) else "\n"  # (a hybrid's kinds: the words on a line of their own)
+    ax.set_title(f"{' | '.join(unit_words(res))}{gap}(summed over positions)", fontsize=10)
     if res.beside:  # the heads, then the units beside them: a rule between, each named by its letter
         kind, first = res.beside
         ax.axvline(first - 0.5, color="black", linewidth=1.2)

@@ -73,13 +73,13 @@ def ranked(res: Attribution, top: int) -> tuple[dict[str, list[Component]], str]
     if res.neuron_scores is None and (res.neuron_top is None or top > res.neuron_top.k):
         why = ("neuron scores not saved" if res.neuron_top is None else
                f"only the top {res.neuron_top.k} neurons of each sign per layer were saved")
-        return res.top_components(top, kinds=res.unit_kinds), f"{_listed(_units(res))}; {why}"
+        return res.top_components(top, kinds=res.unit_kinds), f"{_listed(unit_words(res))}; {why}"
     experts = ["experts"] if getattr(res, "expert_scores", None) is not None else []
     neurons = ["MLP neurons"] if res.neuron_scores is None or res.neuron_scores.shape[1] else []  # (Mamba-2: none)
-    return res.top_components(top), f"{_listed(_units(res) + experts + neurons)} ranked together"
+    return res.top_components(top), f"{_listed(unit_words(res) + experts + neurons)} ranked together"
 
 
-def _units(res: Attribution) -> list[str]:
+def unit_words(res: Attribution) -> list[str]:
     """What the head scores hold: attention heads, and on a hybrid its mixers' units (``conv units``)."""
     return ["attention heads" if k == "head" else f"{k} units" for k in res.unit_kinds]
 
@@ -172,7 +172,8 @@ def completeness_lines(res: Attribution) -> list[str]:
 def summary_lines(res: Attribution) -> list[tuple[str, str]]:
     """(label, text) pairs shared by the terminal and HTML reports."""
     layers, width = res.head_scores.shape
-    heads = f"{width} {'heads' if res.unit_kinds == ('head',) else ' or '.join(_units(res)).replace('attention ', '')}"
+    kinds = ' or '.join(unit_words(res)).replace('attention ', '')
+    heads = f"{width} {'heads' if res.unit_kinds == ('head',) else kinds}"
     if res.beside:  # every layer: attention heads, then the units of the mixer beside them (Falcon-H1's SSM heads)
         heads = f"{res.beside[1]} attention heads beside {width - res.beside[1]} {res.beside[0]} units"
     sizes = (f"{heads} per layer, no MLP" if res.neuron_scores is not None and not res.neuron_scores.shape[1] else

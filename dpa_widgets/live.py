@@ -160,11 +160,10 @@ def compare(model: nn.Module, tokenizer, result: Attribution, method: str) -> di
         return {"method": method, "level": level, "token_scores": other.token_scores.double().tolist(),
                 "rho": _finite(spearman(result.token_scores, other.token_scores))}
     ours, theirs = result.head_scores.double(), other.head_scores.double()
-    width, scored = ours.shape[1], theirs.shape[1]
-    if result.beside is not None and scored == result.beside[1] < width:  # a baseline of the attention heads alone
-        ours = ours[:, :scored]  # (Falcon-H1's gradient ones): ranked on them; the units beside them not scored (None)
-    out = {"method": method, "level": level, "rho": _finite(spearman(ours, theirs)),
-           "head_scores": [row + [None] * (width - scored) for row in theirs.tolist()]}
+    scored = ~theirs.isnan()  # a baseline of the attention heads alone (Falcon-H1's gradient ones) leaves the units
+    # beside them unscored (NaN): ranked on the units it scores, the others sent as None
+    out = {"method": method, "level": level, "rho": _finite(spearman(ours[scored], theirs[scored])),
+           "head_scores": [[None if v != v else v for v in row] for row in theirs.tolist()]}
     if (other.neuron_scores is not None and other.neuron_scores.shape == result.neuron_scores.shape
             and other.neuron_scores.numel() > 1):  # (a model without an MLP has none to rank)
         out["rho_neurons"] = _finite(spearman(result.neuron_scores, other.neuron_scores))

@@ -183,3 +183,46 @@ def test_the_heat_map_figure_parts_the_heads_from_the_ssm_heads(model):
     assert ax.get_title() == "attention heads | scan units\n(summed over positions)"
     assert [t.get_text() for t in ax.get_xticklabels()] == ["H0", "H1", "H2", "H3", "S0", "S1", "S2", "S3"]
     assert [line.get_xdata()[0] for line in ax.get_lines()] == [3.5]  # the rule between them
+
+
+def test_a_batch_run_reads_back(tmp_path):
+    """A folder of results (``dpa.attribute_file``) keeps each row's [heads | SSM heads] and reads back equal to
+    ``dpa.attribute`` on each prompt (its records checked against the rows' real width)."""
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from .test_cli import WORDS
+
+    vocab = ["[UNK]", "<s>"] + WORDS + [f"w{i}" for i in range(128 - 2 - len(WORDS))]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", bos_token="<s>")
+    model = tiny_model("falcon_h1", vocab_size=128)
+    prompts = tmp_path / "p.txt"
+    prompts.write_text(f"{WORDS[0]} {WORDS[3]} {WORDS[5]}\n{WORDS[2]} {WORDS[1]}\n")
+    dpa.attribute_file(model, tok, prompts, tmp_path / "out", target=WORDS[4], progress=False)
+    back = dpa.read_results(tmp_path / "out")
+    assert len(back) == 2
+    for res, text in zip(back, prompts.read_text().splitlines()):
+        fresh = dpa.attribute(model, tok, text, target=WORDS[4])
+        assert res.beside == ("scan", 4)
+        torch.testing.assert_close(res.head_scores.double(), fresh.head_scores.double(), rtol=1e-6, atol=1e-7)
+
+
+def test_baselines_that_score_the_attention_heads_alone_leave_the_ssm_heads_unscored(model):
+    """gradient, AtP and attention-only read the attention heads; their rows keep the SSM heads' columns as NaN (not
+    scored), so the result still says what each column is, and reads back; the methods that ablate or draw one
+    mixer's units per layer are not offered for this family."""
+    from dpa import baselines
+
+    ids = random_ids(8)
+    for name in ("gradient", "atp", "attn_only"):
+        res = baselines.COMPONENT_METHODS[name](model, None, ids, target=TARGET)
+        assert res.beside == ("scan", 4) and res.head_scores.shape == (3, 8)
+        assert bool(res.head_scores[:, 4:].isnan().all()) and not bool(res.head_scores[:, :4].isnan().any())
+        assert not res.top_components(5, kinds=("scan",))["positive"]
+        back = dpa.Attribution.from_dict(json.loads(json.dumps(res.to_dict())))
+        assert bool(back.head_scores[:, 4:].isnan().all()) and back.beside == ("scan", 4)
+    spec = dpa.spec_for(model)
+    offered = {n for n, f in baselines.COMPONENT_METHODS.items() if baselines.supports(f, spec)}
+    assert {"random", "activation_patching"}.isdisjoint(offered) and {"gradient", "atp", "dpa"} <= offered

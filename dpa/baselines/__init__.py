@@ -52,6 +52,9 @@ RECOMPUTE_LAYERS = frozenset({depass, ifr, component_ifr, mlp_only, norm_only})
 # mixer layers (LFM2's convolutions) have none, so they refuse such a model by name (explicit.py, instrument.py).
 READ_ATTENTION = frozenset({last_layer_attention, mean_attention, attention_rollout, attn_only, component_gradient,
                             atp, activation_patching}) | RECOMPUTE_LAYERS
+# Methods that ablate or draw one token mixer's units per layer: a model with a mixer beside attention (Falcon-H1's)
+# has two, and they refuse it by name (spec.one_mixer_per_layer)
+ONE_MIXER = frozenset({activation_patching, random_component})
 
 
 def supports(method, spec) -> bool:
@@ -62,7 +65,7 @@ def supports(method, spec) -> bool:
     from .internals import recomputes
 
     fn = getattr(method, "func", method)
-    if spec.mixed and fn in READ_ATTENTION:
+    if spec.mixed and fn in READ_ATTENTION or spec.n_beside and fn in ONE_MIXER:
         return False
     if fn is dpa_mid:
         return not spec.parallel and not spec.n_experts and spec.d_mlp > 0
@@ -70,7 +73,8 @@ def supports(method, spec) -> bool:
 
 
 __all__ = [
-    "COMPONENT_METHODS", "INPUT_METHODS", "READ_ATTENTION", "RECOMPUTE_LAYERS", "activation_patching", "atp", "attention_rollout", "attn_only",
+    "COMPONENT_METHODS", "INPUT_METHODS", "ONE_MIXER",
+    "READ_ATTENTION", "RECOMPUTE_LAYERS", "activation_patching", "atp", "attention_rollout", "attn_only",
     "component_gradient", "component_ifr", "depass", "dpa_component", "dpa_input", "dpa_mid", "gradient", "ifr",
     "input_x_gradient", "integrated_gradients", "last_layer_attention", "mean_attention", "mlp_only", "norm_only",
     "supports",

@@ -61,6 +61,8 @@ def result(model: nn.Module, req: Request, method: str, *, token_scores: Tensor 
     if neuron_scores is None:
         neuron_scores = (neuron_position_scores.sum(1) if neuron_position_scores is not None
                          else torch.zeros(spec.n_layers, spec.d_mlp))
+    if spec.n_beside:  # a method that scores the attention heads alone (Falcon-H1's rows also hold the SSM heads):
+        head_scores, edge_scores = (_unscored(x, spec) for x in (head_scores, edge_scores))  # those are NaN, unscored
     if req.clean_logits is None:
         req.clean_logits = clean_logits(model, req)
     clean = req.clean_logits[0]
@@ -75,6 +77,16 @@ def result(model: nn.Module, req: Request, method: str, *, token_scores: Tensor 
               out={} if edge_scores is None else {"edges": edge_scores[None]},
               capped=value if spec.final_softcap is not None else None)  # the model's own logits are after its cap
     return attribution(model, req, run, 0, neuron_positions=positions, method=method, weights=PathWeights())
+
+
+def _unscored(scores: Tensor | None, spec) -> Tensor | None:
+    """Head or edge scores [layer head ...] of the attention heads alone, widened to a layer's row with the units
+    beside them (``ModelSpec.n_beside``) as NaN: a score the method did not compute (the reports and top components
+    skip them, files keep them as null)."""
+    if scores is None or scores.shape[1] != spec.n_heads:
+        return scores
+    pad = scores.new_full((scores.shape[0], spec.n_beside, *scores.shape[2:]), float("nan"))
+    return torch.cat([scores, pad], dim=1)
 
 
 def causal(t: int, device=None) -> Tensor:
