@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import torch
 
 from .tiny import FAMILIES as ATTENTION_FAMILIES
-from .tiny import HYBRID_FAMILIES, random_ids, tiny_model
+from .tiny import HYBRID_FAMILIES, PARALLEL_FAMILIES, random_ids, tiny_model
 
-FAMILIES = ATTENTION_FAMILIES + HYBRID_FAMILIES
+FAMILIES = ATTENTION_FAMILIES + HYBRID_FAMILIES + PARALLEL_FAMILIES
 
 CONSERVATIVE = dict(query=0.0, key=0.0, value=1.0, gate=0.5, up=0.5)
 
