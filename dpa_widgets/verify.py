@@ -100,6 +100,7 @@ def _components(model: nn.Module, result: Attribution, mode: str, heads: list[tu
     from dpa.evaluate.ablation import component_ablation_probs
 
     n_layers, n_heads = result.head_scores.shape
+    n_heads = n_heads if result.beside is None else result.beside[1]  # (the attention heads: a row's first columns)
     d_mlp = result.neuron_scores.shape[1]
     _check_ablatable(result, mode, heads)
     spec = dpa.spec_for(model)
@@ -129,17 +130,20 @@ def _check_ablatable(result: Attribution, mode: str, heads: list[tuple[int, int]
     """Ablation reaches attention heads and neurons: a hybrid's mixer units (a convolution's, a Mamba-2 block's) have
     no attention probabilities to mask. Refused by name before any work: a selected mixer unit, and "recover", which
     would ablate every unit but the selection, mixer units included; and beside attention (Falcon-H1's layers, whose
-    every row holds attention heads and a Mamba-2 block's units) any unit, as dpa's component ablations are."""
+    every row holds attention heads and a Mamba-2 block's units) any head or unit, as dpa's head ablations are
+    (neurons and tokens are ablated as on any model)."""
     if result.beside is not None:
+        if not heads and mode != "recover":
+            return
         from .payload import unit_label
 
         names = ", ".join(unit_label(result, layer, column) for layer, column in heads)
         raise UnsupportedModelError(
-            f"verification by ablation is not yet supported here: this model's layers run attention and a "
-            f"{result.beside[0]} block side by side (Falcon-H1's; book: parallel-mixers), and dpa's component "
-            f"ablations read one token mixer per layer: no head, {result.beside[0]} unit or neuron can be ablated"
-            + (f" ({names})" if names else "") + "; verify tokens instead (select a token alone, or "
-            "units='top_tokens')")
+            f"verification by ablation is not yet supported here for heads: this model's layers run attention and a "
+            f"{result.beside[0]} block side by side (Falcon-H1's; book: parallel-mixers), and dpa's head ablations "
+            f"read one token mixer per layer: no head or {result.beside[0]} unit can be ablated"
+            + (f" ({names})" if names else "") + "; verify neurons or tokens instead (disrupt: select a neuron or a "
+            "token, or units='top_tokens')")
     if result.layer_kinds is None:
         return
     from dpa.registry import MLP_LAYER, UNIT_LETTERS

@@ -121,14 +121,15 @@ def test_biases_in_the_ssm_block_are_refused_by_name(setting):
 
 
 def test_what_reads_one_mixer_per_layer_is_refused_by_name(model):
+    from dpa import baselines, evaluate
     from dpa_widgets.payload import view_payload
 
     ids = random_ids(8)
     before = _state(model)
     calls = {
-        "activation patching": lambda: dpa.baselines.activation_patching(model, None, ids, target=TARGET),
-        "the random component baseline": lambda: dpa.baselines.random_component(model, None, ids, target=TARGET),
-        "component ablations": lambda: dpa.evaluate.component_ablation_prob(model, ids, [(0, 0, 7, 7)], [], 7, TARGET),
+        "activation patching": lambda: baselines.activation_patching(model, None, ids, target=TARGET),
+        "the random component baseline": lambda: baselines.random_component(model, None, ids, target=TARGET),
+        "ablating heads": lambda: evaluate.component_ablation_prob(model, ids, [(0, 0, 7, 7)], [], 7, TARGET),
     }
     for what, call in calls.items():
         with pytest.raises(dpa.UnsupportedModelError, match=rf"{what}.*not yet supported on falcon_h1.*side by side"):
@@ -226,3 +227,28 @@ def test_baselines_that_score_the_attention_heads_alone_leave_the_ssm_heads_unsc
     spec = dpa.spec_for(model)
     offered = {n for n, f in baselines.COMPONENT_METHODS.items() if baselines.supports(f, spec)}
     assert {"random", "activation_patching"}.isdisjoint(offered) and {"gradient", "atp", "dpa"} <= offered
+
+
+def test_the_benchmark_runs_the_inputs_and_the_neurons_and_refuses_head_ablations_before_any_work(model, tmp_path):
+    """As on the hybrids: the input benchmark and the component benchmark's neurons alone run; ablating heads (and
+    the SSM heads beside them) is refused before any work, the folder left empty."""
+    from dpa.evaluate import Settings, component_ablation_prob, evaluate
+
+    from .test_evaluate import tiny_dataset, word_tokenizer
+
+    tok = word_tokenizer()
+    tiny_dataset(model, tmp_path / "data", n=2)
+    common = dict(dataset="known_1000", min_probability=0.0, data_dir=str(tmp_path / "data"))
+    inputs = evaluate(model, tok, Settings(unit="input", methods=("dpa", "gradient"), **common), tmp_path / "in",
+                      progress=False, figures=False)
+    assert set(inputs["methods"]) == {"dpa", "gradient"} and inputs["n_evaluated"] >= 1
+    neurons = evaluate(model, tok, Settings(unit="component", component_units="neurons", methods=("dpa",), **common),
+                       tmp_path / "neurons", progress=False, figures=False)
+    assert neurons["n_evaluated"] == inputs["n_evaluated"]
+    with pytest.raises(dpa.UnsupportedModelError, match="scan block beside attention on every layer"):
+        evaluate(model, tok, Settings(unit="component", methods=("dpa",), **common), tmp_path / "heads",
+                 progress=False, figures=False)
+    assert not (tmp_path / "heads").exists() or not any((tmp_path / "heads").iterdir())
+    ids = random_ids(8)
+    p = component_ablation_prob(model, ids, [], [(1, 7, 3)], 7, TARGET)  # a neuron ablated: as the model runs it
+    assert 0 <= p <= 1

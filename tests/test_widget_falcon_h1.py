@@ -119,11 +119,14 @@ def test_a_result_that_does_not_fit_the_rows_is_refused_by_name(model, result):
 
 def test_what_dpa_refuses_on_this_family_the_widget_says_in_words(model, result):
     w = CircuitWidget(result, model, None, selected_head=[0, 5])
-    with pytest.raises(dpa.UnsupportedModelError, match=r"side by side.*\(L0\.S1\); verify tokens"):
+    with pytest.raises(dpa.UnsupportedModelError, match=r"side by side.*\(L0\.S1\); verify neurons or tokens"):
         w.verify("disrupt", "selection")
     w._on_message(w, {"action": "verify", "mode": "disrupt", "units": "top_components"}, [])  # the view's Verify
     assert w._error.startswith("UnsupportedModelError: verification by ablation is not yet supported here")
     w.selected_head = None
+    w.selected_neuron = [1, 7]  # a neuron is ablated as on any model
+    assert 0 <= w.verify("disrupt", "selection")["p_after"] <= 1
+    w.selected_neuron = None
     w.selected_token = 2
     out = w.verify("disrupt", "selection")  # tokens are ablated at the input: that runs
     assert out["units"] == [f"token 2 {result.tokens[2]!r}"] and 0 <= out["p_after"] <= 1

@@ -162,9 +162,10 @@ def component_ablation_probs_both(model: nn.Module, input_ids, attn_keep: Tensor
     """``component_ablation_probs`` and the same probabilities from a softmax in the model's dtype."""
     req = _request(model, input_ids, target_position, target_id)
     spec, t = req.spec, req.n_tokens
-    one_mixer_per_layer(spec, "component ablations are")
     if attn_keep is not None:
         attn_keep = _mask("attn_keep", attn_keep, (None, spec.n_layers, spec.n_heads, (t, 1), (t, 1)))
+        if not bool(attn_keep.all()):  # (neurons alone: any model)
+            one_mixer_per_layer(spec, "ablating heads is")
     if neuron_keep is not None:
         neuron_keep = _mask("neuron_keep", neuron_keep, (None, spec.n_layers, (t, 1), spec.d_mlp))
     if attn_keep is not None and neuron_keep is not None and attn_keep.shape[0] != neuron_keep.shape[0]:
@@ -195,10 +196,12 @@ def component_ablation_prob(model: nn.Module, input_ids, edges: Iterable[tuple[i
     """p(target) with ``edges`` (layer, head, query, key) and ``neurons`` (layer, pos, neuron) zeroed."""
     req = _request(model, input_ids, target_position, target_id)
     spec, ids = req.spec, req.input_ids[0]
-    one_mixer_per_layer(spec, "component ablations are")
     t = len(ids)
     attn_keep = torch.ones(1, spec.n_layers, spec.n_heads, t, t, dtype=torch.bool)
-    for edge in _units("edges", edges):
+    edges = _units("edges", edges)
+    if edges:  # (neurons alone: any model)
+        one_mixer_per_layer(spec, "ablating heads is")
+    for edge in edges:
         l, h, q, k = _unit("edge (layer, head, query, key)", edge, (spec.n_layers, spec.n_heads, t, t))
         attn_keep[0, l, h, q, k] = False
     neuron_keep = torch.ones(1, spec.n_layers, t, spec.d_mlp, dtype=torch.bool)

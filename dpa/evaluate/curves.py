@@ -303,6 +303,8 @@ def component_scores(attribution: Attribution, units: ComponentUnits) -> Tensor:
     if attn is None or neurons is None:
         raise InputError(f"attribution: method {attribution.method!r} gives no "
                          f"{'edge / position-level neuron' if fine else 'head / neuron'} scores")
+    if attribution.beside is not None:  # the units are attention heads: a row's first columns (the SSM heads beside
+        attn = attn[:, :attribution.beside[1]]  # them in Falcon-H1's are not the benchmark's units)
     names = ("edge_scores", "neuron_position_scores") if fine else ("head_scores", "neuron_scores")
     wants = ((units.attn_shape, units.neuron_shape) if fine
              else (units.attn_shape[:2], (units.neuron_shape[0], units.neuron_shape[2])))

@@ -27,7 +27,8 @@ def _sync(model: nn.Module) -> None:
 def sample_units(sample, spec, settings: Settings) -> dict[str | None, tuple[ComponentUnits, ComponentUnits]]:
     """A sample's (clean, paper) unit sets, keyed by the kind a method scores: None for both kinds,
     or a method of ``ONE_KIND``, whose paper units hold its own kind alone."""
-    one_mixer_per_layer(spec, "component ablation curves are")
+    if settings.component_units != "neurons":  # (refused before any work: runner.check_ablation)
+        one_mixer_per_layer(spec, "ablating heads is")
     args = (sample, spec.n_layers, spec.n_heads, spec.d_mlp, settings.component_units)
     layers = unit_layers(spec)  # (Nemotron-H's layers of one block: the units that exist)
     clean = component_units(*args, layers=layers)

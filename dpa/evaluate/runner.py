@@ -123,12 +123,16 @@ def check_ablation(settings: Settings, spec: ModelSpec) -> None:
     if settings.unit != "component":
         return
     neurons = bool(spec.d_mlp or spec.n_experts)
+    runs = ("the input benchmark (unit='input') and the neurons alone (component_units='neurons') run on it"
+            if neurons else "the input benchmark (unit='input') runs on it")
     if settings.component_units != "neurons" and spec.mixed:
-        runs = ("the input benchmark (unit='input') and the neurons alone (component_units='neurons') run on it"
-                if neurons else "the input benchmark (unit='input') runs on it")
         raise UnsupportedModelError(
             f"the component benchmark ablates attention edges and heads, and {spec.family} has {spec.non_attention}, "
             f"without attention probabilities; {runs}")
+    if settings.component_units != "neurons" and spec.n_beside:
+        raise UnsupportedModelError(
+            f"the component benchmark ablates attention edges and heads, and {spec.family} has a {spec.beside_kind} "
+            f"block beside attention on every layer, whose units dpa does not ablate yet; {runs}")
     if not neurons:
         raise UnsupportedModelError(f"the component benchmark's neurons are MLP neurons, and {spec.family}'s layers "
                                     "have no MLP; the input benchmark (unit='input') runs on it")
