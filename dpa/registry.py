@@ -160,7 +160,7 @@ class Family:
     # puts on a block's input or output (Falcon-H1's µP multipliers): "attention_in" on attention's input,
     # "attention_out" and "beside_out" on the two mixers' outputs, "mlp_out" on the MLP's; dpa's own sums of writes
     # (circuit graphs) read them, from the modules, on every call
-    #   read by: spec (LayerModules.scale: circuit_graph)
+    #   read by: spec (LayerModules.scale: circuit_graph, mib.forward, lens)
     key_multiplier: str | None = None  # the attention module's attribute its forward multiplies the keys by
     # (Falcon-H1's µP key_multiplier): the scores' scale, as dpa's explicit path recomputes them
     #   read by: explicit (scaling)
