@@ -337,6 +337,7 @@ def test_the_widget_payload_names_the_scan_units(model):
 
     res = dpa.attribute(model, None, random_ids(9), target=TARGET, effective_targets=True)
     assert unit_layout(res) == {"layer_kinds": ["scan", "head", "scan"], "unit_letters": {"scan": "S", "head": "H"},
+                                "unit_kinds": ["scan", "head"],  # (the kinds in the result's order)
                                 "unit_widths": {}}  # a scan unit groups the block's inner channels, not d_model's
 
 
