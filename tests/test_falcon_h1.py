@@ -229,26 +229,12 @@ def test_baselines_that_score_the_attention_heads_alone_leave_the_ssm_heads_unsc
     assert {"random", "activation_patching"}.isdisjoint(offered) and {"gradient", "atp", "dpa"} <= offered
 
 
-def test_the_benchmark_runs_the_inputs_and_the_neurons_and_refuses_head_ablations_before_any_work(model, tmp_path):
-    """As on the hybrids: the input benchmark and the component benchmark's neurons alone run; ablating heads (and
-    the SSM heads beside them) is refused before any work, the folder left empty."""
-    from dpa.evaluate import Settings, component_ablation_prob, evaluate
+def test_a_neuron_is_ablated_as_on_any_model(model):
+    """Ablating neurons reads no token mixer (the benchmark's neurons alone run on Falcon-H1 as on the hybrids:
+    tests/test_hybrid.py); a neuron ablated changes the target's probability, nothing ablated leaves it."""
+    from dpa.evaluate import component_ablation_prob
 
-    from .test_evaluate import tiny_dataset, word_tokenizer
-
-    tok = word_tokenizer()
-    tiny_dataset(model, tmp_path / "data", n=2)
-    common = dict(dataset="known_1000", min_probability=0.0, data_dir=str(tmp_path / "data"))
-    inputs = evaluate(model, tok, Settings(unit="input", methods=("dpa", "gradient"), **common), tmp_path / "in",
-                      progress=False, figures=False)
-    assert set(inputs["methods"]) == {"dpa", "gradient"} and inputs["n_evaluated"] >= 1
-    neurons = evaluate(model, tok, Settings(unit="component", component_units="neurons", methods=("dpa",), **common),
-                       tmp_path / "neurons", progress=False, figures=False)
-    assert neurons["n_evaluated"] == inputs["n_evaluated"]
-    with pytest.raises(dpa.UnsupportedModelError, match="scan block beside attention on every layer"):
-        evaluate(model, tok, Settings(unit="component", methods=("dpa",), **common), tmp_path / "heads",
-                 progress=False, figures=False)
-    assert not (tmp_path / "heads").exists() or not any((tmp_path / "heads").iterdir())
     ids = random_ids(8)
-    p = component_ablation_prob(model, ids, [], [(1, 7, 3)], 7, TARGET)  # a neuron ablated: as the model runs it
-    assert 0 <= p <= 1
+    own = float(model(ids[None]).logits[0, -1].softmax(-1)[TARGET])
+    assert component_ablation_prob(model, ids, [], [], 7, TARGET) == pytest.approx(own, rel=1e-9)
+    assert component_ablation_prob(model, ids, [], [(1, 7, 3)], 7, TARGET) != pytest.approx(own, rel=1e-9)

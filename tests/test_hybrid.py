@@ -204,9 +204,11 @@ def test_model_state_after_a_refused_explicit_call_is_unchanged(model):
     assert _state(model) == before
 
 
-@pytest.mark.parametrize("family, kind", [("lfm2", "conv"), ("bamba", "scan"), ("granitemoehybrid", "scan"),
-                                          ("qwen3_next", "delta")])
-def test_the_benchmark_runs_what_a_hybrid_has_and_refuses_head_ablations_before_any_work(family, kind, tmp_path):
+@pytest.mark.parametrize("family, refusal", [(f, f"{k} layers, without attention probabilities") for f, k in
+                                             (("lfm2", "conv"), ("bamba", "scan"), ("granitemoehybrid", "scan"),
+                                              ("qwen3_next", "delta"))]
+                         + [("falcon_h1", "scan block beside attention on every layer")])  # (its SSM heads)
+def test_the_benchmark_runs_what_a_hybrid_has_and_refuses_head_ablations_before_any_work(family, refusal, tmp_path):
     from dpa.evaluate import Settings, evaluate
 
     from .test_evaluate import tiny_dataset, word_tokenizer
@@ -221,7 +223,7 @@ def test_the_benchmark_runs_what_a_hybrid_has_and_refuses_head_ablations_before_
     neurons = evaluate(model, tok, Settings(unit="component", component_units="neurons", methods=("dpa",), **common),
                        tmp_path / "neurons", progress=False, figures=False)
     assert neurons["n_evaluated"] == inputs["n_evaluated"]
-    with pytest.raises(dpa.UnsupportedModelError, match=f"{kind} layers, without attention probabilities"):
+    with pytest.raises(dpa.UnsupportedModelError, match=refusal):
         evaluate(model, tok, Settings(unit="component", methods=("dpa",), **common), tmp_path / "heads",
                  progress=False, figures=False)
     assert not (tmp_path / "heads").exists() or not any((tmp_path / "heads").iterdir())
