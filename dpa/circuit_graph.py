@@ -167,9 +167,9 @@ def build_graph(session, grads: list[Tensor], direction: Tensor, value: float, n
     with torch.no_grad():
         emb = spec.embeddings(model, req.input_ids)[0].detach().to(CPU, dtype)
     g, inblock, reads, values = _pullbacks(session, mods, units, r.resid, r.mid, r.calls, r.big, dtype)
-    gains: dict = {}
+    cache: dict = {}
     writes = torch.stack([values[k] if values[k] is not None else  # an expert's write: its term of the block
-                          _write(mods[u.layer], spec, u, r.z[(u.layer, u.block)], dtype, gains)
+                          _write(mods[u.layer], spec, u, r.z[(u.layer, u.block)], dtype, cache)
                           for k, u in enumerate(units)]) if units else torch.zeros(0, t_len, spec.d_model, dtype=dtype)
     writes = writes * spec.residual_multiplier  # what joins the residual stream (Granite scales each block's output)
     # the target as a destination: t^(L) at the final residual, its in-block bias the final norm's beta . u
@@ -254,8 +254,8 @@ def _select(per: dict[int, Tensor], n_units: int | None, positions: bool, spec: 
         p = int(pos) if positions else None
         letter = LETTER[kind] if b or spec.kind(int(layer)) == "attention" else UNIT_LETTERS[spec.kind(int(layer))]
         shown = int(index)
-        if b == 0 and shown >= spec.n_heads:  # a unit of the mixer beside attention (Falcon-H1's L0.S1)
-            letter, shown = UNIT_LETTERS[spec.beside_kind], shown - spec.n_heads
+        if b == 0 and spec.beside_unit(shown) is not None:  # a unit of the mixer beside attention (Falcon-H1's L0.S1)
+            letter, shown = UNIT_LETTERS[spec.beside_kind], spec.beside_unit(shown)
         label = f"L{int(layer)}.{letter}{shown}" + (f"@{p}" if positions else "")
         out.append(Node(kind, label, int(layer), int(index), p))
     return sorted(out, key=lambda u: (u.layer, u.block, -1 if u.position is None else u.position, u.index))
@@ -290,8 +290,9 @@ def _columns(spec: ModelSpec, u: Node) -> slice:
     an expert's tap is the block's output (all of it, the expert's term alone: ``Session.only``)."""
     if u.kind == "expert":
         return slice(0, spec.d_model)
-    if u.block == 0 and u.index >= spec.n_heads:  # the beside block's unit: after the attention heads' channels
-        start = spec.n_heads * spec.unit_width(u.layer) + (u.index - spec.n_heads) * spec.beside_width
+    j = spec.beside_unit(u.index) if u.block == 0 else None
+    if j is not None:  # the beside block's unit: after the attention heads' channels
+        start = spec.n_heads * spec.unit_width(u.layer) + j * spec.beside_width
         return slice(start, start + spec.beside_width)
     w = spec.unit_width(u.layer) if u.block == 0 else 1
     return slice(u.index * w, (u.index + 1) * w)
@@ -300,11 +301,10 @@ def _columns(spec: ModelSpec, u: Node) -> slice:
 def unit_tap(mods, spec: ModelSpec, u: Node) -> tuple[nn.Module, slice]:
     """The module whose input holds unit u's channels, and those channels (path patching hooks it): attention's
     o_proj (a head), the beside block's out_proj (its unit), the down projection (a neuron)."""
-    cols = _columns(spec, u)
-    if u.block == 0 and u.index >= spec.n_heads:
-        offset = spec.n_heads * spec.unit_width(u.layer)
-        return mods.beside.heads, slice(cols.start - offset, cols.stop - offset)
-    return _out_module(mods, u.block), cols
+    j = spec.beside_unit(u.index) if u.block == 0 else None
+    if j is not None:
+        return mods.beside.heads, slice(j * spec.beside_width, (j + 1) * spec.beside_width)
+    return _out_module(mods, u.block), _columns(spec, u)
 
 
 def _post_gain(mods, spec: ModelSpec, block: int, pre: Tensor) -> Tensor | None:
@@ -335,22 +335,24 @@ def _out_weight(mods, block: int, dtype) -> Tensor:
     return torch.cat([w, weight_rows(mods.beside.heads).detach().to(CPU, dtype) * mods.scale("beside_out")], 1)
 
 
-def _write(mods, spec: ModelSpec, u: Node, z: Tensor, dtype, gains: dict) -> Tensor:
+def _write(mods, spec: ModelSpec, u: Node, z: Tensor, dtype, cache: dict) -> Tensor:
     """out_u [pos d_model]: the unit's slice of its block's o_proj / down input through the projection (no bias)
-    and the frozen post-norm, at its position (or every position). ``gains`` caches the post-norms' diagonals."""
-    proj = _out_module(mods, u.block)
-    w = _out_weight(mods, u.block, dtype)  # [d_model width]
+    and the frozen post-norm, at its position (or every position). ``cache`` keeps each block's output weight and
+    post-norm diagonal, by (layer, block, what), for its other units."""
+    key = (u.layer, u.block)
+    if key + ("weight",) not in cache:
+        cache[key + ("weight",)] = _out_weight(mods, u.block, dtype)
+    w = cache[key + ("weight",)]  # [d_model width]
     cols = _columns(spec, u)
     rows = slice(None) if u.position is None else slice(u.position, u.position + 1)
     out = torch.zeros(z.shape[0], w.shape[0], dtype=dtype)
     out[rows] = z[rows, cols] @ w[:, cols].T
     if mods.post_norms[u.block] is not None:
-        key = (u.layer, u.block)
-        if key not in gains:
-            bias = getattr(proj, "bias", None)
+        if key + ("gain",) not in cache:
+            bias = getattr(_out_module(mods, u.block), "bias", None)
             pre = z @ w.T + (0 if bias is None else bias.detach().to(CPU, dtype))
-            gains[key] = _post_gain(mods, spec, u.block, pre)
-        out[rows] = out[rows] * gains[key][rows]
+            cache[key + ("gain",)] = _post_gain(mods, spec, u.block, pre)
+        out[rows] = out[rows] * cache[key + ("gain",)][rows]
     return out
 
 

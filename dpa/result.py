@@ -200,11 +200,19 @@ class Attribution(JsonRecord):
         beside attention, a column range), and the column its unit 0 sits in (a unit's index is its column minus
         it)."""
         layers, width = self.head_scores.shape
-        rows = torch.tensor([r == kind for r in (self.layer_kinds or ["head"] * layers)])
-        first, columns = (self.beside[1], torch.arange(width)) if self.beside else (width, torch.arange(width))
+        columns, first = torch.arange(width), self.beside[1] if self.beside else width
         if self.beside and kind == self.beside[0]:
             return (columns >= first)[None, :].expand(layers, -1), first
+        rows = torch.tensor([r == kind for r in (self.layer_kinds or ["head"] * layers)])
         return rows[:, None] & (columns < first)[None, :], 0
+
+    def unit_at(self, layer: int, column: int) -> tuple[str, int]:
+        """(kind, index among that kind's units of the layer) of ``head_scores[layer, column]``: ("head", 2), a
+        hybrid's ("conv", 3) on a convolution row, ("scan", 1) at column 5 beside four attention heads (Falcon-H1's);
+        the inverse of ``unit_columns``."""
+        if self.beside is not None and column >= self.beside[1]:
+            return self.beside[0], column - self.beside[1]
+        return (self.layer_kinds[layer] if self.layer_kinds is not None else "head"), column
 
     def top_components(self, k: int = 10, kinds: tuple[str, ...] | None = None) -> dict[str, list[Component]]:
         """The k most positive and k most negative heads, neurons (and experts, on a mixture-of-experts model),

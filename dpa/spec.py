@@ -68,6 +68,11 @@ class ModelSpec:
         the mixer beside attention where there is one (Falcon-H1's)."""
         return self.n_heads + self.n_beside
 
+    def beside_unit(self, column: int) -> int | None:
+        """Column ``column`` of a layer's row of head scores as the index of a unit of the mixer beside attention
+        (Falcon-H1's SSM head ``column - n_heads``); None where it is an attention head (or there is no such mixer)."""
+        return column - self.n_heads if self.n_beside and column >= self.n_heads else None
+
     @property
     def beside_kind(self) -> str | None:
         """The unit kind of the mixer beside attention (``Family.beside``), None without one."""
@@ -256,9 +261,9 @@ class ModelSpec:
 
 
 def one_mixer_per_layer(spec: ModelSpec, what: str) -> None:
-    """Refuse by name what reads one token mixer per layer (``what``: "activation patching", "component ablations",
-    ...) on a model with a mixer beside attention (``Family.beside``, Falcon-H1's), whose unit ablations would miss
-    that block's units. dpa.attribute, dpa.circuit, MIB's graph, the lens, the evaluation's input ablations and the
+    """Refuse by name what reads one token mixer per layer (``what``: "activation patching", "ablating heads", ...)
+    on a model with a mixer beside attention (``Family.beside``, Falcon-H1's), whose head ablations would miss that
+    block's units. dpa.attribute, dpa.circuit, MIB's graph, the lens, the evaluation's input ablations and the
     gradient baselines read these models."""
     if spec.n_beside:
         raise UnsupportedModelError(

@@ -93,9 +93,8 @@ def recompute(model: nn.Module, tokenizer, result: Attribution, *, target: str |
 
 def neuron_vocab_or_reason(model: nn.Module | None, tokenizer, layer: int,
                            neuron: int) -> tuple[tuple[list, list] | None, str | None]:
-    """``neuron_vocab``'s tokens and None, or None and why the model's neurons are not read through the lens (dpa
-    refuses it by name: Falcon-H1's, whose MLP scales its down projection and whose layers run two mixers); without
-    a model, (None, None)."""
+    """``neuron_vocab``'s tokens and None, or None and why the model's neurons are not read through the lens (where
+    dpa refuses it by name); without a model, (None, None)."""
     if model is None:
         return None, None
     try:

@@ -161,9 +161,7 @@ def unit_at(result: Attribution, layer: int, column: int) -> tuple[str, int]:
     ("conv", 3) on a convolution row, ("scan", 1) at column 5 beside four attention heads (Falcon-H1's); raises
     IndexError outside the scores."""
     _check_index(result.head_scores, layer, column, "unit")
-    if result.beside is not None and column >= result.beside[1]:
-        return result.beside[0], column - result.beside[1]
-    return (result.layer_kinds[layer] if result.layer_kinds is not None else "head"), column
+    return result.unit_at(layer, column)
 
 
 def unit_label(result: Attribution, layer: int, column: int) -> str:
@@ -232,7 +230,7 @@ def neuron_detail(result: Attribution, layer: int, neuron: int,
                   vocab: tuple[list[tuple[str, float]], list[tuple[str, float]]] | None = None,
                   no_vocab: str | None = None) -> dict[str, Any]:
     """One neuron: its score, its per-position scores, and the tokens it promotes/suppresses (``no_vocab``: why
-    there are none with the model at hand, as dpa refuses the lens on Falcon-H1)."""
+    there are none with the model at hand, where dpa refuses the lens by name)."""
     _check_index(result.neuron_scores, layer, neuron, "neuron")
     npos = result.neuron_position_scores
     promotes, suppresses = vocab if vocab is not None else (None, None)
