@@ -271,15 +271,13 @@ def top_heads(result: Attribution, k: int, kind: str | None = None) -> list[tupl
     or Falcon-H1's "scan", ...: one of ``result.unit_kinds``), only that kind's."""
     scores = result.head_scores.detach().double()
     width = scores.shape[1]
+    keep = ~scores.isnan()  # (a baseline's unscored units, Falcon-H1's SSM heads under a gradient: never ranked)
     if kind is not None:
         if kind not in result.unit_kinds:
             raise ValueError(f"this result has no {kind} units: its kinds are {', '.join(result.unit_kinds)}")
-        keep = result.unit_columns(kind)[0]
-        flat = scores.abs().masked_fill(~keep, -1.0).flatten()
-        n = int(keep.sum())
-    else:
-        flat, n = scores.abs().flatten(), scores.numel()
-    return [(i // width, i % width) for i in flat.topk(min(k, n)).indices.tolist()]
+        keep &= result.unit_columns(kind)[0]
+    flat = scores.abs().masked_fill(~keep, -1.0).flatten()
+    return [(i // width, i % width) for i in flat.topk(min(k, int(keep.sum()))).indices.tolist()]
 
 
 def top_units(result: Attribution, k: int) -> list[tuple[int, int]]:

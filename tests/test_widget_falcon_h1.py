@@ -153,3 +153,13 @@ def test_save_html_and_the_generation_view_carry_the_layout(model, result, tmp_p
     gen = dpa.attribute_generation(model, None, IDS[:6], max_new_tokens=2)
     data = generation.payload(gen)
     assert data["beside"] == ["scan", 4] and data["n_heads"] == 8
+
+
+def test_a_baselines_unscored_units_are_never_ranked(model):
+    """A baseline of the attention heads alone leaves the SSM heads NaN (not scored): the view's top units are its
+    heads, and it has no top scan units."""
+    from dpa import baselines
+
+    other = baselines.COMPONENT_METHODS["gradient"](model, None, random_ids(8), target=5)
+    assert all(column < 4 for _, column in payload.top_heads(other, 6))
+    assert payload.top_heads(other, 3, "scan") == []
